@@ -1,0 +1,42 @@
+# objtrain: two commands do all set-up: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+# The CPU build of torch; GPU users override, e.g. `make install TORCH='torch --index-url ...'`.
+TORCH  ?= torch==2.13.0
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test lint bench clean
+
+install: $(STAMP)
+
+# Re-runs only when the package definition changes, so a second `make install` is instant.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+# The main job on the embedded default corpus: the Python standard library's own source.
+DEMO_DIR ?= runs/demo
+demo: $(STAMP)
+	$(BIN)/objtrain tokenize --corpus stdlib --vocab-size 4096 -o $(DEMO_DIR)/store --force
+	$(BIN)/objtrain pack $(DEMO_DIR)/store --seq-len 256 --mode bestfit -o $(DEMO_DIR)/packed --force
+	$(BIN)/objtrain corrupt $(DEMO_DIR)/packed --objective span --n 2
+	$(BIN)/objtrain corrupt $(DEMO_DIR)/packed --objective fim fim_rate=1.0 --n 1
+
+test: $(STAMP)
+	$(BIN)/ruff check objtrain tests benchmarks
+	$(BIN)/python -m pytest -x -q -p no:cacheprovider
+
+lint: $(STAMP)
+	$(BIN)/ruff check objtrain tests benchmarks
+	$(BIN)/ruff format --check objtrain tests benchmarks
+
+bench: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev,bench]'
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,3 @@
+from objtrain.cli import main
+
+main()

@@ -1,0 +1,82 @@
+"""The two structures that cross the objective/model boundary: `Batch` in, `ModelOutput` out.
+
+Objectives produce a `Batch`; models read only these field names (as seqio's feature converters fix
+`encoder_input_tokens`, `decoder_target_tokens`, ...). The attention pattern travels as data, so a model
+never needs to know which objective made the batch.
+
+Conventions
+- B rows, T encoder/decoder-only positions, S decoder positions (encoder-decoder only).
+- `labels[b, t]` is the target of the output at position t, already aligned: nothing downstream shifts.
+  `IGNORE` (-100) marks positions without loss.
+- `document_ids` number the documents of a packed row (0, 1, ...); attention never crosses them. Padding
+  has id -1, so pads attend only to pads (no empty softmax rows) and no real token ever sees a pad.
+- `positions` restart at 0 for every document.
+- Attention: `causal` (j <= i), `bidirectional` (all j), `prefix` (j <= i, or both i and j in the
+  document's prefix as given by `prefix_mask`). Always intersected with "same document".
+- Encoder-decoder: decoder position s with document id d cross-attends to the encoder positions whose
+  document id is d.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from objtrain import IGNORE
+
+AttentionKind = Literal["causal", "bidirectional", "prefix"]
+ModelKind = Literal["decoder", "encoder", "encdec"]
+MODEL_KINDS: tuple[ModelKind, ...] = ("decoder", "encoder", "encdec")
+
+
+@dataclass
+class Batch:
+    input_ids: Tensor  # (B, T) int64: decoder-only input, or encoder input
+    labels: Tensor  # (B, T) int64, or (B, S) for encoder-decoder: aligned targets, IGNORE = no loss
+    positions: Tensor  # (B, T) int64, restart at 0 per document
+    document_ids: Tensor  # (B, T) int64, -1 = padding
+    attention: AttentionKind  # pattern of the (encoder or decoder-only) self-attention
+    prefix_mask: Tensor | None = None  # (B, T) bool: in its document's bidirectional prefix (prefix only)
+    segment_ids: Tensor | None = None  # (B, T) int64: sentence A = 0, B = 1 (NSP/SOP)
+    decoder_input_ids: Tensor | None = None  # (B, S) int64, encoder-decoder only
+    decoder_positions: Tensor | None = None  # (B, S) int64
+    decoder_document_ids: Tensor | None = None  # (B, S) int64, -1 = padding
+    seq_labels: Tensor | None = None  # (B,) int64 sequence-level label (NSP/SOP: 1 = random/swapped)
+    mtp_labels: Tensor | None = None  # (B, n, T) int64: head k-1 predicts offset k; [:, 0] == labels
+    stats: dict[str, float] = field(default_factory=dict)  # what the corruption realised (for --stats)
+
+    @property
+    def is_encdec(self) -> bool:
+        return self.decoder_input_ids is not None
+
+    @property
+    def n_targets(self) -> int:
+        return int((self.labels != IGNORE).sum())
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        moved = {
+            f.name: (v.to(device, non_blocking=non_blocking) if isinstance(v, Tensor) else v)
+            for f in dataclasses.fields(self)
+            for v in [getattr(self, f.name)]
+        }
+        return Batch(**moved)
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The tensor fields that are set, by name (for saving, printing, comparing)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), Tensor)
+        }
+
+
+@dataclass
+class ModelOutput:
+    logits: Tensor  # (B, T, V) or (B, S, V) for encoder-decoder: next-token / masked-token logits
+    hidden: Tensor | None = None  # (B, T, D) final hidden states (after the final norm)
+    mtp_logits: list[Tensor] | None = None  # n-1 tensors (B, T, V): offsets 2..n (offset 1 is `logits`)
+    seq_logits: Tensor | None = None  # (B, C) from the pooled first position (NSP/SOP, classification)

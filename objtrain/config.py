@@ -1,0 +1,152 @@
+"""Dataclass configs <-> YAML, with dotted `key=value` overrides.
+
+Each component owns a small dataclass (an objective's `Config`, `ModelConfig`, ...); this module only
+reads YAML into it, applies overrides such as `noise_density=0.3` or `train.lr=3e-4`, and checks keys and
+types strictly: an unknown key or a wrong type is a `UserError`, never a silent default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from objtrain.errors import UserError
+
+T = TypeVar("T")
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML mapping; a missing file, bad YAML or a non-mapping is one clear error."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"config not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UserError(f"{path} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path} must hold a YAML mapping, found {type(data).__name__}")
+    return data
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """`["a.b=1", "c=[1, 2]"]` -> `{"a": {"b": 1}, "c": [1, 2]}`; values are parsed as YAML scalars."""
+    nested: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise UserError(f"override {pair!r} is not of the form key=value")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        node = nested
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise UserError(f"override {pair!r} conflicts with another override of {part!r}")
+        node[parts[-1]] = value
+    return nested
+
+
+def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge; `update` wins."""
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
+    """Build dataclass `cls` from `data`, recursing into nested dataclasses; strict on keys and types."""
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls} is not a dataclass")
+    if not isinstance(data, dict):
+        raise UserError(f"{where or cls.__name__} must be a mapping, found {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise UserError(
+            f"unknown key {unknown[0]!r} in {where or cls.__name__} (known: {', '.join(sorted(fields))})"
+        )
+    kwargs = {}
+    for name, value in data.items():
+        kwargs[name] = _coerce(value, hints[name], f"{where}.{name}" if where else name)
+    try:
+        obj = cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"{where or cls.__name__}: {exc}") from None
+    return obj
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    return dataclasses.asdict(obj)
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if hint is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except UserError as exc:
+                errors.append(str(exc))
+        raise UserError(errors[0] if errors else f"{where}: bad value {value!r}")
+    if origin is typing.Literal:
+        if value not in args:
+            raise UserError(f"{where} must be one of {', '.join(map(repr, args))}, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value, where)  # type: ignore[arg-type]
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise UserError(f"{where} must be a list, got {value!r}")
+        item = args[0] if args else Any
+        items = [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise UserError(f"{where} must be a mapping, got {value!r}")
+        val_hint = args[1] if len(args) == 2 else Any
+        return {k: _coerce(v, val_hint, f"{where}.{k}") for k, v in value.items()}
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UserError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UserError(f"{where} must be an integer, got {value!r}")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise UserError(f"{where} must be true or false, got {value!r}")
+        return value
+    if hint is str:
+        if not isinstance(value, str):
+            raise UserError(f"{where} must be a string, got {value!r}")
+        return value
+    return value

@@ -1,0 +1,165 @@
+"""A sentencepiece tokenizer that keeps text exactly, with objtrain's special-token table.
+
+Training settings and why:
+- identity normalisation, no dummy prefix, no whitespace folding: indentation, tabs, repeated spaces and
+  newlines survive, so decode(encode(text)) == text byte for byte;
+- byte fallback: any character outside the vocabulary becomes its UTF-8 bytes, never `<unk>`;
+- every reserved token is a *control* symbol (see `objtrain.specials`): insertable by id only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Iterable, Iterator
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+import sentencepiece as spm
+import torch
+
+from objtrain.errors import UserError
+from objtrain.specials import FIXED_PIECES, Specials
+
+ModelType = Literal["unigram", "bpe", "char"]
+WORD_START = "\u2581"  # sentencepiece's word-start marker
+
+
+def train_sentencepiece(
+    lines: Iterable[str],
+    vocab_size: int,
+    model_type: ModelType = "unigram",
+    specials: Specials | None = None,
+    num_threads: int = 1,
+) -> bytes:
+    """Train a model on `lines` (each ideally one line of text) and return its serialised proto."""
+    specials = specials or Specials()
+    reserved = specials.reserved_pieces()
+    control = reserved[4:]  # pad, unk, bos, eos have their own sentencepiece ids 0..3
+    if vocab_size <= specials.first_ordinary + 256:
+        raise UserError(
+            f"--vocab-size {vocab_size} is too small: {specials.first_ordinary} ids are reserved for "
+            f"special tokens and 256 for byte fallback; use at least {specials.first_ordinary + 257}"
+        )
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(lines),
+            model_writer=model,
+            model_type=model_type,
+            vocab_size=vocab_size,
+            pad_id=specials.pad,
+            unk_id=specials.unk,
+            bos_id=specials.bos,
+            eos_id=specials.eos,
+            control_symbols=control,
+            byte_fallback=True,
+            normalization_rule_name="identity",
+            remove_extra_whitespaces=False,
+            add_dummy_prefix=False,
+            allow_whitespace_only_pieces=True,
+            split_digits=True,
+            max_sentence_length=1 << 16,
+            character_coverage=0.9995,
+            hard_vocab_limit=model_type != "char",
+            num_threads=num_threads,
+            minloglevel=2,
+        )
+    except RuntimeError as exc:
+        message = str(exc).strip().splitlines()[-1] if str(exc).strip() else "training failed"
+        if "Vocabulary size too high" in message or "vocab_size" in message:
+            raise UserError(
+                f"--vocab-size {vocab_size} is larger than this corpus supports ({message}); "
+                "use a smaller vocabulary or more text"
+            ) from None
+        raise UserError(f"tokenizer training failed: {message}") from None
+    return model.getvalue()
+
+
+class Tokenizer:
+    """Encode/decode text; look up pieces; know which ids start a word. Thread-safe for encoding."""
+
+    def __init__(self, model_proto: bytes, specials: Specials) -> None:
+        self.model_proto = model_proto
+        self.specials = specials
+        self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+        self._check_layout()
+
+    @classmethod
+    def from_file(cls, path: Path, specials: Specials) -> Tokenizer:
+        path = Path(path)
+        if not path.is_file():
+            raise UserError(f"tokenizer model not found: {path}")
+        try:
+            return cls(path.read_bytes(), specials)
+        except RuntimeError:
+            raise UserError(f"{path} is not a sentencepiece model") from None
+
+    def _check_layout(self) -> None:
+        pieces = self.specials.reserved_pieces()
+        if self.sp.get_piece_size() <= len(pieces):
+            raise UserError("tokenizer is smaller than objtrain's special-token table")
+        for i, piece in enumerate(pieces):
+            if self.sp.id_to_piece(i) != piece:
+                raise UserError(
+                    f"tokenizer id {i} is {self.sp.id_to_piece(i)!r}, objtrain expects {piece!r}: "
+                    "train the tokenizer with `objtrain tokenize`"
+                )
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+    @cached_property
+    def hash(self) -> str:
+        return hashlib.sha256(self.model_proto).hexdigest()[:16]
+
+    def encode(self, text: str) -> list[int]:
+        return self.sp.encode(text)
+
+    def encode_batch(self, texts: list[str], num_threads: int = -1) -> list[list[int]]:
+        """Encode many texts at once on sentencepiece's own thread pool."""
+        return self.sp.encode(texts, num_threads=num_threads)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of the ordinary tokens; reserved tokens decode to nothing (see `piece` to show them)."""
+        return self.sp.decode([int(i) for i in ids])
+
+    def piece(self, token_id: int) -> str:
+        return self.sp.id_to_piece(int(token_id))
+
+    def pieces(self, ids: Iterable[int]) -> list[str]:
+        return [self.sp.id_to_piece(int(i)) for i in ids]
+
+    def id_of(self, piece: str) -> int:
+        return self.sp.piece_to_id(piece)
+
+    @cached_property
+    def word_boundary_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two (V,) bool tables, `begins` and `ends`, for vectorised word starts (whole-word masking).
+
+        Token t starts a word iff `begins[x[t]] | ends[x[t-1]]`: a piece that begins with ▁ (a space),
+        or any piece after one that ends in whitespace (newline, tab) or after a special token. This
+        catches `def` at the start of a line, which has no ▁. Byte pieces begin a word only when they
+        are not a UTF-8 continuation byte *and* follow whitespace, so a multi-byte character is never cut.
+        """
+        begins = torch.zeros(self.vocab_size, dtype=torch.bool)
+        ends = torch.zeros(self.vocab_size, dtype=torch.bool)
+        for i in range(self.vocab_size):
+            piece = self.sp.id_to_piece(i)
+            if i < self.specials.first_ordinary:
+                begins[i] = ends[i] = True
+            elif self.sp.is_byte(i):
+                ends[i] = int(piece[3:5], 16) in (0x09, 0x0A, 0x0D, 0x20)
+            else:
+                begins[i] = piece.startswith(WORD_START)
+                ends[i] = piece[-1].isspace() or piece.endswith(WORD_START)
+        return begins, ends
+
+    def __iter__(self) -> Iterator[str]:
+        return (self.sp.id_to_piece(i) for i in range(self.vocab_size))
+
+
+def fixed_special_names() -> list[str]:
+    return [name for name, _ in FIXED_PIECES]

@@ -1,0 +1,95 @@
+"""The `Objective` interface: a configured transform from raw token rows to a `Batch`, plus its loss.
+
+An objective is built once from its `Config` (a dataclass whose defaults are mirrored in
+`configs/objectives/<name>.yaml`) and applied per batch, like a Hugging Face collator, but as a pure
+function of (rows, seed): all randomness comes from `RowRandom(seed, row_index)`, so a row is corrupted
+the same way whatever batch or process reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from objtrain import IGNORE
+from objtrain.batch import AttentionKind, Batch, ModelKind, ModelOutput
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.errors import UserError
+from objtrain.specials import Specials
+
+
+@dataclass
+class LossOutput:
+    """Summed loss and target count, so the training loop can normalise by the *global* target count
+    (per-micro-batch means are wrong when target counts vary, as for MLM and span corruption)."""
+
+    loss_sum: Tensor  # scalar, summed over targets
+    n_targets: Tensor  # scalar int64
+    metrics: dict[str, Tensor]  # extra scalars to log (e.g. head-1 loss for MTP, NSP accuracy)
+
+
+class Objective:
+    """Base class. Subclasses set the class attributes and implement `__call__`.
+
+    `rows` are raw token rows (B, L) from a token or packed store, with `document_ids` (B, L) giving the
+    document of every position (-1 = padding) and `row_index` (B,) the global index of each row.
+    """
+
+    name: ClassVar[str]
+    model_kinds: ClassVar[tuple[ModelKind, ...]]  # first = default
+    attention: ClassVar[AttentionKind]
+    Config: ClassVar[type]
+
+    def __init__(
+        self,
+        config: Any,
+        specials: Specials,
+        tokenizer: Tokenizer | None = None,
+        model_kind: ModelKind | None = None,
+    ) -> None:
+        self.config = config
+        self.specials = specials
+        self.tokenizer = tokenizer
+        self.model_kind: ModelKind = model_kind or self.model_kinds[0]
+        if self.model_kind not in self.model_kinds:
+            raise UserError(
+                f"objective {self.name!r} cannot train a {self.model_kind} model "
+                f"(it trains: {', '.join(self.model_kinds)})"
+            )
+
+    def raw_length(self, model_length: int) -> int:
+        """Raw tokens a row must hold so the corrupted row fills `model_length` model positions."""
+        return model_length
+
+    def __call__(self, rows: Tensor, document_ids: Tensor, row_index: Tensor, seed: int) -> Batch:
+        raise NotImplementedError
+
+    def loss(self, output: ModelOutput, batch: Batch) -> LossOutput:
+        """Summed token cross-entropy over `labels`; objectives with extra heads extend this."""
+        return token_loss(output.logits, batch.labels)
+
+    def describe(self) -> dict[str, Any]:
+        """Key parameters for `objtrain corrupt --list`."""
+        return dict(vars(self.config))
+
+
+def token_loss(logits: Tensor, labels: Tensor) -> LossOutput:
+    loss_sum = F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1), ignore_index=IGNORE, reduction="sum"
+    )
+    n_targets = (labels != IGNORE).sum()
+    return LossOutput(loss_sum, n_targets, {})
+
+
+def positions_from_documents(document_ids: Tensor) -> Tensor:
+    """(B, L) position of each token inside its document: 0 at every document start. Vectorised."""
+    B, L = document_ids.shape
+    idx = torch.arange(L, device=document_ids.device).expand(B, L)
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    start_idx = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=1).values
+    return idx - start_idx

@@ -1,0 +1,71 @@
+"""Name -> objective class, and building a configured objective from YAML defaults plus overrides.
+
+Classes are named as "module:Class" and imported on first use, so the registry has no import-time side
+effects and one broken objective cannot break the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import Any
+
+from objtrain.batch import ModelKind
+from objtrain.config import from_dict, load_yaml, merge
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.errors import UserError
+from objtrain.objectives.base import Objective
+from objtrain.specials import Specials
+
+# One line per objective. The YAML with its defaults is configs/objectives/<name>.yaml.
+OBJECTIVES: dict[str, str] = {
+    "clm": "objtrain.objectives.clm:CausalLM",
+    "mtp": "objtrain.objectives.mtp:MultiTokenPrediction",
+    "mlm": "objtrain.objectives.mlm:MaskedLM",
+    "span": "objtrain.objectives.span:SpanCorruption",
+    "prefix_lm": "objtrain.objectives.prefix_lm:PrefixLM",
+    "fim": "objtrain.objectives.fim:FillInTheMiddle",
+    "ul2": "objtrain.objectives.ul2:UL2",
+    "bart": "objtrain.objectives.bart:BartDenoising",
+    "nsp": "objtrain.objectives.sentence_pairs:NextSentencePrediction",
+    "sop": "objtrain.objectives.sentence_pairs:SentenceOrderPrediction",
+    "mixture": "objtrain.objectives.mixture:Mixture",
+}
+
+
+def config_dir() -> Path:
+    """`configs/` at the repository root (override with OBJTRAIN_CONFIGS)."""
+    env = os.environ.get("OBJTRAIN_CONFIGS")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "configs"
+
+
+def objective_class(name: str) -> type[Objective]:
+    if name not in OBJECTIVES:
+        raise UserError(f"unknown objective {name!r} (known: {', '.join(OBJECTIVES)})")
+    module_name, _, class_name = OBJECTIVES[name].partition(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def objective_defaults(name: str) -> dict[str, Any]:
+    """The defaults from configs/objectives/<name>.yaml."""
+    objective_class(name)  # unknown names fail here with the list of known ones
+    return load_yaml(config_dir() / "objectives" / f"{name}.yaml")
+
+
+def objective_config(name: str, overrides: dict[str, Any] | None = None) -> Any:
+    cls = objective_class(name)
+    data = merge(objective_defaults(name), overrides or {})
+    return from_dict(cls.Config, data, where=name)
+
+
+def build_objective(
+    name: str,
+    specials: Specials,
+    tokenizer: Tokenizer | None = None,
+    model_kind: ModelKind | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Objective:
+    """Configure objective `name` from its YAML defaults plus `overrides` (e.g. {"noise_density": 0.3})."""
+    cls = objective_class(name)
+    return cls(objective_config(name, overrides), specials, tokenizer=tokenizer, model_kind=model_kind)

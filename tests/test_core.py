@@ -1,0 +1,69 @@
+"""The shared core: special-token layout, tokenizer round trip, counter-based RNG, config strictness."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from objtrain.config import from_dict, parse_overrides
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.errors import UserError
+from objtrain.objectives.base import positions_from_documents
+from objtrain.objectives.rng import RowRandom
+from objtrain.specials import Specials
+
+
+def test_fixed_special_ids(tokenizer: Tokenizer, specials: Specials) -> None:
+    assert (specials.pad, specials.unk, specials.bos, specials.eos, specials.mask) == (0, 1, 2, 3, 4)
+    assert tokenizer.piece(specials.mask) == "<mask>"
+    assert tokenizer.piece(specials.fim_middle) == "<fim_middle>"
+    assert tokenizer.piece(specials.sentinel(0)) == "<extra_id_0>"
+    assert tokenizer.piece(specials.sentinel(5)) == "<extra_id_5>"
+    assert specials.sentinel(5) == specials.sentinel(0) - 5  # counts down, as T5
+    assert tokenizer.piece(specials.first_ordinary - 1) == "<extra_id_0>"
+
+
+def test_round_trip_keeps_text_exactly(tokenizer: Tokenizer) -> None:
+    text = "def f(x):\n\tif x:\n\t\treturn  'ünï 日本 🎉'  \n\n\n\r\n   end\t"
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_control_tokens_are_never_matched_in_text(tokenizer: Tokenizer, specials: Specials) -> None:
+    ids = tokenizer.encode("x = '<mask> <fim_middle> <extra_id_0> [NLU] </s>'")
+    assert not any(specials.is_special(torch.tensor(ids)).tolist())
+
+
+def test_rng_depends_only_on_seed_and_row() -> None:
+    full = RowRandom(7, torch.arange(10)).uniform(16, "s")
+    part = RowRandom(7, torch.tensor([3, 8])).uniform(16, "s")
+    assert torch.equal(full[[3, 8]], part)
+    assert not torch.equal(RowRandom(8, torch.arange(10)).uniform(16, "s"), full)
+    assert not torch.equal(RowRandom(7, torch.arange(10)).uniform(16, "t"), full)
+    u = RowRandom(0, torch.arange(200)).uniform(500, "s")
+    assert float(u.min()) >= 0.0 and float(u.max()) < 1.0
+    assert abs(float(u.mean()) - 0.5) < 0.01
+
+
+def test_positions_restart_per_document() -> None:
+    docs = torch.tensor([[0, 0, 0, 1, 1, 2, -1, -1]])
+    assert positions_from_documents(docs).tolist() == [[0, 1, 2, 0, 1, 0, 0, 1]]
+
+
+@dataclasses.dataclass
+class _Cfg:
+    rate: float = 0.5
+    n: int = 3
+    name: str = "x"
+
+
+def test_config_is_strict() -> None:
+    assert from_dict(_Cfg, {"rate": 1, "n": 4}) == _Cfg(rate=1.0, n=4)
+    with pytest.raises(UserError, match="unknown key 'nope'"):
+        from_dict(_Cfg, {"nope": 1})
+    with pytest.raises(UserError, match="must be an integer"):
+        from_dict(_Cfg, {"n": "three"})
+    assert parse_overrides(["a.b=1", "c=[1, 2]", "d=x"]) == {"a": {"b": 1}, "c": [1, 2], "d": "x"}
+    with pytest.raises(UserError):
+        parse_overrides(["novalue"])
