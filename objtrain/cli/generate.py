@@ -1,10 +1,211 @@
-"""`objtrain generate` (being built, see issue 4)."""
+"""`objtrain generate`: continue, infill, fill masks or fill spans with a trained checkpoint.
+
+The mode follows from the model and the options:
+- decoder: `--prompt` continues text; `--prefix/--suffix` infills (FIM, PSM/SPM); `--speculative` uses
+  the MTP heads to draft (greedy only);
+- encoder: `--text` with `[MASK]` markers prints the top candidates for each mask;
+- encdec: `--text` with `[MASK]` markers fills sentinel spans; `--prompt` decodes from the prompt as input.
+"""
 
 from __future__ import annotations
 
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
+from objtrain.evaluation import generate as gen
+from objtrain.models.checkpoint import Checkpoint, load_checkpoint
 
 
-def run() -> None:
-    """Not available yet."""
-    raise UserError("`objtrain generate` is not available yet (issue 4)")
+def run(
+    checkpoint: Path = typer.Argument(..., help="A checkpoint directory or a run directory."),
+    prompt: str | None = typer.Option(
+        None, "--prompt", help="Text to continue (decoder) or encode (encdec)."
+    ),
+    text: str | None = typer.Option(None, "--text", help="Text with [MASK] markers (encoder / span models)."),
+    prefix: str | None = typer.Option(None, "--prefix", help="FIM infill: the text before the gap."),
+    suffix: str | None = typer.Option(None, "--suffix", help="FIM infill: the text after the gap."),
+    fim_mode: str | None = typer.Option(
+        None, "--fim-mode", help="psm or spm (default: from the checkpoint)."
+    ),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", min=1, help="Most tokens to generate."),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
+    top_k: int = typer.Option(
+        0, "--top-k", help="Sample from the k best tokens (fill-mask: candidates shown)."
+    ),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass."),
+    seed: int = typer.Option(0, "--seed", help="Sampling seed."),
+    speculative: bool = typer.Option(
+        False, "--speculative", help="Self-speculative decoding with MTP heads."
+    ),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Recompute the whole sequence every step."),
+    output_format: str = typer.Option("rich", "--format", help="rich (streamed) or json (one object)."),
+    device: str = typer.Option("cpu", "--device", help="torch device."),
+) -> None:
+    """Generate text from a checkpoint."""
+    if output_format not in ("rich", "json"):
+        raise UserError(f"--format must be rich or json, got {output_format!r}")
+    ckpt = load_checkpoint(checkpoint, device=device)
+    if ckpt.tokenizer is None:
+        raise UserError(f"{ckpt.path} has no tokenizer.model: it cannot encode a prompt")
+    sampling = gen.Sampling(temperature, top_k if ckpt.config.kind != "encoder" else 0, top_p, seed)
+    console = Console()
+    kind = ckpt.config.kind
+    if kind == "encoder":
+        if text is None:
+            raise UserError("an encoder model fills masks: pass --text with [MASK] markers")
+        result = _fill_mask(ckpt, text, top_k or 5)
+        _print_fill_mask(console, result, output_format)
+        return
+    if speculative and (kind != "decoder" or not sampling.greedy):
+        raise UserError("--speculative needs a decoder with MTP heads and greedy decoding (no --temperature)")
+    result = _generate(
+        ckpt,
+        sampling,
+        prompt,
+        text,
+        prefix,
+        suffix,
+        fim_mode,
+        max_new_tokens,
+        speculative,
+        not no_cache,
+        console if output_format == "rich" else None,
+    )
+    if output_format == "json":
+        print(json.dumps(result, ensure_ascii=False))
+
+
+def _fill_mask(ckpt: Checkpoint, text: str, k: int) -> dict[str, Any]:
+    assert ckpt.tokenizer is not None
+    candidates = gen.fill_mask(ckpt.model, ckpt.tokenizer, text, k)  # type: ignore[arg-type]
+    best = iter(c[0].text for c in candidates)
+    filled = "".join(
+        part if i == 0 else next(best) + part for i, part in enumerate(text.split(gen.MASK_MARKER))
+    )
+    return {
+        "mode": "fill-mask",
+        "text": filled,
+        "masks": [
+            [{"token": c.text, "piece": c.piece, "id": c.token_id, "prob": c.prob} for c in m]
+            for m in candidates
+        ],
+    }
+
+
+def _print_fill_mask(console: Console, result: dict[str, Any], output_format: str) -> None:
+    if output_format == "json":
+        print(json.dumps(result, ensure_ascii=False))
+        return
+    for i, mask in enumerate(result["masks"]):
+        table = Table(title=f"[MASK] {i}", show_edge=False)
+        table.add_column("token")
+        table.add_column("prob", justify="right")
+        for c in mask:
+            table.add_row(repr(c["token"]), f"{c['prob']:.3f}")
+        console.print(table)
+    console.print(f"[bold]top-1:[/] {result['text']}", highlight=False, markup=True)
+
+
+def _generate(
+    ckpt: Checkpoint,
+    sampling: gen.Sampling,
+    prompt: str | None,
+    text: str | None,
+    prefix: str | None,
+    suffix: str | None,
+    fim_mode: str | None,
+    max_new_tokens: int,
+    speculative: bool,
+    use_cache: bool,
+    console: Console | None,
+) -> dict[str, Any]:
+    tok: Tokenizer = ckpt.tokenizer  # type: ignore[assignment]
+    s = ckpt.specials
+    model: Any = ckpt.model
+    info = ckpt.training
+    stats = gen.SpeculativeStats()
+    n_spans = 0
+    if ckpt.config.kind == "encdec":
+        if text is not None:
+            ids, n_spans = gen.encode_input(tok, text, fill="sentinel", append_eos=True)
+            mode = "span-fill"
+        elif prompt is not None:
+            ids, mode = [*tok.encode(prompt), s.eos], "seq2seq"
+        else:
+            raise UserError("an encoder-decoder model needs --text (with [MASK] spans) or --prompt")
+        start = int(info.get("decoder_start_id", s.pad))
+        stream: Iterator[int] = gen.generate_encdec(
+            model, ids, max_new_tokens, sampling, (s.eos,), start, use_cache
+        )
+    else:
+        if prefix is not None or suffix is not None:
+            chosen = (fim_mode or info.get("fim_mode") or "psm").lower()
+            ids = gen.fim_prompt(tok, prefix or "", suffix or "", chosen)  # type: ignore[arg-type]
+            mode, stops = f"fim-{chosen}", (s.eos, s.fim_pad)  # EOT is EOS in objtrain's table
+        elif prompt is not None:
+            ids, mode, stops = ([s.bos] if info.get("bos") else []) + tok.encode(prompt), "continue", (s.eos,)
+            if not ids:
+                ids = [s.eos]  # an empty prompt starts a fresh document, as after an EOS in a packed stream
+        else:
+            raise UserError("a decoder model needs --prompt, or --prefix/--suffix for infilling")
+        if speculative:
+            stream = gen.generate_speculative(model, ids, max_new_tokens, stops, stats)
+        else:
+            stream = gen.generate_decoder(model, ids, max_new_tokens, sampling, stops, use_cache)
+    out: list[int] = []
+    shown = ""
+    start_time = time.perf_counter()
+    if console is not None and mode in ("continue", "seq2seq") and prompt:
+        console.print(prompt, end="", style="dim", highlight=False, markup=False)
+    elif console is not None and mode.startswith("fim"):
+        console.print(prefix or "", end="", style="dim", highlight=False, markup=False)
+    for token in stream:
+        out.append(token)
+        if console is not None and mode != "span-fill":
+            now = tok.decode(out)
+            if now.startswith(shown):  # print the new characters only (pieces can merge bytes)
+                sys.stdout.write(now[len(shown) :])
+                sys.stdout.flush()
+                shown = now
+    elapsed = time.perf_counter() - start_time
+    result: dict[str, Any] = {
+        "mode": mode,
+        "text": tok.decode(out),
+        "tokens": out,
+        "n_tokens": len(out),
+        "seconds": round(elapsed, 4),
+    }
+    if mode == "span-fill":
+        fills = [tok.decode(f) for f in gen.split_spans(out, n_spans, s)]
+        result["spans"] = fills
+        parts = (text or "").split(gen.MASK_MARKER)
+        result["text"] = parts[0] + "".join(f + p for f, p in zip(fills, parts[1:], strict=True))
+    if speculative:
+        result["speculative"] = {
+            "acceptance": stats.acceptance,
+            "tokens_per_forward": stats.tokens_per_forward,
+        }
+    if console is not None:
+        if mode.startswith("fim"):
+            console.print(suffix or "", style="dim", highlight=False, markup=False)
+        elif mode == "span-fill":
+            for i, fill in enumerate(result["spans"]):
+                console.print(f"[bold]<extra_id_{i}>[/] {fill!r}", highlight=False)
+            console.print(f"[bold]filled:[/] {result['text']}", highlight=False)
+        else:
+            console.print()
+        extra = ""
+        if speculative:
+            extra = f", {stats.tokens_per_forward:.2f} tokens/forward, acceptance {stats.acceptance:.0%}"
+        console.print(f"[dim]{len(out)} tokens in {elapsed:.2f}s{extra}[/]", highlight=False)
+    return result

@@ -1,0 +1,304 @@
+"""Decoding from zoo models: greedy / temperature / top-k / top-p with a KV cache, FIM infilling,
+fill-mask, sentinel span filling, and self-speculative decoding with MTP heads.
+
+Generators yield token ids one at a time (so the CLI can stream) and stop before a stop token.
+Per-token Python loops are inherent to autoregressive decoding; each step is one batched forward.
+
+Self-speculative decoding (Gloeckle et al. 2024 section 3.2; blockwise parallel decoding, Stern et al.
+2018): the heads 2..n at the last verified position draft the next n-1 tokens; one forward over
+[verified token, drafts] lets head 1 check every draft at once. The longest agreeing prefix is kept plus
+head 1's own next token, so each forward yields 1..n tokens, and greedy output equals plain greedy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from objtrain.batch import Batch
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.errors import UserError
+from objtrain.models.decoder import Decoder
+from objtrain.models.encdec import EncoderDecoder
+from objtrain.models.encoder import Encoder
+from objtrain.specials import Specials
+
+FimMode = Literal["psm", "spm"]
+MASK_MARKER = "[MASK]"
+
+
+@dataclass
+class Sampling:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = no top-k filter
+    top_p: float = 1.0  # 1 = no nucleus filter
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise UserError(f"--temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise UserError(f"--top-k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise UserError(f"--top-p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class SpeculativeStats:
+    forwards: int = 0  # verification forwards (the prompt's prefill not counted)
+    tokens: int = 0  # tokens produced by them
+    drafted: int = 0  # draft tokens offered
+    accepted: int = 0  # draft tokens accepted
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / max(self.drafted, 1)
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.tokens / max(self.forwards, 1)
+
+
+def choose(logits: Tensor, sampling: Sampling, generator: torch.Generator | None) -> Tensor:
+    """Next token (B,) from logits (B, V): argmax, or a sample after temperature, top-k and top-p."""
+    if sampling.greedy:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / sampling.temperature
+    if sampling.top_k:
+        kth = logits.topk(min(sampling.top_k, logits.size(-1)), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if sampling.top_p < 1:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        drop = probs.cumsum(dim=-1) - probs >= sampling.top_p  # keep the smallest set reaching top_p
+        logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+
+
+def _generator(sampling: Sampling, device: torch.device) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(sampling.seed)
+
+
+@torch.no_grad()
+def generate_decoder(
+    model: Decoder,
+    prompt: list[int],
+    max_new_tokens: int,
+    sampling: Sampling | None = None,
+    stop_ids: tuple[int, ...] = (),
+    use_cache: bool = True,
+) -> Iterator[int]:
+    """Continue `prompt` (a non-empty id list) with up to `max_new_tokens` tokens."""
+    if not prompt:
+        raise UserError("the prompt is empty: give at least one token")
+    sampling = sampling or Sampling()
+    device = model.embed.weight.device
+    generator = _generator(sampling, device)
+    ids = torch.tensor([prompt], device=device)  # (1, T)
+    if use_cache:
+        caches = model.new_cache(1, len(prompt) + max_new_tokens)
+        logits = model.step(ids, torch.arange(len(prompt), device=device)[None], caches)[0][:, -1]
+    else:
+        logits = model.logits(ids)[:, -1]
+    for _ in range(max_new_tokens):
+        token = choose(logits, sampling, generator)  # (1,)
+        if int(token) in stop_ids:
+            return
+        yield int(token)
+        ids = torch.cat([ids, token[:, None]], dim=1)
+        if use_cache:
+            pos = torch.full((1, 1), ids.size(1) - 1, device=device)
+            logits = model.step(token[:, None], pos, caches)[0][:, -1]
+        else:
+            logits = model.logits(ids)[:, -1]
+
+
+@torch.no_grad()
+def generate_speculative(
+    model: Decoder,
+    prompt: list[int],
+    max_new_tokens: int,
+    stop_ids: tuple[int, ...] = (),
+    stats: SpeculativeStats | None = None,
+) -> Iterator[int]:
+    """Greedy self-speculative decoding with the MTP heads (see the module docstring)."""
+    n = model.config.mtp_heads
+    if n < 2:
+        raise UserError("--speculative needs a model with MTP heads (mtp_heads > 1)")
+    if not prompt:
+        raise UserError("the prompt is empty: give at least one token")
+    stats = stats if stats is not None else SpeculativeStats()
+    device = model.embed.weight.device
+    caches = model.new_cache(1, len(prompt) + max_new_tokens + n)
+    heads = model.step(
+        torch.tensor([prompt], device=device),
+        torch.arange(len(prompt), device=device)[None],
+        caches,
+        n_heads=n,
+    )
+    last = torch.stack([h[0, -1] for h in heads]).argmax(dim=-1)  # (n,): next token, then n-1 drafts
+    token, drafts = last[:1], last[1:]
+    produced = 0
+    while True:
+        if int(token) in stop_ids:
+            return
+        yield int(token)
+        produced += 1
+        if produced >= max_new_tokens:
+            return
+        # verify: feed [token, d_1 .. d_{n-1}]; head 1's argmax at slot i is the true next token there
+        start = caches[0].length
+        x = torch.cat([token, drafts])[None]  # (1, n)
+        heads = model.step(x, torch.arange(start, start + n, device=device)[None], caches, n_heads=n)
+        greedy = torch.stack([h[0] for h in heads]).argmax(dim=-1)  # (n heads, n slots)
+        agree = (greedy[0, :-1] == drafts).long()  # draft i is right iff it equals head 1 at slot i
+        m = int(agree.cumprod(0).sum())  # accepted drafts
+        stats.forwards += 1
+        stats.drafted += n - 1
+        stats.accepted += m
+        stats.tokens += m + 1
+        for cache in caches:
+            cache.length = start + m + 1  # keep [token, d_1 .. d_m]; drop the rejected tail
+        for d in drafts[:m].tolist():
+            if d in stop_ids:
+                return
+            yield d
+            produced += 1
+            if produced >= max_new_tokens:
+                return
+        token, drafts = greedy[:1, m], greedy[1:, m]
+
+
+def encode_input(
+    tokenizer: Tokenizer, text: str, fill: str = "mask", append_eos: bool = False
+) -> tuple[list[int], int]:
+    """Encode `text`, replacing each `[MASK]` by an id inserted directly (never through the tokenizer):
+    the mask token (`fill="mask"`) or sentinels <extra_id_0>, <extra_id_1>, ... (`fill="sentinel"`).
+    Returns (ids, number of markers)."""
+    parts = text.split(MASK_MARKER)
+    specials = tokenizer.specials
+    ids: list[int] = []
+    for k, part in enumerate(parts):
+        if k:
+            ids.append(specials.mask if fill == "mask" else specials.sentinel(k - 1))
+        ids.extend(tokenizer.encode(part) if part else [])
+    if append_eos:
+        ids.append(specials.eos)
+    return ids, len(parts) - 1
+
+
+def fim_prompt(tokenizer: Tokenizer, prefix: str, suffix: str, mode: FimMode) -> list[int]:
+    """PSM: <PRE> prefix <SUF> suffix <MID>; SPM (FIM paper App. D variant 2, reference section 9):
+    <PRE> <SUF> suffix <MID> prefix. In both the model then writes the middle."""
+    s: Specials = tokenizer.specials
+    pre, suf = tokenizer.encode(prefix) if prefix else [], tokenizer.encode(suffix) if suffix else []
+    if mode == "psm":
+        return [s.fim_prefix, *pre, s.fim_suffix, *suf, s.fim_middle]
+    if mode == "spm":
+        return [s.fim_prefix, s.fim_suffix, *suf, s.fim_middle, *pre]
+    raise UserError(f"--fim-mode must be psm or spm, got {mode!r}")
+
+
+@dataclass
+class Candidate:
+    token_id: int
+    piece: str
+    text: str
+    prob: float
+
+
+@torch.no_grad()
+def fill_mask(model: Encoder, tokenizer: Tokenizer, text: str, top_k: int = 5) -> list[list[Candidate]]:
+    """Top-k candidates with probabilities for every `[MASK]` in `text` (one bidirectional forward)."""
+    ids, n_masks = encode_input(tokenizer, text, fill="mask")
+    if not n_masks:
+        raise UserError(f"--text has no {MASK_MARKER} to fill")
+    device = model.embed.weight.device
+    x = torch.tensor([ids], device=device)  # (1, T)
+    T = x.size(1)
+    batch = Batch(
+        x,
+        x,
+        torch.arange(T, device=device)[None],
+        torch.zeros_like(x),
+        "bidirectional",
+        segment_ids=torch.zeros_like(x),
+    )
+    probs = model(batch).logits[0].float().softmax(dim=-1)  # (T, V)
+    where = (x[0] == tokenizer.specials.mask).nonzero().squeeze(1)
+    top = probs[where].topk(min(top_k, probs.size(-1)), dim=-1)  # (n_masks, k)
+    return [
+        [
+            Candidate(int(i), tokenizer.piece(int(i)), tokenizer.decode([int(i)]), float(p))
+            for p, i in zip(ps.tolist(), ids_.tolist(), strict=True)
+        ]
+        for ps, ids_ in zip(top.values, top.indices, strict=True)
+    ]
+
+
+@torch.no_grad()
+def generate_encdec(
+    model: EncoderDecoder,
+    encoder_ids: list[int],
+    max_new_tokens: int,
+    sampling: Sampling | None = None,
+    stop_ids: tuple[int, ...] = (),
+    start_id: int = 0,
+    use_cache: bool = True,
+) -> Iterator[int]:
+    """Decode from the encoder input `encoder_ids`, starting from `start_id` (T5: pad = 0)."""
+    if not encoder_ids:
+        raise UserError("the encoder input is empty")
+    sampling = sampling or Sampling()
+    device = model.embed.weight.device
+    generator = _generator(sampling, device)
+    enc = torch.tensor([encoder_ids], device=device)  # (1, T)
+    enc_pos = torch.arange(enc.size(1), device=device)[None]
+    dec = torch.tensor([[start_id]], device=device)  # (1, 1)
+    if use_cache:
+        memory = model.encode(enc, enc_pos, torch.zeros_like(enc))
+        kv = model.memory_kv(memory)
+        caches = model.new_cache(1, max_new_tokens + 1)
+        logits = model.step(dec, torch.zeros_like(dec), caches, kv)[:, -1]
+    for i in range(max_new_tokens):
+        if not use_cache:
+            S = dec.size(1)
+            batch = Batch(
+                enc,
+                dec,
+                enc_pos,
+                torch.zeros_like(enc),
+                "bidirectional",
+                decoder_input_ids=dec,
+                decoder_positions=torch.arange(S, device=device)[None],
+                decoder_document_ids=torch.zeros_like(dec),
+            )
+            logits = model(batch).logits[:, -1]
+        token = choose(logits, sampling, generator)
+        if int(token) in stop_ids:
+            return
+        yield int(token)
+        dec = torch.cat([dec, token[:, None]], dim=1)
+        if use_cache and i + 1 < max_new_tokens:
+            logits = model.step(token[:, None], torch.full((1, 1), i + 1, device=device), caches, kv)[:, -1]
+
+
+def split_spans(output: list[int], n_spans: int, specials: Specials) -> list[list[int]]:
+    """T5 targets `S0 fill0 S1 fill1 ...` -> the fill of each span (empty if its sentinel never came)."""
+    fills: list[list[int]] = [[] for _ in range(n_spans)]
+    current = -1
+    for token in output:
+        if specials.is_sentinel(torch.tensor(token)):
+            current = specials.sentinel_base - token
+            continue
+        if 0 <= current < n_spans:
+            fills[current].append(token)
+    return fills

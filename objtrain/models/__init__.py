@@ -1,0 +1,5 @@
+"""The model zoo: decoder, encoder and encoder-decoder transformers built from shared blocks."""
+
+from objtrain.models.zoo import ModelConfig, build_model, count_parameters, model_config
+
+__all__ = ["ModelConfig", "build_model", "count_parameters", "model_config"]

@@ -1,0 +1,89 @@
+"""What every zoo model shares: the trunk/heads split, per-block compilation, positions from documents.
+
+`model(batch)` is `model.heads(model.trunk(batch))`. The split lets the training loop run the trunk once
+and each head's forward/backward in turn (MTP's memory-efficient backward, reference section 10).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from objtrain.batch import Batch, ModelOutput
+from objtrain.models.attention import self_attention_spec
+from objtrain.models.blocks import Block, Context, Rotary
+from objtrain.models.zoo import ModelConfig
+
+
+@dataclass
+class TrunkOutput:
+    """The trunk's output and the context its heads need.
+
+    hidden (B, T, D): before the final norm (decoder: input of head 1's layer; encdec: decoder side).
+    """
+
+    hidden: Tensor
+    ctx: Context
+    memory: Tensor | None = None  # encdec: normed encoder output (B, T_enc, D)
+
+
+class ZooModel(nn.Module):
+    config: ModelConfig
+    embed: nn.Embedding
+    rotary: Rotary
+
+    def trunk(self, batch: Batch) -> TrunkOutput:
+        raise NotImplementedError
+
+    def heads(self, trunk: TrunkOutput) -> ModelOutput:
+        raise NotImplementedError
+
+    def forward(self, batch: Batch) -> ModelOutput:
+        return self.heads(self.trunk(batch))
+
+    def context(
+        self, positions: Tensor, document_ids: Tensor, attention: Any, prefix_mask: Tensor | None = None
+    ) -> Context:
+        """Rotary angles and the self-attention mask for one stack, built once per forward (eagerly)."""
+        cos, sin = self.rotary(positions)
+        mask, is_causal = self_attention_spec(document_ids, attention, prefix_mask)
+        return Context(cos, sin, mask, is_causal)
+
+    def compile_blocks(self, **kwargs: Any) -> None:
+        """torch.compile each transformer block in place (state-dict keys unchanged).
+
+        Mask logic reads tensor values to pick SDPA's fast path, so it stays eager outside the compiled
+        regions; the blocks see only tensors and a bool, and compile without graph breaks.
+        """
+        for module in self.modules():
+            if isinstance(module, Block):
+                module.compile(**kwargs)
+
+    def _init(self) -> None:
+        cfg = self.config
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=cfg.init_std)
+                if isinstance(module, nn.Linear) and module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        n_residual = cfg.n_layer + (cfg.decoder_layers if cfg.kind == "encdec" else 0)
+        for name, p in self.named_parameters():
+            if name.endswith(("attn.proj.weight", "cross.proj.weight", "mlp.w2.weight")):
+                # GPT-2: residual output projections scaled by 1/sqrt(2 * layers)
+                nn.init.normal_(p, mean=0.0, std=cfg.init_std / (2 * n_residual) ** 0.5)
+
+
+def positions_of(document_ids: Tensor) -> Tensor:
+    """(B, T) position of each token inside its document (0 at every document start), vectorised."""
+    B, T = document_ids.shape
+    idx = torch.arange(T, device=document_ids.device).expand(B, T)
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    return idx - torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=1).values
+
+
+def make_block(cfg: ModelConfig, cross: bool = False) -> Block:
+    return Block(cfg.d_model, cfg.n_head, cfg.ffn_dim, cfg.norm_eps, cfg.dropout, cross=cross)

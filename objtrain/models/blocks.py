@@ -1,0 +1,203 @@
+"""Shared transformer blocks: RMSNorm, RoPE, SwiGLU, self/cross attention, and the pre-norm block.
+
+Every model kind (decoder, encoder, encoder-decoder) is a stack of `Block`s; the only differences are
+the mask each block receives and whether it cross-attends. Attention always goes through
+`attend` (`F.scaled_dot_product_attention`), so there is exactly one attention implementation.
+
+Shapes: B batch, T query positions, S key positions, D model width, H heads, K head width (D = H*K).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm with a learned gain (Zhang & Sennrich 2019; Llama)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (Su et al. 2021), driven by explicit per-token positions.
+
+    Positions come from the batch and restart at 0 in every packed document, so a document's
+    encoding never depends on where it landed in the row.
+    """
+
+    def __init__(self, head_dim: int, base: float = 10000.0) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (K/2,)
+
+    def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """positions (B, T) int -> cos, sin (B, 1, T, K/2) float32, shared by every layer."""
+        angles = positions[..., None].float() * self.inv_freq  # (B, T, K/2)
+        return angles.cos()[:, None], angles.sin()[:, None]
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate (B, H, T, K) by the angles in cos/sin (B, 1, T, K/2); half-split pairing as in Llama."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
+    """(B, H, T, K) x (B, H, S, K) -> (B, H, T, K). `mask` (B, 1, T, S) bool, True = may attend.
+
+    The single place attention is computed; tests swap it for a naive softmax to check equivalence.
+    """
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal and mask is None)
+
+
+class KVCache:
+    """Keys and values of one attention layer for incremental decoding, preallocated to `max_len`.
+
+    `length` is the number of valid positions; speculative decoding rolls back by lowering it.
+    """
+
+    def __init__(self, batch: int, n_head: int, max_len: int, head_dim: int, like: Tensor) -> None:
+        shape = (batch, n_head, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=like.dtype, device=like.device)
+        self.v = torch.zeros(shape, dtype=like.dtype, device=like.device)
+        self.length = 0
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store (B, H, t, K) new keys/values; return all valid ones (B, H, length, K)."""
+        t = k.size(2)
+        end = self.length + t
+        if end > self.k.size(2):
+            raise ValueError(f"KV cache overflow: {end} > {self.k.size(2)} positions")
+        self.k[:, :, self.length : end] = k
+        self.v[:, :, self.length : end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, d_model: int, n_head: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.n_head = n_head
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.proj = nn.Linear(d_model, d_model, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor | None,
+        is_causal: bool,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        B, T, D = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, D // self.n_head).permute(2, 0, 3, 1, 4)  # (B,H,T,K)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.append(k, v)  # (B, H, S, K): all positions so far
+        y = attend(q, k, v, mask, is_causal)  # (B, H, T, K)
+        return self.dropout(self.proj(y.transpose(1, 2).reshape(B, T, D)))
+
+
+class CrossAttention(nn.Module):
+    """Decoder queries over encoder memory; no rotary (the two position axes are unrelated, as in T5)."""
+
+    def __init__(self, d_model: int, n_head: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.n_head = n_head
+        self.q = nn.Linear(d_model, d_model, bias=False)
+        self.kv = nn.Linear(d_model, 2 * d_model, bias=False)
+        self.proj = nn.Linear(d_model, d_model, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, S, D) encoder output -> keys, values (B, H, S, K); computed once per generation."""
+        B, S, D = memory.shape
+        k, v = self.kv(memory).view(B, S, 2, self.n_head, D // self.n_head).permute(2, 0, 3, 1, 4)
+        return k, v
+
+    def forward(self, x: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor | None) -> Tensor:
+        B, T, D = x.shape
+        q = self.q(x).view(B, T, self.n_head, D // self.n_head).transpose(1, 2)  # (B, H, T, K)
+        y = attend(q, kv[0], kv[1], mask, is_causal=False)
+        return self.dropout(self.proj(y.transpose(1, 2).reshape(B, T, D)))
+
+
+class SwiGLU(nn.Module):
+    """FFN(x) = W2 (silu(W1 x) * W3 x) (Shazeer 2020), with W1 and W3 fused into one matmul."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.w13 = nn.Linear(d_model, 2 * d_ff, bias=False)
+        self.w2 = nn.Linear(d_ff, d_model, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.w13(x).chunk(2, dim=-1)  # (B, T, F) each
+        return self.dropout(self.w2(F.silu(gate) * up))
+
+
+@dataclass
+class Context:
+    """Everything a block needs besides its input: rotary angles and masks, built once per forward.
+
+    mask (B, 1, T, T) bool or None (then `is_causal` picks SDPA's causal or full fast path);
+    cross_mask (B, 1, T, S) bool or None (every decoder position may see all of memory).
+    """
+
+    cos: Tensor
+    sin: Tensor
+    mask: Tensor | None
+    is_causal: bool
+    cross_mask: Tensor | None = None
+
+
+class Block(nn.Module):
+    """Pre-norm transformer layer: x + attn(norm(x)) [+ cross(norm(x), memory)] + ffn(norm(x))."""
+
+    def __init__(
+        self, d_model: int, n_head: int, d_ff: int, eps: float, dropout: float, cross: bool = False
+    ) -> None:
+        super().__init__()
+        self.norm1 = RMSNorm(d_model, eps)
+        self.attn = SelfAttention(d_model, n_head, dropout)
+        self.norm_cross = RMSNorm(d_model, eps) if cross else None
+        self.cross = CrossAttention(d_model, n_head, dropout) if cross else None
+        self.norm2 = RMSNorm(d_model, eps)
+        self.mlp = SwiGLU(d_model, d_ff, dropout)
+
+    def forward(
+        self,
+        x: Tensor,  # (B, T, D)
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor | None,
+        is_causal: bool,
+        memory: Tensor | None = None,  # (B, S, D) encoder output, cross-attention blocks only
+        cross_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        memory_kv: tuple[Tensor, Tensor] | None = None,  # precomputed from `memory` (generation)
+    ) -> Tensor:
+        x = x + self.attn(self.norm1(x), cos, sin, mask, is_causal, cache)
+        if self.cross is not None and self.norm_cross is not None:
+            if memory_kv is None:
+                assert memory is not None, "a cross-attention block needs encoder memory"
+                memory_kv = self.cross.memory_kv(memory)
+            x = x + self.cross(self.norm_cross(x), memory_kv, cross_mask)
+        return x + self.mlp(self.norm2(x))
+
+    def run(self, x: Tensor, ctx: Context, memory: Tensor | None = None) -> Tensor:
+        """Training-time forward from a `Context`."""
+        return self(x, ctx.cos, ctx.sin, ctx.mask, ctx.is_causal, memory, ctx.cross_mask)

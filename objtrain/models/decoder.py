@@ -1,0 +1,93 @@
+"""Decoder-only language model (GPT/Llama family), optionally with multi-token-prediction heads.
+
+    ids (B, T) -> embed -> blocks[0 .. L-2] (trunk) -> head layer k -> shared RMSNorm -> E^T -> logits
+
+With `mtp_heads = n`, head 1's layer is the model's last block and heads 2..n are extra one-layer
+heads on the same trunk, sharing the final norm and the tied unembedding (reference section 10;
+Gloeckle et al. 2024). With n = 1 this is exactly a plain L-layer decoder.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from objtrain.batch import Batch, ModelOutput
+from objtrain.models.attention import causal_chunk_mask
+from objtrain.models.base import TrunkOutput, ZooModel, make_block
+from objtrain.models.blocks import Block, KVCache, Rotary
+from objtrain.models.heads import TiedLMHead
+from objtrain.models.zoo import ModelConfig
+
+
+class Decoder(ZooModel):
+    kind = "decoder"
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_base)
+        self.blocks = nn.ModuleList(make_block(cfg) for _ in range(cfg.n_layer))  # last = head 1's layer
+        self.mtp = nn.ModuleList(make_block(cfg) for _ in range(cfg.mtp_heads - 1))  # heads 2..n
+        self.lm_head = TiedLMHead(cfg.d_model, cfg.norm_eps)
+        self._init()
+
+    @property
+    def head_layers(self) -> list[Block]:
+        return [self.blocks[-1], *self.mtp]  # type: ignore[list-item]
+
+    def trunk(self, batch: Batch) -> TrunkOutput:
+        ctx = self.context(batch.positions, batch.document_ids, batch.attention, batch.prefix_mask)
+        x = self.drop(self.embed(batch.input_ids))  # (B, T, D)
+        for block in self.blocks[:-1]:
+            x = block.run(x, ctx)
+        return TrunkOutput(x, ctx)
+
+    def head(self, k: int, trunk: TrunkOutput) -> tuple[Tensor, Tensor]:
+        """Head k (0-based; k predicts offset k+1): normed hidden (B, T, D), logits (B, T, V)."""
+        x = self.head_layers[k].run(trunk.hidden, trunk.ctx)
+        return self.lm_head(x, self.embed.weight)
+
+    def heads(self, trunk: TrunkOutput) -> ModelOutput:
+        hidden, logits = self.head(0, trunk)
+        mtp = [self.head(k, trunk)[1] for k in range(1, self.config.mtp_heads)]
+        return ModelOutput(logits=logits, hidden=hidden, mtp_logits=mtp or None)
+
+    # --- incremental decoding -------------------------------------------------------------------
+
+    def new_cache(self, batch: int, max_len: int) -> list[KVCache]:
+        """One KV cache per attention layer: trunk blocks, head 1's layer, then the MTP heads."""
+        like = self.embed.weight
+        layers = len(self.blocks) + len(self.mtp)
+        return [
+            KVCache(batch, self.config.n_head, max_len, self.config.head_dim, like) for _ in range(layers)
+        ]
+
+    def step(self, ids: Tensor, positions: Tensor, caches: list[KVCache], n_heads: int = 1) -> list[Tensor]:
+        """Feed new tokens ids (B, t) at positions (B, t) after the cached ones (one document per row).
+
+        Returns the logits (B, t, V) of the first `n_heads` heads. Only those heads' caches advance, so a
+        caller mixes `n_heads` values only if it never reads the skipped heads again.
+        """
+        t = ids.size(1)
+        cos, sin = self.rotary(positions)
+        mask = causal_chunk_mask(t, caches[0].length + t, ids.device)
+        x = self.embed(ids)
+        n_trunk = len(self.blocks) - 1
+        for block, cache in zip(self.blocks[:-1], caches, strict=False):
+            x = block(x, cos, sin, mask, False, cache=cache)
+        out = []
+        for k in range(n_heads):
+            h = self.head_layers[k](x, cos, sin, mask, False, cache=caches[n_trunk + k])
+            out.append(self.lm_head(h, self.embed.weight)[1])
+        return out
+
+    @torch.no_grad()
+    def logits(self, ids: Tensor) -> Tensor:
+        """Uncached next-token logits (B, T, V) of a single-document batch (reference for tests)."""
+        B, T = ids.shape
+        positions = torch.arange(T, device=ids.device).expand(B, T)
+        batch = Batch(ids, ids, positions, torch.zeros_like(ids), "causal")
+        return self(batch).logits

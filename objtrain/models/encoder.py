@@ -1,0 +1,49 @@
+"""Bidirectional encoder (BERT family, with the decoder's blocks): MLM head, segments, pooled head.
+
+    ids (B, T) [+ segment embedding] -> blocks -> RMSNorm -> E^T -> token logits (B, T, V)
+                                                         \\-> tanh(dense(h[:, 0])) -> seq logits (B, C)
+
+The attention pattern still comes from the batch (normally bidirectional, always within documents).
+There is no learned absolute position embedding: rotary angles from `batch.positions` do that job.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from objtrain.batch import Batch, ModelOutput
+from objtrain.models.base import TrunkOutput, ZooModel, make_block
+from objtrain.models.blocks import Rotary
+from objtrain.models.heads import Pooler, TiedLMHead
+from objtrain.models.zoo import ModelConfig
+
+
+class Encoder(ZooModel):
+    kind = "encoder"
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.segment = nn.Embedding(cfg.n_segments, cfg.d_model) if cfg.n_segments else None
+        self.drop = nn.Dropout(cfg.dropout)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_base)
+        self.blocks = nn.ModuleList(make_block(cfg) for _ in range(cfg.n_layer))
+        self.lm_head = TiedLMHead(cfg.d_model, cfg.norm_eps)
+        self.pooler = Pooler(cfg.d_model, cfg.n_classes) if cfg.n_classes else None
+        self._init()
+
+    def trunk(self, batch: Batch) -> TrunkOutput:
+        ctx = self.context(batch.positions, batch.document_ids, batch.attention, batch.prefix_mask)
+        x = self.embed(batch.input_ids)  # (B, T, D)
+        if self.segment is not None and batch.segment_ids is not None:
+            x = x + self.segment(batch.segment_ids)
+        x = self.drop(x)
+        for block in self.blocks:
+            x = block.run(x, ctx)
+        return TrunkOutput(x, ctx)
+
+    def heads(self, trunk: TrunkOutput) -> ModelOutput:
+        hidden, logits = self.lm_head(trunk.hidden, self.embed.weight)
+        seq_logits = self.pooler(hidden) if self.pooler is not None else None
+        return ModelOutput(logits=logits, hidden=hidden, seq_logits=seq_logits)

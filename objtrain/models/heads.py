@@ -1,0 +1,40 @@
+"""Output heads on top of a trunk: the tied LM head, multi-token-prediction heads, the pooled head.
+
+- LM head: final RMSNorm, then the transposed token embedding (tied weights, stored once).
+- MTP heads (reference section 10; Gloeckle et al. 2024): n heads on a shared trunk, each one
+  transformer layer; all share the final norm and the unembedding. Head 1 is the next-token head.
+- Pooled head (BERT): tanh(dense(hidden[:, 0])) -> linear classifier, for NSP/SOP and classification.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from objtrain.models.blocks import RMSNorm
+
+
+class TiedLMHead(nn.Module):
+    """(B, T, D) -> normed hidden (B, T, D), logits (B, T, V); the unembedding is the embedding matrix,
+    passed in at call time so the tied weight has one owner and is saved once."""
+
+    def __init__(self, d_model: int, eps: float) -> None:
+        super().__init__()
+        self.norm = RMSNorm(d_model, eps)
+
+    def forward(self, x: Tensor, embedding: Tensor) -> tuple[Tensor, Tensor]:
+        h = self.norm(x)
+        return h, F.linear(h, embedding)
+
+
+class Pooler(nn.Module):
+    """BERT pooler + classifier: tanh(W h_0 + b) -> (B, C) logits."""
+
+    def __init__(self, d_model: int, n_classes: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(d_model, d_model)
+        self.classifier = nn.Linear(d_model, n_classes)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        pooled = self.dense(hidden[:, 0]).tanh()  # (B, D) from the first position
+        return self.classifier(pooled)

@@ -1,0 +1,144 @@
+"""Decoding: KV cache equals recomputation, speculative equals greedy, sampling, prompts for each mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from model_helpers import tiny_model
+
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.evaluation import generate as gen
+from objtrain.specials import Specials
+
+PROMPT = [5, 17, 33, 60, 21, 8]
+
+
+@pytest.mark.parametrize("mtp_heads", [1, 3])
+@pytest.mark.parametrize(
+    "sampling", [gen.Sampling(), gen.Sampling(temperature=1.0, top_k=20, top_p=0.9, seed=7)]
+)
+def test_kv_cache_equals_recomputation(mtp_heads: int, sampling: gen.Sampling) -> None:
+    model = tiny_model("decoder", mtp_heads=mtp_heads)
+    cached = list(gen.generate_decoder(model, PROMPT, 24, sampling))
+    plain = list(gen.generate_decoder(model, PROMPT, 24, sampling, use_cache=False))
+    assert cached == plain and len(cached) == 24
+    assert len(set(cached)) > 3  # a non-degenerate sequence, so the comparison means something
+
+
+def test_cached_logits_equal_full_forward() -> None:
+    model = tiny_model("decoder")
+    ids = torch.tensor([[*PROMPT, 40, 41, 42]])
+    caches = model.new_cache(1, ids.size(1))
+    parts = [model.step(ids[:, :4], torch.arange(4)[None], caches)[0]]
+    for t in range(4, ids.size(1)):
+        parts.append(model.step(ids[:, t : t + 1], torch.tensor([[t]]), caches)[0])
+    assert torch.allclose(torch.cat(parts, dim=1), model.logits(ids), atol=1e-5)
+
+
+def test_encdec_kv_cache_equals_recomputation() -> None:
+    model = tiny_model("encdec")
+    for sampling in (gen.Sampling(), gen.Sampling(temperature=0.8, seed=3)):
+        cached = list(gen.generate_encdec(model, PROMPT, 16, sampling))
+        plain = list(gen.generate_encdec(model, PROMPT, 16, sampling, use_cache=False))
+        assert cached == plain and len(cached) == 16
+        assert sampling.greedy or len(set(cached)) > 2
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_speculative_greedy_equals_greedy(n: int) -> None:
+    model = tiny_model("decoder", mtp_heads=n)
+    for prompt in (PROMPT, [3], [90, 1, 2, 3, 4, 5, 6, 7, 8]):
+        stats = gen.SpeculativeStats()
+        fast = list(gen.generate_speculative(model, prompt, 30, stats=stats))
+        assert fast == list(gen.generate_decoder(model, prompt, 30))
+        assert stats.forwards <= 30 and 1 <= stats.tokens_per_forward <= n
+
+
+def test_speculative_accepts_every_draft_when_heads_agree() -> None:
+    """Identity blocks (zero output projections) make the model repeat its last token, so every head
+    agrees with head 1 and every draft must be accepted."""
+    model = tiny_model("decoder", mtp_heads=3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("proj.weight", "w2.weight")):
+                p.zero_()
+    prompt = [7] * 6
+    greedy = list(gen.generate_decoder(model, prompt, 12))
+    if len(set(greedy)) != 1:
+        pytest.skip("this init does not repeat one token")
+    stats = gen.SpeculativeStats()
+    assert list(gen.generate_speculative(model, prompt, 12, stats=stats)) == greedy
+    assert stats.acceptance == 1.0
+
+
+def test_stop_tokens_end_generation() -> None:
+    model = tiny_model("decoder")
+    full = list(gen.generate_decoder(model, PROMPT, 20))
+    stop = full[5]
+    cut = list(gen.generate_decoder(model, PROMPT, 20, stop_ids=(stop,)))
+    assert cut == full[: full.index(stop)]
+    spec_model = tiny_model("decoder", mtp_heads=3)
+    full = list(gen.generate_speculative(spec_model, PROMPT, 20))
+    assert list(gen.generate_speculative(spec_model, PROMPT, 20, (full[7],))) == full[: full.index(full[7])]
+
+
+def test_sampling_filters() -> None:
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]])
+    g = torch.Generator().manual_seed(0)
+    assert int(gen.choose(logits, gen.Sampling(), g)) == 1
+    assert int(gen.choose(logits, gen.Sampling(temperature=1.0, top_k=1), g)) == 1
+    assert int(gen.choose(logits, gen.Sampling(temperature=1.0, top_p=0.1), g)) == 1
+    draws = {int(gen.choose(logits, gen.Sampling(temperature=5.0, top_k=2), g)) for _ in range(200)}
+    assert draws == {1, 3}
+    # top_p = 0.8: probabilities 0.64, 0.24, 0.09, 0.03 -> keep the smallest set reaching 0.8: {1, 3}
+    draws = {int(gen.choose(logits, gen.Sampling(temperature=1.0, top_p=0.8), g)) for _ in range(300)}
+    assert draws == {1, 3}
+    with pytest.raises(Exception, match="top-p"):
+        gen.Sampling(top_p=0.0)
+
+
+def test_same_seed_same_sample() -> None:
+    model = tiny_model("decoder")
+    s = gen.Sampling(temperature=1.0, seed=11)
+    assert list(gen.generate_decoder(model, PROMPT, 15, s)) == list(
+        gen.generate_decoder(model, PROMPT, 15, s)
+    )
+    other = gen.Sampling(temperature=1.0, seed=12)
+    assert list(gen.generate_decoder(model, PROMPT, 15, s)) != list(
+        gen.generate_decoder(model, PROMPT, 15, other)
+    )
+
+
+def test_fim_prompt_layouts(tokenizer: Tokenizer, specials: Specials) -> None:
+    pre, suf = tokenizer.encode("def f(x):\n    "), tokenizer.encode("\n    return y\n")
+    psm = gen.fim_prompt(tokenizer, "def f(x):\n    ", "\n    return y\n", "psm")
+    spm = gen.fim_prompt(tokenizer, "def f(x):\n    ", "\n    return y\n", "spm")
+    s = specials
+    assert psm == [s.fim_prefix, *pre, s.fim_suffix, *suf, s.fim_middle]
+    assert spm == [s.fim_prefix, s.fim_suffix, *suf, s.fim_middle, *pre]
+
+
+def test_masks_are_inserted_by_id(tokenizer: Tokenizer, specials: Specials) -> None:
+    ids, n = gen.encode_input(tokenizer, "def [MASK](x): <mask> [MASK]", fill="mask")
+    assert n == 2 and ids.count(specials.mask) == 2  # the literal "<mask>" stays text
+    ids, n = gen.encode_input(tokenizer, "a [MASK] b [MASK] c", fill="sentinel", append_eos=True)
+    sentinels = [i for i in ids if i in (specials.sentinel(0), specials.sentinel(1))]
+    assert sentinels == [specials.sentinel(0), specials.sentinel(1)] and ids[-1] == specials.eos
+
+
+def test_split_spans_reads_t5_targets(specials: Specials) -> None:
+    s0, s1, s2 = specials.sentinel(0), specials.sentinel(1), specials.sentinel(2)
+    assert gen.split_spans([s0, 300, 301, s1, 302, s2, 303], 2, specials) == [[300, 301], [302]]
+    assert gen.split_spans([s1, 305], 2, specials) == [[], [305]]
+
+
+def test_fill_mask_gives_ranked_probabilities(tokenizer: Tokenizer) -> None:
+    from objtrain.models import build_model, model_config
+
+    torch.manual_seed(0)
+    model = build_model(model_config("encoder", "debug", vocab_size=tokenizer.vocab_size)).eval()
+    result = gen.fill_mask(model, tokenizer, "def [MASK](x):\n    return [MASK]", top_k=4)  # type: ignore[arg-type]
+    assert len(result) == 2
+    for candidates in result:
+        probs = [c.prob for c in candidates]
+        assert len(probs) == 4 and probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1 + 1e-6
