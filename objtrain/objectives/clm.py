@@ -1,0 +1,84 @@
+"""Causal LM (reference section 1): predict every next token, inside its document.
+
+A row of T+1 raw tokens gives T model positions: `input_ids = x[:T]`, `labels = x[1:T+1]`, aligned here
+once (nothing downstream shifts: the double-shift pitfall of section 1).
+
+Which positions carry a label is decided by `document_ids`, never by token id, so a real EOS is always a
+target even where `pad_id == eos_id` (transformers#23530). Documents end with their EOS, which belongs to
+the document it ends:
+    x      = a b </s> | c d     (two documents, ids 0 0 0 1 1)
+    input  = a b </s> c
+    labels = b </s> - d
+The EOS position gets no label by default: attention stays inside documents, so it cannot see the next
+document and would only learn the unigram distribution of document starts (`cross_document_targets: true`
+trains it anyway, as nanoGPT's unmasked stream does). Targets in padding are never trained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from objtrain import IGNORE
+from objtrain.batch import Batch
+from objtrain.objectives.base import Objective, positions_from_documents
+
+
+def next_token_labels(
+    rows: Tensor, document_ids: Tensor, offset: int, cross_document: bool, T: int
+) -> Tensor:
+    """(B, T) labels `rows[:, t + offset]`, IGNORE where that target is padding, lies past the row, comes
+    from another document (unless `cross_document`), or the position itself is padding.
+
+    `rows`, `document_ids`: (B, L) with L >= T (raw rows, L = T + 1 for CLM).
+    """
+    B, L = rows.shape
+    labels = torch.full((B, T), IGNORE, dtype=torch.int64, device=rows.device)
+    n = min(T, L - offset)  # positions whose target lies inside the row
+    if n <= 0:
+        return labels
+    here = document_ids[:, :n]
+    there = document_ids[:, offset : offset + n]
+    keep = (here >= 0) & (there >= 0)
+    if not cross_document:
+        keep &= here == there  # documents are contiguous runs, so equal ids mean no boundary in between
+    labels[:, :n] = torch.where(keep, rows[:, offset : offset + n], IGNORE)
+    return labels
+
+
+def causal_batch(rows: Tensor, document_ids: Tensor, cross_document: bool) -> Batch:
+    """The CLM batch of (B, T+1) raw rows: T = L - 1 model positions (shared with MTP and FIM)."""
+    T = max(rows.size(1) - 1, 0)
+    docs = document_ids[:, :T]
+    return Batch(
+        input_ids=rows[:, :T],
+        labels=next_token_labels(rows, document_ids, 1, cross_document, T),
+        positions=positions_from_documents(docs),
+        document_ids=docs,
+        attention="causal",
+    )
+
+
+class CausalLM(Objective):
+    """Next-token prediction on packed rows; T model positions need T + 1 raw tokens."""
+
+    name = "clm"
+    model_kinds = ("decoder",)
+    attention = "causal"
+
+    @dataclass
+    class Config:
+        cross_document_targets: bool = False  # train a document's EOS to predict the next document's start
+
+    def raw_length(self, model_length: int) -> int:
+        return model_length + 1
+
+    def __call__(self, rows: Tensor, document_ids: Tensor, row_index: Tensor, seed: int) -> Batch:
+        batch = causal_batch(rows.long(), document_ids.long(), self.config.cross_document_targets)
+        batch.stats = {
+            "tokens": float((batch.document_ids >= 0).sum()),
+            "targets": float(batch.n_targets),
+        }
+        return batch

@@ -1,0 +1,228 @@
+"""Fill-in-the-middle (reference section 9; bigcode Megatron-LM gpt_dataset.py `permute`, FIM paper).
+
+Context-level FIM: a packed row of T+1 raw tokens is split at document boundaries; every non-empty
+document fragment is transformed on its own with probability `fim_rate`, the fragments are rejoined,
+and the row is truncated to its original length (or right-padded with `<fim_pad>` when character-level
+re-encoding made it shorter). The result is trained exactly as CLM (`clm.causal_batch`).
+
+A fragment `content [</s>]` (the EOS is there when the document ends inside the row) is cut at two
+sorted uniform boundaries into prefix, middle and suffix (each may be empty), then laid out as
+    PSM: <fim_prefix> prefix <fim_suffix> suffix <fim_middle> middle </s>
+    SPM: <fim_prefix> <fim_suffix> suffix <fim_middle> prefix middle </s>
+SPM is the paper's variant 2 (gpt-neox#932), where prefix and middle are contiguous. The EOS stays after
+the middle so the model learns to stop infilling. Loss: every position except `<fim_pad>` (pitfall
+15.3: bigcode does not mask it); `<fim_pad>` only ever fills padding, which carries no label.
+
+`level: char` (default; the paper's recommendation) draws the boundaries over the characters of the
+decoded fragment and re-encodes the three parts: mid-token completion is trainable, at the cost of a
+Python loop over the FIM-selected fragments. Re-encoding can change the token count (and a fragment cut
+mid-character at the row start decodes to a replacement character), so rows are truncated or padded.
+`level: token` draws the boundaries over tokens: fully vectorised, no tokenizer, exactly invertible.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from objtrain.batch import Batch, ModelKind
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.errors import UserError
+from objtrain.objectives.base import Objective
+from objtrain.objectives.clm import causal_batch
+from objtrain.objectives.mlm import below
+from objtrain.objectives.rng import RowRandom
+from objtrain.specials import Specials
+
+
+@dataclass
+class Fragments:
+    """Per position (B, L) view of the document fragments of packed rows."""
+
+    start: Tensor  # first position of the position's fragment
+    offset: Tensor  # position - start
+    content: Tensor  # content length of the fragment (without its trailing EOS)
+    fim: Tensor  # bool: the fragment is transformed
+    spm: Tensor  # bool: ... in SPM order
+    is_start: Tensor  # bool: the position starts a fragment
+    lo_u: Tensor  # float64 uniforms for the two boundaries, read at the fragment start
+    hi_u: Tensor
+
+
+def fragments(
+    rows: Tensor, document_ids: Tensor, specials: Specials, fim_rate: float, spm_rate: float, rr: RowRandom
+) -> Fragments:
+    """Find fragments (runs of one document id; padding runs are never transformed) and draw their fate.
+
+    Each fragment's random numbers are read at its start position, so they depend only on the row."""
+    B, L = rows.shape
+    idx = torch.arange(L, device=rows.device).expand(B, L)
+    is_start = torch.ones_like(rows, dtype=torch.bool)
+    is_start[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    start = torch.where(is_start, idx, 0).cummax(dim=1).values
+    frag = is_start.long().cumsum(dim=1) - 1
+    length = torch.zeros_like(frag).scatter_add_(1, frag, torch.ones_like(frag)).gather(1, frag)
+    last = (start + length - 1).clamp(max=L - 1)
+    ends_with_eos = rows.gather(1, last) == specials.eos
+    content = length - ends_with_eos.long()
+    real = document_ids >= 0
+    fim = below(rr.bits(L, "fim/apply").gather(1, start), fim_rate) & real & (content > 0)
+    spm = below(rr.bits(L, "fim/spm").gather(1, start), spm_rate) & fim
+    return Fragments(
+        start=start,
+        offset=idx - start,
+        content=content,
+        fim=fim,
+        spm=spm,
+        is_start=is_start,
+        lo_u=rr.uniform64(L, "fim/lo").gather(1, start),
+        hi_u=rr.uniform64(L, "fim/hi").gather(1, start),
+    )
+
+
+def token_level_fim(
+    rows: Tensor, document_ids: Tensor, f: Fragments, specials: Specials
+) -> tuple[Tensor, Tensor]:
+    """Token-level FIM of (B, L) rows, vectorised: every token and sentinel is scattered to its slot.
+
+    Within a fragment with boundaries i <= j over n content tokens, offset o goes to:
+        PSM  prefix 1+o, <SUF> 1+i, suffix 2+i+(o-j), <MID> 2+i+n-j, middle 3+n-j+o, EOS 3+n
+        SPM  <SUF> 1, suffix 2+(o-j), <MID> 2+n-j, prefix and middle 3+n-j+o, EOS 3+n
+    (<PRE> at 0), shifted by 3 for every transformed fragment before it. Slots >= L are dropped.
+    """
+    B, L = rows.shape
+    n = f.content
+    a = torch.floor(f.lo_u * (n + 1).double()).long()
+    b = torch.floor(f.hi_u * (n + 1).double()).long()
+    i, j = torch.minimum(a, b), torch.maximum(a, b)
+    o = f.offset
+    suffix_at = torch.where(f.spm, 2 + (o - j), 2 + i + (o - j))
+    mid_at = torch.where(f.spm | (o >= i), 3 + n - j + o, 1 + o)
+    within = torch.where(o >= n, 3 + n, torch.where(o >= j, suffix_at, mid_at))
+    within = torch.where(f.fim, within, o)
+    fim_starts = f.is_start & f.fim
+    before = (fim_starts.long().cumsum(dim=1) - fim_starts.long()).gather(1, f.start)
+    base = f.start + 3 * before
+
+    out = torch.empty((B, L + 1), dtype=rows.dtype, device=rows.device)
+    out_docs = torch.empty((B, L + 1), dtype=document_ids.dtype, device=rows.device)
+
+    def put(dest: Tensor, values: Tensor, docs: Tensor, where: Tensor) -> None:
+        dest = torch.where(where & (dest < L), dest, L)  # column L collects everything dropped
+        out.scatter_(1, dest, values)
+        out_docs.scatter_(1, dest, docs)
+
+    everything = torch.ones_like(f.fim)
+    put(base + within, rows, document_ids, everything)
+    sentinel_at = {
+        specials.fim_prefix: torch.zeros_like(n),
+        specials.fim_suffix: torch.where(f.spm, 1, 1 + i),
+        specials.fim_middle: torch.where(f.spm, 2 + n - j, 2 + i + n - j),
+    }
+    for token, at in sentinel_at.items():
+        put(base + at, torch.full_like(rows, token), document_ids, fim_starts)
+    return out[:, :L], out_docs[:, :L]
+
+
+def char_level_fim(
+    rows: Tensor, document_ids: Tensor, f: Fragments, specials: Specials, tokenizer: Tokenizer
+) -> tuple[Tensor, Tensor, int]:
+    """Character-level FIM: decode each selected fragment, cut at two uniform character boundaries,
+    re-encode the parts. A Python loop over FIM-selected fragments only (the accepted exception);
+    returns (rows, document_ids, number of <fim_pad> added)."""
+    L = rows.size(1)
+    out, out_docs = rows.clone(), document_ids.clone()
+    n_pad = 0
+    for r in torch.nonzero((f.fim & f.is_start).any(dim=1)).flatten().tolist():
+        starts = [*torch.nonzero(f.is_start[r]).flatten().tolist(), L]
+        tokens: list[int] = []
+        docs: list[int] = []
+        row = rows[r].tolist()
+        for s, e in itertools.pairwise(starts):
+            doc = int(document_ids[r, s])
+            piece = row[s:e]
+            if bool(f.fim[r, s]):
+                n = int(f.content[r, s])
+                text = tokenizer.decode(piece[:n])
+                c = len(text) + 1  # boundaries over {0, ..., len(text)}
+                i, j = sorted((math.floor(float(f.lo_u[r, s]) * c), math.floor(float(f.hi_u[r, s]) * c)))
+                pre, mid, suf = (tokenizer.encode(t) if t else [] for t in (text[:i], text[i:j], text[j:]))
+                p, m, x = specials.fim_prefix, specials.fim_middle, specials.fim_suffix
+                if bool(f.spm[r, s]):
+                    piece = [p, x, *suf, m, *pre, *mid, *piece[n:]]
+                else:
+                    piece = [p, *pre, x, *suf, m, *mid, *piece[n:]]
+            tokens += piece
+            docs += [doc] * len(piece)
+        missing = L - len(tokens)
+        if missing > 0:
+            n_pad += missing
+            tokens += [specials.fim_pad] * missing
+            docs += [-1] * missing
+        out[r] = torch.tensor(tokens[:L], dtype=rows.dtype)
+        out_docs[r] = torch.tensor(docs[:L], dtype=document_ids.dtype)
+    return out, out_docs, n_pad
+
+
+class FillInTheMiddle(Objective):
+    """Context-level FIM (PSM + SPM) on packed rows, trained as CLM; T model positions need T + 1 raw."""
+
+    name = "fim"
+    model_kinds = ("decoder",)
+    attention = "causal"
+
+    @dataclass
+    class Config:
+        fim_rate: float = 0.5  # share of documents transformed (FIM paper, StarCoder: 0.5)
+        spm_rate: float = 0.5  # of the transformed: SPM order, else PSM (bigcode --fim-spm-rate 0.5)
+        level: Literal["char", "token"] = "char"  # where the two boundaries fall (paper: characters)
+
+        def __post_init__(self) -> None:
+            for name in ("fim_rate", "spm_rate"):
+                value = getattr(self, name)
+                if not 0.0 <= value <= 1.0:
+                    raise ValueError(f"{name} must be in [0, 1], got {value}")
+
+    def __init__(
+        self,
+        config: Config,
+        specials: Specials,
+        tokenizer: Tokenizer | None = None,
+        model_kind: ModelKind | None = None,
+    ) -> None:
+        super().__init__(config, specials, tokenizer=tokenizer, model_kind=model_kind)
+        if config.level == "char" and tokenizer is None:
+            raise UserError(
+                "fim: level 'char' needs the tokenizer (to decode and re-encode); or set level=token"
+            )
+
+    def raw_length(self, model_length: int) -> int:
+        return model_length + 1
+
+    def __call__(self, rows: Tensor, document_ids: Tensor, row_index: Tensor, seed: int) -> Batch:
+        rows, document_ids = rows.long(), document_ids.long()
+        rr = RowRandom(seed, row_index)
+        f = fragments(rows, document_ids, self.specials, self.config.fim_rate, self.config.spm_rate, rr)
+        n_pad = 0
+        if not bool(f.fim.any()):
+            out, out_docs = rows, document_ids
+        elif self.config.level == "token":
+            out, out_docs = token_level_fim(rows, document_ids, f, self.specials)
+        else:
+            assert self.tokenizer is not None
+            out, out_docs, n_pad = char_level_fim(rows, document_ids, f, self.specials, self.tokenizer)
+        batch = causal_batch(out, out_docs, cross_document=False)
+        real_fragments = f.is_start & (document_ids >= 0) & (f.content > 0)
+        batch.stats = {
+            "fragments": float(real_fragments.sum()),
+            "fim": float((f.is_start & f.fim).sum()),
+            "spm": float((f.is_start & f.spm).sum()),
+            "fim_pad": float(n_pad),
+            "targets": float(batch.n_targets),
+        }
+        return batch

@@ -1,0 +1,100 @@
+"""Multi-token prediction (reference section 10; Gloeckle et al. 2024): head k predicts the token k ahead.
+
+Layout: the same (B, T+1) raw rows as CLM, so head 1 is CLM exactly (same targets, same packed store: its
+loss is the comparable one, pitfall 15.8). `mtp_labels[:, k-1, t] = x[t + k]`; targets past the raw row
+are IGNORE, never wrapped, so head k has IGNORE on its last k - 1 model positions (the last k of the
+T+1-token raw block, the section 10 invariant). With `cross_document_targets: false` (default) a target in
+another document is IGNORE too, as for CLM.
+
+Loss: L = sum_k CE_k with equal weights, normalised by the head-1 target count, so that a micro-batch's
+loss is the sum of the per-head means. `head_loss` gives one head's share, for the memory-efficient
+backward (trunk once, then each head's forward + backward in turn, so only one (B, T, V) logits tensor
+is alive at a time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from objtrain import IGNORE
+from objtrain.batch import Batch, ModelOutput
+from objtrain.errors import UserError
+from objtrain.objectives.base import LossOutput, Objective
+from objtrain.objectives.clm import causal_batch, next_token_labels
+
+
+def mtp_head_loss(logits: Tensor, mtp_labels: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Summed CE and target count of head k (offset k, 1-based): logits (B, T, V), mtp_labels (B, n, T)."""
+    labels = mtp_labels[:, k - 1]
+    loss_sum = F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1), ignore_index=IGNORE, reduction="sum"
+    )
+    return loss_sum, (labels != IGNORE).sum()
+
+
+class MultiTokenPrediction(Objective):
+    """n next-token heads on a shared trunk; `output.logits` is offset 1, `output.mtp_logits` offsets 2..n."""
+
+    name = "mtp"
+    model_kinds = ("decoder",)
+    attention = "causal"
+
+    @dataclass
+    class Config:
+        n: int = 4  # tokens predicted per position (Gloeckle et al.: 4 best for code; 1 = CLM)
+        cross_document_targets: bool = False  # keep targets that lie in the next document (as CLM's key)
+
+        def __post_init__(self) -> None:
+            if self.n < 1:
+                raise ValueError(f"n must be at least 1, got {self.n}")
+
+    def raw_length(self, model_length: int) -> int:
+        return model_length + 1
+
+    def __call__(self, rows: Tensor, document_ids: Tensor, row_index: Tensor, seed: int) -> Batch:
+        rows, document_ids = rows.long(), document_ids.long()
+        cross = self.config.cross_document_targets
+        batch = causal_batch(rows, document_ids, cross)
+        T = batch.input_ids.size(1)
+        heads = [batch.labels] + [
+            next_token_labels(rows, document_ids, k, cross, T) for k in range(2, self.config.n + 1)
+        ]
+        batch.mtp_labels = torch.stack(heads, dim=1)
+        batch.stats = {"tokens": float((batch.document_ids >= 0).sum())}
+        for k in range(1, self.config.n + 1):
+            batch.stats[f"head{k}_targets"] = float((batch.mtp_labels[:, k - 1] != IGNORE).sum())
+        return batch
+
+    def head_loss(self, output: ModelOutput, batch: Batch, k: int) -> tuple[Tensor, Tensor]:
+        """(summed CE, target count) of head k (1-based); the training loop divides by head 1's count."""
+        logits = self._head_logits(output, k)
+        assert batch.mtp_labels is not None
+        return mtp_head_loss(logits, batch.mtp_labels, k)
+
+    def _head_logits(self, output: ModelOutput, k: int) -> Tensor:
+        if k == 1:
+            return output.logits
+        extra = output.mtp_logits or []
+        if len(extra) < k - 1:
+            raise UserError(f"mtp with n={self.config.n} needs a model with {self.config.n} heads")
+        return extra[k - 2]
+
+    def loss(self, output: ModelOutput, batch: Batch) -> LossOutput:
+        """Sum of the n heads' summed CE over head 1's target count; per-head mean losses as metrics."""
+        assert batch.mtp_labels is not None
+        metrics: dict[str, Tensor] = {}
+        total: Tensor | None = None
+        n_head1 = torch.zeros((), dtype=torch.int64)
+        for k in range(1, self.config.n + 1):
+            loss_sum, count = self.head_loss(output, batch, k)
+            total = loss_sum if total is None else total + loss_sum
+            metrics[f"head{k}_loss"] = loss_sum.detach() / count.clamp(min=1)
+            if k == 1:
+                n_head1 = count
+                metrics["head1_loss_sum"] = loss_sum.detach()
+        assert total is not None
+        return LossOutput(total, n_head1, metrics)

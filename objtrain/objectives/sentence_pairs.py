@@ -1,0 +1,264 @@
+"""Sentence-pair objectives: BERT next-sentence prediction (reference section 3) and ALBERT sentence-order
+prediction (section 4), each with MLM on the pair (section 2), as BERT and ALBERT train them.
+
+Layout (T model positions, raw length T): `[CLS] A [SEP] B [SEP]` then padding; `segment_ids` are 0 for
+[CLS], A and the first [SEP], 1 for B and the last [SEP] (and 0 on padding); the pair is one document.
+`seq_labels`: 1 = random next (NSP) / swapped (SOP), 0 = actual next in order (BERT's convention; the
+flipped-label pitfall of section 3). A row with no two adjacent tokens of one document cannot make a
+pair: it gets `[CLS] [SEP] [SEP]` and `seq_labels = IGNORE`.
+
+How a row becomes a pair, vectorised over the batch (all draws from the row's own random streams):
+1. Sentences come from `sentences.sentence_ids`; special tokens (EOS) are not content.
+2. The split point s is a random sentence start inside a document (a token of the same document
+   before it). A row with no such boundary (a 1-sentence chunk) is split at a random token position
+   inside a document instead: the reference's recommendation, used by both NSP and SOP, where BERT and
+   ALBERT would draw a random document (albert#234).
+   A = the document's tokens before s, next = its tokens from s on.
+3. NSP negatives: with probability `random_next_rate`, B starts at a random sentence start of a
+   *different* document of the same raw row. Taking B from the row itself keeps the batch-size
+   independence (other rows of the batch never matter). A row holding a single document has no
+   negative and keeps the actual next (label 0): a "random" B from the same document is the
+   single-document-corpus pitfall (NVIDIA/DeepLearningExamples#421). `stats["random_fraction"]`
+   reports the realised rate; NSP wants packed rows of several documents.
+   SOP: with probability `swap_rate`, A and next are swapped (label 1); SOP needs one document only.
+4. Length: the pair gets T - 3 tokens, or with probability `short_seq_prob` a uniform target in
+   [2, T - 3] (BERT's short_seq_prob). The longer of A and B is shortened first, as BERT's
+   truncate_seq_pair, and each part's removed tokens are split at random between its front and back
+   (BERT flips a coin per token; a uniform split here), so truncation leaves no ordering cue.
+5. MLM (the `mlm` keys, MaskedLM's) masks the pair; [CLS]/[SEP] are special and never selected.
+
+Loss: MLM mean + sentence-pair mean, an unweighted sum as BERT's run_pretraining.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from objtrain import IGNORE
+from objtrain.batch import Batch, ModelKind, ModelOutput
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.errors import UserError
+from objtrain.objectives.base import LossOutput, Objective, positions_from_documents, token_loss
+from objtrain.objectives.mlm import MaskedLMConfig, below, mask_tokens, resolve_vocab_size, word_starts
+from objtrain.objectives.rng import RowRandom
+from objtrain.objectives.sentences import sentence_end_table, sentence_ids
+from objtrain.specials import Specials
+
+_MIN_KEY = torch.iinfo(torch.int64).min
+
+
+def pick(candidates: Tensor, rr: RowRandom, stream: str) -> Tensor:
+    """(B,) a uniformly random position among the True ones of (B, L) `candidates` (0 where none)."""
+    keys = rr.bits(candidates.size(1), stream).masked_fill(~candidates, _MIN_KEY)
+    return keys.argmax(dim=1)
+
+
+def truncated_lengths(a: Tensor, b: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+    """BERT truncate_seq_pair's final lengths: shorten the longer part (B on ties) until a + b <= target."""
+    half = (target + 1) // 2
+    a_new = torch.minimum(a, torch.maximum(half, target - b))
+    return a_new, torch.minimum(b, target - a_new)
+
+
+def runs(ids: Tensor) -> tuple[Tensor, Tensor]:
+    """(B, L) first position and end (last + 1) of the run of equal `ids` holding each position."""
+    B, L = ids.shape
+    idx = torch.arange(L, device=ids.device).expand(B, L)
+    is_start = torch.ones_like(ids, dtype=torch.bool)
+    is_start[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    start = torch.where(is_start, idx, 0).cummax(dim=1).values
+    run = is_start.long().cumsum(dim=1) - 1
+    length = torch.zeros_like(run).scatter_add_(1, run, torch.ones_like(run)).gather(1, run)
+    return start, start + length
+
+
+@dataclass
+class Pair:
+    """Source ranges of the two segments in the raw rows, per row (B,)."""
+
+    first_start: Tensor
+    first_len: Tensor
+    second_start: Tensor
+    second_len: Tensor
+    label: Tensor  # int64, IGNORE where no pair could be made
+    sentence_split: Tensor  # bool: split at a sentence boundary (else at a token)
+
+
+class _SentencePairs(Objective):
+    """Shared chunking, layout, MLM and loss of NSP and SOP; subclasses choose the label."""
+
+    model_kinds = ("encoder",)
+    attention = "bidirectional"
+
+    def __init__(
+        self,
+        config: object,
+        specials: Specials,
+        tokenizer: Tokenizer | None = None,
+        model_kind: ModelKind | None = None,
+    ) -> None:
+        super().__init__(config, specials, tokenizer=tokenizer, model_kind=model_kind)
+        if tokenizer is None:
+            raise UserError(f"{self.name}: needs the tokenizer (to find sentence ends)")
+        self.mlm_config: MaskedLMConfig = self.config.mlm
+        self.vocab_size = resolve_vocab_size(self.mlm_config, specials, tokenizer, self.name)
+        self.end_table = sentence_end_table(tokenizer)
+        self.word_tables = tokenizer.word_boundary_tables if self.mlm_config.whole_word else None
+
+    def choose(
+        self, split: Tensor, doc: Tensor, starts: Tensor, run_start: Tensor, run_end: Tensor, rr: RowRandom
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(second segment start, its end, label, label-1 mask) given the split `split` (B,)."""
+        raise NotImplementedError
+
+    def make_pairs(self, rows: Tensor, document_ids: Tensor, rr: RowRandom) -> Pair:
+        L = rows.size(1)
+        doc = torch.where(self.specials.is_special(rows) | (document_ids < 0), -1, document_ids)
+        sid = sentence_ids(rows, doc, self.end_table.to(rows.device))
+        inside = torch.zeros_like(rows, dtype=torch.bool)  # a token of the same document precedes
+        inside[:, 1:] = (doc[:, 1:] == doc[:, :-1]) & (doc[:, 1:] >= 0)
+        starts = torch.zeros_like(inside)  # sentence starts (document starts included), never position 0
+        starts[:, 1:] = (sid[:, 1:] != sid[:, :-1]) & (doc[:, 1:] >= 0)
+        at_sentence = (inside & starts).any(dim=1)
+        valid = inside.any(dim=1)
+        split = torch.where(
+            at_sentence, pick(inside & starts, rr, "pairs/split"), pick(inside, rr, "pairs/token_split")
+        )
+        run_start, run_end = runs(doc)
+        a0 = run_start.gather(1, split[:, None])[:, 0]
+        b0, b1, label, swap = self.choose(split, doc, starts, run_start, run_end, rr)
+        a, b = split - a0, b1 - b0
+
+        budget = L - 3
+        short = below(rr.bits(1, "pairs/short")[:, 0], self.config.short_seq_prob)
+        short_target = rr.integers(1, budget + 1, "pairs/short_target", low=2)[:, 0]
+        target = torch.where(short, short_target, budget)
+        a_len, b_len = truncated_lengths(a, b, target)
+        cut = rr.uniform64(2, "pairs/cut")
+        a_from = a0 + torch.floor(cut[:, 0] * (a - a_len + 1).double()).long()
+        b_from = b0 + torch.floor(cut[:, 1] * (b - b_len + 1).double()).long()
+
+        zero = torch.zeros_like(a_len)
+        a_len, b_len = torch.where(valid, a_len, zero), torch.where(valid, b_len, zero)
+        return Pair(
+            first_start=torch.where(swap, b_from, a_from),
+            first_len=torch.where(swap, b_len, a_len),
+            second_start=torch.where(swap, a_from, b_from),
+            second_len=torch.where(swap, a_len, b_len),
+            label=torch.where(valid, label, IGNORE),
+            sentence_split=at_sentence,
+        )
+
+    def __call__(self, rows: Tensor, document_ids: Tensor, row_index: Tensor, seed: int) -> Batch:
+        rows, document_ids = rows.long(), document_ids.long()
+        B, L = rows.shape
+        if L < 5:
+            raise UserError(f"{self.name}: rows of {L} tokens cannot hold [CLS] A [SEP] B [SEP]")
+        rr = RowRandom(seed, row_index)
+        pair = self.make_pairs(rows, document_ids, rr)
+        sp = self.specials
+        j = torch.arange(L, device=rows.device)[None, :]
+        l0, l1 = pair.first_len[:, None], pair.second_len[:, None]
+        sep0, sep1 = 1 + l0, 2 + l0 + l1
+        in_first = (j >= 1) & (j < sep0)
+        in_second = (j > sep0) & (j < sep1)
+        src = torch.where(
+            in_first, pair.first_start[:, None] + j - 1, pair.second_start[:, None] + j - sep0 - 1
+        )
+        text = rows.gather(1, torch.where(in_first | in_second, src, 0).clamp(0, L - 1))
+        tokens = torch.where(in_first | in_second, text, sp.pad)
+        tokens = torch.where((j == sep0) | (j == sep1), sp.sep, tokens)
+        tokens[:, 0] = sp.cls
+        real = j <= sep1
+        docs = torch.where(real, 0, -1).expand(B, L)
+        segments = ((j > sep0) & real).long()
+
+        starts = None
+        if self.word_tables is not None:
+            begins, ends = (t.to(rows.device) for t in self.word_tables)
+            starts = word_starts(tokens, docs, begins, ends)
+        inputs, labels, stats = mask_tokens(tokens, docs, self.mlm_config, sp, self.vocab_size, rr, starts)
+        valid = pair.label != IGNORE
+        n_valid = int(valid.sum())
+        stats.update(
+            pairs=float(n_valid),
+            label_1=float((pair.label == 1).sum()),
+            label_1_fraction=float((pair.label == 1).sum()) / max(n_valid, 1),
+            sentence_splits=float((pair.sentence_split & valid).sum()),
+            token_splits=float((~pair.sentence_split & valid).sum()),
+        )
+        return Batch(
+            input_ids=inputs,
+            labels=labels,
+            positions=positions_from_documents(docs),
+            document_ids=docs.contiguous(),
+            attention="bidirectional",
+            segment_ids=segments,
+            seq_labels=pair.label,
+            stats=stats,
+        )
+
+    def loss(self, output: ModelOutput, batch: Batch) -> LossOutput:
+        """MLM summed CE plus the pair loss scaled so that loss_sum / n_targets = mean MLM + mean pair CE."""
+        mlm = token_loss(output.logits, batch.labels)
+        assert output.seq_logits is not None and batch.seq_labels is not None
+        seq_sum = F.cross_entropy(
+            output.seq_logits.float(), batch.seq_labels, ignore_index=IGNORE, reduction="sum"
+        )
+        n_seq = (batch.seq_labels != IGNORE).sum()
+        seq_mean = seq_sum / n_seq.clamp(min=1)
+        n_mlm = mlm.n_targets
+        loss_sum = mlm.loss_sum + seq_mean * n_mlm.clamp(min=1)
+        correct = (output.seq_logits.argmax(dim=-1) == batch.seq_labels) & (batch.seq_labels != IGNORE)
+        metrics = {
+            "mlm_loss": mlm.loss_sum.detach() / n_mlm.clamp(min=1),
+            "seq_loss": seq_mean.detach(),
+            "seq_accuracy": correct.sum() / n_seq.clamp(min=1),
+        }
+        return LossOutput(loss_sum, n_mlm.clamp(min=1), metrics)
+
+
+class NextSentencePrediction(_SentencePairs):
+    """BERT NSP + MLM: is B the text that follows A (0) or from another document (1)?"""
+
+    name = "nsp"
+
+    @dataclass
+    class Config:
+        random_next_rate: float = 0.5  # share of pairs whose B is from another document (BERT: 0.5)
+        short_seq_prob: float = 0.1  # share of pairs with a shorter random length (BERT: 0.1)
+        mlm: MaskedLMConfig = field(default_factory=MaskedLMConfig)  # masking of the pair (section 2)
+
+    def choose(
+        self, split: Tensor, doc: Tensor, starts: Tensor, run_start: Tensor, run_end: Tensor, rr: RowRandom
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        d = doc.gather(1, split[:, None])
+        other = starts & (doc != d)  # sentence starts of other documents of the row
+        q = pick(other, rr, "nsp/random_start")
+        random = below(rr.bits(1, "nsp/random")[:, 0], self.config.random_next_rate) & other.any(dim=1)
+        b0 = torch.where(random, q, split)
+        b1 = run_end.gather(1, b0[:, None])[:, 0]
+        return b0, b1, random.long(), torch.zeros_like(random)
+
+
+class SentenceOrderPrediction(_SentencePairs):
+    """ALBERT SOP + MLM: are two consecutive segments of one document in order (0) or swapped (1)?"""
+
+    name = "sop"
+
+    @dataclass
+    class Config:
+        swap_rate: float = 0.5  # share of pairs shown in swapped order (ALBERT: 0.5)
+        short_seq_prob: float = 0.1  # share of pairs with a shorter random length (ALBERT: 0.1)
+        mlm: MaskedLMConfig = field(default_factory=MaskedLMConfig)  # masking of the pair (section 2)
+
+    def choose(
+        self, split: Tensor, doc: Tensor, starts: Tensor, run_start: Tensor, run_end: Tensor, rr: RowRandom
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        swap = below(rr.bits(1, "sop/swap")[:, 0], self.config.swap_rate)
+        b1 = run_end.gather(1, split[:, None])[:, 0]
+        return split, b1, swap.long(), swap
