@@ -1,0 +1,584 @@
+"""Batched noise for the denoising objectives: mask makers, transforms and layout, as pure functions.
+
+The shape follows seqio/T5 (`t5/data/preprocessors.py`): a *mask maker* decides which tokens are noise,
+a *transform* turns (tokens, mask) into inputs or targets, and an objective is a short composition of
+the two. Everything here works on a padded batch of documents ("segments", one per document of a packed
+row) with per-segment lengths, so a batch of 64 rows is one set of tensor ops, never a per-token loop.
+
+Worked example (reference section 5), tokens `[a b c d e f]`, mask `[T T F F T F]`:
+    noise_span_to_unique_sentinel  -> [S0 c d S1 f]
+    nonnoise_span_to_sentinel      -> [a b S0 e S0]
+    drop_noise_tokens              -> [c d f]
+    drop_nonnoise_tokens           -> [a b e]
+where `Sk` is `<extra_id_k>` = `specials.sentinel(k)`.
+
+Rounding is round-half-to-even in float64 everywhere (torch.round and Python's round agree), so
+`random_spans_helper` and the mask maker count exactly the same noise tokens and spans.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+from torch import Tensor
+
+from objtrain import IGNORE
+from objtrain.batch import Batch
+from objtrain.errors import UserError
+from objtrain.objectives.base import positions_from_documents
+from objtrain.objectives.rng import RowRandom
+from objtrain.specials import Specials
+
+_INT64_MAX = (1 << 63) - 1
+_DOC_STRIDE = 1 << 20  # segment key = global row * stride + document rank: rows never share keys
+
+
+# --------------------------------------------------------------------------------------------------
+# Length arithmetic (scalar, used to size rows)
+
+
+def span_counts(length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int]:
+    """(n_noise, n_spans) for one document of `length` tokens, exactly as the mask maker counts them.
+
+    Reference section 5 (t5 random_spans_noise_mask): L' = max(L, 2), n_noise = clamp(round(L'r), 1,
+    L'-1), n_spans = max(1, round(n_noise / mu)). For L = 1 the mask is cropped back to one kept token.
+    Unlike T5, n_spans is also capped at the kept-token count: every span needs a kept token before it,
+    else T5 makes empty keep parts and realises fewer spans than it counted (e.g. L = 3, r = 0.5, mu = 1).
+    """
+    lp = max(length, 2)
+    n_noise = min(max(round(lp * noise_density), 1), lp - 1)
+    n_spans = min(max(1, round(n_noise / mean_noise_span_length)), lp - n_noise)
+    if length < 2:
+        return 0, 0
+    return n_noise, n_spans
+
+
+def span_output_lengths(length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int]:
+    """(inputs, targets) lengths of span corruption of one `length`-token document, EOS included."""
+    if length == 0:
+        return 0, 0
+    n_noise, n_spans = span_counts(length, noise_density, mean_noise_span_length)
+    return length - n_noise + n_spans + 1, n_noise + n_spans + 1
+
+
+@lru_cache(maxsize=256)
+def random_spans_helper(
+    inputs_length: int,
+    noise_density: float,
+    mean_noise_span_length: float,
+    extra_tokens_per_span_inputs: int = 1,
+    extra_tokens_per_span_targets: int = 1,
+) -> tuple[int, int]:
+    """(raw tokens, targets length) so that span corruption fills `inputs_length` exactly.
+
+    Reference section 5 (t5 random_spans_helper): the largest raw length T with
+    n_keep(T) + n_spans(T) + 1 <= inputs_length; then targets = n_noise + n_spans + 1, and for
+    noise_density 0.5 both are decremented when targets would be longer than inputs. The counts here
+    are clamped as the mask maker clamps them (T5's helper does not clamp; they differ only below ~8
+    tokens), so a single-document row of T raw tokens gives exactly the predicted lengths.
+    """
+    if inputs_length < 2:
+        raise UserError(f"span corruption needs a model length of at least 2, got {inputs_length}")
+
+    def lengths(tokens: int) -> tuple[int, int]:
+        n_noise, n_spans = span_counts(tokens, noise_density, mean_noise_span_length)
+        return (
+            tokens - n_noise + n_spans * extra_tokens_per_span_inputs + 1,
+            n_noise + n_spans * extra_tokens_per_span_targets + 1,
+        )
+
+    # lengths(T)[0] is non-decreasing in T, so bisect for the last T that fits
+    lo, hi = 1, 1
+    while lengths(hi)[0] <= inputs_length:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if lengths(mid)[0] <= inputs_length else (lo, mid)
+    tokens_length = lo
+    targets_length = lengths(tokens_length)[1]
+    if noise_density == 0.5 and targets_length > inputs_length:
+        tokens_length -= 1
+        targets_length -= 1
+    return tokens_length, targets_length
+
+
+def largest_fitting(model_length: int, size: object, start: int = 1) -> int:
+    """The largest raw length T >= start with size(T) <= model_length, for a non-decreasing `size`."""
+    fits = size  # type: ignore[assignment]
+    if fits(start) > model_length:  # type: ignore[operator]
+        return start - 1
+    lo, hi = start, start + 1
+    while fits(hi) <= model_length:  # type: ignore[operator]
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) <= model_length else (lo, mid)  # type: ignore[operator]
+    return lo
+
+
+# --------------------------------------------------------------------------------------------------
+# Segments: the documents of a batch of packed rows, as one padded batch
+
+
+@dataclass
+class Segments:
+    """Every document of a (B, L) batch of rows as a padded (N, W) batch, in (row, position) order."""
+
+    tokens: Tensor  # (N, W) int64, padded with pad
+    lengths: Tensor  # (N,) int64, >= 1
+    row: Tensor  # (N,) int64: the batch row the document came from
+    doc: Tensor  # (N,) int64: rank of the document inside its row (0, 1, ...)
+    n_rows: int
+    had_eos: Tensor | None = None  # (N,) bool: a trailing EOS was split off (see `split_documents`)
+
+    @property
+    def n(self) -> int:
+        return int(self.lengths.numel())
+
+    @property
+    def width(self) -> int:
+        return int(self.tokens.size(1))
+
+    def in_length(self, width: int | None = None) -> Tensor:
+        """(N, width) bool: position < the segment's length."""
+        w = self.width if width is None else width
+        return torch.arange(w, device=self.lengths.device)[None, :] < self.lengths[:, None]
+
+    def random(self, seed: int, row_index: Tensor) -> RowRandom:
+        """Randomness keyed on (seed, global row, document rank): a document's noise does not depend on
+        the batch it is read in."""
+        return RowRandom(seed, row_index[self.row] * _DOC_STRIDE + self.doc)
+
+
+def split_documents(
+    rows: Tensor, document_ids: Tensor, pad_id: int = 0, eos_id: int | None = None
+) -> Segments:
+    """Cut rows (B, L) into their documents: a new document starts where the id changes; -1 is padding.
+
+    With `eos_id`, a document's trailing EOS (packed stores end every document with one; a document cut
+    by the row end has none) is split off: it is never noised and the objective appends the EOS itself,
+    so a document ends with exactly one EOS either way.
+    """
+    B, L = rows.shape
+    device = rows.device
+    valid = document_ids >= 0
+    starts = valid.clone()
+    starts[:, 1:] &= document_ids[:, 1:] != document_ids[:, :-1]
+    flat_starts = starts.reshape(-1).nonzero().squeeze(1)  # (N,)
+    n = int(flat_starts.numel())
+    if n == 0:
+        empty = torch.zeros(0, dtype=torch.int64, device=device)
+        flags = torch.zeros(0, dtype=torch.bool, device=device)
+        return Segments(torch.zeros(0, 0, dtype=torch.int64, device=device), empty, empty, empty, B, flags)
+    seg_of = starts.reshape(-1).cumsum(0) - 1
+    lengths = torch.bincount(seg_of[valid.reshape(-1)], minlength=n)
+    width = int(lengths.max())
+    j = torch.arange(width, device=device)
+    idx = (flat_starts[:, None] + j).clamp(max=B * L - 1)
+    tokens = rows.reshape(-1)[idx].masked_fill(j[None, :] >= lengths[:, None], pad_id)
+    row = torch.div(flat_starts, L, rounding_mode="floor")
+    per_row = starts.sum(1)
+    doc = torch.arange(n, device=device) - (per_row.cumsum(0) - per_row)[row]
+    had_eos = torch.zeros(n, dtype=torch.bool, device=device)
+    if eos_id is not None:
+        had_eos = tokens.gather(1, (lengths - 1)[:, None])[:, 0] == eos_id
+        lengths = lengths - had_eos.long()
+        tokens = tokens.masked_fill(j[None, :] >= lengths[:, None], pad_id)
+    return Segments(tokens, lengths, row, doc, B, had_eos)
+
+
+def prefix_rows(rows: Tensor, document_ids: Tensor, length: int) -> tuple[Tensor, Tensor]:
+    """The first `length` raw tokens of every row (objectives whose denoisers need fewer raw tokens)."""
+    return rows[:, :length], document_ids[:, :length]
+
+
+# --------------------------------------------------------------------------------------------------
+# Mask makers: (lengths (N,), width) -> (N, width) bool noise mask, False beyond each length
+
+
+def _span_counts_batched(lengths: Tensor, noise_density: float, mean_span: float) -> tuple[Tensor, Tensor]:
+    lp = lengths.clamp(min=2)
+    n_noise = torch.minimum(torch.round(lp.double() * noise_density).long().clamp(min=1), lp - 1)
+    n_spans = torch.minimum(torch.round(n_noise.double() / mean_span).long().clamp(min=1), lp - n_noise)
+    return n_noise, n_spans
+
+
+def random_segmentation(n_items: Tensor, n_segments: Tensor, rr: RowRandom, stream: str) -> Tensor:
+    """(N, K) sizes of a uniformly random split of n_items[i] items into n_segments[i] non-empty parts.
+
+    As t5's `_random_segmentation`: choose n_segments-1 of the n_items-1 gaps between items as
+    boundaries (here by ranking random keys), then count items per part. K = max(n_segments).
+    """
+    N = n_items.numel()
+    device = n_items.device
+    width = int(n_items.max()) if N else 0
+    k_max = max(int(n_segments.max()) if N else 1, 1)
+    gaps = max(width - 1, 0)
+    keys = rr.bits(gaps, stream).masked_fill(
+        torch.arange(gaps, device=device) >= (n_items - 1)[:, None], _INT64_MAX
+    )
+    order = keys.argsort(dim=1)
+    take = torch.arange(gaps, device=device)[None, :] < (n_segments - 1)[:, None]
+    chosen = torch.zeros(N, gaps, dtype=torch.int64, device=device).scatter_(1, order, take.long())
+    seg_id = torch.zeros(N, width, dtype=torch.int64, device=device)
+    seg_id[:, 1:] = chosen.cumsum(1)
+    present = (torch.arange(width, device=device)[None, :] < n_items[:, None]).long()
+    return torch.zeros(N, k_max, dtype=torch.int64, device=device).scatter_add_(1, seg_id, present)
+
+
+def random_spans_noise_mask(
+    lengths: Tensor,
+    width: int,
+    noise_density: float,
+    mean_noise_span_length: float,
+    rr: RowRandom,
+    stream: str = "spans",
+    random_roll: bool = False,
+) -> Tensor:
+    """(N, width) bool: T5 span noise, `keep1 noise1 keep2 noise2 ... keep_k noise_k`, cropped to L.
+
+    Reference section 5 (t5 random_spans_noise_mask). Without roll the first token is kept and the last
+    is noise; `random_roll` rotates each mask by a uniform offset (t5#905: short inputs are otherwise
+    only corrupted at the tail).
+    """
+    N = lengths.numel()
+    device = lengths.device
+    if N == 0:
+        return torch.zeros(0, width, dtype=torch.bool, device=device)
+    lp = lengths.clamp(min=2)
+    n_noise, n_spans = _span_counts_batched(lengths, noise_density, mean_noise_span_length)
+    keep_len = random_segmentation(lp - n_noise, n_spans, rr, stream + "/keep")
+    noise_len = random_segmentation(n_noise, n_spans, rr, stream + "/noise")
+    k = min(keep_len.size(1), noise_len.size(1))
+    interleaved = torch.stack([keep_len[:, :k], noise_len[:, :k]], dim=2).reshape(N, 2 * k)
+    span_ends = interleaved.cumsum(1)[:, :-1]  # where span i+1 starts; unused spans pile up at L'
+    buf = max(width, 2) + 1
+    marks = torch.zeros(N, buf, dtype=torch.int64, device=device).scatter_add_(
+        1, span_ends.clamp(max=buf - 1), torch.ones_like(span_ends)
+    )
+    j = torch.arange(width, device=device)[None, :]
+    mask = (marks.cumsum(1)[:, :width] % 2 == 1) & (j < lengths[:, None])
+    if random_roll:
+        offset = rr.integers(1, lengths.clamp(min=1), stream + "/roll")  # (N, 1) in [0, L)
+        src = (j - offset) % lengths.clamp(min=1)[:, None]
+        mask = mask.gather(1, src.clamp(max=width - 1)) & (j < lengths[:, None])
+    return mask
+
+
+def iid_noise_mask(
+    lengths: Tensor, width: int, noise_density: float, rr: RowRandom, stream: str = "iid"
+) -> Tensor:
+    """(N, width) bool: every token is noise with probability `noise_density` (t5 iid_noise_mask)."""
+    j = torch.arange(width, device=lengths.device)[None, :]
+    return (rr.uniform64(width, stream) < noise_density) & (j < lengths[:, None])
+
+
+def prefix_split(lengths: Tensor, noise_density: float, rr: RowRandom, stream: str = "prefix") -> Tensor:
+    """(N,) prefix length n_in of each document; the rest is the target.
+
+    r <= 0.5: t5 random_prefix_noise_mask (reference section 6): max_in = L-1,
+    min_in = min(max_in, max(1, round((1-2r)*max_in))), n_in ~ UniformInt[min_in, max_in]; r = 0.5 is a
+    uniform split on [1, L-1] and the mean target fraction is r. r > 0.5 (which T5 rejects) follows
+    llm-foundry: the target fraction is uniform on [2r-1, 1], here n_in ~ UniformInt[1, round((2-2r)*max_in)].
+    A 1-token document has n_in = 0: all target.
+    """
+    max_in = (lengths - 1).clamp(min=0)
+    if noise_density <= 0.5:
+        lo = torch.minimum(max_in, torch.round((1 - 2 * noise_density) * max_in.double()).long().clamp(min=1))
+        hi = max_in
+    else:
+        lo = torch.minimum(max_in, torch.ones_like(max_in))
+        hi = torch.minimum(max_in, torch.round((2 - 2 * noise_density) * max_in.double()).long().clamp(min=1))
+    return rr.integers(1, hi + 1, stream, low=lo)[:, 0]
+
+
+def prefix_noise_mask(lengths: Tensor, width: int, n_in: Tensor) -> Tensor:
+    """(N, width) bool: True on the target part [n_in, L)."""
+    j = torch.arange(width, device=lengths.device)[None, :]
+    return (j >= n_in[:, None]) & (j < lengths[:, None])
+
+
+# --------------------------------------------------------------------------------------------------
+# Transforms: (tokens (N, W), mask (N, W)) -> (out (N, W'), lengths (N,)); compaction by boolean masks
+
+
+def compact(values: Tensor, keep: Tensor, fill: int) -> tuple[Tensor, Tensor]:
+    """Move values[keep] to the front of each row, in order. Never by value: a literal `<pad>` (id 0)
+    inside the text survives (reference section 15.2; transformers #15443)."""
+    N, W = values.shape
+    pos = torch.where(keep, keep.long().cumsum(1) - 1, W)
+    out = torch.full((N, W + 1), fill, dtype=values.dtype, device=values.device)
+    out.scatter_(1, pos, values)
+    return out[:, :W], keep.sum(1)
+
+
+def span_starts(mask: Tensor) -> Tensor:
+    """(N, W) bool: first position of every maximal True run."""
+    starts = mask.clone()
+    starts[:, 1:] &= ~mask[:, :-1]
+    return starts
+
+
+def check_sentinels(n_spans: Tensor, specials: Specials, what: str) -> None:
+    most = int(n_spans.max()) if n_spans.numel() else 0
+    if most > specials.n_sentinels:
+        raise UserError(
+            f"{what} needs {most} sentinels for one document but the tokenizer reserves "
+            f"{specials.n_sentinels}: raise the mean span length, lower the noise density or the length"
+        )
+
+
+def _inside(mask: Tensor, lengths: Tensor) -> Tensor:
+    return torch.arange(mask.size(1), device=mask.device)[None, :] < lengths[:, None]
+
+
+def noise_span_to_unique_sentinel(
+    tokens: Tensor, mask: Tensor, lengths: Tensor, specials: Specials, what: str = "span corruption"
+) -> tuple[Tensor, Tensor]:
+    """Replace the k-th noise span by `<extra_id_k>` and drop the rest of the span (t5, same name)."""
+    mask = mask & _inside(mask, lengths)
+    starts = span_starts(mask)
+    k = starts.long().cumsum(1) - 1
+    check_sentinels(k[:, -1:] + 1, specials, what)
+    values = torch.where(starts, specials.sentinel_ids(k), tokens)
+    return compact(values, (~mask | starts) & _inside(mask, lengths), specials.pad)
+
+
+def nonnoise_span_to_unique_sentinel(
+    tokens: Tensor, mask: Tensor, lengths: Tensor, specials: Specials
+) -> tuple[Tensor, Tensor]:
+    """The complement of `noise_span_to_unique_sentinel` over each segment's own length."""
+    return noise_span_to_unique_sentinel(tokens, ~mask, lengths, specials)
+
+
+def noise_span_to_sentinel(
+    tokens: Tensor, mask: Tensor, lengths: Tensor, sentinel: int, pad: int
+) -> tuple[Tensor, Tensor]:
+    """Replace every noise span by the same id `sentinel` (t5 noise_span_to_sentinel)."""
+    inside = _inside(mask, lengths)
+    mask = mask & inside
+    starts = span_starts(mask)
+    values = tokens.masked_fill(starts, sentinel)
+    return compact(values, (~mask | starts) & inside, pad)
+
+
+def nonnoise_span_to_sentinel(
+    tokens: Tensor, mask: Tensor, lengths: Tensor, sentinel: int, pad: int
+) -> tuple[Tensor, Tensor]:
+    return noise_span_to_sentinel(tokens, ~mask, lengths, sentinel, pad)
+
+
+def drop_noise_tokens(tokens: Tensor, mask: Tensor, lengths: Tensor, pad: int) -> tuple[Tensor, Tensor]:
+    return compact(tokens, ~mask & _inside(mask, lengths), pad)
+
+
+def drop_nonnoise_tokens(tokens: Tensor, mask: Tensor, lengths: Tensor, pad: int) -> tuple[Tensor, Tensor]:
+    return compact(tokens, mask & _inside(mask, lengths), pad)
+
+
+def sentinel_then_noise(tokens: Tensor, mask: Tensor, specials: Specials) -> tuple[Tensor, Tensor]:
+    """Targets `S0 noise_1 S1 noise_2 ...`: every noise span preceded by its own sentinel.
+
+    For an unrolled T5 mask (first token kept) this equals t5's `nonnoise_span_to_unique_sentinel`
+    targets without the leading keep. For a rolled mask that *starts* with noise T5's numbering shifts
+    by one between inputs and targets; here sentinel k always names the same span on both sides, so
+    merge-back holds for every mask.
+    """
+    N, W = tokens.shape
+    starts = span_starts(mask)
+    n_starts = starts.long().cumsum(1)
+    check_sentinels(n_starts[:, -1:], specials, "span corruption")
+    pos = mask.long().cumsum(1) + n_starts - 1  # output position of each noise token
+    out_w = 2 * W + 1
+    out = torch.full((N, out_w), specials.pad, dtype=tokens.dtype, device=tokens.device)
+    out.scatter_(1, torch.where(mask, pos, out_w - 1), tokens)
+    out.scatter_(1, torch.where(starts, pos - 1, out_w - 1), specials.sentinel_ids(n_starts - 1))
+    n = mask.sum(1) + starts.sum(1)
+    out = out[:, : max(int(n.max()) if N else 0, 1)]
+    return out, n
+
+
+def append_token(seqs: Tensor, lengths: Tensor, token: int, fill: int = 0) -> tuple[Tensor, Tensor]:
+    """Write `token` after the last real position of every row (EOS)."""
+    N = seqs.size(0)
+    out = torch.cat([seqs, torch.full((N, 1), fill, dtype=seqs.dtype, device=seqs.device)], dim=1)
+    out.scatter_(1, lengths[:, None], torch.full((N, 1), token, dtype=seqs.dtype, device=seqs.device))
+    return out, lengths + 1
+
+
+def prepend_token(seqs: Tensor, lengths: Tensor, token: int) -> tuple[Tensor, Tensor]:
+    """Put `token` in front of every row (UL2 mode tokens)."""
+    N = seqs.size(0)
+    head = torch.full((N, 1), token, dtype=seqs.dtype, device=seqs.device)
+    return torch.cat([head, seqs], dim=1), lengths + 1
+
+
+def shift_within(seqs: Tensor, lengths: Tensor, shift: Tensor, fill: int) -> Tensor:
+    """(N, W) take positions [shift, shift + lengths) of each row to the front (a per-row left shift)."""
+    W = seqs.size(1)
+    j = torch.arange(W, device=seqs.device)[None, :]
+    src = (j + shift[:, None]).clamp(max=W - 1)
+    return seqs.gather(1, src).masked_fill(j >= lengths[:, None], fill)
+
+
+def pad_cat(parts: list[Tensor], fill: int) -> Tensor:
+    """Concatenate (N_i, W_i) tensors along rows, right-padding to the widest."""
+    width = max([p.size(1) for p in parts] + [1])
+    padded = [torch.nn.functional.pad(p, (0, width - p.size(1)), value=fill) for p in parts]
+    return torch.cat(padded, dim=0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Layout: per-document (inputs, targets) -> a packed Batch for an encoder-decoder or a decoder
+
+
+@dataclass
+class Pieces:
+    """Corrupted documents before layout: inputs and targets per segment (EOS already included)."""
+
+    inputs: Tensor  # (N, Wi) int64
+    input_lengths: Tensor  # (N,)
+    targets: Tensor  # (N, Wt) int64
+    target_lengths: Tensor  # (N,)
+    row: Tensor  # (N,) batch row, non-decreasing
+    doc: Tensor  # (N,) document rank inside the row
+
+    @staticmethod
+    def merge(parts: list[Pieces], pad: int) -> Pieces:
+        """Concatenate pieces built from disjoint row groups, back in (row, document) order."""
+        row = torch.cat([p.row for p in parts])
+        doc = torch.cat([p.doc for p in parts])
+        order = torch.argsort(row * _DOC_STRIDE + doc)
+        return Pieces(
+            pad_cat([p.inputs for p in parts], pad)[order],
+            torch.cat([p.input_lengths for p in parts])[order],
+            pad_cat([p.targets for p in parts], pad)[order],
+            torch.cat([p.target_lengths for p in parts])[order],
+            row[order],
+            doc[order],
+        )
+
+
+def _offsets(row: Tensor, lengths: Tensor, n_rows: int) -> Tensor:
+    """Start column of every segment inside its row (segments sorted by row)."""
+    ends = lengths.cumsum(0)
+    starts = ends - lengths
+    per_row = torch.bincount(row, minlength=n_rows)
+    row_first = per_row.cumsum(0) - per_row
+    return starts - starts[row_first[row]] if row.numel() else starts
+
+
+def pack_segments(
+    row: Tensor,
+    doc: Tensor,
+    lengths: Tensor,
+    fields: list[tuple[Tensor, int | bool]],
+    n_rows: int,
+    width: int,
+) -> tuple[list[Tensor], Tensor, Tensor, int]:
+    """Lay segments side by side in their rows: fields (N, W) -> (B, width), plus document ids.
+
+    Tokens past `width` are dropped (returned as the truncated count); the rest is padding.
+    """
+    device = lengths.device
+    W = fields[0][0].size(1)
+    j = torch.arange(W, device=device)[None, :]
+    col = _offsets(row, lengths, n_rows)[:, None] + j
+    real = j < lengths[:, None]
+    ok = real & (col < width)
+    truncated = int(real.sum() - ok.sum())
+    flat = (row[:, None] * width + col)[ok]
+    outs = []
+    for values, fill in fields:
+        out = torch.full((n_rows * width,), fill, dtype=values.dtype, device=device)
+        out[flat] = values[ok]
+        outs.append(out.view(n_rows, width))
+    docs = torch.full((n_rows * width,), -1, dtype=torch.int64, device=device)
+    docs[flat] = doc[:, None].expand(-1, W)[ok]
+    docs = docs.view(n_rows, width)
+    return outs, docs, positions_from_documents(docs), truncated
+
+
+def encdec_batch(
+    pieces: Pieces, n_rows: int, enc_width: int, dec_width: int, specials: Specials
+) -> tuple[Batch, int]:
+    """Encoder = inputs; decoder = targets shifted right behind the start id (T5: pad = 0).
+
+    A document whose encoder part is cut away entirely also loses its decoder part, so every decoder
+    document has encoder positions to cross-attend to (no empty softmax).
+    """
+    p = pieces
+    (enc,), enc_docs, enc_pos, cut_in = pack_segments(
+        p.row, p.doc, p.input_lengths, [(p.inputs, specials.pad)], n_rows, enc_width
+    )
+    starts = _offsets(p.row, p.input_lengths, n_rows)
+    tgt_len = torch.where(starts < enc_width, p.target_lengths, torch.zeros_like(p.target_lengths))
+    dropped = int((p.target_lengths - tgt_len).sum())
+    N = p.targets.size(0)
+    start = torch.full((N, 1), specials.pad, dtype=torch.int64, device=p.targets.device)
+    dec_in = torch.cat([start, p.targets[:, :-1]], dim=1) if p.targets.size(1) else start[:, :0]
+    (dec, labels), dec_docs, dec_pos, cut_out = pack_segments(
+        p.row, p.doc, tgt_len, [(dec_in, specials.pad), (p.targets, IGNORE)], n_rows, dec_width
+    )
+    batch = Batch(
+        input_ids=enc,
+        labels=labels,
+        positions=enc_pos,
+        document_ids=enc_docs,
+        attention="bidirectional",
+        decoder_input_ids=dec,
+        decoder_positions=dec_pos,
+        decoder_document_ids=dec_docs,
+    )
+    return batch, cut_in + cut_out + dropped
+
+
+def decoder_batch(pieces: Pieces, n_rows: int, width: int, specials: Specials) -> tuple[Batch, int]:
+    """Decoder-only layout `[inputs][targets]` per document (UL2 / llm-foundry).
+
+    Inputs are the bidirectional prefix; `labels[t] = seq[t+1]` for t in [n_in-1, n_in+n_tgt-2], so the
+    last prefix position predicts the first target from the whole prefix, and no label is a prefix token
+    (reference section 6 pitfall). With an empty prefix the first target has nothing to be predicted from.
+    """
+    p = pieces
+    N, Wi = p.inputs.shape
+    Wt = p.targets.size(1)
+    W = max(Wi + Wt, 1)
+    device = p.inputs.device
+    j = torch.arange(W, device=device)[None, :]
+    li = p.input_lengths[:, None]
+    lt = p.target_lengths[:, None]
+    from_in = j < li
+    a = (
+        p.inputs.gather(1, j.clamp(max=max(Wi - 1, 0)).expand(N, -1))
+        if Wi
+        else torch.zeros(N, W, dtype=torch.int64)
+    )
+    b = p.targets.gather(1, (j - li).clamp(0, max(Wt - 1, 0))) if Wt else torch.zeros(N, W, dtype=torch.int64)
+    seq = torch.where(from_in, a, b)
+    nxt = torch.cat([seq[:, 1:], seq[:, :1]], dim=1)
+    labelled = (j >= li - 1) & (j <= li + lt - 2)
+    labels = torch.where(labelled, nxt, torch.full_like(nxt, IGNORE))
+    (ids, lab, prefix), docs, pos, cut = pack_segments(
+        p.row,
+        p.doc,
+        p.input_lengths + p.target_lengths,
+        [(seq, specials.pad), (labels, IGNORE), (from_in, False)],
+        n_rows,
+        width,
+    )
+    batch = Batch(
+        input_ids=ids, labels=lab, positions=pos, document_ids=docs, attention="prefix", prefix_mask=prefix
+    )
+    return batch, cut
+
+
+def layout(
+    pieces: Pieces, model_kind: str, n_rows: int, widths: tuple[int, int], specials: Specials
+) -> tuple[Batch, int]:
+    """`encdec_batch` with (encoder, decoder) widths, or `decoder_batch` with width widths[0]."""
+    if model_kind == "encdec":
+        return encdec_batch(pieces, n_rows, widths[0], widths[1], specials)
+    return decoder_batch(pieces, n_rows, widths[0], specials)

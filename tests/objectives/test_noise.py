@@ -1,0 +1,191 @@
+"""Mask makers, transforms and length arithmetic of objtrain.objectives.noise (sections 5, 6, 15)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from objtrain.errors import UserError
+from objtrain.objectives.noise import (
+    drop_noise_tokens,
+    drop_nonnoise_tokens,
+    noise_span_to_unique_sentinel,
+    nonnoise_span_to_sentinel,
+    prefix_split,
+    random_segmentation,
+    random_spans_helper,
+    random_spans_noise_mask,
+    span_counts,
+    split_documents,
+)
+from objtrain.objectives.rng import RowRandom
+from objtrain.specials import Specials
+
+SP = Specials()
+O = SP.first_ordinary  # ordinary ids start here
+
+
+def runs(mask: list[bool]) -> tuple[int, int]:
+    """(True runs, False runs) of a 1-D mask."""
+    true_runs = sum(1 for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1]))
+    false_runs = sum(1 for i, m in enumerate(mask) if not m and (i == 0 or mask[i - 1]))
+    return true_runs, false_runs
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ((64, 0.2, 2.0), (70, 22)),
+        ((64, 0.2, 1.0), (63, 27)),
+        ((512, 0.15, 3.0), (568, 114)),
+        ((256, 0.15, 3.0), (284, 58)),
+        ((128, 0.15, 3.0), (141, 29)),
+        ((512, 0.5, 3.0), (766, 512)),
+    ],
+)
+def test_random_spans_helper_vectors(args: tuple[int, float, float], expected: tuple[int, int]) -> None:
+    """Pitfall 15.1 (round half to even): the section-5 helper vectors, exactly."""
+    assert random_spans_helper(*args) == expected
+
+
+def test_round_half_to_even_in_counts() -> None:
+    """Pitfall 15.1: 10 * 0.25 = 2.5 rounds to 2 and 14 * 0.25 = 3.5 to 4, as tf.round and np.round do."""
+    assert span_counts(10, 0.25, 1.0)[0] == 2
+    assert span_counts(14, 0.25, 1.0)[0] == 4
+    assert span_counts(10, 0.25, 5.0 / 3.0)[1] == 1  # 2 / (5/3) = 1.2 -> 1
+    assert span_counts(1, 0.15, 3.0) == (0, 0)  # L' = max(L, 2), cropped back to one kept token
+
+
+def test_t5_unit_vectors() -> None:
+    """Reference section 5 unit vectors (t5 preprocessors_test.py), vocab-1000 sentinel 999 = <extra_id_0>."""
+    tokens = torch.tensor([[10, 11, 12, 13, 14, 15]]) + O
+    mask = torch.tensor([[True, True, False, False, True, False]])
+    lengths = torch.tensor([6])
+    s0, s1 = SP.sentinel(0), SP.sentinel(1)
+    out, n = noise_span_to_unique_sentinel(tokens, mask, lengths, SP)
+    assert out[0, : n[0]].tolist() == [s0, 12 + O, 13 + O, s1, 15 + O]
+    out, n = nonnoise_span_to_sentinel(tokens, mask, lengths, s0, SP.pad)
+    assert out[0, : n[0]].tolist() == [10 + O, 11 + O, s0, 14 + O, s0]
+    out, n = drop_noise_tokens(tokens, mask, lengths, SP.pad)
+    assert out[0, : n[0]].tolist() == [12 + O, 13 + O, 15 + O]
+    out, n = drop_nonnoise_tokens(tokens, mask, lengths, SP.pad)
+    assert out[0, : n[0]].tolist() == [10 + O, 11 + O, 14 + O]
+
+
+def test_pad_inside_text_survives_compaction() -> None:
+    """Pitfall 15.2 (transformers #15443): a literal <pad> (id 0) in the text is kept, not compacted."""
+    tokens = torch.tensor([[O, SP.pad, O + 1, SP.pad, O + 2]])
+    mask = torch.tensor([[False, False, True, False, False]])
+    out, n = noise_span_to_unique_sentinel(tokens, mask, torch.tensor([5]), SP)
+    assert out[0, : n[0]].tolist() == [O, SP.pad, SP.sentinel(0), SP.pad, O + 2]
+
+
+def test_running_out_of_sentinels_is_a_user_error() -> None:
+    """Pitfall 15.2: more spans than reserved sentinels is refused, never counted into ordinary ids."""
+    few = Specials(n_sentinels=2)
+    tokens = torch.arange(10)[None, :] + few.first_ordinary
+    mask = torch.tensor([[False, True, False, True, False, True, False, False, False, False]])
+    with pytest.raises(UserError, match="sentinels"):
+        noise_span_to_unique_sentinel(tokens, mask, torch.tensor([10]), few)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(2, 300), min_size=1, max_size=6),
+    density=st.sampled_from([0.05, 0.15, 0.3, 0.5, 0.8]),
+    mean_span=st.sampled_from([1.0, 2.0, 3.0, 8.0, 64.0]),
+    seed=st.integers(0, 2**31),
+)
+def test_span_mask_counts_and_structure(
+    lengths: list[int], density: float, mean_span: float, seed: int
+) -> None:
+    """Exact noise count clamp(round(L r), 1, L-1), exactly max(1, round(n/mu)) noise runs, as many keep
+    runs, first token kept and last token noise; per-segment lengths inside one batch."""
+    lens = torch.tensor(lengths)
+    width = max(lengths) + 3
+    mask = random_spans_noise_mask(
+        lens, width, density, mean_span, RowRandom(seed, torch.arange(len(lengths)))
+    )
+    for i, L in enumerate(lengths):
+        m = mask[i].tolist()
+        assert not any(m[L:])
+        n_noise, n_spans = span_counts(L, density, mean_span)
+        assert sum(m) == n_noise == min(max(round(L * density), 1), L - 1)
+        assert runs(m[:L]) == (n_spans, n_spans)
+        assert not m[0] and m[L - 1]
+
+
+def test_random_segmentation_parts_are_nonempty_and_sum() -> None:
+    n_items = torch.tensor([10, 7, 1, 30])
+    n_parts = torch.tensor([3, 7, 1, 5])
+    sizes = random_segmentation(n_items, n_parts, RowRandom(0, torch.arange(4)), "s")
+    for i in range(4):
+        parts = sizes[i, : n_parts[i]]
+        assert int(parts.sum()) == int(n_items[i]) and bool((parts >= 1).all())
+        assert int(sizes[i, n_parts[i] :].sum()) == 0
+
+
+def test_rolled_mask_density_is_flat_over_positions() -> None:
+    """Pitfall t5#905: unrolled, the last position is always noise; rolled, every position is noise
+    with probability ~r and the mean density is within 0.01 of r (T5's own check)."""
+    n, L, r = 4000, 20, 0.15
+    lens = torch.full((n,), L)
+    rr = RowRandom(3, torch.arange(n))
+    plain = random_spans_noise_mask(lens, L, r, 3.0, rr)
+    assert bool(plain[:, -1].all()) and not bool(plain[:, 0].any())
+    rolled = random_spans_noise_mask(lens, L, r, 3.0, rr, random_roll=True)
+    assert rolled.sum(1).eq(3).all()  # round(20 * 0.15) = 3 noise tokens either way
+    per_position = rolled.float().mean(0)
+    assert abs(float(per_position.mean()) - r) < 0.01
+    assert float((per_position - r).abs().max()) < 0.04
+    assert not bool(rolled[:, -1].all())
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    L=st.integers(2, 200), density=st.sampled_from([0.1, 0.25, 0.5, 0.75, 1.0]), seed=st.integers(0, 2**31)
+)
+def test_prefix_split_range(L: int, density: float, seed: int) -> None:
+    """Both parts non-empty; r <= 0.5: n_in in [min(max_in, max(1, round((1-2r) max_in))), L-1] (t5)."""
+    n = 64
+    n_in = prefix_split(torch.full((n,), L), density, RowRandom(seed, torch.arange(n)))
+    max_in = L - 1
+    if density <= 0.5:
+        low = min(max_in, max(1, round((1 - 2 * density) * max_in)))
+        high = max_in
+    else:
+        low, high = 1, min(max_in, max(1, round((2 - 2 * density) * max_in)))
+    assert int(n_in.min()) >= low and int(n_in.max()) <= high
+
+
+def test_prefix_split_is_uniform_at_half() -> None:
+    """r = 0.5: the split is uniform on [1, L-1] (chi-square, 8 bins, p ~ 0.001 threshold)."""
+    n, L = 8000, 9
+    n_in = prefix_split(torch.full((n,), L), 0.5, RowRandom(11, torch.arange(n)))
+    counts = torch.bincount(n_in, minlength=L)[1:L].double()
+    expected = n / (L - 1)
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 24.3  # chi-square(7) 0.999 quantile
+    assert int(counts.sum()) == n
+
+
+def test_prefix_split_short_documents() -> None:
+    n_in = prefix_split(torch.tensor([1, 2, 0]), 0.5, RowRandom(0, torch.arange(3)))
+    assert n_in.tolist() == [0, 1, 0]
+
+
+def test_split_documents_of_packed_rows() -> None:
+    rows = torch.tensor([[5, 6, 7, 8, 9], [1, 2, 3, 0, 0], [4, 4, 4, 4, 4]])
+    docs = torch.tensor([[0, 0, 1, 2, 2], [0, 0, 0, -1, -1], [-1, -1, -1, -1, -1]])
+    seg = split_documents(rows, docs)
+    assert seg.lengths.tolist() == [2, 1, 2, 3]
+    assert seg.row.tolist() == [0, 0, 0, 1]
+    assert seg.doc.tolist() == [0, 1, 2, 0]
+    assert seg.tokens.tolist() == [[5, 6, 0], [7, 0, 0], [8, 9, 0], [1, 2, 3]]
+    with_eos = split_documents(torch.tensor([[5, 3, 6, 3, 7]]), torch.tensor([[0, 0, 1, 1, 2]]), 0, eos_id=3)
+    assert with_eos.lengths.tolist() == [1, 1, 1]
+    assert with_eos.had_eos is not None and with_eos.had_eos.tolist() == [True, True, False]
+    empty = split_documents(rows[2:], docs[2:])
+    assert empty.n == 0
