@@ -1,0 +1,123 @@
+"""Prefix LM (reference section 6): split every document into a prefix (read bidirectionally) and a
+target (predicted left to right).
+
+Worked example, document `a b c d e` split after 2 tokens:
+    decoder-only:    input_ids `a b c d e`, prefix_mask `1 1 0 0 0`, labels `- c d e -`
+                     (the last prefix token predicts the first target: labels[t] = token t+1)
+    encoder-decoder: encoder `a b </s>`, decoder targets `c d e </s>`
+
+The split follows t5 random_prefix_noise_mask (`noise_density` r = mean target fraction; r = 0.5 is a
+uniform split on [1, L-1]); r > 0.5 extends it as llm-foundry does (see `noise.prefix_split`). Both
+parts are non-empty for documents of two or more tokens; a 1-token document is all target (decoder-only:
+it then carries no label, there being nothing before it to predict it from).
+
+Packed rows: every document is split on its own (encoder-decoder: without its trailing EOS, which
+both sides get back). Decoder-only keeps the row length (raw = model length);
+encoder-decoder adds one EOS to each side, so both sides fit in the raw length and the rest is padding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from objtrain.batch import Batch, ModelKind
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.errors import UserError
+from objtrain.objectives.base import Objective
+from objtrain.objectives.noise import (
+    Pieces,
+    Segments,
+    append_token,
+    layout,
+    prefix_split,
+    prepend_token,
+    shift_within,
+    split_documents,
+)
+from objtrain.objectives.rng import RowRandom
+from objtrain.objectives.span import finish_stats
+from objtrain.specials import Specials
+
+
+def prefix_pieces(
+    seg: Segments,
+    rr: RowRandom,
+    noise_density: float,
+    model_kind: str,
+    specials: Specials,
+    mode_token: int | None = None,
+) -> tuple[Pieces, dict[str, float]]:
+    """Split every segment: inputs = `[mode] x[:n_in]`, targets = `x[n_in:]` (encoder-decoder: + EOS each)."""
+    n_in = prefix_split(seg.lengths, noise_density, rr, "prefix_lm/split")
+    j = torch.arange(seg.width, device=seg.tokens.device)[None, :]
+    inputs = seg.tokens.masked_fill(j >= n_in[:, None], specials.pad)
+    n_tgt = seg.lengths - n_in
+    targets = shift_within(seg.tokens, n_tgt, n_in, specials.pad)
+    if model_kind == "encdec":
+        inputs, n_in_out = append_token(inputs, n_in, specials.eos, specials.pad)
+        targets, n_tgt_out = append_token(targets, n_tgt, specials.eos, specials.pad)
+    else:
+        n_in_out, n_tgt_out = n_in, n_tgt
+    if mode_token is not None:
+        inputs, n_in_out = prepend_token(inputs, n_in_out, mode_token)
+    stats = {
+        "documents": float(seg.n),
+        "raw_tokens": float(seg.lengths.sum()),
+        "prefix_tokens": float(n_in.sum()),
+        "suffix_tokens": float(n_tgt.sum()),
+    }
+    return Pieces(inputs, n_in_out, targets, n_tgt_out, seg.row, seg.doc), stats
+
+
+def check_prefix_density(noise_density: float, what: str) -> None:
+    if not 0.0 < noise_density <= 1.0:
+        raise UserError(
+            f"{what}: noise_density (mean target fraction) must be in (0, 1], got {noise_density}"
+        )
+
+
+class PrefixLM(Objective):
+    """Prefix LM: bidirectional prefix, left-to-right loss on the suffix only."""
+
+    name = "prefix_lm"
+    model_kinds = ("decoder", "encdec")
+    attention = "prefix"
+
+    @dataclass
+    class Config:
+        noise_density: float = 0.5  # mean target fraction; 0.5 = uniform split on [1, L-1] (T5 prefix_lm)
+
+    def __init__(
+        self,
+        config: Config,
+        specials: Specials,
+        tokenizer: Tokenizer | None = None,
+        model_kind: ModelKind | None = None,
+    ) -> None:
+        super().__init__(config, specials, tokenizer=tokenizer, model_kind=model_kind)
+        check_prefix_density(config.noise_density, self.name)
+        self.attention = "prefix" if self.model_kind == "decoder" else "bidirectional"  # type: ignore[misc]
+        # encoder-decoder: a document's own EOS is split off and re-appended to both sides;
+        # decoder-only: the row is the document itself, its EOS an ordinary target
+        self.eos_to_split = specials.eos if self.model_kind == "encdec" else None
+
+    def raw_length(self, model_length: int) -> int:
+        if model_length < 2:
+            raise UserError(f"prefix_lm: model length must be at least 2, got {model_length}")
+        return model_length
+
+    def widths(self, raw_length: int) -> tuple[int, int]:
+        return raw_length, raw_length
+
+    def __call__(self, rows: Tensor, document_ids: Tensor, row_index: Tensor, seed: int) -> Batch:
+        seg = split_documents(rows, document_ids, self.specials.pad, self.eos_to_split)
+        rr = seg.random(seed, row_index)
+        pieces, stats = prefix_pieces(seg, rr, self.config.noise_density, self.model_kind, self.specials)
+        batch, truncated = layout(
+            pieces, self.model_kind, seg.n_rows, self.widths(rows.size(1)), self.specials
+        )
+        batch.stats = finish_stats(stats, batch, truncated)
+        return batch
