@@ -1,0 +1,146 @@
+"""Multi-token prediction (reference section 10): head layout, n=1 == CLM, loss and sequential backward."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from objtrain import IGNORE
+from objtrain.batch import ModelOutput
+from objtrain.errors import UserError
+from objtrain.objectives.base import token_loss
+from objtrain.objectives.clm import CausalLM
+from objtrain.objectives.mtp import MultiTokenPrediction
+from objtrain.objectives.registry import build_objective, objective_defaults
+from objtrain.specials import Specials
+
+SP = Specials()
+O = SP.first_ordinary
+
+
+def packed(seed: int, B: int, L: int, n_docs: int = 3):
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.randint(O, O + 300, (B, L), generator=g)
+    cuts = torch.randint(0, 2, (B, L), generator=g) * (torch.rand(B, L, generator=g) < n_docs / max(L, 1))
+    docs = cuts.cumsum(dim=1)
+    docs[1::3, L - L // 4 :] = -1
+    return rows, docs
+
+
+def mtp(n: int, cross: bool = False) -> MultiTokenPrediction:
+    return MultiTokenPrediction(MultiTokenPrediction.Config(n=n, cross_document_targets=cross), SP)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 6), L=st.integers(1, 40))
+def test_single_document_rows(seed: int, n: int, L: int) -> None:
+    """Section 10 invariant on a T+1 raw block: labels_k[:, :T-k+1] == x[:, k:]; the rest IGNORE, no wrap."""
+    rows = torch.randint(O, O + 300, (3, L), generator=torch.Generator().manual_seed(seed))
+    docs = torch.zeros_like(rows)
+    batch = mtp(n)(rows, docs, torch.arange(3), seed)
+    T = L - 1
+    assert batch.mtp_labels is not None and batch.mtp_labels.shape == (3, n, T)
+    assert torch.equal(batch.mtp_labels[:, 0], batch.labels)
+    for k in range(1, n + 1):
+        head = batch.mtp_labels[:, k - 1]
+        valid = max(T - k + 1, 0)
+        assert torch.equal(head[:, :valid], rows[:, k : k + valid])
+        assert bool((head[:, valid:] == IGNORE).all())
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 5), cross=st.booleans())
+def test_targets_never_cross_documents_or_padding(seed: int, n: int, cross: bool) -> None:
+    rows, docs = packed(seed, 4, 30)
+    batch = mtp(n, cross)(rows, docs, torch.arange(4), 0)
+    assert batch.mtp_labels is not None
+    T = 29
+    for k in range(1, n + 1):
+        for t in range(T):
+            src = t + k
+            for b in range(4):
+                here = int(docs[b, t])
+                there = int(docs[b, src]) if src <= T else -1
+                ok = here >= 0 and there >= 0 and (cross or here == there)
+                want = int(rows[b, src]) if ok else IGNORE
+                assert int(batch.mtp_labels[b, k - 1, t]) == want
+
+
+def test_n1_equals_clm_bit_for_bit() -> None:
+    rows, docs = packed(3, 5, 33)
+    a = mtp(1)(rows, docs, torch.arange(5), 9)
+    c = CausalLM(CausalLM.Config(), SP)(rows, docs, torch.arange(5), 9)
+    for name, tensor in c.tensors().items():
+        assert torch.equal(tensor, a.tensors()[name]), name
+    logits = torch.randn(5, 32, 600)
+    la = mtp(1).loss(ModelOutput(logits=logits, mtp_logits=[]), a)
+    lc = token_loss(logits, c.labels)
+    assert torch.equal(la.loss_sum, lc.loss_sum) and torch.equal(la.n_targets, lc.n_targets)
+
+
+def test_loss_sums_heads_and_reports_head1() -> None:
+    """Pitfall: the total MTP loss is not comparable with CLM; head1_loss is, and equals CLM's mean."""
+    obj = mtp(3)
+    rows, docs = packed(4, 3, 21)
+    batch = obj(rows, docs, torch.arange(3), 0)
+    out = ModelOutput(logits=torch.randn(3, 20, 600), mtp_logits=[torch.randn(3, 20, 600) for _ in range(2)])
+    loss = obj.loss(out, batch)
+    heads = [obj.head_loss(out, batch, k) for k in (1, 2, 3)]
+    assert torch.allclose(loss.loss_sum, sum(s for s, _ in heads))
+    assert int(loss.n_targets) == int(heads[0][1]) == batch.n_targets
+    clm = token_loss(out.logits, batch.labels)
+    assert torch.allclose(loss.metrics["head1_loss"], clm.loss_sum / clm.n_targets)
+    for k in (2, 3):
+        assert torch.allclose(loss.metrics[f"head{k}_loss"], heads[k - 1][0] / heads[k - 1][1])
+    with pytest.raises(UserError, match="heads"):
+        obj.loss(ModelOutput(logits=out.logits, mtp_logits=out.mtp_logits[:1]), batch)
+
+
+def test_sequential_backward_matches_summed_loss() -> None:
+    """Section 10 invariant: per-head forward+backward accumulated at the trunk == naive summed backward."""
+    torch.manual_seed(0)
+    obj = mtp(3)
+    rows, docs = packed(6, 2, 17)
+    batch = obj(rows, docs, torch.arange(2), 0)
+    V, D = 600, 8
+    emb = torch.nn.Embedding(V, D)
+    heads = torch.nn.ModuleList(torch.nn.Linear(D, V) for _ in range(3))
+
+    def grads() -> list[torch.Tensor]:
+        return [p.grad.clone() for p in [*emb.parameters(), *heads.parameters()]]
+
+    trunk = torch.tanh(emb(batch.input_ids))
+    out = ModelOutput(logits=heads[0](trunk), mtp_logits=[heads[1](trunk), heads[2](trunk)])
+    loss = obj.loss(out, batch)
+    (loss.loss_sum / loss.n_targets).backward()
+    naive = grads()
+    emb.zero_grad()
+    heads.zero_grad()
+
+    trunk = torch.tanh(emb(batch.input_ids))
+    detached = trunk.detach().requires_grad_()
+    n1 = obj.head_loss(ModelOutput(logits=heads[0](detached)), batch, 1)[1]
+    for k in (1, 2, 3):
+        logits = heads[k - 1](detached)
+        out = ModelOutput(logits=logits, mtp_logits=[logits, logits])
+        loss_sum, _ = obj.head_loss(out, batch, k)
+        (loss_sum / n1).backward()
+    trunk.backward(detached.grad)
+    for a, b in zip(naive, grads(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_batch_size_independent_and_yaml() -> None:
+    rows, docs = packed(1, 8, 25)
+    obj = mtp(4)
+    whole = obj(rows, docs, torch.arange(8), 3)
+    parts = [obj(rows[s], docs[s], torch.arange(8)[s], 3) for s in (slice(0, 3), slice(3, 8))]
+    for name, tensor in whole.tensors().items():
+        assert torch.equal(tensor, torch.cat([p.tensors()[name] for p in parts])), name
+    assert objective_defaults("mtp") == dataclasses.asdict(MultiTokenPrediction.Config())
+    with pytest.raises(UserError, match="n must be at least 1"):
+        build_objective("mtp", SP, overrides={"n": 0})
