@@ -1,10 +1,300 @@
-"""`objtrain corrupt` (being built, see issue 3)."""
+"""`objtrain corrupt`: show what an objective does to real rows (library: objtrain.objectives.inspect)."""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from objtrain import IGNORE
+from objtrain.batch import MODEL_KINDS, Batch
+from objtrain.config import parse_overrides
 from objtrain.errors import UserError
+from objtrain.objectives import inspect
+from objtrain.objectives.registry import OBJECTIVES, build_objective, objective_class
+
+STYLES = {
+    inspect.KEPT: "",
+    inspect.MASKED: "bold white on red",
+    inspect.REPLACED: "bold black on yellow",
+    inspect.DELETED: "red strike",
+    inspect.INSERTED: "green",
+    inspect.SENTINEL: "bold magenta",
+    inspect.SPECIAL: "cyan",
+}
+TARGET_STYLE = "bold green"
+DOC_STYLES = ("blue", "green", "magenta", "yellow", "cyan", "red")
+DEFAULT_SEQ_LEN = 128
+FULL_GRID = 64  # rows up to this many positions get the full attention grid
+SUMMARY_CELLS = 48
 
 
-def run() -> None:
-    """Not available yet."""
-    raise UserError("`objtrain corrupt` is not available yet (issue 3)")
+def run(
+    args: list[str] = typer.Argument(
+        None,
+        help="SOURCE (token store, packed store or text file) then key=value overrides",
+        show_default=False,
+    ),
+    objective: str = typer.Option(None, "--objective", "-O", help="Objective name (see --list)."),
+    text: str = typer.Option(
+        None, "--text", help="Corrupt this text instead of a SOURCE (needs --tokenizer)."
+    ),
+    tokenizer: Path = typer.Option(None, "--tokenizer", help="Token store whose tokenizer encodes text."),
+    n: int = typer.Option(None, "--n", help="Rows to corrupt [default: 2, or 256 with --stats]."),
+    seed: int = typer.Option(0, "--seed", help="Corruption seed (row i is always corrupted the same way)."),
+    seq_len: int = typer.Option(
+        None, "--seq-len", help="Model length [default: a packed store's rows, else 128]."
+    ),
+    model_kind: str = typer.Option(None, "--model-kind", help="decoder | encoder | encdec [default: first]."),
+    fmt: str = typer.Option("text", "--format", help="text (coloured) or jsonl (one object per row)."),
+    show_attention: bool = typer.Option(False, "--show-attention", help="Draw each row's attention pattern."),
+    stats: bool = typer.Option(
+        False, "--stats", help="Realised rates over all rows beside the configured ones."
+    ),
+    list_: bool = typer.Option(False, "--list", help="List every objective and exit."),
+) -> None:
+    """Show the original, the model input and the target of a few rows, aligned and coloured."""
+    console = Console(highlight=False)
+    if list_:
+        print_list(console)
+        return
+    if fmt not in ("text", "jsonl"):
+        raise UserError(f"--format must be text or jsonl, got {fmt!r}")
+    if objective is None:
+        raise UserError("--objective is required (see `objtrain corrupt --list`)")
+    if model_kind is not None and model_kind not in MODEL_KINDS:
+        raise UserError(f"--model-kind must be one of {', '.join(MODEL_KINDS)}, got {model_kind!r}")
+    source, overrides = split_args(args or [])
+    objective_class(objective)  # unknown names fail before any source is read
+    n_rows = n if n is not None else (256 if stats else 2)
+
+    probe_tokenizer, probe_specials = _tokenizer_for(source, tokenizer, text)
+    obj = build_objective(
+        objective,
+        probe_specials,
+        tokenizer=probe_tokenizer,
+        model_kind=model_kind,  # type: ignore[arg-type]
+        overrides=parse_overrides(overrides),
+    )
+    packed_len = inspect.packed_row_length(source)
+    if seq_len is None:
+        seq_len = inspect.model_length_for(obj, packed_len) if packed_len else DEFAULT_SEQ_LEN
+    if seq_len < 1:
+        raise UserError(f"--seq-len must be positive, got {seq_len}")
+    raw_length = obj.raw_length(seq_len)
+    raw = inspect.read_rows(source, raw_length, n_rows, tokenizer_store=tokenizer, text=text)
+
+    aggregate = inspect.Aggregate()
+    for batch, start in inspect.corrupt_rows(obj, raw, seed):
+        views = [inspect.align_row(batch, b, raw, start + b) for b in range(batch.input_ids.size(0))]
+        if stats:
+            aggregate.add(batch, views)
+            continue
+        for b, view in enumerate(views):
+            if fmt == "jsonl":
+                sys.stdout.write(json.dumps(inspect.row_record(obj, view, batch, b, raw)) + "\n")
+            else:
+                print_row(console, view, raw)
+                if show_attention:
+                    print_attention(console, batch, b)
+    if stats:
+        rows = aggregate.table(obj)
+        if fmt == "jsonl":
+            record = {
+                "objective": obj.name,
+                "model_kind": obj.model_kind,
+                "rows": aggregate.rows,
+                "stats": {r.name: {"realised": r.realised, "configured": r.configured} for r in rows},
+            }
+            sys.stdout.write(json.dumps(record) + "\n")
+        else:
+            print_stats(console, obj.name, obj.model_kind, aggregate.rows, rows)
+
+
+def split_args(args: list[str]) -> tuple[Path | None, list[str]]:
+    """The SOURCE (the one argument that is not key=value, or an existing path) and the overrides."""
+    source: Path | None = None
+    overrides = []
+    for arg in args:
+        if "=" in arg and not Path(arg).exists():
+            overrides.append(arg)
+        elif source is None:
+            source = Path(arg)
+        else:
+            raise UserError(f"more than one SOURCE given ({source} and {arg}); overrides look like key=value")
+    return source, overrides
+
+
+def _tokenizer_for(source: Path | None, tokenizer: Path | None, text: str | None) -> tuple[Any, Any]:
+    """Tokenizer and specials to configure the objective with (some objectives need word boundaries)."""
+    from objtrain.specials import Specials
+
+    if text is not None or (source is not None and source.is_file()):
+        if tokenizer is None:
+            raise UserError("text needs a tokenizer: pass --tokenizer TOKEN_STORE")
+        store = inspect.open_token_store(tokenizer)
+        return store.tokenizer, store.specials
+    if source is None:
+        raise UserError("give a SOURCE (token store, packed store or text file) or --text")
+    if not source.exists():
+        raise UserError(f"source not found: {source}")
+    if inspect.packed_row_length(source) is not None:
+        from objtrain.data.store import PackedStore
+
+        store = PackedStore.open(source)
+        tok = getattr(store, "tokenizer", None)
+        specials = getattr(store, "specials", None) or (tok.specials if tok is not None else Specials())
+        return tok, specials
+    store = inspect.open_token_store(source)
+    return store.tokenizer, store.specials
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rendering
+
+
+def print_list(console: Console) -> None:
+    table = Table(title="objectives", title_justify="left")
+    for col in ("name", "model kinds", "attention", "key parameters (configs/objectives/<name>.yaml)"):
+        table.add_column(col)
+    for info in inspect.list_objectives():
+        if not info.available:
+            table.add_row(info.name, "[dim]unavailable[/]", "", f"[dim]{info.reason}[/]")
+            continue
+        table.add_row(
+            info.name,
+            ", ".join(info.model_kinds),
+            info.attention,
+            inspect.describe_defaults(info.defaults) or f"[dim]{info.reason}[/]",
+        )
+    console.print(table)
+    missing = [
+        name
+        for name in OBJECTIVES
+        if not any(i.name == name and i.available for i in inspect.list_objectives())
+    ]
+    if missing:
+        console.print(f"[dim]unavailable: {', '.join(missing)}[/]")
+
+
+def _legend() -> Text:
+    legend = Text("legend: ")
+    for kind, style in STYLES.items():
+        if style:
+            legend.append(kind, style=style)
+            legend.append(" ")
+    legend.append("target", style=TARGET_STYLE)
+    return legend
+
+
+def print_row(console: Console, view: inspect.RowView, raw: inspect.RawRows) -> None:
+    specials, tok = raw.specials, raw.tokenizer
+    head = (
+        f"[bold]row {view.row_index}[/]  original {len(view.original)} · input {len(view.input)} · "
+        f"targets {len(view.targets)}"
+    )
+    if view.seq_label is not None:
+        head += f" · sequence label {view.seq_label}"
+    console.rule(head, align="left")
+    label_w = 9
+    width = max(console.width - label_w, 20)
+    lines: list[tuple[Text, Text, Text]] = []
+    cur = (Text(), Text(), Text())
+    used = 0
+    for cell in view.cells:
+        o = inspect.piece_text(cell.original, specials, tok) if cell.original is not None else ""
+        i = inspect.piece_text(cell.input, specials, tok) if cell.input is not None else ""
+        has_target = cell.target is not None and cell.target != IGNORE
+        t = inspect.piece_text(cell.target, specials, tok) if has_target else ""  # type: ignore[arg-type]
+        w = max(len(o), len(i), len(t), 1) + 1
+        if used + w > width and used:
+            lines.append(cur)
+            cur, used = (Text(), Text(), Text()), 0
+        cur[0].append(o.ljust(w), style=STYLES.get(cell.original_kind, ""))
+        cur[1].append(i.ljust(w), style=STYLES.get(cell.input_kind, ""))
+        cur[2].append(
+            t.ljust(w) if has_target else ("·" if cell.input is not None else "").ljust(w),
+            style=TARGET_STYLE if has_target else "dim",
+        )
+        used += w
+    if used:
+        lines.append(cur)
+    for o_line, i_line, t_line in lines:
+        console.print(Text("original ", style="dim") + o_line, soft_wrap=True)
+        console.print(Text("input    ", style="dim") + i_line, soft_wrap=True)
+        if not view.encdec:
+            console.print(Text("target   ", style="dim") + t_line, soft_wrap=True)
+    if view.encdec:
+        target = Text("target   ", style="dim")
+        for token in view.targets:
+            kind = inspect.token_kind(token, specials)
+            target.append(
+                inspect.piece_text(token, specials, tok) + " ", style=STYLES.get(kind) or TARGET_STYLE
+            )
+        console.print(target)
+    console.print(_legend(), style="dim")
+
+
+def print_attention(console: Console, batch: Batch, b: int) -> None:
+    """The row's self-attention as a grid: full when short, else per-document blocks and a coarse grid."""
+    mask = inspect.attention_mask(batch)[b]
+    docs = batch.document_ids[b]
+    T = mask.size(0)
+    title = f"attention ({batch.attention}), {T} positions: row = query, column = key"
+    console.print(Text(title, style="bold"))
+    summary = inspect.attention_summary(batch, b)
+    table = Table(show_edge=False, box=None)
+    for col in ("document", "positions", "length", "pattern"):
+        table.add_column(col)
+    for entry in summary:
+        pattern = entry["pattern"]
+        if "prefix_length" in entry:
+            pattern += f" (bidirectional prefix {entry['prefix_length']})"
+        name = "pad" if entry["document"] < 0 else str(entry["document"])
+        table.add_row(name, f"{entry['start']}..{entry['end'] - 1}", str(entry["length"]), pattern)
+    console.print(table)
+    if T <= FULL_GRID:
+        for i in range(T):
+            line = Text(f"{i:>4} ")
+            d = int(docs[i])
+            style = "dim" if d < 0 else DOC_STYLES[d % len(DOC_STYLES)]
+            for j in range(T):
+                line.append("█" if mask[i, j] else "·", style=style if mask[i, j] else "dim")
+            console.print(line, soft_wrap=True)
+    else:
+        shades = " ░▒▓█"
+        grid = inspect.downsample_mask(mask, SUMMARY_CELLS)
+        c = grid.size(0)
+        console.print(Text(f"downsampled to {c}x{c} cells (shade = share of allowed pairs)", style="dim"))
+        for i in range(c):
+            line = Text("     ")
+            for j in range(c):
+                v = float(grid[i, j])
+                line.append(shades[0 if v == 0 else min(4, 1 + int(v * 3.999))])
+            console.print(line, soft_wrap=True)
+    if batch.is_encdec:
+        dec = inspect.cross_attention_mask(batch)[b]
+        console.print(
+            Text(
+                f"decoder: causal inside its documents; cross-attention to {int(dec.any(0).sum())} of "
+                f"{T} encoder positions",
+                style="dim",
+            )
+        )
+
+
+def print_stats(console: Console, name: str, kind: str, rows: int, stats: list[inspect.StatRow]) -> None:
+    table = Table(title=f"{name} ({kind}): realised over {rows} rows", title_justify="left")
+    table.add_column("statistic")
+    table.add_column("realised", justify="right")
+    table.add_column("configured", justify="right")
+    for row in stats:
+        configured = "" if row.configured is None else f"{row.configured:.4g}"
+        table.add_row(row.name, f"{row.realised:.4g}", configured)
+    console.print(table)

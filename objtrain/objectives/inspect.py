@@ -1,0 +1,666 @@
+"""Looking at what an objective does to real rows: the library behind `objtrain corrupt`.
+
+- `read_rows`: a token store, a packed store, a text file or a string -> raw rows (B, L) with document ids
+  and global row indices, exactly as training would hand them to an objective;
+- `attention_mask`: the (B, T, T) pattern a model builds from a `Batch` (the rules of `objtrain.batch`);
+- `align_row`: original, model input and target of one row, aligned column by column and classified
+  (kept / masked / replaced / deleted / inserted / sentinel / special) for display;
+- `collect_stats`: realised corruption rates over many rows beside the configured ones;
+- `row_record`: one JSON-ready object per row for `--format jsonl`;
+- `list_objectives`: every registered objective with its model kinds, attention and defaults.
+
+Nothing here is on the training path, so per-row Python (difflib alignment, piece lookup) is fine.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from objtrain import IGNORE
+from objtrain.batch import Batch, ModelKind
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.errors import UserError
+from objtrain.objectives.base import Objective
+from objtrain.specials import FIXED_PIECES, N_FIXED, Specials
+
+# ---------------------------------------------------------------------------------------------------
+# Sources -> raw rows
+
+
+@dataclass
+class RawRows:
+    """Raw rows as an objective receives them."""
+
+    tokens: Tensor  # (B, L) int64, pad where document_ids == -1
+    document_ids: Tensor  # (B, L) int64, 0, 1, ... per row, -1 = padding
+    row_index: Tensor  # (B,) int64 global row index in the source
+    specials: Specials
+    tokenizer: Tokenizer | None
+    source: str  # "packed", "tokens", "text"
+
+
+def _is_packed_store(path: Path) -> bool:
+    from objtrain.data import store
+
+    probe = getattr(store, "is_packed_store", None)
+    if probe is not None:
+        return bool(probe(path))
+    meta = path / "meta.json"
+    if not meta.is_file():
+        return False
+    try:
+        data = json.loads(meta.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and ("seq_len" in data or data.get("kind") == "packed")
+
+
+def open_token_store(path: Path) -> Any:
+    """`TokenStore.open(path)`, with a clear error if `path` is not one."""
+    try:
+        from objtrain.data.store import TokenStore
+    except ImportError as exc:  # the store module is part of the data layer
+        raise UserError(f"token stores are not available: {exc}") from None
+    if not Path(path).exists():
+        raise UserError(f"source not found: {path}")
+    return TokenStore.open(Path(path))
+
+
+def rows_from_documents(
+    docs: Iterable[Sequence[int] | Tensor], raw_length: int, n_rows: int, specials: Specials
+) -> tuple[Tensor, Tensor]:
+    """Concatenate documents, each followed by EOS, and cut the stream into rows of `raw_length`.
+
+    Returns tokens and document ids, both (n, raw_length) with n <= n_rows; a document that crosses a row
+    end continues at the start of the next row (as a new document there). A last, partial row is padded.
+    When the whole stream is shorter than one row, the single row is exactly as long as the stream.
+    """
+    if raw_length < 1:
+        raise UserError(f"rows must hold at least one raw token, got {raw_length}")
+    need = raw_length * n_rows
+    parts: list[Tensor] = []
+    doc_parts: list[Tensor] = []
+    total = 0
+    for d, doc in enumerate(docs):
+        ids = torch.as_tensor(doc, dtype=torch.int64).reshape(-1)
+        ids = torch.cat([ids, torch.tensor([specials.eos])])
+        parts.append(ids)
+        doc_parts.append(torch.full_like(ids, d))
+        total += ids.numel()
+        if total >= need:
+            break
+    if total == 0:
+        raise UserError("the source holds no tokens")
+    stream = torch.cat(parts)[:need]
+    doc_stream = torch.cat(doc_parts)[:need]
+    width = min(raw_length, stream.numel())
+    n = -(-stream.numel() // width)
+    tokens = torch.full((n * width,), specials.pad, dtype=torch.int64)
+    docs_out = torch.full((n * width,), -1, dtype=torch.int64)
+    tokens[: stream.numel()] = stream
+    docs_out[: stream.numel()] = doc_stream
+    tokens, docs_out = tokens.view(n, width), docs_out.view(n, width)
+    # Renumber documents 0, 1, ... inside each row (a document cut by a row end is new in the next row).
+    real = docs_out >= 0
+    first = torch.where(real[:, :1], docs_out[:, :1], 0)
+    docs_out = torch.where(real, docs_out - first, -1)
+    return tokens, docs_out
+
+
+def read_rows(
+    source: Path | None,
+    raw_length: int,
+    n_rows: int,
+    tokenizer_store: Path | None = None,
+    text: str | None = None,
+) -> RawRows:
+    """Rows 0..n_rows-1 of `source` (a token store, packed store or text file) or of `text`.
+
+    Text needs `tokenizer_store`, a token store whose tokenizer encodes it; a `.jsonl` file holds one
+    document per line (its "text" field), any other file is one document.
+    """
+    if n_rows < 1:
+        raise UserError(f"--n must be at least 1, got {n_rows}")
+    if text is not None or (source is not None and Path(source).is_file()):
+        if tokenizer_store is None:
+            raise UserError("text needs a tokenizer: pass --tokenizer TOKEN_STORE")
+        store = open_token_store(tokenizer_store)
+        tokenizer: Tokenizer = store.tokenizer
+        documents = [text] if text is not None else _text_documents(Path(source))  # type: ignore[arg-type]
+        encoded = tokenizer.encode_batch(documents)
+        tokens, docs = rows_from_documents(encoded, raw_length, n_rows, store.specials)
+        return RawRows(tokens, docs, torch.arange(tokens.size(0)), store.specials, tokenizer, "text")
+    if source is None:
+        raise UserError("give a SOURCE (token store, packed store or text file) or --text")
+    path = Path(source)
+    if not path.exists():
+        raise UserError(f"source not found: {path}")
+    if _is_packed_store(path):
+        return _packed_rows(path, raw_length, n_rows)
+    store = open_token_store(path)
+    train = store.split("train")
+    count = len(train)
+
+    def docs() -> Iterator[Tensor]:
+        for i in range(count):
+            yield torch.from_numpy(train.doc(i).astype("int64"))
+
+    tokens, doc_ids = rows_from_documents(docs(), raw_length, n_rows, store.specials)
+    return RawRows(tokens, doc_ids, torch.arange(tokens.size(0)), store.specials, store.tokenizer, "tokens")
+
+
+def _text_documents(path: Path) -> list[str]:
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text") from None
+    if path.suffix != ".jsonl":
+        return [raw]
+    documents = []
+    for n, line in enumerate(raw.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            raise UserError(f"{path}:{n} is not valid JSON") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+            raise UserError(f'{path}:{n} needs a string "text" field')
+        documents.append(obj["text"])
+    return documents
+
+
+def _packed_rows(path: Path, raw_length: int, n_rows: int) -> RawRows:
+    from objtrain.data.store import PackedStore
+
+    store = PackedStore.open(path)
+    if raw_length > store.seq_len:
+        raise UserError(
+            f"{path} holds rows of {store.seq_len} raw tokens, the objective needs {raw_length} for this "
+            "--seq-len: lower --seq-len or re-pack with a longer --seq-len"
+        )
+    split = store.split("train")
+    available = len(split)
+    if available == 0:
+        raise UserError(f"{path} holds no rows")
+    n = min(n_rows, available)
+    tokens, docs = split.rows(0, n)
+    tokens = torch.as_tensor(tokens, dtype=torch.int64)[:, :raw_length]
+    docs = torch.as_tensor(docs, dtype=torch.int64)[:, :raw_length]
+    tokenizer = getattr(store, "tokenizer", None)
+    specials = getattr(store, "specials", None) or (tokenizer.specials if tokenizer else Specials())
+    return RawRows(tokens, docs, torch.arange(n), specials, tokenizer, "packed")
+
+
+def packed_row_length(source: Path | None) -> int | None:
+    """Raw row length of a packed store (to choose a default --seq-len), else None."""
+    if source is None or not Path(source).is_dir() or not _is_packed_store(Path(source)):
+        return None
+    from objtrain.data.store import PackedStore
+
+    return int(PackedStore.open(Path(source)).seq_len)
+
+
+def model_length_for(objective: Objective, raw_length: int) -> int:
+    """Largest model length m with `objective.raw_length(m) <= raw_length` (raw_length is monotone)."""
+    lo, hi = 1, raw_length
+    best = 0
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        try:
+            fits = objective.raw_length(mid) <= raw_length
+        except UserError:
+            fits = False
+        if fits:
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    if best == 0:
+        raise UserError(f"rows of {raw_length} raw tokens are too short for {objective.name}")
+    return best
+
+
+# ---------------------------------------------------------------------------------------------------
+# Attention
+
+
+def attention_mask(batch: Batch) -> Tensor:
+    """(B, T, T) bool, True where query i may attend to key j, from the rules in `objtrain.batch`:
+    same document (padding, id -1, is its own document) and causal (j <= i), bidirectional, or prefix
+    (j <= i, or both i and j in the prefix given by `prefix_mask`)."""
+    docs = batch.document_ids
+    T = docs.size(1)
+    allowed = docs[:, :, None] == docs[:, None, :]
+    if batch.attention == "bidirectional":
+        return allowed
+    causal = torch.ones(T, T, dtype=torch.bool, device=docs.device).tril()[None]
+    if batch.attention == "prefix":
+        if batch.prefix_mask is None:
+            raise ValueError("prefix attention needs batch.prefix_mask")
+        pm = batch.prefix_mask.bool()
+        causal = causal | (pm[:, :, None] & pm[:, None, :])
+    elif batch.attention != "causal":
+        raise ValueError(f"unknown attention kind {batch.attention!r}")
+    return allowed & causal
+
+
+def decoder_attention_mask(batch: Batch) -> Tensor:
+    """(B, S, S) decoder self-attention of an encoder-decoder batch: causal inside decoder documents."""
+    if batch.decoder_document_ids is None:
+        raise ValueError("not an encoder-decoder batch")
+    docs = batch.decoder_document_ids
+    S = docs.size(1)
+    causal = torch.ones(S, S, dtype=torch.bool, device=docs.device).tril()[None]
+    return (docs[:, :, None] == docs[:, None, :]) & causal
+
+
+def cross_attention_mask(batch: Batch) -> Tensor:
+    """(B, S, T): decoder position s sees the encoder positions of its own document."""
+    if batch.decoder_document_ids is None:
+        raise ValueError("not an encoder-decoder batch")
+    return batch.decoder_document_ids[:, :, None] == batch.document_ids[:, None, :]
+
+
+def attention_summary(batch: Batch, b: int) -> list[dict[str, Any]]:
+    """Per document of row b: its span of positions, length and pattern (prefix length when prefix)."""
+    docs = batch.document_ids[b]
+    out = []
+    for d in torch.unique_consecutive(docs).tolist():
+        where = (docs == d).nonzero().squeeze(1)
+        entry: dict[str, Any] = {
+            "document": int(d),
+            "start": int(where[0]),
+            "end": int(where[-1]) + 1,
+            "length": int(where.numel()),
+            "pattern": "padding" if d < 0 else batch.attention,
+        }
+        if batch.attention == "prefix" and batch.prefix_mask is not None and d >= 0:
+            entry["prefix_length"] = int(batch.prefix_mask[b, where].sum())
+        out.append(entry)
+    return out
+
+
+def downsample_mask(mask: Tensor, cells: int) -> Tensor:
+    """(T, T) bool -> (c, c) float share of allowed pairs per cell, c = min(T, cells)."""
+    T = mask.size(0)
+    c = min(T, cells)
+    edges = torch.linspace(0, T, c + 1).round().long()
+    out = torch.zeros(c, c)
+    m = mask.float()
+    for i in range(c):
+        block = m[edges[i] : edges[i + 1]]
+        for j in range(c):
+            out[i, j] = block[:, edges[j] : edges[j + 1]].mean()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pieces and alignment
+
+KEPT = "kept"  # cell kinds, for colouring
+MASKED = "masked"
+REPLACED = "replaced"
+DELETED = "deleted"
+INSERTED = "inserted"
+SENTINEL = "sentinel"
+SPECIAL = "special"
+_SPECIAL_NAMES = {i: piece for i, (_, piece) in enumerate(FIXED_PIECES)}
+_VISIBLE = str.maketrans({"\u2581": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍", " ": "␣"})
+
+
+def piece_text(token: int, specials: Specials, tokenizer: Tokenizer | None) -> str:
+    """A visible rendering of one token: whitespace made visible, specials by name, else the id."""
+    if token < N_FIXED:
+        return _SPECIAL_NAMES.get(token, f"<{token}>")
+    if token < specials.first_ordinary:
+        return f"<extra_id_{specials.sentinel_base - token}>"
+    if tokenizer is None or token >= tokenizer.vocab_size:
+        return str(token)
+    piece = tokenizer.piece(token)
+    if piece == "<0x0A>":
+        return "⏎"
+    if piece == "<0x09>":
+        return "⇥"
+    return piece.translate(_VISIBLE)
+
+
+def token_kind(token: int, specials: Specials) -> str:
+    if token == specials.mask:
+        return MASKED
+    if N_FIXED <= token < specials.first_ordinary:
+        return SENTINEL
+    if token < N_FIXED:
+        return SPECIAL
+    return KEPT
+
+
+@dataclass
+class Cell:
+    """One aligned column: a token of the original, of the input and the target at that input position."""
+
+    original: int | None
+    original_kind: str
+    input: int | None
+    input_kind: str
+    target: int | None  # label at this input position (decoder-only / encoder layouts)
+
+
+@dataclass
+class RowView:
+    """Everything shown for one row."""
+
+    row_index: int
+    original: list[int]
+    input: list[int]
+    labels: list[int]  # aligned labels (input positions, or decoder positions for encoder-decoder)
+    targets: list[int]  # the labelled tokens only, in order
+    cells: list[Cell]
+    encdec: bool
+    decoder_input: list[int] = field(default_factory=list)
+    seq_label: int | None = None
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+def align_row(batch: Batch, b: int, raw: RawRows, raw_b: int) -> RowView:
+    """Align row b of `batch` with raw row `raw_b`: difflib over the original and input tokens, so kept
+    text lines up, deletions show in the original only and inserted tokens (sentinels, mode tokens, FIM
+    markers) in the input only. Labels travel with their input position unless encoder-decoder."""
+    specials = raw.specials
+    real = raw.document_ids[raw_b] >= 0
+    original = raw.tokens[raw_b][real].tolist()
+    in_real = batch.document_ids[b] >= 0
+    inputs = batch.input_ids[b][in_real].tolist()
+    encdec = batch.is_encdec
+    if encdec:
+        dec_real = batch.decoder_document_ids[b] >= 0  # type: ignore[index]
+        labels = batch.labels[b][dec_real].tolist()
+        in_labels: list[int] = [IGNORE] * len(inputs)
+    else:
+        labels = batch.labels[b][in_real].tolist()
+        in_labels = labels
+    targets = [t for t in labels if t != IGNORE]
+
+    cells: list[Cell] = []
+    matcher = difflib.SequenceMatcher(a=original, b=inputs, autojunk=False)
+    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        if op == "equal":
+            for i, j in zip(range(i1, i2), range(j1, j2), strict=True):
+                kind = SPECIAL if original[i] < specials.first_ordinary else KEPT
+                cells.append(Cell(original[i], kind, inputs[j], kind, in_labels[j]))
+            continue
+        n = max(i2 - i1, j2 - j1)
+        for k in range(n):
+            i, j = i1 + k, j1 + k
+            orig = original[i] if i < i2 else None
+            tok = inputs[j] if j < j2 else None
+            if tok is None:
+                in_kind = ""
+            else:
+                in_kind = token_kind(tok, specials)
+                if in_kind == KEPT:
+                    in_kind = REPLACED if orig is not None and op == "replace" else INSERTED
+            if orig is None:
+                orig_kind = ""
+            elif tok is not None and in_kind in (MASKED, REPLACED):
+                orig_kind = KEPT  # shown in place, corrupted in the input
+            else:
+                orig_kind = DELETED
+            cells.append(Cell(orig, orig_kind, tok, in_kind, in_labels[j] if tok is not None else None))
+    view = RowView(
+        row_index=int(raw.row_index[raw_b]),
+        original=original,
+        input=inputs,
+        labels=labels,
+        targets=targets,
+        cells=cells,
+        encdec=encdec,
+    )
+    if encdec:
+        view.decoder_input = batch.decoder_input_ids[b][dec_real].tolist()  # type: ignore[index]
+    if batch.seq_labels is not None:
+        view.seq_label = int(batch.seq_labels[b])
+    view.stats = row_stats(view, specials)
+    return view
+
+
+def row_stats(view: RowView, specials: Specials) -> dict[str, float]:
+    """What was realised in one row, measured by comparing the original with the input and labels."""
+    counts = {k: 0 for k in (MASKED, REPLACED, DELETED, INSERTED, SENTINEL)}
+    for cell in view.cells:
+        if cell.input_kind in counts:
+            counts[cell.input_kind] += 1
+        if cell.original_kind == DELETED:
+            counts[DELETED] += 1
+    n_orig = len(view.original)
+    ordinary = sum(1 for t in view.original if t >= specials.first_ordinary)
+    return {
+        "original_tokens": float(n_orig),
+        "input_tokens": float(len(view.input)),
+        "targets": float(len(view.targets)),
+        "target_rate": len(view.targets) / ordinary if ordinary else 0.0,
+        "masked": float(counts[MASKED]),
+        "replaced": float(counts[REPLACED]),
+        "deleted": float(counts[DELETED]),
+        "inserted": float(counts[INSERTED]),
+        "sentinels": float(counts[SENTINEL]),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# Records and stats
+
+
+def row_record(objective: Objective, view: RowView, batch: Batch, b: int, raw: RawRows) -> dict[str, Any]:
+    """One JSON-ready object per row for `--format jsonl`."""
+    specials, tok = raw.specials, raw.tokenizer
+    record: dict[str, Any] = {
+        "objective": objective.name,
+        "model_kind": objective.model_kind,
+        "row_index": view.row_index,
+        "original": view.original,
+        "input": view.input,
+        "target": view.targets,
+        "labels": view.labels,
+        "input_pieces": [piece_text(t, specials, tok) for t in view.input],
+        "target_pieces": [piece_text(t, specials, tok) for t in view.targets],
+        "attention": {
+            "kind": batch.attention,
+            "document_ids": batch.document_ids[b].tolist(),
+            "positions": batch.positions[b].tolist(),
+            "documents": attention_summary(batch, b),
+        },
+        "stats": view.stats,
+    }
+    if batch.prefix_mask is not None:
+        record["attention"]["prefix_mask"] = [int(x) for x in batch.prefix_mask[b].tolist()]
+    if view.encdec:
+        record["decoder_input"] = view.decoder_input
+        record["attention"]["decoder_document_ids"] = batch.decoder_document_ids[b].tolist()  # type: ignore[index]
+    if view.seq_label is not None:
+        record["seq_label"] = view.seq_label
+    if batch.segment_ids is not None:
+        record["segment_ids"] = batch.segment_ids[b].tolist()
+    return record
+
+
+# (numerator, denominator, name of the configured value it realises)
+DERIVED: tuple[tuple[str, str, str], ...] = (
+    ("selected", "eligible", "selection_rate"),
+    ("masked", "selected", "mask_prob"),
+    ("random", "selected", "random_prob"),
+    ("kept", "selected", "keep_prob"),
+    ("noise_tokens", "raw_tokens", "noise_density"),
+    ("noise_tokens", "spans", "mean_noise_span_length"),
+    ("suffix_tokens", "raw_tokens", "noise_density"),
+    ("fim_fragments", "fragments", "fim_rate"),
+    ("spm_fragments", "fim_fragments", "fim_spm_rate"),
+    ("random_replacements", "spans", "mask_random"),
+)
+_MEAN_KEYS = ("noise_density", "mean_span_length")
+
+
+def _is_mean(key: str) -> bool:
+    last = key.rsplit("/", 1)[-1]
+    return key.startswith("share/") or last in _MEAN_KEYS or "rate" in last or "fraction" in last
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+    """Config dataclass (or dict) -> {dotted key: scalar}."""
+    data = vars(config) if hasattr(config, "__dataclass_fields__") else config
+    out: dict[str, Any] = {}
+    if isinstance(data, dict):
+        for key, value in data.items():
+            name = f"{prefix}{key}"
+            if hasattr(value, "__dataclass_fields__") or isinstance(value, dict):
+                out.update(flatten(value, f"{name}."))
+            else:
+                out[name] = value
+    return out
+
+
+@dataclass
+class StatRow:
+    name: str
+    realised: float
+    configured: float | None = None
+
+
+@dataclass
+class Aggregate:
+    """Realised corruption over many rows."""
+
+    rows: int = 0
+    sums: dict[str, float] = field(default_factory=dict)
+    means: dict[str, float] = field(default_factory=dict)  # row-weighted sums of per-batch rates
+    measured: dict[str, float] = field(default_factory=dict)  # summed `row_stats`
+
+    def add(self, batch: Batch, views: list[RowView]) -> None:
+        B = int(batch.input_ids.size(0))
+        self.rows += B
+        for key, value in batch.stats.items():
+            if _is_mean(key):
+                self.means[key] = self.means.get(key, 0.0) + float(value) * B
+            else:
+                self.sums[key] = self.sums.get(key, 0.0) + float(value)
+        for view in views:
+            for key, value in view.stats.items():
+                if key != "target_rate":
+                    self.measured[key] = self.measured.get(key, 0.0) + value
+
+    def table(self, objective: Objective) -> list[StatRow]:
+        """Realised values beside the configured ones, where the objective's config names them."""
+        configured = flatten(objective.config)
+        shares = configured_shares(objective)
+        out: list[StatRow] = []
+        for key in sorted(self.means):
+            value = self.means[key] / max(self.rows, 1)
+            if key in _MEAN_KEYS or key.rsplit("/", 1)[-1] in _MEAN_KEYS:
+                continue  # recomputed from the summed counts below
+            out.append(StatRow(key, value, shares.get(key, _number(configured.get(key)))))
+        prefixes = sorted({k.rpartition("/")[0] for k in self.sums})
+        for prefix in prefixes:
+            scoped = {k.rpartition("/")[2]: v for k, v in self.sums.items() if k.rpartition("/")[0] == prefix}
+            for num, den, name in DERIVED:
+                if num in scoped and den in scoped and scoped[den] > 0:
+                    conf = _number(configured.get(name)) if not prefix else None
+                    if name == "keep_prob" and not prefix:
+                        mp, rp = _number(configured.get("mask_prob")), _number(configured.get("random_prob"))
+                        conf = 1.0 - mp - rp if mp is not None and rp is not None else None
+                    label = f"{prefix}/{name}" if prefix else name
+                    out.append(StatRow(label, scoped[num] / scoped[den], conf))
+            for key, value in scoped.items():
+                label = f"{prefix}/{key}" if prefix else key
+                out.append(StatRow(f"{label} (per row)", value / max(self.rows, 1)))
+        m = self.measured
+        if m.get("original_tokens"):
+            out.append(StatRow("measured: input/original length", m["input_tokens"] / m["original_tokens"]))
+            out.append(StatRow("measured: targets/original token", m["targets"] / m["original_tokens"]))
+            for key in (MASKED, REPLACED, DELETED, SENTINEL, INSERTED):
+                out.append(StatRow(f"measured: {key}/original token", m.get(key, 0.0) / m["original_tokens"]))
+        return out
+
+
+def configured_shares(objective: Objective) -> dict[str, float]:
+    """`share/<label>` -> configured probability, for objectives that pick a component per row."""
+    labels = getattr(objective, "labels", None)
+    cumulative = getattr(objective, "cumulative", None)
+    if not isinstance(labels, list) or not isinstance(cumulative, Tensor):
+        return {}
+    probs = torch.diff(cumulative, prepend=cumulative.new_zeros(1)).tolist()
+    return {f"share/{label}": p for label, p in zip(labels, probs, strict=False)}
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def corrupt_rows(
+    objective: Objective, raw: RawRows, seed: int, batch_size: int = 64
+) -> Iterator[tuple[Batch, int]]:
+    """Apply `objective` to `raw` in batches; yields (batch, index of its first row in `raw`)."""
+    for start in range(0, raw.tokens.size(0), batch_size):
+        stop = start + batch_size
+        batch = objective(
+            raw.tokens[start:stop], raw.document_ids[start:stop], raw.row_index[start:stop], seed
+        )
+        yield batch, start
+
+
+# ---------------------------------------------------------------------------------------------------
+# Listing
+
+
+@dataclass
+class ObjectiveInfo:
+    name: str
+    available: bool
+    model_kinds: tuple[ModelKind, ...] = ()
+    attention: str = ""
+    defaults: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+
+
+def list_objectives() -> list[ObjectiveInfo]:
+    """Every registered objective; one whose module does not import is listed as unavailable."""
+    from objtrain.config import load_yaml
+    from objtrain.objectives.registry import OBJECTIVES, config_dir, objective_class
+
+    out = []
+    for name in OBJECTIVES:
+        try:
+            cls = objective_class(name)
+        except Exception as exc:  # a broken or missing module must not hide the others
+            out.append(ObjectiveInfo(name, False, reason=f"{type(exc).__name__}: {exc}".splitlines()[0]))
+            continue
+        try:
+            defaults = load_yaml(config_dir() / "objectives" / f"{name}.yaml")
+        except UserError as exc:
+            defaults, reason = {}, str(exc)
+        else:
+            reason = ""
+        out.append(ObjectiveInfo(name, True, tuple(cls.model_kinds), str(cls.attention), defaults, reason))
+    return out
+
+
+def describe_defaults(defaults: dict[str, Any], limit: int = 6) -> str:
+    """`key=value` list of the scalar defaults; nested lists are summarised by their length."""
+    parts = []
+    for key, value in defaults.items():
+        if isinstance(value, list):
+            parts.append(f"{key}=[{len(value)}]")
+        elif isinstance(value, dict):
+            parts.append(f"{key}={{...}}")
+        else:
+            parts.append(f"{key}={value}")
+    more = f", +{len(parts) - limit}" if len(parts) > limit else ""
+    return ", ".join(parts[:limit]) + more
