@@ -1,0 +1,197 @@
+"""Fill-in-the-middle (reference section 9): PSM/SPM layout, merge-back, rates, rate 0 == CLM, lengths."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from objtrain import IGNORE
+from objtrain.batch import Batch
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.errors import UserError
+from objtrain.objectives.clm import CausalLM
+from objtrain.objectives.fim import FillInTheMiddle
+from objtrain.objectives.registry import build_objective, objective_defaults
+from objtrain.specials import Specials
+
+SP = Specials()
+O = SP.first_ordinary
+PRE, MID, SUF = SP.fim_prefix, SP.fim_middle, SP.fim_suffix
+
+
+def pack(documents: list[list[int]], L: int) -> tuple[list[int], list[int]]:
+    """Documents (each with its EOS) packed into one row of L tokens, cut or padded."""
+    tokens = [t for d in documents for t in d]
+    docs = [i for i, d in enumerate(documents) for _ in d]
+    pad = max(L - len(tokens), 0)
+    return (tokens + [SP.pad] * pad)[:L], (docs + [-1] * pad)[:L]
+
+
+def synthetic(
+    seed: int, B: int, L: int, n_docs: int = 4, slack: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of up to `n_docs` EOS-terminated documents; `slack` padding keeps every FIM token in the row."""
+    g = torch.Generator().manual_seed(seed)
+    rows, docs = [], []
+    for _ in range(B):
+        documents = []
+        room = L - slack
+        for _ in range(int(torch.randint(1, n_docs + 1, (1,), generator=g))):
+            n = int(torch.randint(0, 12, (1,), generator=g))
+            doc = [*torch.randint(O, O + 300, (n,), generator=g).tolist(), SP.eos]
+            if len(doc) > room:
+                break
+            documents.append(doc)
+            room -= len(doc)
+        r, d = pack(documents, L)
+        rows.append(r)
+        docs.append(d)
+    return torch.tensor(rows), torch.tensor(docs)
+
+
+def fim(tokenizer: Tokenizer | None = None, **kw) -> FillInTheMiddle:
+    level = "char" if tokenizer is not None else "token"
+    return FillInTheMiddle(FillInTheMiddle.Config(**{"level": level, **kw}), SP, tokenizer)
+
+
+def output_fragments(batch: Batch, b: int) -> list[list[int]]:
+    """The model row (input + the last label) split by document id."""
+    last = batch.labels[b, -1:]
+    ids = torch.cat([batch.input_ids[b], last if int(last) != IGNORE else last[:0]]).tolist()
+    docs = [*batch.document_ids[b].tolist(), batch.document_ids[b, -1].item()]
+    out: dict[int, list[int]] = {}
+    for t, d in zip(ids, docs, strict=False):
+        if d >= 0:
+            out.setdefault(d, []).append(t)
+    return list(out.values())
+
+
+def unpermute(fragment: list[int]) -> tuple[list[int], bool]:
+    """Undo PSM or SPM: returns (prefix + middle + suffix + tail, looks_spm). PSM with an empty prefix
+    also begins <PRE><SUF>; both readings then restore the same tokens."""
+    assert fragment[0] == PRE and [fragment.count(s) for s in (PRE, MID, SUF)] == [1, 1, 1]
+    mid = fragment.index(MID)
+    suf = fragment.index(SUF)
+    tail = [SP.eos] if fragment[-1] == SP.eos else []
+    body_end = len(fragment) - len(tail)
+    if suf == 1:  # SPM: <PRE> <SUF> suffix <MID> prefix middle
+        return fragment[mid + 1 : body_end] + fragment[2:mid] + tail, True
+    return fragment[1:suf] + fragment[mid + 1 : body_end] + fragment[suf + 1 : mid] + tail, False
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), L=st.integers(4, 60), spm=st.sampled_from([0.0, 0.5, 1.0]))
+def test_token_level_merge_back(seed: int, L: int, spm: float) -> None:
+    """Reference invariants: one each of PRE/SUF/MID per transformed fragment, SPM begins <PRE><SUF>,
+    re-ordering gives back the document, EOS stays after the middle, length is kept."""
+    rows, docs = synthetic(seed, 4, L, slack=15)
+    batch = fim(fim_rate=1.0, spm_rate=spm)(rows, docs, torch.arange(4), seed)
+    assert batch.input_ids.shape == (4, L - 1)
+    for b in range(4):
+        originals = [rows[b][docs[b] == d].tolist() for d in docs[b].unique().tolist() if d >= 0]
+        fragments = output_fragments(batch, b)
+        assert len(fragments) == len(originals)
+        for got, want in zip(fragments, originals, strict=True):
+            if len(want) == 1:  # an empty document (EOS only) is left alone
+                assert got == want
+                continue
+            restored, _ = unpermute(got)
+            assert restored == want
+            if spm == 1.0:
+                assert got[:2] == [PRE, SUF]
+            assert got[-1] == SP.eos  # the model learns to stop after the middle
+
+
+def test_char_level_merge_back(tokenizer: Tokenizer, stdlib_texts: list[str]) -> None:
+    """Character-level boundaries: decoding the re-ordered parts gives back the document's text."""
+    texts = [t[i : i + 150] for t in stdlib_texts for i in range(0, 1200, 300)]
+    documents = [[*tokenizer.encode(t), SP.eos] for t in texts]
+    packed = [pack(documents[i : i + 2], 400) for i in range(0, len(documents), 2)]
+    rows, docs = torch.tensor([r for r, _ in packed]), torch.tensor([d for _, d in packed])
+    batch = fim(tokenizer, fim_rate=1.0)(rows, docs, torch.arange(len(rows)), 0)
+    assert batch.stats["fim"] == 2 * len(rows) and 0 < batch.stats["spm"] < batch.stats["fim"]
+    for b in range(len(rows)):
+        for d, got in enumerate(output_fragments(batch, b)):
+            restored, _ = unpermute(got)
+            assert restored[-1] == SP.eos
+            assert tokenizer.decode(restored[:-1]) == texts[2 * b + d]
+
+
+def test_rates() -> None:
+    rows, docs = synthetic(0, 400, 64)
+    batch = fim(fim_rate=0.3, spm_rate=0.7)(rows, docs, torch.arange(400), 1)
+    s = batch.stats
+    assert s["fragments"] > 800
+    assert abs(s["fim"] / s["fragments"] - 0.3) < 0.05
+    assert abs(s["spm"] / s["fim"] - 0.7) < 0.07
+
+
+def test_rate_zero_is_clm_byte_for_byte(tokenizer: Tokenizer) -> None:
+    rows, docs = synthetic(3, 16, 48)
+    clm = CausalLM(CausalLM.Config(), SP)(rows, docs, torch.arange(16), 5)
+    for obj in (fim(fim_rate=0.0), fim(tokenizer, fim_rate=0.0)):
+        batch = obj(rows, docs, torch.arange(16), 5)
+        for name, tensor in clm.tensors().items():
+            assert torch.equal(tensor, batch.tensors()[name]), name
+
+
+def test_loss_everywhere_but_fim_pad(tokenizer: Tokenizer) -> None:
+    """Pitfall 15.3: FIM trains every position except <fim_pad> (bigcode does not mask it). A document
+    spelt one character per token re-encodes much shorter, so the row is right-padded with <fim_pad>:
+    document id -1, no label, and every in-document target is trained."""
+    text = "return self " * 12
+    spelt = [*(tokenizer.id_of("\u2581" if c == " " else c) for c in text[:100]), SP.eos]
+    assert tokenizer.decode(spelt[:-1]) == text[:100]
+    rows = torch.tensor([spelt] * 4)
+    batch = fim(tokenizer, fim_rate=1.0)(rows, torch.zeros_like(rows), torch.arange(4), 2)
+    pad = batch.input_ids == SP.fim_pad
+    assert bool(pad.any(dim=1).all()) and batch.stats["fim_pad"] > 0
+    assert bool((batch.document_ids[pad] == -1).all())
+    assert bool((batch.labels[batch.document_ids < 0] == IGNORE).all())
+    assert not bool((batch.labels == SP.fim_pad).any())
+    real = batch.document_ids >= 0
+    nxt = (batch.document_ids[:, 1:] == batch.document_ids[:, :-1]) & real[:, 1:]
+    assert torch.equal((batch.labels != IGNORE)[:, :-1], nxt)
+    for b in range(4):  # the padded rows still hold the whole transformed document
+        restored, _ = unpermute(output_fragments(batch, b)[0])
+        assert tokenizer.decode(restored[:-1]) == text[:100] and restored[-1] == SP.eos
+
+
+def test_long_rows_truncate_to_the_input_length() -> None:
+    rows = torch.randint(O, O + 300, (3, 200))
+    rows[:, 99] = SP.eos
+    docs = (torch.arange(200) >= 100).long().expand(3, 200)
+    batch = fim(fim_rate=1.0)(rows, docs, torch.arange(3), 0)
+    assert batch.input_ids.shape == (3, 199)
+    first = output_fragments(batch, 0)[0]
+    assert unpermute(first)[0] == rows[0, :100].tolist()
+    assert batch.stats["fim"] == 6
+
+
+def test_short_rows_and_errors() -> None:
+    obj = fim(fim_rate=1.0)
+    for L in (0, 1, 2):
+        rows = torch.full((2, L), O)
+        batch = obj(rows, torch.zeros_like(rows), torch.arange(2), 0)
+        assert batch.input_ids.shape == (2, max(L - 1, 0))
+    with pytest.raises(UserError, match="tokenizer"):
+        FillInTheMiddle(FillInTheMiddle.Config(), SP)
+    with pytest.raises(UserError, match="fim_rate"):
+        build_objective("fim", SP, overrides={"fim_rate": 1.5, "level": "token"})
+
+
+@pytest.mark.parametrize("char", [False, True])
+def test_batch_size_independent_and_yaml(tokenizer: Tokenizer, char: bool) -> None:
+    rows, docs = synthetic(4, 8, 40)
+    if char:  # real text for the tokenizer
+        rows = torch.where(rows == SP.eos, rows, rows % 500 + O)
+    obj = fim(tokenizer if char else None)
+    whole = obj(rows, docs, torch.arange(8), 3)
+    parts = [obj(rows[s], docs[s], torch.arange(8)[s], 3) for s in (slice(0, 3), slice(3, 8))]
+    for name, tensor in whole.tensors().items():
+        assert torch.equal(tensor, torch.cat([p.tensors()[name] for p in parts])), name
+    assert objective_defaults("fim") == dataclasses.asdict(FillInTheMiddle.Config())
