@@ -1,0 +1,353 @@
+"""BART denoising (reference section 8; fairseq fairseq/data/denoising_dataset.py `DenoisingDataset`).
+
+Per document, in fairseq's order: sentence permutation, masking (token masking / deletion / text
+infilling, chosen by `replace_length`), insertion, rotation; the encoder reads the noised document plus
+EOS and the decoder reconstructs the original document plus EOS (loss on every target token).
+
+Worked example, text infilling (`replace_length: 1`), document `a b c d e f`, one span over `c d`
+and one zero-length span before `f`:  encoder `a b <mask> e <mask> f </s>`, decoder `a b c d e f </s>`.
+
+Defaults are the BART paper's recipe (§2.2, §5.1): mask 0.3 of the words as Poisson(lambda = 3) spans,
+one `<mask>` per span (`replace_length: 1`), 0-length spans insert a `<mask>`, all sentences permuted;
+10% of the replacements random (`mask_random: 0.1`, as fairseq#1899 and HF PR #18904 set it). lambda is
+3.0 as the paper states; fairseq#1899 and mBART use 3.5. The fairseq task's own defaults (mask 0,
+rotate 0.5, replace_length 0) are not used: every field here is explicit.
+
+Differences from fairseq, on purpose:
+- no BOS in the encoder input: T5-style layout (decoder start id 0); nothing at the document edges is
+  protected except the appended EOS;
+- random replacements are drawn from ordinary tokens only (ids >= specials.first_ordinary), never
+  specials or pad (reference section 15.4);
+- overlapping spans merge into one, as fairseq's extension loop effectively does, and the random flag of
+  a merged run is that of its first span;
+- sentence ends come from the tokenizer (`sentences.sentence_end_table`) or from `sentence_end_ids`;
+  permutation without either is refused, not silently skipped (fairseq#3803).
+
+Row lengths: decoder width = raw + 1; encoder width = raw + 1 + ceil(raw * insert). Text infilling
+rarely grows a document (only when 0-length spans outnumber the tokens saved); any overflow is
+truncated and counted in `stats["truncated_tokens"]`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from objtrain.batch import Batch, ModelKind
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.errors import UserError
+from objtrain.objectives.base import Objective
+from objtrain.objectives.noise import (
+    Pieces,
+    Segments,
+    append_token,
+    compact,
+    encdec_batch,
+    largest_fitting,
+    split_documents,
+)
+from objtrain.objectives.rng import RowRandom
+from objtrain.objectives.sentences import sentence_end_table, sentence_ids
+from objtrain.objectives.span import finish_stats
+from objtrain.specials import Specials
+
+_INT64_MAX = (1 << 63) - 1
+
+
+def poisson_cdf(lam: float, k_max: int = 128) -> Tensor:
+    """(K,) float64 CDF of Poisson(lam) truncated as fairseq truncates it (k <= 128, pmf >= 1e-7)."""
+    pmf = []
+    p = math.exp(-lam)
+    fact = 1.0
+    for k in range(k_max + 1):
+        if k > 0:
+            fact *= k
+            p = math.exp(-lam) * lam**k / fact
+        pmf.append(p)
+        if p < 1e-7:
+            break
+    t = torch.tensor(pmf, dtype=torch.float64)
+    return (t / t.sum()).cumsum(0)
+
+
+def _rank(keys: Tensor) -> Tensor:
+    """(N, W) rank of every key inside its row (0 = smallest)."""
+    order = keys.argsort(dim=1)
+    return torch.empty_like(order).scatter_(
+        1, order, torch.arange(keys.size(1)).expand_as(order).contiguous()
+    )
+
+
+def permute_sentences(
+    tokens: Tensor, lengths: Tensor, ends: Tensor, ratio: float, rr: RowRandom
+) -> tuple[Tensor, Tensor]:
+    """Shuffle ceil(n_sentences * ratio) randomly chosen sentences among their own slots.
+
+    tokens (N, W), `ends` the (V',) sentence-end table. Returns (tokens, permuted sentence count (N,)).
+    """
+    N, W = tokens.shape
+    if N == 0 or W == 0:
+        return tokens, torch.zeros(N, dtype=torch.int64)
+    j = torch.arange(W)[None, :]
+    inside = j < lengths[:, None]
+    docs = torch.where(inside, 0, -1)
+    table = ends
+    top = int(tokens.max()) + 1
+    if top > table.numel():
+        table = torch.cat([table, torch.zeros(top - table.numel(), dtype=torch.bool)])
+    sid = sentence_ids(tokens, docs, table)  # (N, W): 0.. per row, padding after the last
+    n_sent = sid.gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0] + 1
+    S = int(n_sent.max())
+    s = torch.arange(S)[None, :]
+    valid = s < n_sent[:, None]
+    n_perm = torch.ceil(n_sent.double() * ratio).long()
+    keys = rr.bits(S, "bart/permute/choose").masked_fill(~valid, _INT64_MAX)
+    chosen = (_rank(keys) < n_perm[:, None]) & valid
+    slots = torch.where(chosen, s, S + s).argsort(dim=1)  # chosen slots ascending, then the rest
+    order = rr.bits(S, "bart/permute/order").masked_fill(~chosen, _INT64_MAX).argsort(dim=1)
+    i = torch.arange(S)[None, :]
+    source = torch.where(i < n_perm[:, None], order, slots)  # sentence that goes to slots[i]
+    src_of_slot = torch.empty_like(slots).scatter_(1, slots, source)
+    slot_of_src = torch.empty_like(slots).scatter_(1, src_of_slot, s.expand(N, S).contiguous())
+    sid_c = sid.clamp(max=S - 1)
+    sent_len = torch.zeros(N, S, dtype=torch.int64).scatter_add_(1, sid_c, inside.long())
+    old_start = sent_len.cumsum(1) - sent_len
+    new_len = sent_len.gather(1, src_of_slot)
+    new_start = new_len.cumsum(1) - new_len
+    offset = j - old_start.gather(1, sid_c)
+    pos = new_start.gather(1, slot_of_src.gather(1, sid_c)) + offset
+    out = torch.zeros(N, W + 1, dtype=tokens.dtype)
+    out.scatter_(1, torch.where(inside, pos, W), tokens)
+    return out[:, :W], torch.where(n_sent > 1, n_perm, 0)
+
+
+class BartDenoising(Objective):
+    """fairseq-style BART noising; encoder-decoder only."""
+
+    name = "bart"
+    model_kinds = ("encdec",)
+    attention = "bidirectional"
+
+    @dataclass
+    class Config:
+        mask: float = 0.3  # fraction of words to corrupt (BART paper: 0.3)
+        mask_random: float = 0.1  # share of replacements that are random ordinary tokens (fairseq#1899)
+        replace_length: int = 1  # -1: mask every token; 0: delete spans; 1: one <mask> per span (infilling)
+        mask_length: Literal["span-poisson", "word"] = "span-poisson"  # span lengths: Poisson, or 1 word
+        poisson_lambda: float = 3.0  # mean span length in words (paper: 3; fairseq#1899 / mBART: 3.5)
+        whole_words: bool = True  # spans cover whole words (word starts from the tokenizer), as fairseq
+        permute_sentences: float = 1.0  # fraction of sentences shuffled (BART paper: all)
+        insert: float = 0.0  # extra <mask>/random tokens inserted, as a fraction of the length
+        rotate: float = 0.0  # probability of rotating the document to a random start
+        sentence_end_ids: list[int] = field(default_factory=list)  # sentence enders; [] = from tokenizer
+        vocab_size: int = 0  # random replacements draw from [first_ordinary, V); 0 = tokenizer's size
+
+    def __init__(
+        self,
+        config: Config,
+        specials: Specials,
+        tokenizer: Tokenizer | None = None,
+        model_kind: ModelKind | None = None,
+    ) -> None:
+        super().__init__(config, specials, tokenizer=tokenizer, model_kind=model_kind)
+        c = config
+        for key in ("mask", "mask_random", "permute_sentences", "insert", "rotate"):
+            if not 0.0 <= getattr(c, key) <= 1.0:
+                raise UserError(f"bart: {key} must be in [0, 1], got {getattr(c, key)}")
+        if c.replace_length not in (-1, 0, 1):
+            raise UserError(f"bart: replace_length must be -1, 0 or 1, got {c.replace_length}")
+        if c.poisson_lambda <= 0:
+            raise UserError(f"bart: poisson_lambda must be positive, got {c.poisson_lambda}")
+        self.vocab_size = c.vocab_size or (tokenizer.vocab_size if tokenizer is not None else 0)
+        needs_random = c.mask_random > 0 and (c.mask > 0 or c.insert > 0) and c.replace_length != 0
+        if needs_random and self.vocab_size <= specials.first_ordinary:
+            raise UserError(
+                "bart: mask_random > 0 needs the vocabulary size: pass a tokenizer or set vocab_size"
+            )
+        self.sentence_ends: Tensor | None = None
+        if c.permute_sentences > 0:
+            if c.sentence_end_ids:
+                table = torch.zeros(max(c.sentence_end_ids) + 1, dtype=torch.bool)
+                table[c.sentence_end_ids] = True
+                self.sentence_ends = table
+            elif tokenizer is not None:
+                self.sentence_ends = sentence_end_table(tokenizer)
+            else:
+                raise UserError(
+                    "bart: permute_sentences needs sentence ends: pass a tokenizer, set sentence_end_ids, "
+                    "or set permute_sentences: 0"
+                )
+        self.word_tables: tuple[Tensor, Tensor] | None = None
+        if c.whole_words and c.mask > 0:
+            if tokenizer is None:
+                raise UserError(
+                    "bart: whole_words needs a tokenizer (word starts); or set whole_words: false"
+                )
+            self.word_tables = tokenizer.word_boundary_tables
+        self.cdf = poisson_cdf(c.poisson_lambda)
+
+    def raw_length(self, model_length: int) -> int:
+        raw = largest_fitting(model_length, lambda t: self.widths(t)[0])
+        if raw < 1:
+            raise UserError(f"bart: model length {model_length} is too short")
+        return raw
+
+    def widths(self, raw_length: int) -> tuple[int, int]:
+        return raw_length + 1 + math.ceil(raw_length * self.config.insert), raw_length + 1
+
+    # ----------------------------------------------------------------------------------------------
+
+    def _word_starts(self, tokens: Tensor, inside: Tensor) -> Tensor:
+        if self.word_tables is None:
+            return inside.clone()
+        begins, ends = self.word_tables
+        V = begins.numel()
+        t = tokens.clamp(max=V - 1)
+        starts = begins[t].clone()
+        starts[:, 1:] |= ends[t[:, :-1]]
+        starts[:, 0] = True
+        return starts & inside
+
+    def _random_ids(self, rr: RowRandom, n: int, stream: str) -> Tensor:
+        low = self.specials.first_ordinary
+        return rr.integers(n, max(self.vocab_size, low + 1), stream, low=low)
+
+    def _mask(self, tokens: Tensor, lengths: Tensor, rr: RowRandom) -> tuple[Tensor, Tensor, Tensor, dict]:
+        """Masking / deletion / infilling. Returns (tokens, lengths, zero-length span count, stats)."""
+        c = self.config
+        N, W = tokens.shape
+        j = torch.arange(W)[None, :]
+        inside = j < lengths[:, None]
+        ws = self._word_starts(tokens, inside)
+        word_of = ws.long().cumsum(1) - 1  # (N, W) word index of every token
+        n_words = ws.sum(1)
+        n_mask = torch.ceil(n_words.double() * c.mask).long()  # fairseq: math.ceil(n_words * p)
+        Wn = max(int(n_words.max()), 1)
+        k_max = max(int(n_mask.max()), 1)
+        if c.mask_length == "span-poisson":
+            K = k_max + 16
+            u = rr.uniform64(K, "bart/poisson")
+            span = torch.searchsorted(self.cdf, u.contiguous()).clamp(max=self.cdf.numel() - 1)
+            total = span.cumsum(1)
+            before = total - span
+            used = before < n_mask[:, None]
+            span = torch.minimum(span, n_mask[:, None] - before).clamp(min=0)
+            short = (n_mask - total[:, -1]).clamp(min=0)  # only if K draws fell short: extend the last
+            span[:, -1] += short
+            used[:, -1] |= short > 0
+        else:
+            K = k_max
+            span = torch.ones(N, K, dtype=torch.int64)
+            used = torch.arange(K)[None, :] < n_mask[:, None]
+        inserts = (used & (span == 0)).sum(1)
+        lengths_nz, n_spans = compact(span, used & (span > 0), 0)
+        # span starts: n_spans distinct words, uniformly (fairseq: randperm over word starts)
+        w = torch.arange(Wn)[None, :]
+        keys = rr.bits(Wn, "bart/starts").masked_fill(w >= n_words[:, None], _INT64_MAX)
+        rank = _rank(keys)
+        chosen = rank < n_spans[:, None]
+        span_w = torch.where(chosen, lengths_nz.gather(1, rank.clamp(max=lengths_nz.size(1) - 1)), 0)
+        stop = torch.minimum(w + span_w, n_words[:, None])
+        diff = torch.zeros(N, Wn + 1, dtype=torch.int64)
+        diff.scatter_add_(1, w.expand(N, -1), chosen.long())
+        diff.scatter_add_(1, torch.where(chosen, stop, Wn), -chosen.long())
+        covered_w = diff.cumsum(1)[:, :Wn] > 0
+        random_w = chosen & (rr.uniform64(Wn, "bart/mask_random") < c.mask_random)
+        covered = covered_w.gather(1, word_of.clamp(0, Wn - 1)) & inside
+        run_start = covered.clone()
+        run_start[:, 1:] &= ~covered[:, :-1]
+        run = run_start.long().cumsum(1)  # run number of every token (1-based inside runs)
+        start_random = random_w.gather(1, word_of.clamp(0, Wn - 1)) & run_start
+        run_random = torch.zeros(N, W + 1, dtype=torch.bool).scatter_(
+            1, torch.where(run_start, run, 0), start_random
+        )
+        token_random = run_random.gather(1, run) & covered
+        replacement = torch.where(
+            token_random, self._random_ids(rr, W, "bart/random_ids"), self.specials.mask
+        )
+        stats = {
+            "noise_tokens": float(covered.sum()),
+            "spans": float(run_start.sum()),
+            "random_replacements": float(
+                (token_random & (run_start if c.replace_length == 1 else covered)).sum()
+            )
+            if c.replace_length != 0
+            else 0.0,
+        }
+        if c.replace_length == -1:
+            return torch.where(covered, replacement, tokens), lengths, inserts, stats
+        if c.replace_length == 0:
+            out, n = compact(tokens, inside & ~covered, self.specials.pad)
+            return out, n, inserts, stats
+        values = torch.where(run_start, replacement, tokens)
+        out, n = compact(values, inside & (~covered | run_start), self.specials.pad)
+        return out, n, inserts, stats
+
+    def _insert(self, tokens: Tensor, lengths: Tensor, n_ins: Tensor, rr: RowRandom) -> tuple[Tensor, Tensor]:
+        """Insert n_ins[i] tokens at uniform random positions: <mask>, random for ceil(n * mask_random)."""
+        N, W = tokens.shape
+        W2 = W + max(int(n_ins.max()), 0)
+        new_len = lengths + n_ins
+        j = torch.arange(W2)[None, :]
+        keys = rr.bits(W2, "bart/insert/where").masked_fill(j >= new_len[:, None], _INT64_MAX)
+        rank = _rank(keys)
+        inserted = rank < n_ins[:, None]
+        n_random = torch.ceil(n_ins.double() * self.config.mask_random).long()
+        is_random = rank < n_random[:, None]
+        new = torch.where(is_random, self._random_ids(rr, W2, "bart/insert/ids"), self.specials.mask)
+        src = ((~inserted).long().cumsum(1) - 1).clamp(0, max(W - 1, 0))
+        old = tokens.gather(1, src) if W else torch.zeros(N, W2, dtype=torch.int64)
+        out = torch.where(inserted, new, old).masked_fill(j >= new_len[:, None], self.specials.pad)
+        return out, new_len
+
+    def _rotate(self, tokens: Tensor, lengths: Tensor, rr: RowRandom) -> tuple[Tensor, Tensor]:
+        """With probability `rotate`, start the document at a uniform offset in [1, L-1]."""
+        W = tokens.size(1)
+        rotated = (rr.scalar("bart/rotate") < self.config.rotate) & (lengths >= 2)
+        offset = rr.integers(1, (lengths - 1).clamp(min=1), "bart/rotate/offset", low=1)[:, 0]
+        offset = torch.where(rotated, offset, 0)
+        j = torch.arange(W)[None, :]
+        src = (j + offset[:, None]) % lengths.clamp(min=1)[:, None]
+        out = tokens.gather(1, src.clamp(max=max(W - 1, 0))).masked_fill(
+            j >= lengths[:, None], self.specials.pad
+        )
+        return out, rotated
+
+    def noise(self, seg: Segments, rr: RowRandom) -> tuple[Tensor, Tensor, dict[str, float]]:
+        """(N, W') noised documents (no EOS yet), their lengths, and stats."""
+        c = self.config
+        tokens, lengths = seg.tokens, seg.lengths
+        stats: dict[str, float] = {"documents": float(seg.n), "raw_tokens": float(lengths.sum())}
+        if seg.n == 0:
+            return tokens, lengths, stats
+        if c.permute_sentences > 0 and self.sentence_ends is not None:
+            tokens, n_perm = permute_sentences(tokens, lengths, self.sentence_ends, c.permute_sentences, rr)
+            stats["permuted_sentences"] = float(n_perm.sum())
+        inserts = torch.zeros_like(lengths)
+        if c.mask > 0:
+            tokens, lengths, inserts, mask_stats = self._mask(tokens, lengths, rr)
+            stats.update(mask_stats)
+        n_ins = inserts + torch.ceil(lengths.double() * c.insert).long()
+        if int(n_ins.sum()) > 0:
+            tokens, lengths = self._insert(tokens, lengths, n_ins, rr)
+        stats["inserted_tokens"] = float(n_ins.sum())
+        if c.rotate > 0:
+            tokens, rotated = self._rotate(tokens, lengths, rr)
+            stats["rotated_documents"] = float(rotated.sum())
+        return tokens, lengths, stats
+
+    def __call__(self, rows: Tensor, document_ids: Tensor, row_index: Tensor, seed: int) -> Batch:
+        seg = split_documents(rows, document_ids, self.specials.pad, self.specials.eos)
+        rr = seg.random(seed, row_index)
+        noised, n_noised, stats = self.noise(seg, rr)
+        inputs, n_in = append_token(noised, n_noised, self.specials.eos, self.specials.pad)
+        targets, n_tgt = append_token(seg.tokens, seg.lengths, self.specials.eos, self.specials.pad)
+        pieces = Pieces(inputs, n_in, targets, n_tgt, seg.row, seg.doc)
+        enc_w, dec_w = self.widths(rows.size(1))
+        batch, truncated = encdec_batch(pieces, seg.n_rows, enc_w, dec_w, self.specials)
+        batch.stats = finish_stats(stats, batch, truncated)
+        return batch

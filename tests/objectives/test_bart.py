@@ -1,0 +1,246 @@
+"""BART noising (reference section 8): each noise alone, their length invariants, and the full recipe."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from objtrain import IGNORE
+from objtrain.batch import Batch
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.errors import UserError
+from objtrain.objectives.bart import BartDenoising
+from objtrain.objectives.registry import build_objective, objective_defaults
+from objtrain.specials import Specials
+
+SP = Specials()
+O = SP.first_ordinary
+STOP = O + 1  # the synthetic sentence end
+V = O + 400
+OFF = {"mask": 0.0, "permute_sentences": 0.0, "rotate": 0.0, "insert": 0.0, "whole_words": False}
+
+
+def build(**overrides: Any) -> BartDenoising:
+    config = {**OFF, "sentence_end_ids": [STOP], "vocab_size": V, **overrides}
+    obj = build_objective("bart", SP, overrides=config)
+    assert isinstance(obj, BartDenoising)
+    return obj
+
+
+def rows_with_sentences(seed: int, B: int, L: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.randint(O + 2, V, (B, L), generator=g)
+    rows[torch.rand(B, L, generator=g) < 0.15] = STOP
+    docs = torch.zeros(B, L, dtype=torch.int64)
+    for b in range(B):
+        if b % 2 and L >= 4:  # packed rows: every document but the row's last ends with its EOS
+            docs[b, L // 2 :] = 1
+            rows[b, L // 2 - 1] = SP.eos
+        if b % 3 == 2 and L >= 8:
+            docs[b, L - 3 :] = -1
+    return rows, docs
+
+
+def pairs(batch: Batch, rows: torch.Tensor, docs: torch.Tensor) -> list[tuple[list[int], list[int]]]:
+    """(noised source without EOS, original document) for every document; asserts the target is the
+    original plus EOS."""
+    out = []
+    assert batch.decoder_document_ids is not None
+    for b in range(rows.size(0)):
+        for d in sorted(set(docs[b].tolist()) - {-1}):
+            original = rows[b][docs[b] == d].tolist()
+            if original[-1] == SP.eos:  # its own EOS is not noised: the objective puts it back
+                original = original[:-1]
+            src = batch.input_ids[b][batch.document_ids[b] == d].tolist()
+            tgt = batch.labels[b][batch.decoder_document_ids[b] == d].tolist()
+            assert tgt == [*original, SP.eos]
+            if src[-1:] != [SP.eos]:  # a source that grew (0-length spans, inserts) past the width
+                assert batch.stats["truncated_tokens"] > 0
+                continue
+            out.append((src[:-1], original))
+    return out
+
+
+def sentences(tokens: list[int]) -> list[tuple[int, ...]]:
+    out, cur = [], []
+    for i, t in enumerate(tokens):
+        cur.append(t)
+        if t == STOP and (i + 1 == len(tokens) or tokens[i + 1] != STOP):
+            out.append(tuple(cur))
+            cur = []
+    if cur:
+        out.append(tuple(cur))
+    return out
+
+
+def tiles(tokens: list[int], blocks: Counter[tuple[int, ...]]) -> bool:
+    """`tokens` is a concatenation of all `blocks` in some order (each block contiguous)."""
+    if not tokens:
+        return sum(blocks.values()) == 0
+    for block in [b for b, n in blocks.items() if n > 0]:
+        if tuple(tokens[: len(block)]) == block:
+            blocks[block] -= 1
+            if tiles(tokens[len(block) :], blocks):
+                return True
+            blocks[block] += 1
+    return False
+
+
+def is_subsequence(small: list[int], big: list[int]) -> bool:
+    it = iter(big)
+    return all(t in it for t in small)
+
+
+def test_yaml_mirrors_config_defaults() -> None:
+    assert objective_defaults("bart") == dataclasses.asdict(BartDenoising.Config())
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), L=st.integers(2, 80))
+def test_permutation_is_a_permutation_of_sentences(seed: int, L: int) -> None:
+    """Token multiset preserved, every sentence a contiguous block, same sentences (section 8)."""
+    obj = build(permute_sentences=1.0)
+    rows, docs = rows_with_sentences(seed, 6, L)
+    batch = obj(rows, docs, torch.arange(6), seed)
+    for src, original in pairs(batch, rows, docs):
+        assert Counter(src) == Counter(original)
+        assert tiles(src, Counter(sentences(original)))
+
+
+def test_permutation_moves_sentences() -> None:
+    obj = build(permute_sentences=1.0)
+    x = torch.tensor([[O + 10, STOP, O + 11, O + 12, STOP, O + 13, STOP, O + 14, O + 15, STOP]])
+    seen = set()
+    for seed in range(20):
+        batch = obj(x, torch.zeros_like(x), torch.tensor([0]), seed)
+        src = batch.input_ids[0, :-1].tolist()
+        assert sorted(sentences(src)) == sorted(sentences(x[0].tolist()))
+        seen.add(tuple(src))
+    assert len(seen) > 5
+
+
+def test_rotation_is_a_rotation() -> None:
+    obj = build(rotate=1.0)
+    rows, docs = rows_with_sentences(0, 6, 30)
+    batch = obj(rows, docs, torch.arange(6), 0)
+    assert batch.stats["rotated_documents"] == 9  # every document of 2+ tokens
+    for src, original in pairs(batch, rows, docs):
+        n = len(original)
+        assert len(src) == n
+        assert any(src == original[k:] + original[:k] for k in range(1, n))
+
+
+def test_token_masking_keeps_the_length() -> None:
+    """Token masking (replace_length -1, one-word spans): len(src) == len(tgt), unmasked positions
+    unchanged, exactly ceil(0.3 n) masks (fairseq's num_to_mask)."""
+    obj = build(mask=0.3, replace_length=-1, mask_random=0.0, mask_length="word")
+    rows, docs = rows_with_sentences(1, 6, 40)
+    batch = obj(rows, docs, torch.arange(6), 0)
+    total = 0
+    for src, original in pairs(batch, rows, docs):
+        assert len(src) == len(original)
+        masked = [i for i, t in enumerate(src) if t == SP.mask]
+        assert all(src[i] == original[i] for i in range(len(src)) if i not in masked)
+        assert len(masked) == math.ceil(len(original) * 0.3)  # distinct one-word spans never overlap
+        total += len(masked)
+    assert batch.stats["noise_tokens"] == total
+
+
+def test_token_deletion_shortens_by_the_deleted_count() -> None:
+    """Token deletion (replace_length 0, one-word spans): len(src) == len(tgt) - deleted, the source
+    a subsequence of the original. (Poisson spans of length 0 would insert a <mask>, as in fairseq.)"""
+    obj = build(mask=0.3, replace_length=0, mask_length="word")
+    rows, docs = rows_with_sentences(2, 6, 40)
+    batch = obj(rows, docs, torch.arange(6), 0)
+    deleted = 0
+    for src, original in pairs(batch, rows, docs):
+        assert is_subsequence(src, original) and SP.mask not in src
+        deleted += len(original) - len(src)
+    assert deleted == batch.stats["noise_tokens"]
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), lam=st.sampled_from([1.0, 3.0, 3.5]), insert=st.sampled_from([0.0, 0.1]))
+def test_text_infilling_counts(seed: int, lam: float, insert: float) -> None:
+    """replace_length 1, no random ids: #<mask> = masked spans + inserts; the rest is a subsequence of
+    the original; the source length is original - masked + spans + inserts."""
+    obj = build(mask=0.3, replace_length=1, mask_random=0.0, poisson_lambda=lam, insert=insert)
+    rows, docs = rows_with_sentences(seed, 6, 50)
+    batch = obj(rows, docs, torch.arange(6), seed)
+    n_masks, kept_total, original_total = 0, 0, 0
+    for src, original in pairs(batch, rows, docs):
+        kept = [t for t in src if t != SP.mask]
+        assert is_subsequence(kept, original)
+        n_masks += len(src) - len(kept)
+        kept_total += len(kept)
+        original_total += len(original)
+    s = batch.stats
+    if s["truncated_tokens"] == 0:
+        assert n_masks == s["spans"] + s["inserted_tokens"]
+        assert kept_total == original_total - s["noise_tokens"]
+
+
+def test_random_replacements_are_ordinary_tokens() -> None:
+    """Pitfall 15.4: random ids come from ordinary tokens, never specials, pad or <mask>."""
+    obj = build(mask=0.5, replace_length=-1, mask_random=1.0, insert=0.2)
+    rows, docs = rows_with_sentences(3, 8, 60)
+    batch = obj(rows, docs, torch.arange(8), 0)
+    real = batch.document_ids >= 0
+    src = batch.input_ids[real]
+    assert bool((((src >= O) & (src < V)) | (src == SP.eos)).all())
+    assert batch.stats["random_replacements"] > 0
+    assert int((src == SP.mask).sum()) == 0
+
+
+def test_batch_composition_does_not_change_a_row() -> None:
+    obj = build(mask=0.3, permute_sentences=1.0, insert=0.05, rotate=0.5)
+    rows, docs = rows_with_sentences(4, 8, 40)
+    idx = torch.arange(8) + 77
+    whole = obj(rows, docs, idx, 9)
+    a, b = obj(rows[:3], docs[:3], idx[:3], 9), obj(rows[3:], docs[3:], idx[3:], 9)
+    for name, tensor in whole.tensors().items():
+        assert torch.equal(tensor, torch.cat([a.tensors()[name], b.tensors()[name]])), name
+
+
+def test_layout_and_lengths() -> None:
+    obj = build(mask=0.3)
+    assert obj.raw_length(128) == 127 and obj.widths(127) == (128, 128)
+    rows, docs = rows_with_sentences(5, 4, 127)
+    batch = obj(rows, docs, torch.arange(4), 0)
+    assert batch.input_ids.shape == (4, 128) and batch.labels.shape == (4, 128)
+    assert batch.decoder_document_ids is not None
+    assert bool(((batch.labels != IGNORE) == (batch.decoder_document_ids >= 0)).all())
+    one = torch.tensor([[O + 5], [O + 6]])
+    tiny = obj(one, torch.tensor([[0], [-1]]), torch.arange(2), 0)
+    assert tiny.labels.tolist() == [[O + 5, SP.eos], [IGNORE, IGNORE]]
+
+
+def test_default_recipe_with_a_tokenizer(tokenizer: Tokenizer, stdlib_texts: list[str]) -> None:
+    """The paper recipe (whole words, sentence permutation from the tokenizer) on real text."""
+    obj = build_objective("bart", SP, tokenizer=tokenizer)
+    ids = torch.tensor(tokenizer.encode(stdlib_texts[0])[: 4 * 200]).view(4, 200)
+    batch = obj(ids, torch.zeros_like(ids), torch.arange(4), 0)
+    assert batch.stats["permuted_sentences"] > 0
+    assert 0.15 < batch.stats["noise_density"] < 0.45
+    assert batch.labels[:, :200].tolist() == ids.tolist()
+
+
+def test_refusals_are_user_errors() -> None:
+    """Section 8 pitfall (fairseq#3803): permutation without sentence ends is refused, not skipped."""
+    with pytest.raises(UserError, match="permute_sentences"):
+        build_objective("bart", SP, overrides={"whole_words": False, "vocab_size": V})
+    with pytest.raises(UserError, match="whole_words"):
+        build_objective("bart", SP, overrides={"permute_sentences": 0.0, "vocab_size": V})
+    with pytest.raises(UserError, match="vocab"):
+        build_objective("bart", SP, overrides={"permute_sentences": 0.0, "whole_words": False})
+    with pytest.raises(UserError):
+        build(replace_length=2)
+    with pytest.raises(UserError):
+        build_objective("bart", SP, model_kind="decoder")
