@@ -116,11 +116,31 @@ class Tokenizer:
         return hashlib.sha256(self.model_proto).hexdigest()[:16]
 
     def encode(self, text: str) -> list[int]:
+        if WORD_START in text:
+            return self._encode_with_markers(text)
         return self.sp.encode(text)
 
     def encode_batch(self, texts: list[str], num_threads: int = -1) -> list[list[int]]:
         """Encode many texts at once on sentencepiece's own thread pool."""
-        return self.sp.encode(texts, num_threads=num_threads)
+        ids = self.sp.encode(texts, num_threads=num_threads)
+        for i, text in enumerate(texts):
+            if WORD_START in text:
+                ids[i] = self._encode_with_markers(text)
+        return ids
+
+    @cached_property
+    def _marker_bytes(self) -> list[int]:
+        return [self.sp.piece_to_id(f"<0x{b:02X}>") for b in WORD_START.encode("utf-8")]
+
+    def _encode_with_markers(self, text: str) -> list[int]:
+        """Text that itself holds ▁: sentencepiece would decode it as a space, so spell each one as its
+        three UTF-8 byte-fallback tokens, which decode back to ▁."""
+        parts = self.sp.encode(text.split(WORD_START))
+        ids = list(parts[0])
+        for part in parts[1:]:
+            ids += self._marker_bytes
+            ids += part
+        return ids
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of the ordinary tokens; reserved tokens decode to nothing (see `piece` to show them)."""

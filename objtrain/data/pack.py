@@ -1,0 +1,332 @@
+"""Token store -> packed store: documents (each followed by eos) laid into fixed-length rows.
+
+Two modes:
+- `concat`: the split's documents joined with eos into one stream, cut every `seq_len` tokens; the last row is
+  padded. Every token appears once, in order (nanoGPT / GPT-style packing). Row order is the stream's order.
+- `bestfit`: best-fit-decreasing bin packing (the packing of "Fewer Truncations Improve Language Modeling",
+  Ding et al. 2024): a document that fits a row (length + eos <= seq_len) is never split; a longer one is cut
+  into full rows plus one remainder piece, which is packed like any document. Rows are shuffled by `seed`,
+  because decreasing-size order would put all long documents first.
+
+Each position also gets its row-local document index (0, 1, 2... in row order, -1 = padding), so attention
+can stay inside documents and positions can restart per document.
+
+Everything but the best-fit assignment loop (one step per document, O(log seq_len) each) is vectorised numpy
+over chunks of rows, so memory stays bounded whatever the store size.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Literal
+
+import numpy as np
+
+from objtrain.data.store import (
+    META_FILE,
+    PACKED_STORE_VERSION,
+    SPLITS,
+    TOKENIZER_FILE,
+    TokenSplit,
+    TokenStore,
+    doc_dtype,
+)
+from objtrain.errors import UserError
+from objtrain.io import atomic_dir, check_output_free, write_json
+
+PackMode = Literal["concat", "bestfit"]
+PACK_MODES: tuple[str, ...] = ("concat", "bestfit")
+MIN_SEQ_LEN = 2  # one token and its eos
+CHUNK_TOKENS = 1 << 22  # positions assembled per step: bounds memory at ~100 MB of int64 scratch
+
+
+@dataclass
+class PackConfig:
+    seq_len: int = 1024
+    mode: PackMode = "bestfit"
+    seed: int = 0
+    splits: tuple[str, ...] = SPLITS
+
+
+@dataclass
+class PackCounts:
+    rows: int = 0
+    documents: int = 0
+    tokens: int = 0  # real positions: document tokens plus one eos per document
+    padding: int = 0
+    documents_split: int = 0  # documents spread over more than one row
+
+    @property
+    def fill(self) -> float:
+        return self.tokens / max(self.tokens + self.padding, 1)
+
+
+@dataclass
+class PackSummary:
+    path: Path
+    seq_len: int
+    mode: str
+    splits: dict[str, PackCounts]
+    seconds: float
+
+    def total(self) -> PackCounts:
+        out = PackCounts()
+        for counts in self.splits.values():
+            for name in ("rows", "documents", "tokens", "padding", "documents_split"):
+                setattr(out, name, getattr(out, name) + getattr(counts, name))
+        return out
+
+
+@dataclass
+class Layout:
+    """Where each piece of a document goes. Pieces are sorted by (row, offset); all arrays (n_pieces,)."""
+
+    n_rows: int
+    row: np.ndarray  # row of the piece
+    offset: np.ndarray  # first position of the piece in its row
+    source: np.ndarray  # index of its first token in the split's token array
+    size: np.ndarray  # positions it fills, its eos included
+    eos: np.ndarray  # bool: the piece ends its document, so its last position is eos
+    local_doc: np.ndarray  # row-local document index
+    doc: np.ndarray  # document index in the split
+
+
+def _pieces(lengths: np.ndarray, offsets: np.ndarray, seq_len: int) -> tuple[np.ndarray, ...]:
+    """Cut each document plus its eos (m = n + 1 positions) into pieces of seq_len and one remainder.
+
+    Returns (doc, source, size, eos) per piece, in document order.
+    """
+    m = lengths + 1
+    n_pieces = -(-m // seq_len)
+    doc = np.repeat(np.arange(len(lengths)), n_pieces)
+    first_piece = np.cumsum(n_pieces) - n_pieces
+    k = np.arange(len(doc)) - np.repeat(first_piece, n_pieces)  # piece number within its document
+    start = k * seq_len
+    size = np.minimum(m[doc] - start, seq_len)
+    eos = start + size == m[doc]
+    return doc, offsets[doc] + start, size, eos
+
+
+def best_fit(sizes: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Best-fit decreasing: each item, largest first, goes to the open bin with the least room that holds it.
+
+    sizes (n,) all <= seq_len. Returns bin (n,), offset (n,) in the bin, and the number of bins. Open bins are
+    kept in buckets by remaining capacity with a sorted list of the capacities present, so each step is a
+    bisect over at most seq_len values: O(n log seq_len) in all, deterministic (ties: stable order).
+    """
+    order = np.argsort(-sizes, kind="stable")
+    caps: list[int] = []  # sorted remaining capacities that have open bins
+    bins_at: dict[int, list[int]] = {}
+    fill: list[int] = []
+    bin_of = [0] * len(sizes)
+    offset_of = [0] * len(sizes)
+    for item, size in zip(order.tolist(), sizes[order].tolist(), strict=True):
+        k = bisect.bisect_left(caps, size)
+        if k < len(caps):
+            cap = caps[k]
+            stack = bins_at[cap]
+            b = stack.pop()
+            if not stack:
+                del caps[k], bins_at[cap]
+        else:
+            b, cap = len(fill), seq_len
+            fill.append(0)
+        bin_of[item], offset_of[item] = b, fill[b]
+        fill[b] += size
+        left = cap - size
+        if left > 0:
+            if left in bins_at:
+                bins_at[left].append(b)
+            else:
+                bins_at[left] = [b]
+                bisect.insort(caps, left)
+    return np.asarray(bin_of, dtype=np.int64), np.asarray(offset_of, dtype=np.int64), len(fill)
+
+
+def bestfit_layout(lengths: np.ndarray, offsets: np.ndarray, seq_len: int, seed: int) -> Layout:
+    """Layout of documents with these lengths (n_docs,) and token offsets (n_docs + 1,) in bestfit mode."""
+    doc, source, size, eos = _pieces(lengths, offsets, seq_len)
+    full = size == seq_len
+    n_full = int(full.sum())
+    bins = np.empty(len(size), dtype=np.int64)
+    offset = np.zeros(len(size), dtype=np.int64)
+    bins[full] = np.arange(n_full)  # a full piece is a row of its own
+    part_bins, part_offsets, n_part = best_fit(size[~full], seq_len)
+    bins[~full], offset[~full] = part_bins + n_full, part_offsets
+    n_rows = n_full + n_part
+    row_of_bin = np.empty(n_rows, dtype=np.int64)
+    row_of_bin[np.random.default_rng(seed).permutation(n_rows)] = np.arange(n_rows)
+    row = row_of_bin[bins]
+    order = np.lexsort((offset, row))
+    row, offset, source, size, eos, doc = (a[order] for a in (row, offset, source, size, eos, doc))
+    first_in_row = np.searchsorted(row, row, side="left")
+    return Layout(n_rows, row, offset, source, size, eos, np.arange(len(row)) - first_in_row, doc)
+
+
+def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(s, s + n) for each (s, n), vectorised: (sizes.sum(),) int64."""
+    total = int(sizes.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    before = np.cumsum(sizes) - sizes
+    return np.repeat(starts - before, sizes) + np.arange(total, dtype=np.int64)
+
+
+def assemble_rows(
+    split: TokenSplit, layout: Layout, seq_len: int, eos: int, pad: int, r0: int, r1: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows [r0, r1) of a bestfit layout: tokens (n, L) int64 and document indices (n, L) int64."""
+    lo, hi = np.searchsorted(layout.row, [r0, r1])
+    row, offset, size = layout.row[lo:hi], layout.offset[lo:hi], layout.size[lo:hi]
+    n = r1 - r0
+    tokens = np.full(n * seq_len, pad, dtype=np.int64)
+    docs = np.full(n * seq_len, -1, dtype=np.int64)
+    out_start = (row - r0) * seq_len + offset
+    pos = _ranges(out_start, size)
+    src = _ranges(layout.source[lo:hi], size)
+    # The eos position of a final piece points one past its document: clip, then overwrite with eos.
+    tokens[pos] = split.tokens.take(src, mode="clip")
+    tokens[(out_start + size - 1)[layout.eos[lo:hi]]] = eos
+    docs[pos] = np.repeat(layout.local_doc[lo:hi], size)
+    return tokens.reshape(n, seq_len), docs.reshape(n, seq_len)
+
+
+def concat_rows(
+    split: TokenSplit, seq_len: int, eos: int, pad: int, r0: int, r1: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows [r0, r1) of the concat stream (documents each followed by eos): tokens and document indices,
+    (n, L) each, in the token dtype and int16/int32."""
+    offsets = np.asarray(split.offsets)
+    n_docs = len(split)
+    stream_len = split.n_tokens + n_docs
+    s0, s1 = r0 * seq_len, min(r1 * seq_len, stream_len)
+    doc_ids = np.arange(n_docs)
+    ends = offsets[1:] + doc_ids  # stream position of each document's eos
+    starts = offsets[:-1] + doc_ids
+    k0 = np.searchsorted(ends, s0)  # eos before s0
+    k1 = np.searchsorted(ends, s1)  # eos before s1
+    t0, t1 = s0 - k0, s1 - k1
+    chunk = np.insert(np.asarray(split.tokens[t0:t1]), offsets[k0 + 1 : k1 + 1] - t0, eos)
+    n = r1 - r0
+    tokens = np.full(n * seq_len, pad, dtype=split.tokens.dtype)
+    tokens[: len(chunk)] = chunk
+    dt = doc_dtype(seq_len)
+    marker = np.zeros(n * seq_len, dtype=dt)
+    j0, j1 = np.searchsorted(starts, [s0, s1])
+    marker[starts[j0:j1] - s0] = 1
+    marker = marker.reshape(n, seq_len)
+    # Row-local index: documents started so far in the row, minus one if the row opens on a document start.
+    docs = np.cumsum(marker, axis=1, dtype=dt) - marker[:, :1]
+    docs.reshape(-1)[len(chunk) :] = -1
+    return tokens.reshape(n, seq_len), docs
+
+
+def _count(split: TokenSplit, seq_len: int, mode: str, n_rows: int) -> PackCounts:
+    lengths = split.lengths
+    positions = int(lengths.sum()) + len(lengths)
+    if mode == "concat":
+        starts = split.offsets[:-1] + np.arange(len(lengths))
+        ends = split.offsets[1:] + np.arange(len(lengths))
+        n_split = int((starts // seq_len != ends // seq_len).sum())
+    else:
+        n_split = int((lengths + 1 > seq_len).sum())
+    return PackCounts(n_rows, len(lengths), positions, n_rows * seq_len - positions, n_split)
+
+
+def _write_split(
+    split: TokenSplit,
+    config: PackConfig,
+    eos: int,
+    pad: int,
+    token_file: BinaryIO,
+    doc_file: BinaryIO,
+) -> PackCounts:
+    seq_len = config.seq_len
+    token_dt, dt = split.tokens.dtype, doc_dtype(seq_len)
+    if config.mode == "concat":
+        n_rows = -(-(split.n_tokens + len(split)) // seq_len)
+        layout = None
+    else:
+        layout = bestfit_layout(split.lengths, np.asarray(split.offsets), seq_len, config.seed)
+        n_rows = layout.n_rows
+    step = max(CHUNK_TOKENS // seq_len, 1)
+    for r0 in range(0, n_rows, step):
+        r1 = min(r0 + step, n_rows)
+        if layout is None:
+            tokens, docs = concat_rows(split, seq_len, eos, pad, r0, r1)
+        else:
+            tokens, docs = assemble_rows(split, layout, seq_len, eos, pad, r0, r1)
+        tokens.astype(token_dt, copy=False).tofile(token_file)
+        docs.astype(dt, copy=False).tofile(doc_file)
+    return _count(split, seq_len, config.mode, n_rows)
+
+
+def _check(config: PackConfig) -> None:
+    if config.mode not in PACK_MODES:
+        raise UserError(f"unknown --mode {config.mode!r} (choose from: {', '.join(PACK_MODES)})")
+    if config.seq_len < MIN_SEQ_LEN:
+        raise UserError(
+            f"--seq-len {config.seq_len} is too small: a row needs at least {MIN_SEQ_LEN} tokens "
+            "(one token and its eos)"
+        )
+    for name in config.splits:
+        if name not in SPLITS:
+            raise UserError(f"unknown --split {name!r} (choose from: {', '.join(SPLITS)}, all)")
+
+
+def pack_store(
+    store_path: Path, output: Path, config: PackConfig | None = None, force: bool = False
+) -> PackSummary:
+    """Pack the token store at `store_path` into a packed store at `output` (written atomically)."""
+    config = config or PackConfig()
+    _check(config)
+    store = TokenStore.open(store_path)
+    output = Path(output)
+    if output.resolve() == Path(store_path).resolve():
+        raise UserError(f"the packed store would replace its own token store {output}: choose another -o")
+    check_output_free(output, force)
+    start = time.perf_counter()
+    specials = store.specials
+    counts: dict[str, PackCounts] = {}
+    with atomic_dir(output, force=force) as tmp:
+        for name in config.splits:
+            split = store.split(name)
+            with (
+                open(tmp / f"{name}.tokens.bin", "wb") as tok_f,
+                open(tmp / f"{name}.docs.bin", "wb") as doc_f,
+            ):
+                counts[name] = _write_split(split, config, specials.eos, specials.pad, tok_f, doc_f)
+                for handle in (tok_f, doc_f):
+                    handle.flush()
+                    os.fsync(handle.fileno())
+        shutil.copyfile(store.path / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
+        write_json(tmp / META_FILE, _meta(store, config, counts))
+    return PackSummary(output, config.seq_len, config.mode, counts, time.perf_counter() - start)
+
+
+def _meta(store: TokenStore, config: PackConfig, counts: dict[str, PackCounts]) -> dict[str, Any]:
+    return {
+        "kind": "packed_store",
+        "format_version": PACKED_STORE_VERSION,
+        "seq_len": config.seq_len,
+        "mode": config.mode,
+        "seed": config.seed,
+        "dtype": store.meta["dtype"],
+        "doc_dtype": doc_dtype(config.seq_len).str,
+        "vocab_size": store.meta["vocab_size"],
+        "splits": {name: {**asdict(c), "fill": round(c.fill, 6)} for name, c in counts.items()},
+        "tokenizer": store.meta["tokenizer"],
+        "specials": store.meta["specials"],
+        "token_store": {
+            "path": str(store.path),
+            "documents": store.meta["documents"],
+            "tokens": store.meta["tokens"],
+            "bytes": store.meta["bytes"],
+            "splits": store.meta["splits"],
+        },
+    }

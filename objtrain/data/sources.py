@@ -1,0 +1,235 @@
+"""Where documents come from: files, directories and the standard library, and how a file becomes documents.
+
+Formats, chosen by file name: `*.jsonl` is one JSON object per line with the text in one field; anything else
+is UTF-8 text; either may be gzipped (`*.gz`). A text file is one document unless `doc_split` cuts it:
+- `blank-line`: a document is a run of non-blank lines, without the line break that ends its last line;
+- `line`: every non-blank line is a document, without its line break.
+Lines end at `\\n` only, so `\\r\\n` files keep their `\\r` inside documents and decode back exactly.
+
+Bad files: a binary (NUL byte) or non-UTF-8 file met while walking a directory is *skipped and counted*
+(real corpus folders hold stray images, archives, Latin-1 leftovers; one should not sink a long run),
+while the same file named explicitly on the command line is *refused*: the user asked for it by name.
+"""
+
+from __future__ import annotations
+
+import codecs
+import fnmatch
+import gzip
+import hashlib
+import io
+import json
+import os
+import sysconfig
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+from objtrain.errors import UserError
+
+DocSplit = Literal["file", "blank-line", "line"]
+DOC_SPLITS: tuple[str, ...] = ("file", "blank-line", "line")
+CORPORA: tuple[str, ...] = ("stdlib",)
+# The standard library's own test suite is left out of `--corpus stdlib`: it is 60% of the bytes, much of
+# it repetitive fixtures, and the rest (734 modules, 12 MB) is the cleaner training corpus
+# (/work/shared/data/README.md). Point `tokenize` at the stdlib directory to get everything.
+STDLIB_EXCLUDED_DIRS = frozenset(
+    {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+)
+BLOCK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Source:
+    """One readable input file."""
+
+    path: Path
+    format: Literal["text", "jsonl"]
+    compressed: bool
+    size: int  # bytes on disk
+    sha256: str  # of the bytes on disk
+
+
+@dataclass(frozen=True)
+class Skipped:
+    path: Path
+    reason: str
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_files() -> list[Path]:
+    """The running interpreter's standard-library `.py` files, without site-packages or test suites."""
+    root = stdlib_root()
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in STDLIB_EXCLUDED_DIRS and not d.startswith("."))
+        files += [Path(dirpath) / name for name in sorted(filenames) if name.endswith(".py")]
+    return files
+
+
+def _matches(patterns: Sequence[str], rel: str) -> bool:
+    name = rel.rsplit("/", 1)[-1]
+    return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(rel, p) for p in patterns)
+
+
+def find_files(
+    inputs: Sequence[Path], include: Sequence[str] = (), exclude: Sequence[str] = ()
+) -> list[tuple[Path, bool]]:
+    """Expand inputs to `(file, named_explicitly)` in a deterministic order.
+
+    Directories are walked recursively in sorted order, skipping hidden entries; `include`/`exclude` globs
+    match a file's name or its path relative to the directory (`*.txt`, `*/test/*`). Files named
+    explicitly are always taken.
+    """
+    found: list[tuple[Path, bool]] = []
+    seen: set[Path] = set()
+
+    def add(path: Path, explicit: bool) -> None:
+        key = path.resolve()
+        if key not in seen:
+            seen.add(key)
+            found.append((path, explicit))
+
+    for raw in inputs:
+        path = Path(raw)
+        if path.is_file():
+            add(path, True)
+        elif path.is_dir():
+            for dirpath, dirnames, filenames in os.walk(path):
+                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+                for name in sorted(filenames):
+                    if name.startswith("."):
+                        continue
+                    file = Path(dirpath) / name
+                    rel = file.relative_to(path).as_posix()
+                    if include and not _matches(include, rel):
+                        continue
+                    if exclude and _matches(exclude, rel):
+                        continue
+                    if file.is_file():
+                        add(file, False)
+        else:
+            raise UserError(f"input not found: {path}")
+    return found
+
+
+def file_format(path: Path) -> tuple[Literal["text", "jsonl"], bool]:
+    name = path.name.lower()
+    compressed = name.endswith(".gz")
+    if compressed:
+        name = name[:-3]
+    return ("jsonl" if name.endswith(".jsonl") else "text"), compressed
+
+
+def _open_binary(path: Path, compressed: bool) -> BinaryIO:
+    if compressed:
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")
+
+
+def scan(path: Path, explicit: bool) -> Source | Skipped:
+    """Hash a file and check that it is UTF-8 text without NUL bytes, reading it in blocks.
+
+    Raises `UserError` for a bad file named explicitly; returns `Skipped` for one found in a directory.
+    """
+    fmt, compressed = file_format(path)
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as raw:
+            while block := raw.read(BLOCK):
+                digest.update(block)
+        size = path.stat().st_size
+        reason = None
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        offset = 0
+        with _open_binary(path, compressed) as stream:
+            while block := stream.read(BLOCK):
+                nul = block.find(b"\x00")
+                if nul >= 0:
+                    reason = f"binary file (NUL byte at offset {offset + nul})"
+                    break
+                try:
+                    decoder.decode(block)
+                except UnicodeDecodeError as exc:
+                    reason = f"not UTF-8 text (invalid byte at offset {offset + exc.start})"
+                    break
+                offset += len(block)
+            else:
+                try:
+                    decoder.decode(b"", final=True)
+                except UnicodeDecodeError:
+                    reason = "not UTF-8 text (truncated character at the end)"
+    except (OSError, EOFError, zlib.error) as exc:
+        reason = f"unreadable ({exc.__class__.__name__}: {exc})" if compressed else f"unreadable ({exc})"
+    if reason is not None:
+        if explicit:
+            raise UserError(
+                f"{path}: {reason}; objtrain reads UTF-8 text (files inside a directory are skipped instead)"
+            )
+        return Skipped(path, reason)
+    return Source(path, fmt, compressed, size, digest.hexdigest())
+
+
+def _text_stream(source: Source) -> io.TextIOWrapper:
+    # newline="\n": lines end at \n only and come back untranslated, so \r\n and lone \r survive.
+    return io.TextIOWrapper(_open_binary(source.path, source.compressed), encoding="utf-8", newline="\n")
+
+
+def _strip_break(line: str) -> str:
+    if line.endswith("\n"):
+        line = line[:-1]
+        if line.endswith("\r"):
+            line = line[:-1]
+    return line
+
+
+def iter_documents(source: Source, doc_split: DocSplit = "file", text_field: str = "text") -> Iterator[str]:
+    """Documents of one file, in file order. Empty documents are yielded too (the caller counts them)."""
+    with _text_stream(source) as stream:
+        if source.format == "jsonl":
+            yield from _jsonl_documents(source.path, stream, text_field)
+        elif doc_split == "file":
+            yield stream.read()
+        elif doc_split == "line":
+            for line in stream:
+                if line.strip():
+                    yield _strip_break(line)
+        else:
+            paragraph: list[str] = []
+            for line in stream:
+                if line.strip():
+                    paragraph.append(line)
+                elif paragraph:
+                    yield _strip_break("".join(paragraph))
+                    paragraph = []
+            if paragraph:
+                yield _strip_break("".join(paragraph))
+
+
+def _jsonl_documents(path: Path, stream: io.TextIOWrapper, field: str) -> Iterator[str]:
+    for lineno, line in enumerate(stream, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}:{lineno}: malformed JSON ({exc.msg}, column {exc.colno})") from None
+        if not isinstance(record, dict) or field not in record:
+            raise UserError(
+                f"{path}:{lineno}: no {field!r} field in this record (choose one with --text-field)"
+            )
+        text = record[field]
+        if not isinstance(text, str):
+            raise UserError(f"{path}:{lineno}: field {field!r} is {type(text).__name__}, not a string")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UserError(
+                f"{path}:{lineno}: field {field!r} holds a lone surrogate escape, not text"
+            ) from None
+        yield text

@@ -1,0 +1,202 @@
+"""On-disk token stores and packed stores: flat memory-mapped arrays plus a `meta.json`.
+
+Token store (`objtrain tokenize` output), like nanoGPT's `train.bin` or Megatron's indexed dataset:
+
+    STORE/meta.json        format_version, counts, dtype, vocab size, tokenizer hash, specials, sources
+    STORE/tokenizer.model  the sentencepiece model
+    STORE/<split>.bin      tokens of the split's documents back to back, no separators (uint16 or uint32)
+    STORE/<split>.idx      int64 offsets, n_docs + 1: document i is bin[idx[i]:idx[i + 1]]
+
+Packed store (`objtrain pack` output): fixed-length rows and the row-local document index of every position.
+
+    PACKED/meta.json             format_version, seq_len, mode, seed, per-split rows/fill/padding, specials
+    PACKED/tokenizer.model       copied from the token store, so a packed store stands alone
+    PACKED/<split>.tokens.bin    (rows, seq_len) tokens, the store's dtype; padding is `specials.pad`
+    PACKED/<split>.docs.bin      (rows, seq_len) int16 (int32 if seq_len > 32767): 0, 1, 2.. per row, -1 = pad
+
+Every array is little-endian and raw (no header), so any language can read it with the shapes in meta.json.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.errors import UserError
+from objtrain.io import read_json
+from objtrain.specials import Specials
+
+TOKEN_STORE_VERSION = 1
+PACKED_STORE_VERSION = 1
+SPLITS: tuple[str, ...] = ("train", "valid")
+TOKENIZER_FILE = "tokenizer.model"
+META_FILE = "meta.json"
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
+
+
+def doc_dtype(seq_len: int) -> np.dtype:
+    return np.dtype("<i2") if seq_len <= (1 << 15) - 1 else np.dtype("<i4")
+
+
+def _map(path: Path, dtype: np.dtype, count: int, rerun: str) -> np.ndarray:
+    """Read-only memory map of `count` items; checks the file size first (an empty file cannot be mapped)."""
+    expected = count * dtype.itemsize
+    actual = path.stat().st_size if path.is_file() else -1
+    if actual != expected:
+        found = "missing" if actual < 0 else f"{actual} bytes"
+        raise UserError(f"{path} is {found}, expected {expected} bytes: the store is damaged; re-run {rerun}")
+    if count == 0:
+        return np.empty(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+
+
+def _read_meta(path: Path, kind: str, version: int, rerun: str) -> dict[str, Any]:
+    path = Path(path)
+    if not (path / META_FILE).is_file():
+        what = "token store" if kind == "token_store" else "packed store"
+        raise UserError(f"{path} is not a {what} (no {META_FILE}): create it with {rerun}")
+    meta = read_json(path / META_FILE)
+    if not isinstance(meta, dict) or meta.get("kind") != kind:
+        raise UserError(
+            f"{path} holds a {meta.get('kind', 'unknown') if isinstance(meta, dict) else 'bad'} "
+            f"{META_FILE}, not a {kind.replace('_', ' ')}: create one with {rerun}"
+        )
+    if meta.get("format_version") != version:
+        raise UserError(
+            f"{path} has format_version {meta.get('format_version')}, this objtrain reads {version}: "
+            f"re-run {rerun}"
+        )
+    return meta
+
+
+class _Store:
+    path: Path
+    meta: dict[str, Any]
+    _rerun: str
+
+    @cached_property
+    def specials(self) -> Specials:
+        return Specials.from_dict(self.meta["specials"])
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer:
+        tokenizer = Tokenizer.from_file(self.path / TOKENIZER_FILE, self.specials)
+        if tokenizer.hash != self.meta["tokenizer"]["hash"]:
+            raise UserError(f"{self.path / TOKENIZER_FILE} does not match {META_FILE}: re-run {self._rerun}")
+        return tokenizer
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.meta["dtype"])
+
+    def _check_split(self, name: str) -> dict[str, Any]:
+        if name not in self.meta["splits"]:
+            raise UserError(f"{self.path} has no split {name!r} (it has: {', '.join(self.meta['splits'])})")
+        return self.meta["splits"][name]
+
+
+class TokenStore(_Store):
+    """A `tokenize` output directory: documents of token ids per split, memory-mapped."""
+
+    def __init__(self, path: Path, meta: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self.meta = meta
+        self._rerun = f"`objtrain tokenize ... -o {self.path}`"
+
+    @classmethod
+    def open(cls, path: Path | str) -> TokenStore:
+        path = Path(path)
+        meta = _read_meta(path, "token_store", TOKEN_STORE_VERSION, f"`objtrain tokenize ... -o {path}`")
+        return cls(path, meta)
+
+    def split(self, name: str = "train") -> TokenSplit:
+        info = self._check_split(name)
+        offsets = _map(self.path / f"{name}.idx", np.dtype("<i8"), info["documents"] + 1, self._rerun)
+        tokens = _map(self.path / f"{name}.bin", self.dtype, info["tokens"], self._rerun)
+        if len(offsets) and (offsets[0] != 0 or offsets[-1] != len(tokens)):
+            raise UserError(f"{self.path / name}.idx does not match its tokens: re-run {self._rerun}")
+        return TokenSplit(name, tokens, offsets)
+
+
+class TokenSplit:
+    """Documents of one split. `tokens` (n_tokens,) and `offsets` (n_docs + 1,) are read-only memory maps."""
+
+    def __init__(self, name: str, tokens: np.ndarray, offsets: np.ndarray) -> None:
+        self.name = name
+        self.tokens = tokens
+        self.offsets = offsets
+
+    def __len__(self) -> int:
+        return max(len(self.offsets) - 1, 0)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """(n_docs,) int64 tokens per document."""
+        return np.diff(self.offsets).astype(np.int64)
+
+    def doc(self, i: int) -> np.ndarray:
+        """Tokens of document i (n,), no eos added."""
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"document {i} out of range ({len(self)} documents)")
+        i %= len(self)
+        return self.tokens[self.offsets[i] : self.offsets[i + 1]]
+
+
+class PackedStore(_Store):
+    """A `pack` output directory: fixed-length rows with per-position document indices."""
+
+    def __init__(self, path: Path, meta: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self.meta = meta
+        self._rerun = f"`objtrain pack STORE -o {self.path}`"
+
+    @classmethod
+    def open(cls, path: Path | str) -> PackedStore:
+        path = Path(path)
+        meta = _read_meta(path, "packed_store", PACKED_STORE_VERSION, f"`objtrain pack STORE -o {path}`")
+        return cls(path, meta)
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.meta["seq_len"])
+
+    def split(self, name: str = "train") -> PackedSplit:
+        info = self._check_split(name)
+        n = info["rows"] * self.seq_len
+        tokens = _map(self.path / f"{name}.tokens.bin", self.dtype, n, self._rerun)
+        docs = _map(self.path / f"{name}.docs.bin", np.dtype(self.meta["doc_dtype"]), n, self._rerun)
+        return PackedSplit(name, tokens.reshape(-1, self.seq_len), docs.reshape(-1, self.seq_len))
+
+
+class PackedSplit:
+    """Rows of one split: `tokens` and `document_ids`, both (rows, seq_len) read-only memory maps."""
+
+    def __init__(self, name: str, tokens: np.ndarray, document_ids: np.ndarray) -> None:
+        self.name = name
+        self.tokens = tokens
+        self.document_ids = document_ids
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def seq_len(self) -> int:
+        return self.tokens.shape[1]
+
+    def rows(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows [start, stop): tokens (n, L) int64 and document ids (n, L) int64, -1 = padding."""
+        tokens = torch.from_numpy(self.tokens[start:stop].astype(np.int64))
+        docs = torch.from_numpy(self.document_ids[start:stop].astype(np.int64))
+        return tokens, docs

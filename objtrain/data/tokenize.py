@@ -1,0 +1,442 @@
+"""Text -> token store: find documents, train (or reuse) a tokenizer, encode everything, streaming.
+
+Three passes over the inputs, none of which holds the corpus in memory:
+1. scan: hash every file, check it is UTF-8 text (bad files inside directories are skipped, see sources.py);
+2. sample (only when training a tokenizer): keep the training documents with the smallest sample keys up to
+   `train_bytes`, a bottom-k sample that does not depend on file order, and train sentencepiece on it;
+3. encode: read documents in chunks of about `chunk_bytes`, encode a chunk on sentencepiece's thread pool
+   (it releases the GIL) while the next chunk is read, append its tokens to `<split>.bin`.
+
+Train/valid split: each document's split comes from a keyed hash of its bytes and the seed, so it does not
+depend on order or on which other files are present, and identical documents always land together (no
+copy of a training document leaks into validation).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import os
+import platform
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from objtrain.data import sources as src
+from objtrain.data.sources import DocSplit, Skipped, Source
+from objtrain.data.store import (
+    META_FILE,
+    SPLITS,
+    TOKEN_STORE_VERSION,
+    TOKENIZER_FILE,
+    TokenStore,
+    token_dtype,
+)
+from objtrain.data.tokenizer import ModelType, Tokenizer, fixed_special_names, train_sentencepiece
+from objtrain.errors import UserError
+from objtrain.io import atomic_dir, check_output_free, write_json
+from objtrain.specials import N_FIXED, Specials
+
+MODEL_TYPES: tuple[str, ...] = ("unigram", "bpe", "char")
+
+
+@dataclass
+class TokenizeConfig:
+    """Options of `objtrain tokenize` (see its --help for each)."""
+
+    corpus: str | None = None  # a built-in corpus ("stdlib") in addition to the inputs
+    include: tuple[str, ...] = ()  # globs for files inside directories; empty = every file
+    exclude: tuple[str, ...] = ()
+    text_field: str = "text"  # JSONL field holding the text
+    doc_split: DocSplit = "file"  # how a text file becomes documents
+    model_type: ModelType = "unigram"
+    vocab_size: int = 8192
+    tokenizer: Path | None = None  # reuse: a token store directory or a .model file
+    n_sentinels: int = 256
+    train_bytes: int = 3_000_000  # cap on the tokenizer's training sample (2 MB train ~12 s, 4 MB ~30 s)
+    valid_fraction: float = 0.05
+    seed: int = 0
+    num_threads: int = 0  # 0 = every core this process may use
+    chunk_bytes: int = 4 << 20  # text per encode call: bounds memory (~15x this in Python int lists)
+
+
+@dataclass
+class SplitCounts:
+    documents: int = 0
+    tokens: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class TokenizeSummary:
+    path: Path
+    splits: dict[str, SplitCounts]
+    n_sources: int
+    skipped: list[Skipped]
+    empty_documents: int
+    vocab_size: int
+    tokenizer_trained: bool
+    train_seconds: float
+    seconds: float
+
+    @property
+    def documents(self) -> int:
+        return sum(s.documents for s in self.splits.values())
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.tokens for s in self.splits.values())
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.bytes for s in self.splits.values())
+
+    @property
+    def bytes_per_token(self) -> float:
+        return self.bytes / max(self.tokens, 1)
+
+
+class Progress:
+    """What `tokenize_corpus` reports while it runs; the CLI draws it as a progress bar."""
+
+    def start(self, phase: str, total: int) -> None: ...
+
+    def advance(self, n: int) -> None: ...
+
+
+def default_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _keys(data: bytes, seed: int) -> tuple[float, int]:
+    """(split key in [0, 1), sample key): one keyed hash of the document's bytes and the seed."""
+    digest = hashlib.blake2b(data, digest_size=16, key=seed.to_bytes(8, "little", signed=True)).digest()
+    return int.from_bytes(digest[:8], "little") / 2.0**64, int.from_bytes(digest[8:], "little")
+
+
+def _check_config(config: TokenizeConfig, inputs: Sequence[Path]) -> None:
+    if not inputs and config.corpus is None:
+        raise UserError("nothing to tokenize: give input files or directories, or --corpus stdlib")
+    if config.corpus is not None and config.corpus not in src.CORPORA:
+        raise UserError(f"unknown --corpus {config.corpus!r} (choose from: {', '.join(src.CORPORA)})")
+    if config.doc_split not in src.DOC_SPLITS:
+        raise UserError(
+            f"unknown --doc-split {config.doc_split!r} (choose from: {', '.join(src.DOC_SPLITS)})"
+        )
+    if config.model_type not in MODEL_TYPES:
+        raise UserError(f"unknown --model-type {config.model_type!r} (choose from: {', '.join(MODEL_TYPES)})")
+    if not 0.0 <= config.valid_fraction < 1.0:
+        raise UserError(f"--valid-fraction must be in [0, 1), got {config.valid_fraction}")
+    if config.n_sentinels < 0:
+        raise UserError(f"--sentinels must be >= 0, got {config.n_sentinels}")
+    if config.train_bytes <= 0:
+        raise UserError(f"--train-bytes must be positive, got {config.train_bytes}")
+
+
+def collect_sources(
+    inputs: Sequence[Path], config: TokenizeConfig, progress: Progress
+) -> tuple[list[Source], list[Skipped]]:
+    """Every input file, scanned: readable ones in order, and the ones skipped with the reason."""
+    files = src.find_files(inputs, config.include, config.exclude)
+    if config.corpus == "stdlib":
+        files += [(path, False) for path in src.stdlib_files()]
+    progress.start("scanning", len(files))
+    sources: list[Source] = []
+    skipped: list[Skipped] = []
+    for path, explicit in files:
+        result = src.scan(path, explicit)
+        (sources if isinstance(result, Source) else skipped).append(result)  # type: ignore[arg-type]
+        progress.advance(1)
+    if not sources:
+        why = f" ({len(skipped)} skipped as binary or not UTF-8)" if skipped else ""
+        raise UserError(f"empty corpus: no readable text files among the inputs{why}")
+    return sources, skipped
+
+
+def _documents(
+    sources: Sequence[Source], config: TokenizeConfig, progress: Progress | None = None
+) -> Iterator[tuple[int, str, bytes]]:
+    """(source index, text, UTF-8 bytes) of every non-empty document."""
+    for index, source in enumerate(sources):
+        read = 0
+        for text in src.iter_documents(source, config.doc_split, config.text_field):
+            data = text.encode("utf-8")
+            if progress is not None and not source.compressed:
+                step = min(len(data), source.size - read)
+                read += step
+                progress.advance(step)
+            yield index, text, data
+        if progress is not None:
+            progress.advance(source.size - read)
+
+
+def sample_for_training(sources: Sequence[Source], config: TokenizeConfig, progress: Progress) -> list[str]:
+    """Training documents with the smallest sample keys, at most `train_bytes` in all (sorted by key)."""
+    progress.start("sampling", sum(s.size for s in sources))
+    heap: list[tuple[int, int, str]] = []  # max-heap on the key, through negation
+    total = n_train = n_valid = 0
+    for _, text, data in _documents(sources, config, progress):
+        if not data:
+            continue
+        split_key, sample_key = _keys(data, config.seed)
+        if split_key < config.valid_fraction:
+            n_valid += 1
+            continue
+        n_train += 1
+        heapq.heappush(heap, (-sample_key, len(data), text))
+        total += len(data)
+        while total > config.train_bytes and len(heap) > 1:
+            total -= heapq.heappop(heap)[1]
+    if n_train == 0:
+        if n_valid:
+            raise UserError(
+                f"all {n_valid} documents fell in the valid split: lower --valid-fraction, or cut files into "
+                "more documents with --doc-split blank-line|line"
+            )
+        raise UserError("empty corpus: the inputs hold no text")
+    return [text for _, _, text in sorted(heap, reverse=True)]
+
+
+def _count_sentinels(model: bytes) -> int:
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_proto=model)
+    n = 0
+    while N_FIXED + n < sp.get_piece_size() and sp.id_to_piece(N_FIXED + n).startswith("<extra_id_"):
+        n += 1
+    return n
+
+
+def load_tokenizer(path: Path) -> tuple[Tokenizer, str]:
+    """A tokenizer to reuse and its model type: from a token store (its meta.json fixes the specials) or a
+    bare .model file (the sentinel count is read from its pieces)."""
+    path = Path(path)
+    if path.is_dir():
+        store = TokenStore.open(path)
+        return store.tokenizer, store.meta["tokenizer"]["model_type"]
+    if not path.is_file():
+        raise UserError(f"--tokenizer not found: {path}")
+    model = path.read_bytes()
+    try:
+        n_sentinels = _count_sentinels(model)
+    except RuntimeError:
+        raise UserError(f"{path} is not a sentencepiece model") from None
+    return Tokenizer(model, Specials(n_sentinels=n_sentinels)), "unknown"
+
+
+class _SplitWriter:
+    """Appends documents to `<split>.bin` and their end offsets to `<split>.idx`."""
+
+    def __init__(self, directory: Path, name: str, dtype: np.dtype) -> None:
+        self.dtype = dtype
+        self.tokens: BinaryIO = open(directory / f"{name}.bin", "wb")  # noqa: SIM115 - closed in close()
+        self.index: BinaryIO = open(directory / f"{name}.idx", "wb")  # noqa: SIM115
+        np.zeros(1, dtype="<i8").tofile(self.index)
+        self.counts = SplitCounts()
+
+    def append(self, tokens: np.ndarray, lengths: np.ndarray, n_bytes: int) -> None:
+        """tokens (sum(lengths),) of len(lengths) documents back to back."""
+        if not len(lengths):
+            return
+        tokens.astype(self.dtype, copy=False).tofile(self.tokens)
+        (self.counts.tokens + np.cumsum(lengths, dtype=np.int64)).astype("<i8").tofile(self.index)
+        self.counts.documents += len(lengths)
+        self.counts.tokens += int(tokens.size)
+        self.counts.bytes += n_bytes
+
+    def close(self) -> None:
+        for handle in (self.tokens, self.index):
+            handle.flush()
+            os.fsync(handle.fileno())
+            handle.close()
+
+
+@dataclass
+class _Chunk:
+    texts: list[str] = field(default_factory=list)
+    valid: list[bool] = field(default_factory=list)
+    n_bytes: list[int] = field(default_factory=list)
+    size: int = 0
+
+
+def _write_chunk(
+    chunk: _Chunk, ids: list[list[int]], writers: dict[str, _SplitWriter], dtype: np.dtype
+) -> None:
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
+    valid = np.array(chunk.valid, dtype=bool)
+    n_bytes = np.array(chunk.n_bytes, dtype=np.int64)
+    if not valid.any():
+        writers["train"].append(flat, lengths, int(n_bytes.sum()))
+        return
+    per_token = np.repeat(valid, lengths)
+    for name, docs, toks in (("train", ~valid, ~per_token), ("valid", valid, per_token)):
+        writers[name].append(flat[toks], lengths[docs], int(n_bytes[docs].sum()))
+
+
+def encode_documents(
+    sources: Sequence[Source],
+    tokenizer: Tokenizer,
+    directory: Path,
+    config: TokenizeConfig,
+    progress: Progress,
+) -> tuple[dict[str, SplitCounts], list[int], int]:
+    """Encode every document into `directory`; returns split counts, documents per source, empty documents."""
+    dtype = token_dtype(tokenizer.vocab_size)
+    threads = config.num_threads or default_threads()
+    writers = {name: _SplitWriter(directory, name, dtype) for name in SPLITS}
+    per_source = [0] * len(sources)
+    empty = 0
+    progress.start("encoding", sum(s.size for s in sources))
+    pending: tuple[_Chunk, Future[list[list[int]]]] | None = None
+    # One worker: sentencepiece encodes chunk k on `threads` threads while this thread reads chunk k+1.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+
+        def flush(chunk: _Chunk) -> None:
+            nonlocal pending
+            if pending is not None:
+                _write_chunk(pending[0], pending[1].result(), writers, dtype)
+                pending = None
+            if chunk.texts:
+                pending = (chunk, pool.submit(tokenizer.encode_batch, chunk.texts, threads))
+
+        chunk = _Chunk()
+        for index, text, data in _documents(sources, config, progress):
+            if not data:
+                empty += 1
+                continue
+            per_source[index] += 1
+            chunk.texts.append(text)
+            chunk.valid.append(_keys(data, config.seed)[0] < config.valid_fraction)
+            chunk.n_bytes.append(len(data))
+            chunk.size += len(data)
+            if chunk.size >= config.chunk_bytes:
+                flush(chunk)
+                chunk = _Chunk()
+        flush(chunk)
+        flush(_Chunk())
+    for writer in writers.values():
+        writer.close()
+    return {name: w.counts for name, w in writers.items()}, per_source, empty
+
+
+def tokenize_corpus(
+    inputs: Sequence[Path],
+    output: Path,
+    config: TokenizeConfig | None = None,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> TokenizeSummary:
+    """Build a token store at `output` from files, directories and/or a built-in corpus.
+
+    Raises `UserError` for bad input; `output` then stays as it was (written atomically).
+    """
+    config = config or TokenizeConfig()
+    progress = progress or Progress()
+    output = Path(output)
+    _check_config(config, inputs)
+    check_output_free(output, force)
+    start = time.perf_counter()
+    sources, skipped = collect_sources(inputs, config, progress)
+
+    train_seconds = 0.0
+    if config.tokenizer is not None:
+        tokenizer, model_type = load_tokenizer(config.tokenizer)
+    else:
+        specials = Specials(n_sentinels=config.n_sentinels)
+        sample = sample_for_training(sources, config, progress)
+        progress.start("training tokenizer", 0)
+        t0 = time.perf_counter()
+        lines = (line for text in sample for line in text.splitlines(keepends=True))
+        model = train_sentencepiece(
+            lines,
+            config.vocab_size,
+            config.model_type,
+            specials,
+            num_threads=config.num_threads or default_threads(),
+        )
+        train_seconds = time.perf_counter() - t0
+        tokenizer, model_type = Tokenizer(model, specials), config.model_type
+
+    with atomic_dir(output, force=force) as tmp:
+        splits, per_source, empty = encode_documents(sources, tokenizer, tmp, config, progress)
+        if sum(s.documents for s in splits.values()) == 0:
+            raise UserError("empty corpus: the inputs hold no text")
+        (tmp / TOKENIZER_FILE).write_bytes(tokenizer.model_proto)
+        write_json(
+            tmp / META_FILE, _meta(config, tokenizer, splits, sources, per_source, skipped, empty, model_type)
+        )
+    return TokenizeSummary(
+        path=output,
+        splits=splits,
+        n_sources=len(sources),
+        skipped=skipped,
+        empty_documents=empty,
+        vocab_size=tokenizer.vocab_size,
+        tokenizer_trained=config.tokenizer is None,
+        train_seconds=train_seconds,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _meta(
+    config: TokenizeConfig,
+    tokenizer: Tokenizer,
+    splits: dict[str, SplitCounts],
+    sources: Sequence[Source],
+    per_source: Sequence[int],
+    skipped: Sequence[Skipped],
+    empty: int,
+    model_type: str,
+) -> dict[str, Any]:
+    """meta.json: everything needed to read the store, and to tell what it was made from (no timestamps,
+    so the same inputs give a byte-identical store)."""
+    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
+    for name in ("num_threads", "chunk_bytes"):  # do not change the result
+        options.pop(name)
+    options["include"], options["exclude"] = list(config.include), list(config.exclude)
+    return {
+        "kind": "token_store",
+        "format_version": TOKEN_STORE_VERSION,
+        "dtype": token_dtype(tokenizer.vocab_size).str,
+        "vocab_size": tokenizer.vocab_size,
+        "documents": sum(s.documents for s in splits.values()),
+        "tokens": sum(s.tokens for s in splits.values()),
+        "bytes": sum(s.bytes for s in splits.values()),
+        "splits": {name: asdict(counts) for name, counts in splits.items()},
+        "empty_documents_dropped": empty,
+        "tokenizer": {
+            "file": TOKENIZER_FILE,
+            "hash": tokenizer.hash,
+            "model_type": model_type,
+            "vocab_size": tokenizer.vocab_size,
+            "trained_here": config.tokenizer is None,
+        },
+        "specials": tokenizer.specials.to_dict(),
+        "special_pieces": {
+            name: tokenizer.piece(getattr(tokenizer.specials, name)) for name in fixed_special_names()
+        },
+        "options": options,
+        "python": platform.python_version() if config.corpus == "stdlib" else None,
+        "sources": [
+            {
+                "path": str(s.path),
+                "format": s.format,
+                "compressed": s.compressed,
+                "bytes": s.size,
+                "sha256": s.sha256,
+                "documents": n,
+            }
+            for s, n in zip(sources, per_source, strict=True)
+        ],
+        "skipped": [{"path": str(s.path), "reason": s.reason} for s in skipped],
+    }
