@@ -94,9 +94,10 @@ def select(
         return eligible & below(bits, rate)
 
     n_eligible = eligible.sum(dim=1)
-    budget = torch.where(
-        n_eligible > 0, torch.round(n_eligible.double() * rate).long().clamp(min=1), 0
-    )  # torch.round: half to even, as BERT's Python round
+    # BERT: max(1, round(n * rate)), torch.round being half-to-even as Python's round; none at rate 0.
+    budget = torch.round(n_eligible.double() * rate).long()
+    if rate > 0:
+        budget = torch.where(n_eligible > 0, budget.clamp(min=1), 0)
     keys = rr.bits(L, stream)
     if start_pos is not None:
         keys = keys.gather(1, start_pos)

@@ -93,6 +93,8 @@ def test_corruption_invariants(seed: int, L: int, exact: bool, rate: float) -> N
     assert torch.equal(b.document_ids, docs) and b.attention == "bidirectional"
     if rate == 1.0:
         assert torch.equal(selected, (rows >= O) & (docs >= 0))
+    if rate == 0.0:  # BERT's max(1, ...) must not force a target when nothing is asked for
+        assert not bool(selected.any())
 
 
 def test_empty_and_all_padding_rows() -> None:

@@ -1,0 +1,200 @@
+"""NSP and SOP (reference sections 3 and 4): layout, label meaning and balance, single-document rows."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from objtrain import IGNORE
+from objtrain.batch import ModelOutput
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.errors import UserError
+from objtrain.objectives.mlm import MaskedLMConfig
+from objtrain.objectives.registry import objective_defaults
+from objtrain.objectives.rng import RowRandom
+from objtrain.objectives.sentence_pairs import NextSentencePrediction, SentenceOrderPrediction
+from objtrain.objectives.sentences import sentence_end_table
+from objtrain.specials import Specials
+
+SP = Specials()
+NO_MLM = MaskedLMConfig(selection_rate=0.0)
+
+
+@pytest.fixture(scope="module")
+def documents(tokenizer: Tokenizer, stdlib_texts: list[str]) -> list[list[int]]:
+    """Stdlib source cut into documents of 3 to 14 lines (every line ends a sentence), each with EOS."""
+    lines = [line for text in stdlib_texts for line in text.splitlines(keepends=True)]
+    docs, i, k = [], 0, 0
+    while i < len(lines):
+        n = 3 + (k * 7) % 12
+        docs.append([*tokenizer.encode("".join(lines[i : i + n])), SP.eos])
+        i, k = i + n, k + 1
+    return docs
+
+
+def pack_rows(
+    documents: list[list[int]], B: int, L: int, start: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """B rows of L tokens from consecutive documents (several per row, the last one cut)."""
+    rows, docs = [], []
+    k = start
+    for _ in range(B):
+        toks: list[int] = []
+        ids: list[int] = []
+        d = 0
+        while len(toks) < L:
+            doc = documents[k % len(documents)]
+            toks += doc
+            ids += [d] * len(doc)
+            k, d = k + 1, d + 1
+        rows.append(toks[:L])
+        docs.append(ids[:L])
+    return torch.tensor(rows), torch.tensor(docs)
+
+
+def build(cls, tokenizer: Tokenizer, mlm: MaskedLMConfig = NO_MLM, **kw):
+    return cls(cls.Config(mlm=mlm, **kw), SP, tokenizer)
+
+
+def check_layout(batch, rows: torch.Tensor, T: int) -> None:
+    """[CLS] A [SEP] B [SEP] pad..., segment ids switch once, A and B non-empty, pairs fit T."""
+    for b in range(rows.size(0)):
+        ids = batch.input_ids[b].tolist()
+        n = int((batch.document_ids[b] >= 0).sum())
+        assert n <= T and batch.document_ids[b, :n].eq(0).all() and batch.document_ids[b, n:].eq(-1).all()
+        assert ids[0] == SP.cls and ids[n - 1] == SP.sep and ids[1 : n - 1].count(SP.sep) == 1
+        sep0 = ids.index(SP.sep)
+        seg = batch.segment_ids[b, :n].tolist()
+        assert seg == [0] * (sep0 + 1) + [1] * (n - sep0 - 1)
+        if int(batch.seq_labels[b]) == IGNORE:
+            assert n == 3
+        else:
+            assert sep0 >= 2 and n - sep0 >= 3  # A and B non-empty
+            assert int(batch.seq_labels[b]) in (0, 1)
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 1000), L=st.sampled_from([5, 9, 32, 128]), sop=st.booleans())
+def test_pairs_come_from_the_right_places(
+    tokenizer: Tokenizer, documents: list[list[int]], seed: int, L: int, sop: bool
+) -> None:
+    """Label meaning (the flipped-convention pitfall, PaddleNLP#6364): 0 = A then its actual continuation;
+    NSP 1 = B from another document; SOP 1 = the same two segments, swapped."""
+    cls = SentenceOrderPrediction if sop else NextSentencePrediction
+    obj = build(cls, tokenizer)
+    rows, docs = pack_rows(documents, 6, L, start=seed)
+    batch = obj(rows, docs, torch.arange(6), seed)
+    check_layout(batch, rows, L)
+    pair = obj.make_pairs(rows, docs, RowRandom(seed, torch.arange(6)))
+    for b in range(6):
+        label = int(batch.seq_labels[b])
+        if label == IGNORE:
+            continue
+        s0, l0, s1, l1 = (
+            int(v[b]) for v in (pair.first_start, pair.first_len, pair.second_start, pair.second_len)
+        )
+        assert batch.input_ids[b, 1 : 1 + l0].tolist() == rows[b, s0 : s0 + l0].tolist()
+        assert batch.input_ids[b, 2 + l0 : 2 + l0 + l1].tolist() == rows[b, s1 : s1 + l1].tolist()
+        d0, d1 = docs[b, s0], docs[b, s1]
+        assert bool((docs[b, s0 : s0 + l0] == d0).all() and (docs[b, s1 : s1 + l1] == d1).all())
+        if label == 0:
+            assert d0 == d1 and s0 + l0 <= s1
+        elif sop:
+            assert d0 == d1 and s1 + l1 <= s0
+        else:
+            assert d0 != d1
+
+
+def test_label_balance(tokenizer: Tokenizer, documents: list[list[int]]) -> None:
+    """About 50/50 labels; NSP negatives exist only in rows holding a second document."""
+    rows, docs = pack_rows(documents, 600, 128)
+    several = docs.max(dim=1).values > 0
+    assert int(several.sum()) > 300
+    nsp = build(NextSentencePrediction, tokenizer)(rows, docs, torch.arange(600), 0)
+    assert nsp.stats["pairs"] == 600 and nsp.stats["sentence_splits"] == 600
+    assert abs(float(nsp.seq_labels[several].float().mean()) - 0.5) < 0.08
+    assert not bool(nsp.seq_labels[~several].any())
+    assert nsp.stats["label_1"] == int(nsp.seq_labels.sum())
+    sop = build(SentenceOrderPrediction, tokenizer)(rows, docs, torch.arange(600), 0)
+    assert abs(sop.stats["label_1_fraction"] - 0.5) < 0.06
+
+
+def test_single_document_rows_never_get_random_next(tokenizer: Tokenizer, documents: list[list[int]]) -> None:
+    """Pitfall (NVIDIA/DeepLearningExamples#421, BERT-pytorch#110): with one document there is no honest
+    random next, so NSP keeps the actual next (label 0) instead of mislabelling; SOP is unaffected."""
+    rows, _ = pack_rows(documents, 200, 96)
+    docs = torch.zeros_like(rows)  # the EOS inside the row are then sentence ends, not document ends
+    nsp = build(NextSentencePrediction, tokenizer)(rows, docs, torch.arange(200), 0)
+    assert nsp.stats["pairs"] == 200 and nsp.stats["label_1"] == 0
+    sop = build(SentenceOrderPrediction, tokenizer)(rows, docs, torch.arange(200), 0)
+    assert abs(sop.stats["label_1_fraction"] - 0.5) < 0.12
+
+
+def test_one_sentence_rows_split_at_a_token(tokenizer: Tokenizer) -> None:
+    """A 1-segment chunk is split at a random token position (reference section 4 recommendation)."""
+    enders = sentence_end_table(tokenizer)
+    plain = [i for i in range(SP.first_ordinary, tokenizer.vocab_size) if not enders[i]][:50]
+    g = torch.Generator().manual_seed(0)
+    rows = torch.tensor(plain)[torch.randint(0, len(plain), (100, 40), generator=g)]
+    docs = torch.zeros_like(rows)
+    for cls in (NextSentencePrediction, SentenceOrderPrediction):
+        batch = build(cls, tokenizer)(rows, docs, torch.arange(100), 1)
+        assert batch.stats["token_splits"] == 100 and batch.stats["pairs"] == 100
+        check_layout(batch, rows, 40)
+
+
+def test_degenerate_and_long_rows(tokenizer: Tokenizer, documents: list[list[int]]) -> None:
+    obj = build(NextSentencePrediction, tokenizer)
+    rows = torch.tensor([[SP.pad] * 8, [300, SP.eos, 301, SP.eos, SP.pad, SP.pad, SP.pad, SP.pad]])
+    docs = torch.tensor([[-1] * 8, [0, 0, 1, 1, -1, -1, -1, -1]])
+    batch = obj(rows, docs, torch.arange(2), 0)
+    assert batch.seq_labels.tolist() == [IGNORE, IGNORE]
+    assert batch.input_ids[:, :3].tolist() == [[SP.cls, SP.sep, SP.sep]] * 2
+    rows, docs = pack_rows(documents, 2, 2048)
+    batch = obj(rows, docs, torch.arange(2), 0)
+    check_layout(batch, rows, 2048)
+    with pytest.raises(UserError, match="cannot hold"):
+        obj(rows[:, :4], docs[:, :4], torch.arange(2), 0)
+
+
+def test_mlm_on_the_pair(tokenizer: Tokenizer, documents: list[list[int]]) -> None:
+    rows, docs = pack_rows(documents, 64, 128)
+    batch = build(SentenceOrderPrediction, tokenizer, mlm=MaskedLMConfig())(rows, docs, torch.arange(64), 0)
+    selected = batch.labels != IGNORE
+    plain = build(SentenceOrderPrediction, tokenizer)(rows, docs, torch.arange(64), 0)
+    assert not bool(selected[SP.is_special(plain.input_ids)].any())  # never [CLS]/[SEP]/pad
+    assert torch.equal(batch.labels[selected], plain.input_ids[selected])
+    ordinary = int((~SP.is_special(plain.input_ids)).sum())
+    assert abs(int(selected.sum()) / ordinary - 0.15) < 0.01
+
+
+def test_loss_is_mlm_mean_plus_pair_mean(tokenizer: Tokenizer, documents: list[list[int]]) -> None:
+    obj = build(NextSentencePrediction, tokenizer, mlm=MaskedLMConfig())
+    rows, docs = pack_rows(documents, 8, 64)
+    batch = obj(rows, docs, torch.arange(8), 0)
+    out = ModelOutput(logits=torch.randn(8, 64, tokenizer.vocab_size), seq_logits=torch.randn(8, 2))
+    loss = obj.loss(out, batch)
+    mlm = F.cross_entropy(out.logits.reshape(-1, tokenizer.vocab_size), batch.labels.reshape(-1))
+    seq = F.cross_entropy(out.seq_logits, batch.seq_labels)
+    assert torch.allclose(loss.loss_sum / loss.n_targets, mlm + seq)
+    assert torch.allclose(loss.metrics["mlm_loss"], mlm) and torch.allclose(loss.metrics["seq_loss"], seq)
+    accuracy = (out.seq_logits.argmax(-1) == batch.seq_labels).float().mean()
+    assert torch.allclose(loss.metrics["seq_accuracy"], accuracy)
+
+
+def test_batch_size_independent_and_yaml(tokenizer: Tokenizer, documents: list[list[int]]) -> None:
+    rows, docs = pack_rows(documents, 8, 64)
+    for cls in (NextSentencePrediction, SentenceOrderPrediction):
+        obj = build(cls, tokenizer, mlm=MaskedLMConfig(whole_word=True))
+        whole = obj(rows, docs, torch.arange(8), 3)
+        parts = [obj(rows[s], docs[s], torch.arange(8)[s], 3) for s in (slice(0, 3), slice(3, 8))]
+        for name, tensor in whole.tensors().items():
+            assert torch.equal(tensor, torch.cat([p.tensors()[name] for p in parts])), name
+        assert objective_defaults(cls.name) == dataclasses.asdict(cls.Config())
+        with pytest.raises(UserError, match="tokenizer"):
+            cls(cls.Config(), SP)
