@@ -45,7 +45,9 @@ def run(
     text: str = typer.Option(
         None, "--text", help="Corrupt this text instead of a SOURCE (needs --tokenizer)."
     ),
-    tokenizer: Path = typer.Option(None, "--tokenizer", help="Token store whose tokenizer encodes text."),
+    tokenizer: Path = typer.Option(
+        None, "--tokenizer", help="Token store (or .model file) whose tokenizer encodes text."
+    ),
     n: int = typer.Option(None, "--n", help="Rows to corrupt [default: 2, or 256 with --stats]."),
     seed: int = typer.Option(0, "--seed", help="Corruption seed (row i is always corrupted the same way)."),
     seq_len: int = typer.Option(
@@ -132,14 +134,12 @@ def split_args(args: list[str]) -> tuple[Path | None, list[str]]:
 
 
 def _tokenizer_for(source: Path | None, tokenizer: Path | None, text: str | None) -> tuple[Any, Any]:
-    """Tokenizer and specials to configure the objective with (some objectives need word boundaries)."""
-    from objtrain.specials import Specials
-
+    """Tokenizer and specials to configure the objective with (some need word or sentence boundaries)."""
     if text is not None or (source is not None and source.is_file()):
         if tokenizer is None:
-            raise UserError("text needs a tokenizer: pass --tokenizer TOKEN_STORE")
-        store = inspect.open_token_store(tokenizer)
-        return store.tokenizer, store.specials
+            raise UserError("text needs a tokenizer: pass --tokenizer TOKEN_STORE (or a .model file)")
+        tok = inspect.load_text_tokenizer(tokenizer)
+        return tok, tok.specials
     if source is None:
         raise UserError("give a SOURCE (token store, packed store or text file) or --text")
     if not source.exists():
@@ -148,10 +148,8 @@ def _tokenizer_for(source: Path | None, tokenizer: Path | None, text: str | None
         from objtrain.data.store import PackedStore
 
         store = PackedStore.open(source)
-        tok = getattr(store, "tokenizer", None)
-        specials = getattr(store, "specials", None) or (tok.specials if tok is not None else Specials())
-        return tok, specials
-    store = inspect.open_token_store(source)
+    else:
+        store = inspect.open_token_store(source)
     return store.tokenizer, store.specials
 
 

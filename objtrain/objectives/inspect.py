@@ -48,30 +48,31 @@ class RawRows:
 
 
 def _is_packed_store(path: Path) -> bool:
-    from objtrain.data import store
-
-    probe = getattr(store, "is_packed_store", None)
-    if probe is not None:
-        return bool(probe(path))
+    """A directory whose meta.json says it is a packed store (`objtrain pack` output)."""
     meta = path / "meta.json"
     if not meta.is_file():
         return False
     try:
         data = json.loads(meta.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
-    return isinstance(data, dict) and ("seq_len" in data or data.get("kind") == "packed")
+    return isinstance(data, dict) and data.get("kind") == "packed_store"
 
 
 def open_token_store(path: Path) -> Any:
-    """`TokenStore.open(path)`, with a clear error if `path` is not one."""
-    try:
-        from objtrain.data.store import TokenStore
-    except ImportError as exc:  # the store module is part of the data layer
-        raise UserError(f"token stores are not available: {exc}") from None
+    """`TokenStore.open(path)`, with a clear error if `path` is missing."""
+    from objtrain.data.store import TokenStore
+
     if not Path(path).exists():
         raise UserError(f"source not found: {path}")
     return TokenStore.open(Path(path))
+
+
+def load_text_tokenizer(path: Path) -> Tokenizer:
+    """The tokenizer for text sources: a token store directory or a sentencepiece .model file."""
+    from objtrain.data.tokenize import load_tokenizer
+
+    return load_tokenizer(Path(path))[0]
 
 
 def rows_from_documents(
@@ -124,20 +125,19 @@ def read_rows(
 ) -> RawRows:
     """Rows 0..n_rows-1 of `source` (a token store, packed store or text file) or of `text`.
 
-    Text needs `tokenizer_store`, a token store whose tokenizer encodes it; a `.jsonl` file holds one
-    document per line (its "text" field), any other file is one document.
+    Text needs `tokenizer_store`, a token store (or .model file) whose tokenizer encodes it; a `.jsonl`
+    file holds one document per line (its "text" field), any other file is one document.
     """
     if n_rows < 1:
         raise UserError(f"--n must be at least 1, got {n_rows}")
     if text is not None or (source is not None and Path(source).is_file()):
         if tokenizer_store is None:
-            raise UserError("text needs a tokenizer: pass --tokenizer TOKEN_STORE")
-        store = open_token_store(tokenizer_store)
-        tokenizer: Tokenizer = store.tokenizer
+            raise UserError("text needs a tokenizer: pass --tokenizer TOKEN_STORE (or a .model file)")
+        tokenizer = load_text_tokenizer(tokenizer_store)
         documents = [text] if text is not None else _text_documents(Path(source))  # type: ignore[arg-type]
-        encoded = tokenizer.encode_batch(documents)
-        tokens, docs = rows_from_documents(encoded, raw_length, n_rows, store.specials)
-        return RawRows(tokens, docs, torch.arange(tokens.size(0)), store.specials, tokenizer, "text")
+        encoded = tokenizer.encode_batch(documents, num_threads=1)
+        tokens, docs = rows_from_documents(encoded, raw_length, n_rows, tokenizer.specials)
+        return RawRows(tokens, docs, torch.arange(tokens.size(0)), tokenizer.specials, tokenizer, "text")
     if source is None:
         raise UserError("give a SOURCE (token store, packed store or text file) or --text")
     path = Path(source)
@@ -195,9 +195,7 @@ def _packed_rows(path: Path, raw_length: int, n_rows: int) -> RawRows:
     tokens, docs = split.rows(0, n)
     tokens = torch.as_tensor(tokens, dtype=torch.int64)[:, :raw_length]
     docs = torch.as_tensor(docs, dtype=torch.int64)[:, :raw_length]
-    tokenizer = getattr(store, "tokenizer", None)
-    specials = getattr(store, "specials", None) or (tokenizer.specials if tokenizer else Specials())
-    return RawRows(tokens, docs, torch.arange(n), specials, tokenizer, "packed")
+    return RawRows(tokens, docs, torch.arange(n), store.specials, store.tokenizer, "packed")
 
 
 def packed_row_length(source: Path | None) -> int | None:
@@ -389,8 +387,7 @@ def align_row(batch: Batch, b: int, raw: RawRows, raw_b: int) -> RowView:
     targets = [t for t in labels if t != IGNORE]
 
     cells: list[Cell] = []
-    matcher = difflib.SequenceMatcher(a=original, b=inputs, autojunk=False)
-    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+    for op, i1, i2, j1, j2 in _opcodes(original, inputs):
         if op == "equal":
             for i, j in zip(range(i1, i2), range(j1, j2), strict=True):
                 kind = SPECIAL if original[i] < specials.first_ordinary else KEPT
@@ -431,6 +428,31 @@ def align_row(batch: Batch, b: int, raw: RawRows, raw_b: int) -> RowView:
     return view
 
 
+def _opcodes(original: list[int], inputs: list[int]) -> list[tuple[str, int, int, int, int]]:
+    """Edit operations from `original` to `inputs`. Inputs that keep the raw layout (MLM, CLM: same length
+    or one shorter, mostly equal in place) align position by position, so a random replacement shows as
+    replaced rather than as a deletion plus an insertion; anything else goes through difflib."""
+    n = min(len(original), len(inputs))
+    if abs(len(original) - len(inputs)) <= 1 and n:
+        same = sum(a == b for a, b in zip(original, inputs, strict=False))
+        if same >= n // 2:
+            ops = []
+            for i in range(n):
+                op = "equal" if original[i] == inputs[i] else "replace"
+                if ops and ops[-1][0] == op:
+                    ops[-1] = (op, ops[-1][1], i + 1, ops[-1][3], i + 1)
+                else:
+                    ops.append((op, i, i + 1, i, i + 1))
+            if len(original) > n:
+                ops.append(("delete", n, len(original), n, n))
+            elif len(inputs) > n:
+                ops.append(("insert", n, n, n, len(inputs)))
+            return ops
+    # difflib is a heuristic, not a minimal edit script: on very repetitive text it can show a kept token
+    # as deleted and re-inserted. Good enough to look at; the objective's own stats are exact.
+    return difflib.SequenceMatcher(a=original, b=inputs, autojunk=False).get_opcodes()
+
+
 def row_stats(view: RowView, specials: Specials) -> dict[str, float]:
     """What was realised in one row, measured by comparing the original with the input and labels."""
     counts = {k: 0 for k in (MASKED, REPLACED, DELETED, INSERTED, SENTINEL)}
@@ -450,7 +472,7 @@ def row_stats(view: RowView, specials: Specials) -> dict[str, float]:
         "replaced": float(counts[REPLACED]),
         "deleted": float(counts[DELETED]),
         "inserted": float(counts[INSERTED]),
-        "sentinels": float(counts[SENTINEL]),
+        "sentinel": float(counts[SENTINEL]),
     }
 
 
@@ -574,8 +596,10 @@ class Aggregate:
                     if name == "keep_prob" and not prefix:
                         mp, rp = _number(configured.get("mask_prob")), _number(configured.get("random_prob"))
                         conf = 1.0 - mp - rp if mp is not None and rp is not None else None
-                    label = f"{prefix}/{name}" if prefix else name
-                    out.append(StatRow(label, scoped[num] / scoped[den], conf))
+                    label = f"{name} = {num}/{den}"
+                    out.append(
+                        StatRow(f"{prefix}/{label}" if prefix else label, scoped[num] / scoped[den], conf)
+                    )
             for key, value in scoped.items():
                 label = f"{prefix}/{key}" if prefix else key
                 out.append(StatRow(f"{label} (per row)", value / max(self.rows, 1)))
