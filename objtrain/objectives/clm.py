@@ -27,24 +27,24 @@ from objtrain.objectives.base import Objective, positions_from_documents
 
 
 def next_token_labels(
-    rows: Tensor, document_ids: Tensor, offset: int, cross_document: bool, T: int
+    rows: Tensor, document_ids: Tensor, offset: int, cross_document: bool, T: int, out: Tensor | None = None
 ) -> Tensor:
     """(B, T) labels `rows[:, t + offset]`, IGNORE where that target is padding, lies past the row, comes
     from another document (unless `cross_document`), or the position itself is padding.
 
-    `rows`, `document_ids`: (B, L) with L >= T (raw rows, L = T + 1 for CLM).
+    `rows`, `document_ids`: (B, L) with L >= T (raw rows, L = T + 1 for CLM). `out`: (B, T) to write into.
     """
     B, L = rows.shape
-    labels = torch.full((B, T), IGNORE, dtype=torch.int64, device=rows.device)
-    n = min(T, L - offset)  # positions whose target lies inside the row
-    if n <= 0:
+    labels = torch.empty((B, T), dtype=torch.int64, device=rows.device) if out is None else out
+    n = max(min(T, L - offset), 0)  # positions whose target lies inside the row
+    labels[:, n:] = IGNORE
+    if n == 0:
         return labels
     here = document_ids[:, :n]
     there = document_ids[:, offset : offset + n]
-    keep = (here >= 0) & (there >= 0)
-    if not cross_document:
-        keep &= here == there  # documents are contiguous runs, so equal ids mean no boundary in between
-    labels[:, :n] = torch.where(keep, rows[:, offset : offset + n], IGNORE)
+    # Documents are contiguous runs, so equal ids mean no boundary in between.
+    keep = (here >= 0) & ((there >= 0) if cross_document else (here == there))
+    torch.where(keep, rows[:, offset : offset + n], rows.new_tensor(IGNORE), out=labels[:, :n])
     return labels
 
 

@@ -134,26 +134,25 @@ def mask_tokens(
 ) -> tuple[Tensor, Tensor, dict[str, float]]:
     """BERT 80/10/10 corruption of (B, L) `tokens`: returns (input_ids, labels, stats)."""
     L = tokens.size(1)
-    eligible = ~specials.is_special(tokens) & (document_ids >= 0)
+    eligible = (tokens >= specials.first_ordinary) & (document_ids >= 0)  # ordinary tokens of documents
     selected = select(eligible, config.selection_rate, config.exact_count, rr, f"{stream}/select", starts)
     # One 64-bit draw per position decides the action (its order among all int64) and the random id (its
     # low 32 bits, multiply-shifted onto the ordinary range).
     bits = rr.bits(L, f"{stream}/action")
     masked = selected & below(bits, config.mask_prob)
     randomised = selected & ~masked & below(bits, config.mask_prob + config.random_prob)
+    inputs = tokens.masked_fill(masked, specials.mask)
     span = vocab_size - specials.first_ordinary
-    random_ids = specials.first_ordinary + (((bits & 0xFFFFFFFF) * span) >> 32)
-    inputs = torch.where(masked, specials.mask, torch.where(randomised, random_ids, tokens))
-    labels = torch.where(selected, tokens, IGNORE)
-    n_selected = int(selected.sum())
-    n_masked = int(masked.sum())
-    n_random = int(randomised.sum())
+    inputs[randomised] = specials.first_ordinary + (((bits[randomised] & 0xFFFFFFFF) * span) >> 32)
+    labels = tokens.masked_fill(~selected, IGNORE)
+    counts = torch.stack([eligible.sum(), selected.sum(), masked.sum(), randomised.sum()]).tolist()
+    n_eligible, n_selected, n_masked, n_random = (float(c) for c in counts)
     stats = {
-        "eligible": float(eligible.sum()),
-        "selected": float(n_selected),
-        "masked": float(n_masked),
-        "random": float(n_random),
-        "kept": float(n_selected - n_masked - n_random),
+        "eligible": n_eligible,
+        "selected": n_selected,
+        "masked": n_masked,
+        "random": n_random,
+        "kept": n_selected - n_masked - n_random,
     }
     return inputs, labels, stats
 

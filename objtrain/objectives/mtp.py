@@ -59,14 +59,16 @@ class MultiTokenPrediction(Objective):
         rows, document_ids = rows.long(), document_ids.long()
         cross = self.config.cross_document_targets
         batch = causal_batch(rows, document_ids, cross)
-        T = batch.input_ids.size(1)
-        heads = [batch.labels] + [
-            next_token_labels(rows, document_ids, k, cross, T) for k in range(2, self.config.n + 1)
-        ]
-        batch.mtp_labels = torch.stack(heads, dim=1)
+        B, T = batch.input_ids.shape
+        n = self.config.n
+        heads = torch.empty((B, n, T), dtype=torch.int64, device=rows.device)
+        heads[:, 0] = batch.labels
+        for k in range(2, n + 1):
+            next_token_labels(rows, document_ids, k, cross, T, out=heads[:, k - 1])
+        batch.mtp_labels = heads
+        counts = (heads != IGNORE).count_nonzero(dim=(0, 2)).tolist()
         batch.stats = {"tokens": float((batch.document_ids >= 0).sum())}
-        for k in range(1, self.config.n + 1):
-            batch.stats[f"head{k}_targets"] = float((batch.mtp_labels[:, k - 1] != IGNORE).sum())
+        batch.stats.update({f"head{k}_targets": float(c) for k, c in enumerate(counts, start=1)})
         return batch
 
     def head_loss(self, output: ModelOutput, batch: Batch, k: int) -> tuple[Tensor, Tensor]:
