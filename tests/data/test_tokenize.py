@@ -1,0 +1,197 @@
+"""`tokenize_corpus`: exact round trip, fixed special ids, deterministic splits, streaming, input formats."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from objtrain.data.store import TokenStore, token_dtype
+from objtrain.data.tokenize import TokenizeConfig, tokenize_corpus
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.errors import UserError
+from objtrain.specials import Specials
+
+
+def all_docs(store: TokenStore) -> list[str]:
+    tok = store.tokenizer
+    splits = [store.split("train"), store.split("valid")]
+    return [tok.decode(s.doc(i)) for s in splits for i in range(len(s))]
+
+
+def reuse(model_file: Path, **kw: object) -> TokenizeConfig:
+    return TokenizeConfig(tokenizer=model_file, **kw)  # type: ignore[arg-type]
+
+
+def test_round_trip_on_standard_library_and_tricky_text(
+    tmp_path: Path, corpus_dir: Path, model_file: Path, stdlib_texts: list[str], tricky: str
+) -> None:
+    summary = tokenize_corpus([corpus_dir], tmp_path / "s", reuse(model_file, valid_fraction=0.3))
+    store = TokenStore.open(tmp_path / "s")
+    assert sorted(all_docs(store)) == sorted([*stdlib_texts, tricky])
+    assert summary.documents == len(stdlib_texts) + 1
+    assert summary.bytes == sum(len(t.encode()) for t in [*stdlib_texts, tricky])
+    assert store.split("train").n_tokens + store.split("valid").n_tokens == summary.tokens
+    assert store.meta["dtype"] == "<u2" and store.split().tokens.dtype == np.uint16
+
+
+def test_marker_character_round_trips(tokenizer: Tokenizer) -> None:
+    # sentencepiece decodes its word-start mark ▁ as a space; the tokenizer spells it in bytes instead.
+    for text in ["a▁b", "▁", "x ▁▁ y▁"]:
+        assert tokenizer.decode(tokenizer.encode(text)) == text
+        assert tokenizer.encode_batch([text, "plain"])[0] == tokenizer.encode(text)
+
+
+def test_doc_split_modes(tmp_path: Path, model_file: Path) -> None:
+    path = tmp_path / "plays.txt"
+    path.write_bytes(b"A:\nHello there.\r\n\n  \nB:\n\tIndented.\n\n\n\nC: last")
+    expected = {
+        "file": ["A:\nHello there.\r\n\n  \nB:\n\tIndented.\n\n\n\nC: last"],
+        "blank-line": ["A:\nHello there.", "B:\n\tIndented.", "C: last"],
+        "line": ["A:", "Hello there.", "B:", "\tIndented.", "C: last"],
+    }
+    for mode, docs in expected.items():
+        out = tmp_path / mode
+        tokenize_corpus([path], out, reuse(model_file, doc_split=mode, valid_fraction=0.0))
+        store = TokenStore.open(out)
+        assert all_docs(store) == docs, mode
+        assert len(store.split("valid")) == 0
+
+
+def test_jsonl_and_gzip_inputs(tmp_path: Path, model_file: Path, tricky: str) -> None:
+    records = [{"text": "first\tdoc\n"}, {"body": "x", "text": "ü 日本\n\n"}, {"text": ""}, {"text": "▁last"}]
+    body = "".join(json.dumps(r) + "\n" for r in records) + "\n"
+    (tmp_path / "a.jsonl").write_text(body, encoding="utf-8")
+    with gzip.open(tmp_path / "b.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.write(body)
+    with gzip.open(tmp_path / "c.txt.gz", "wb") as f:
+        f.write(tricky.encode())
+    out = tmp_path / "s"
+    summary = tokenize_corpus(
+        [tmp_path / "a.jsonl", tmp_path / "b.jsonl.gz", tmp_path / "c.txt.gz"],
+        out,
+        reuse(model_file, valid_fraction=0.0),
+    )
+    texts = [r["text"] for r in records if r["text"]]
+    assert all_docs(TokenStore.open(out)) == [*texts, *texts, tricky]
+    assert summary.empty_documents == 2
+    assert [s["documents"] for s in TokenStore.open(out).meta["sources"]] == [3, 3, 1]
+
+
+def test_text_field_option(tmp_path: Path, model_file: Path) -> None:
+    (tmp_path / "a.jsonl").write_text('{"content": "abc"}\n{"content": "def"}\n')
+    tokenize_corpus([tmp_path / "a.jsonl"], tmp_path / "s", reuse(model_file, text_field="content"))
+    assert sorted(all_docs(TokenStore.open(tmp_path / "s"))) == ["abc", "def"]
+
+
+def test_include_exclude_and_skipped_files(tmp_path: Path, model_file: Path) -> None:
+    root = tmp_path / "in"
+    (root / "sub").mkdir(parents=True)
+    (root / "a.txt").write_text("alpha")
+    (root / "b.md").write_text("beta")
+    (root / "sub" / "c.txt").write_text("gamma")
+    (root / "sub" / "latin1.txt").write_bytes("café".encode("latin-1"))
+    (root / "sub" / "blob.txt").write_bytes(b"PK\x03\x04\x00\x00binary")
+    (root / ".hidden.txt").write_text("hidden")
+    cfg = reuse(model_file, include=("*.txt",), valid_fraction=0.0)
+    summary = tokenize_corpus([root], tmp_path / "s", cfg)
+    assert sorted(all_docs(TokenStore.open(tmp_path / "s"))) == ["alpha", "gamma"]
+    assert sorted(s.path.name for s in summary.skipped) == ["blob.txt", "latin1.txt"]
+    skipped = TokenStore.open(tmp_path / "s").meta["skipped"]
+    assert any("not UTF-8" in s["reason"] for s in skipped) and any("binary" in s["reason"] for s in skipped)
+
+    tokenize_corpus([root], tmp_path / "t", reuse(model_file, exclude=("sub/*",), valid_fraction=0.0))
+    assert sorted(all_docs(TokenStore.open(tmp_path / "t"))) == ["alpha", "beta"]
+    # The same bad file named explicitly is refused.
+    with pytest.raises(UserError, match="not UTF-8"):
+        tokenize_corpus([root / "sub" / "latin1.txt"], tmp_path / "u", reuse(model_file))
+    assert not (tmp_path / "u").exists()
+
+
+def test_split_is_by_content_hash_and_seed(tmp_path: Path, model_file: Path) -> None:
+    path = tmp_path / "lines.txt"
+    lines = [f"line number {i} says {i * i}" for i in range(400)]
+    path.write_text("\n".join(lines))
+    cfg = reuse(model_file, doc_split="line", valid_fraction=0.25, seed=3)
+    tokenize_corpus([path], tmp_path / "a", cfg)
+    valid = {TokenStore.open(tmp_path / "a").tokenizer.decode(d) for d in _docs(tmp_path / "a")}
+    assert 60 < len(valid) < 140  # ~100 expected
+    # Reordering the input does not move any document to the other split.
+    rev = tmp_path / "rev.txt"
+    rev.write_text("\n".join(reversed(lines)))
+    tokenize_corpus([rev], tmp_path / "b", cfg)
+    assert valid == {TokenStore.open(tmp_path / "b").tokenizer.decode(d) for d in _docs(tmp_path / "b")}
+    cfg.seed = 4
+    tokenize_corpus([path], tmp_path / "c", cfg)
+    assert valid != {TokenStore.open(tmp_path / "c").tokenizer.decode(d) for d in _docs(tmp_path / "c")}
+
+
+def _docs(path: Path) -> list[np.ndarray]:
+    split = TokenStore.open(path).split("valid")
+    return [split.doc(i) for i in range(len(split))]
+
+
+def files_of(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
+def test_deterministic_and_chunking_does_not_change_the_store(
+    tmp_path: Path, corpus_dir: Path, model_file: Path
+) -> None:
+    cfg = reuse(model_file, valid_fraction=0.3, seed=1)
+    tokenize_corpus([corpus_dir], tmp_path / "a", cfg)
+    tokenize_corpus([corpus_dir], tmp_path / "b", cfg)
+    cfg.chunk_bytes, cfg.num_threads = 1000, 1  # many tiny encode calls, one thread
+    tokenize_corpus([corpus_dir], tmp_path / "c", cfg)
+    assert files_of(tmp_path / "a") == files_of(tmp_path / "b") == files_of(tmp_path / "c")
+
+
+def test_trained_tokenizer_reserves_fixed_special_ids(tmp_path: Path, corpus_dir: Path) -> None:
+    cfg = TokenizeConfig(vocab_size=400, n_sentinels=8, train_bytes=60_000, model_type="bpe", seed=5)
+    summary = tokenize_corpus([corpus_dir], tmp_path / "a", cfg)
+    assert summary.tokenizer_trained
+    store = TokenStore.open(tmp_path / "a")
+    meta = json.loads((tmp_path / "a" / "meta.json").read_text())
+    assert meta["specials"] == Specials(n_sentinels=8).to_dict()
+    assert meta["specials"]["mask"] == 4 and meta["specials"]["first_ordinary"] == 14 + 8
+    assert meta["special_pieces"]["fim_middle"] == "<fim_middle>"
+    assert meta["tokenizer"]["hash"] == store.tokenizer.hash and meta["vocab_size"] == 400
+    tok = store.tokenizer
+    assert [tok.piece(i) for i in (0, 3, 4, 13, 14, 21)] == [
+        "<pad>", "</s>", "<mask>", "[S2S]", "<extra_id_7>", "<extra_id_0>",
+    ]  # fmt: skip
+    # Special pieces written in text are plain characters, never the control ids.
+    ids = torch.tensor(tok.encode("<mask> <extra_id_0> [NLU] </s> <pad>"))
+    assert not bool(store.specials.is_special(ids).any())
+    # Training is deterministic too, and a store reuses its own tokenizer.
+    tokenize_corpus([corpus_dir], tmp_path / "b", cfg)
+    assert files_of(tmp_path / "a") == files_of(tmp_path / "b")
+    tokenize_corpus([corpus_dir], tmp_path / "c", TokenizeConfig(tokenizer=tmp_path / "a", seed=5))
+    assert files_of(tmp_path / "c")["train.bin"] == files_of(tmp_path / "a")["train.bin"]
+    assert TokenStore.open(tmp_path / "c").specials.n_sentinels == 8
+
+
+def test_token_dtype_widens_for_big_vocabularies() -> None:
+    assert token_dtype(65536) == np.uint16 and token_dtype(65537) == np.uint32
+
+
+def test_store_open_rejects_damage(tmp_path: Path, corpus_dir: Path, model_file: Path) -> None:
+    tokenize_corpus([corpus_dir], tmp_path / "s", reuse(model_file))
+    with pytest.raises(UserError, match="objtrain tokenize"):
+        TokenStore.open(tmp_path / "missing")
+    meta_path = tmp_path / "s" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["format_version"] = 99
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(UserError, match=r"format_version 99.*objtrain tokenize"):
+        TokenStore.open(tmp_path / "s")
+    meta["format_version"] = 1
+    meta_path.write_text(json.dumps(meta))
+    bin_path = tmp_path / "s" / "train.bin"
+    bin_path.write_bytes(bin_path.read_bytes()[:-2])
+    with pytest.raises(UserError, match="damaged"):
+        TokenStore.open(tmp_path / "s").split("train")
