@@ -67,8 +67,8 @@ def test_labels_are_next_token_within_documents(seed: int, B: int, L: int, cross
 
 
 def test_eos_is_trained_even_when_pad_equals_eos() -> None:
-    """Pitfall pad_id == eos_id (transformers#23530, trl#976): masking by id would hide every real EOS.
-    Labels come from document_ids only, so EOS stays a target and the padding stays untrained."""
+    """Pitfall 15.3 (CLM: pads, never EOS) and pad_id == eos_id (transformers#23530, trl#976): masking
+    by id would hide every real EOS. Labels come from document_ids only, so EOS stays a target."""
     specials = Specials(pad=3)  # pad shares EOS's id
     rows, docs = packed(5, 6, 64, pad=3)
     batch = CausalLM(CausalLM.Config(), specials)(rows, docs, torch.arange(6), 0)
@@ -79,12 +79,21 @@ def test_eos_is_trained_even_when_pad_equals_eos() -> None:
 
 
 def test_batch_size_independent() -> None:
+    """Pitfall 15.6: a row's batch depends only on (seed, row index), not on its batch."""
     rows, docs = packed(1, 8, 40)
     obj = CausalLM(CausalLM.Config(), SP)
     whole = obj(rows, docs, torch.arange(8), 3)
     parts = [obj(rows[s], docs[s], torch.arange(8)[s], 3) for s in (slice(0, 3), slice(3, 8))]
     for name, tensor in whole.tensors().items():
         assert torch.equal(tensor, torch.cat([p.tensors()[name] for p in parts])), name
+
+
+def test_very_long_rows() -> None:
+    rows, docs = packed(2, 2, 8193, mean_doc=3000)
+    batch = CausalLM(CausalLM.Config(), SP)(rows, docs, torch.arange(2), 0)
+    same = (docs[:, 1:] == docs[:, :-1]) & (docs[:, 1:] >= 0)
+    assert torch.equal(batch.labels != IGNORE, same)
+    assert torch.equal(batch.labels[same], rows[:, 1:][same])
 
 
 def test_yaml_mirrors_config_defaults() -> None:

@@ -86,8 +86,9 @@ def unpermute(fragment: list[int]) -> tuple[list[int], bool]:
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10_000), L=st.integers(4, 60), spm=st.sampled_from([0.0, 0.5, 1.0]))
 def test_token_level_merge_back(seed: int, L: int, spm: float) -> None:
-    """Reference invariants: one each of PRE/SUF/MID per transformed fragment, SPM begins <PRE><SUF>,
-    re-ordering gives back the document, EOS stays after the middle, length is kept."""
+    """Pitfall 15.7 (merge-back) and the section 9 invariants: one each of PRE/SUF/MID per transformed
+    fragment, SPM begins <PRE><SUF>, re-ordering gives back the document, EOS stays after the middle,
+    length is kept. Pitfall 15.5: fragments are split at document boundaries."""
     rows, docs = synthetic(seed, 4, L, slack=15)
     batch = fim(fim_rate=1.0, spm_rate=spm)(rows, docs, torch.arange(4), seed)
     assert batch.input_ids.shape == (4, L - 1)
@@ -107,7 +108,7 @@ def test_token_level_merge_back(seed: int, L: int, spm: float) -> None:
 
 
 def test_char_level_merge_back(tokenizer: Tokenizer, stdlib_texts: list[str]) -> None:
-    """Character-level boundaries: decoding the re-ordered parts gives back the document's text."""
+    """Pitfall 15.7 at character level: decoding the re-ordered parts gives back the document's text."""
     texts = [t[i : i + 150] for t in stdlib_texts for i in range(0, 1200, 300)]
     documents = [[*tokenizer.encode(t), SP.eos] for t in texts]
     packed = [pack(documents[i : i + 2], 400) for i in range(0, len(documents), 2)]
@@ -186,6 +187,7 @@ def test_short_rows_and_errors() -> None:
 
 @pytest.mark.parametrize("char", [False, True])
 def test_batch_size_independent_and_yaml(tokenizer: Tokenizer, char: bool) -> None:
+    """Pitfall 15.6: seeded per (seed, row index), whatever the batch; the YAML mirrors the defaults."""
     rows, docs = synthetic(4, 8, 40)
     if char:  # real text for the tokenizer
         rows = torch.where(rows == SP.eos, rows, rows % 500 + O)
@@ -195,3 +197,4 @@ def test_batch_size_independent_and_yaml(tokenizer: Tokenizer, char: bool) -> No
     for name, tensor in whole.tensors().items():
         assert torch.equal(tensor, torch.cat([p.tensors()[name] for p in parts])), name
     assert objective_defaults("fim") == dataclasses.asdict(FillInTheMiddle.Config())
+    assert build_objective("fim", SP, tokenizer).raw_length(512) == 513

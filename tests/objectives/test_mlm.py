@@ -78,9 +78,10 @@ def test_exact_count_per_row() -> None:
     rate=st.sampled_from([0.0, 0.15, 0.5, 1.0]),
 )
 def test_corruption_invariants(seed: int, L: int, exact: bool, rate: float) -> None:
-    """Specials and pads never selected (transformers#11155); labels are the originals; unselected
-    positions unchanged; random replacements never special (#15342); masked tokens stay in attention
-    (the DataCollatorForSOP `attention_mask = ~masked` pitfall): document_ids are the input's."""
+    """Pitfall 15.4: specials and pads never selected (transformers#11155), random replacements never
+    special (#15342). Pitfall 15.3: labels only at selected positions, equal to the originals; unselected
+    positions unchanged. Masked tokens stay in attention (the DataCollatorForSOP `attention_mask =
+    ~masked` pitfall): document_ids are the input's."""
     rows, docs = rows_with_specials(seed, 5, L)
     b = mlm(exact_count=exact, selection_rate=rate)(rows, docs, torch.arange(5), seed)
     selected = b.labels != IGNORE
@@ -97,8 +98,11 @@ def test_corruption_invariants(seed: int, L: int, exact: bool, rate: float) -> N
         assert not bool(selected.any())
 
 
-def test_empty_and_all_padding_rows() -> None:
+def test_empty_long_and_all_padding_rows() -> None:
     obj = mlm()
+    long = torch.randint(O, V, (2, 16384))
+    b = obj(long, torch.zeros_like(long), torch.arange(2), 0)
+    assert (b.labels != IGNORE).sum(dim=1).tolist() == [round(16384 * 0.15)] * 2
     b = obj(torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, 0, dtype=torch.long), torch.arange(2), 0)
     assert b.input_ids.shape == (2, 0)
     pads = torch.full((2, 9), SP.pad)
@@ -142,6 +146,7 @@ def test_vocab_size_and_tokenizer_requirements(tokenizer: Tokenizer) -> None:
 
 
 def test_batch_size_independent_and_yaml(tokenizer: Tokenizer) -> None:
+    """Pitfall 15.6: seeded per (seed, row index), whatever the batch; the YAML mirrors the defaults."""
     rows, docs = rows_with_specials(2, 8, 50)
     for obj in (mlm(), mlm(exact_count=False), MaskedLM(MaskedLMConfig(whole_word=True), SP, tokenizer)):
         whole = obj(rows, docs, torch.arange(8), 3)
@@ -150,3 +155,4 @@ def test_batch_size_independent_and_yaml(tokenizer: Tokenizer) -> None:
             assert torch.equal(tensor, torch.cat([p.tensors()[name] for p in parts])), name
         assert not torch.equal(obj(rows, docs, torch.arange(8), 4).labels, whole.labels)
     assert objective_defaults("mlm") == dataclasses.asdict(MaskedLM.Config())
+    assert build_objective("mlm", SP, tokenizer).raw_length(512) == 512

@@ -38,7 +38,8 @@ def mtp(n: int, cross: bool = False) -> MultiTokenPrediction:
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(1, 6), L=st.integers(1, 40))
 def test_single_document_rows(seed: int, n: int, L: int) -> None:
-    """Section 10 invariant on a T+1 raw block: labels_k[:, :T-k+1] == x[:, k:]; the rest IGNORE, no wrap."""
+    """Section 10 invariant on a T+1 raw block: labels_k[:, :T-k+1] == x[:, k:]; the rest IGNORE, never
+    wrapped (pitfall 15.3, MTP: drop the last positions of each head)."""
     rows = torch.randint(O, O + 300, (3, L), generator=torch.Generator().manual_seed(seed))
     docs = torch.zeros_like(rows)
     batch = mtp(n)(rows, docs, torch.arange(3), seed)
@@ -83,7 +84,7 @@ def test_n1_equals_clm_bit_for_bit() -> None:
 
 
 def test_loss_sums_heads_and_reports_head1() -> None:
-    """Pitfall: the total MTP loss is not comparable with CLM; head1_loss is, and equals CLM's mean."""
+    """Pitfall 15.8: the total MTP loss is not comparable with CLM; head1_loss is, and equals CLM's mean."""
     obj = mtp(3)
     rows, docs = packed(4, 3, 21)
     batch = obj(rows, docs, torch.arange(3), 0)
@@ -135,6 +136,7 @@ def test_sequential_backward_matches_summed_loss() -> None:
 
 
 def test_batch_size_independent_and_yaml() -> None:
+    """Pitfall 15.6: seeded per (seed, row index); the YAML mirrors the defaults."""
     rows, docs = packed(1, 8, 25)
     obj = mtp(4)
     whole = obj(rows, docs, torch.arange(8), 3)
@@ -142,5 +144,6 @@ def test_batch_size_independent_and_yaml() -> None:
     for name, tensor in whole.tensors().items():
         assert torch.equal(tensor, torch.cat([p.tensors()[name] for p in parts])), name
     assert objective_defaults("mtp") == dataclasses.asdict(MultiTokenPrediction.Config())
+    assert obj.raw_length(512) == 513  # the same rows as CLM
     with pytest.raises(UserError, match="n must be at least 1"):
         build_objective("mtp", SP, overrides={"n": 0})

@@ -15,7 +15,7 @@ from objtrain.batch import ModelOutput
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.objectives.mlm import MaskedLMConfig
-from objtrain.objectives.registry import objective_defaults
+from objtrain.objectives.registry import build_objective, objective_defaults
 from objtrain.objectives.rng import RowRandom
 from objtrain.objectives.sentence_pairs import NextSentencePrediction, SentenceOrderPrediction
 from objtrain.objectives.sentences import sentence_end_table
@@ -125,8 +125,9 @@ def test_label_balance(tokenizer: Tokenizer, documents: list[list[int]]) -> None
 
 
 def test_single_document_rows_never_get_random_next(tokenizer: Tokenizer, documents: list[list[int]]) -> None:
-    """Pitfall (NVIDIA/DeepLearningExamples#421, BERT-pytorch#110): with one document there is no honest
-    random next, so NSP keeps the actual next (label 0) instead of mislabelling; SOP is unaffected."""
+    """Pitfall 15.5 and section 3 (NVIDIA/DeepLearningExamples#421, BERT-pytorch#110): with one document
+    there is no honest random next, so NSP keeps the actual next (label 0) instead of mislabelling; SOP
+    is unaffected."""
     rows, _ = pack_rows(documents, 200, 96)
     docs = torch.zeros_like(rows)  # the EOS inside the row are then sentence ends, not document ends
     nsp = build(NextSentencePrediction, tokenizer)(rows, docs, torch.arange(200), 0)
@@ -174,6 +175,7 @@ def test_mlm_on_the_pair(tokenizer: Tokenizer, documents: list[list[int]]) -> No
 
 
 def test_loss_is_mlm_mean_plus_pair_mean(tokenizer: Tokenizer, documents: list[list[int]]) -> None:
+    """BERT's unweighted sum of means; pitfall 15.8: the masked-token loss is reported on its own."""
     obj = build(NextSentencePrediction, tokenizer, mlm=MaskedLMConfig())
     rows, docs = pack_rows(documents, 8, 64)
     batch = obj(rows, docs, torch.arange(8), 0)
@@ -188,6 +190,7 @@ def test_loss_is_mlm_mean_plus_pair_mean(tokenizer: Tokenizer, documents: list[l
 
 
 def test_batch_size_independent_and_yaml(tokenizer: Tokenizer, documents: list[list[int]]) -> None:
+    """Pitfall 15.6: the random next comes from the row itself, so no row depends on its batch."""
     rows, docs = pack_rows(documents, 8, 64)
     for cls in (NextSentencePrediction, SentenceOrderPrediction):
         obj = build(cls, tokenizer, mlm=MaskedLMConfig(whole_word=True))
@@ -196,5 +199,6 @@ def test_batch_size_independent_and_yaml(tokenizer: Tokenizer, documents: list[l
         for name, tensor in whole.tensors().items():
             assert torch.equal(tensor, torch.cat([p.tensors()[name] for p in parts])), name
         assert objective_defaults(cls.name) == dataclasses.asdict(cls.Config())
+        assert build_objective(cls.name, SP, tokenizer).raw_length(128) == 128
         with pytest.raises(UserError, match="tokenizer"):
             cls(cls.Config(), SP)
