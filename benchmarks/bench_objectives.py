@@ -9,7 +9,8 @@ measured together mean anything). Peers:
   run_t5_mlm_flax.py` (`FlaxDataCollatorForT5MLM`), re-created below without flax.
 Tokens/s counts model-input tokens (64 x 512 per batch) for everyone. "% of step" divides the
 objective's time per token by the training-step time per token of objtrain's `small` decoder (forward,
-loss, backward, AdamW at the machine's default thread count), measured in the same run.
+loss, backward, AdamW at the machine's default thread count), measured in the same run; on a GPU the
+step is far faster, so pass its measured rate with `--step-tokens-per-s` to see the share there.
 
     .venv/bin/python benchmarks/bench_objectives.py
     .venv/bin/python benchmarks/bench_objectives.py --objectives mlm span --repeats 9
@@ -205,6 +206,13 @@ def main() -> None:
     parser.add_argument("--objectives", nargs="*", default=list(OBJECTIVES))
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--vocab-size", type=int, default=4096)
+    parser.add_argument(
+        "--step-tokens-per-s",
+        type=float,
+        default=None,
+        help="training throughput to compare with (e.g. the small decoder on a GPU from bench_models.py) "
+        "instead of measuring the small decoder on this machine's CPU",
+    )
     args = parser.parse_args()
 
     train_threads = torch.get_num_threads()
@@ -217,7 +225,9 @@ def main() -> None:
     V = tokenizer.vocab_size
     tokens_per_batch = BATCH * LENGTH
 
-    peers: dict[str, float] = {}
+    # Every runner (peers and objectives) is timed once per round, rounds interleaved, so load from
+    # other processes on this shared machine hits all of them alike; the report takes medians.
+    runners: dict[str, Callable[[int], object]] = {}
     for name, mlm in (("hf-mlm", True), ("hf-clm", False)):
         try:
             collate = hf_collator(V, mlm)
@@ -225,20 +235,20 @@ def main() -> None:
             print(f"skipping {name}: transformers is not installed ({exc})")
             continue
         rows = torch.randint(5, V, (BATCH, LENGTH + (0 if mlm else 1)))
-        peers[name] = tokens_per_batch / median_seconds(lambda _i, c=collate, r=rows: c(r), args.repeats)
+        runners[name] = lambda _i, c=collate, r=rows: c(r)
     t5 = NumpyT5SpanCollator(V)
     raw = 568  # T5's random_spans_helper(512, 0.15, 3): 568 raw tokens give 512 inputs
     t5_rows = np.random.default_rng(0).integers(5, V - 300, (BATCH, raw))
-    peers["t5-numpy"] = tokens_per_batch / median_seconds(lambda _i: t5(t5_rows), args.repeats)
+    runners["t5-numpy"] = lambda _i: t5(t5_rows)
+    peer_names = list(runners)
 
-    step_s_per_token, step_what = train_step_seconds_per_token(V, train_threads)
-
-    results: list[tuple[str, float | None, str, str]] = []
+    notes: dict[str, str] = {}
+    peer_of: dict[str, str] = {}
     for name in args.objectives:
         try:
             kinds = objective_class(name).model_kinds
         except Exception as exc:
-            results.append((name, None, "", f"unavailable ({type(exc).__name__})"))
+            notes[name] = f"unavailable ({type(exc).__name__})"
             continue
         for kind in kinds:
             label = f"{name} [{kind}]"
@@ -246,18 +256,34 @@ def main() -> None:
                 objective = build_objective(name, specials, tokenizer=tokenizer, model_kind=kind)
                 L = objective.raw_length(LENGTH)
             except UserError as exc:
-                results.append((label, None, "", f"not configurable: {exc}"))
+                if "cannot train" not in str(exc):  # e.g. a mixture whose components rule a kind out
+                    notes[label] = f"not configurable: {exc}"
                 continue
             tokens, docs = inspect.rows_from_documents(documents, L, BATCH, specials)
             index = torch.arange(BATCH)
-            seconds = median_seconds(
-                lambda i, o=objective, t=tokens, d=docs, r=index: o(t, d, r, i), args.repeats
-            )
-            peer = PEER_OF.get(name, "t5-numpy")
-            results.append((label, tokens_per_batch / seconds, peer, ""))
+            runners[label] = lambda i, o=objective, t=tokens, d=docs, r=index: o(t, d, r, i)
+            peer_of[label] = PEER_OF.get(name, "t5-numpy")
+
+    times: dict[str, list[float]] = {label: [] for label in runners}
+    for run in runners.values():
+        run(-1)  # warm-up
+    for i in range(args.repeats):
+        for label, run in runners.items():
+            t0 = time.perf_counter()
+            run(i)
+            times[label].append(time.perf_counter() - t0)
+    rate = {label: tokens_per_batch / statistics.median(t) for label, t in times.items()}
+    peers = {name: rate[name] for name in peer_names}
+
+    if args.step_tokens_per_s:
+        step_s_per_token, step_what = 1 / args.step_tokens_per_s, "given with --step-tokens-per-s"
+    else:
+        step_s_per_token, step_what = train_step_seconds_per_token(V, train_threads)
+    results = [(label, rate[label], peer_of[label], "") for label in peer_of]
+    results += [(label, None, "", note) for label, note in notes.items()]
 
     print()
-    print(f"batch {BATCH} x {LENGTH} model tokens, 1 thread, median of up to {args.repeats} repeats")
+    print(f"batch {BATCH} x {LENGTH} model tokens, 1 thread, median of {args.repeats} interleaved rounds")
     print(f"training step: {step_what}: {1 / step_s_per_token:,.0f} tokens/s")
     for name, rate in peers.items():
         print(f"peer {name:9s} {rate:>14,.0f} tokens/s")
@@ -265,13 +291,13 @@ def main() -> None:
     header = f"{'objective':24s} {'tokens/s':>14s} {'peer':>9s} {'x peer':>8s} {'% of step':>10s}"
     print(header)
     print("-" * len(header))
-    for label, rate, peer, note in results:
-        if rate is None:
+    for label, tps, peer, note in results:
+        if tps is None:
             print(f"{label:24s} {note}")
             continue
-        ratio = rate / peers[peer] if peer in peers else float("nan")
-        share = 100 * (1 / rate) / step_s_per_token
-        print(f"{label:24s} {rate:>14,.0f} {peer:>9s} {ratio:>8.1f} {share:>9.2f}%")
+        ratio = tps / peers[peer] if peer in peers else float("nan")
+        share = 100 * (1 / tps) / step_s_per_token
+        print(f"{label:24s} {tps:>14,.0f} {peer:>9s} {ratio:>8.1f} {share:>9.2f}%")
     sys.stdout.flush()
 
 
