@@ -27,7 +27,6 @@ from torch import Tensor
 from objtrain import IGNORE
 from objtrain.batch import Batch
 from objtrain.errors import UserError
-from objtrain.objectives.base import positions_from_documents
 from objtrain.objectives.rng import RowRandom
 from objtrain.specials import Specials
 
@@ -163,6 +162,13 @@ def split_documents(
     """
     B, L = rows.shape
     device = rows.device
+    if (
+        B
+        and L
+        and bool((document_ids == document_ids[:, :1]).all())
+        and bool((document_ids[:, 0] >= 0).all())
+    ):
+        return _one_document_per_row(rows, pad_id, eos_id)
     valid = document_ids >= 0
     starts = valid.clone()
     starts[:, 1:] &= document_ids[:, 1:] != document_ids[:, :-1]
@@ -172,12 +178,16 @@ def split_documents(
         empty = torch.zeros(0, dtype=torch.int64, device=device)
         flags = torch.zeros(0, dtype=torch.bool, device=device)
         return Segments(torch.zeros(0, 0, dtype=torch.int64, device=device), empty, empty, empty, B, flags)
-    seg_of = starts.reshape(-1).cumsum(0) - 1
-    lengths = torch.bincount(seg_of[valid.reshape(-1)], minlength=n)
+    ends = valid.clone()
+    ends[:, :-1] &= document_ids[:, :-1] != document_ids[:, 1:]
+    lengths = ends.reshape(-1).nonzero().squeeze(1) - flat_starts + 1
     width = int(lengths.max())
     j = torch.arange(width, device=device)
-    idx = (flat_starts[:, None] + j).clamp(max=B * L - 1)
-    tokens = rows.reshape(-1)[idx].masked_fill(j[None, :] >= lengths[:, None], pad_id)
+    if width == L and n == B:  # one document per row, no padding: the rows are the segments
+        tokens = rows
+    else:
+        idx = (flat_starts[:, None] + j).clamp(max=B * L - 1)
+        tokens = rows.reshape(-1)[idx].masked_fill(j[None, :] >= lengths[:, None], pad_id)
     row = torch.div(flat_starts, L, rounding_mode="floor")
     per_row = starts.sum(1)
     doc = torch.arange(n, device=device) - (per_row.cumsum(0) - per_row)[row]
@@ -187,6 +197,22 @@ def split_documents(
         lengths = lengths - had_eos.long()
         tokens = tokens.masked_fill(j[None, :] >= lengths[:, None], pad_id)
     return Segments(tokens, lengths, row, doc, B, had_eos)
+
+
+def _one_document_per_row(rows: Tensor, pad_id: int, eos_id: int | None) -> Segments:
+    """`split_documents` for rows that are each one whole document (no padding): no gathers."""
+    B, L = rows.shape
+    arange = torch.arange(B, device=rows.device)
+    lengths = torch.full((B,), L, dtype=torch.int64, device=rows.device)
+    had_eos = torch.zeros(B, dtype=torch.bool, device=rows.device)
+    tokens = rows
+    if eos_id is not None:
+        had_eos = rows[:, -1] == eos_id
+        if bool(had_eos.any()):
+            lengths = lengths - had_eos.long()
+            tokens = rows.clone()
+            tokens[:, -1] = torch.where(had_eos, pad_id, rows[:, -1])
+    return Segments(tokens, lengths, arange, torch.zeros_like(arange), B, had_eos)
 
 
 def prefix_rows(rows: Tensor, document_ids: Tensor, length: int) -> tuple[Tensor, Tensor]:
@@ -205,27 +231,41 @@ def _span_counts_batched(lengths: Tensor, noise_density: float, mean_span: float
     return n_noise, n_spans
 
 
+def sort_keys(rr: RowRandom, n: int, stream: str) -> Tensor:
+    """(N, n) distinct int64 sort keys: 32 random bits above the position, two keys per 64-bit draw
+    (half the hashing of `RowRandom.permutation_keys`); ties of the 32 bits break by position."""
+    half = (n + 1) // 2
+    bits = rr.bits(half, stream)
+    high = (bits >> 32) & 0xFFFFFFFF
+    low = bits & 0xFFFFFFFF
+    keys = torch.stack([high, low], dim=2).reshape(bits.size(0), 2 * half)[:, :n]  # key i: draw i // 2
+    return (keys << 31) | torch.arange(n, device=bits.device)
+
+
 def random_segmentation(n_items: Tensor, n_segments: Tensor, rr: RowRandom, stream: str) -> Tensor:
     """(N, K) sizes of a uniformly random split of n_items[i] items into n_segments[i] non-empty parts.
 
     As t5's `_random_segmentation`: choose n_segments-1 of the n_items-1 gaps between items as
-    boundaries (here by ranking random keys), then count items per part. K = max(n_segments).
+    boundaries, here the gaps with the smallest random keys (a partial top-k, not a full sort), then
+    take differences of the sorted boundaries. K = max(n_segments); parts past n_segments are empty.
     """
     N = n_items.numel()
     device = n_items.device
-    width = int(n_items.max()) if N else 0
     k_max = max(int(n_segments.max()) if N else 1, 1)
-    gaps = max(width - 1, 0)
-    keys = rr.bits(gaps, stream).masked_fill(
-        torch.arange(gaps, device=device) >= (n_items - 1)[:, None], _INT64_MAX
-    )
-    order = keys.argsort(dim=1)
-    take = torch.arange(gaps, device=device)[None, :] < (n_segments - 1)[:, None]
-    chosen = torch.zeros(N, gaps, dtype=torch.int64, device=device).scatter_(1, order, take.long())
-    seg_id = torch.zeros(N, width, dtype=torch.int64, device=device)
-    seg_id[:, 1:] = chosen.cumsum(1)
-    present = (torch.arange(width, device=device)[None, :] < n_items[:, None]).long()
-    return torch.zeros(N, k_max, dtype=torch.int64, device=device).scatter_add_(1, seg_id, present)
+    if k_max == 1:
+        return n_items[:, None].clone()
+    gaps = max(int(n_items.max()) - 1, 0)
+    j = torch.arange(gaps, device=device)[None, :]
+    keys = sort_keys(rr, gaps, stream).masked_fill(j >= (n_items - 1)[:, None], _INT64_MAX)
+    if 4 * (k_max - 1) <= gaps:
+        picked = torch.topk(keys, k_max - 1, dim=1, largest=False, sorted=True).indices
+    else:
+        picked = keys.argsort(dim=1)[:, : k_max - 1]
+    used = torch.arange(k_max - 1, device=device)[None, :] < (n_segments - 1)[:, None]
+    cuts = torch.where(used, picked + 1, n_items[:, None]).sort(dim=1).values  # item index starting a part
+    zero = torch.zeros(N, 1, dtype=torch.int64, device=device)
+    bounds = torch.cat([zero, cuts, n_items[:, None]], dim=1)
+    return bounds[:, 1:] - bounds[:, :-1]
 
 
 def random_spans_noise_mask(
@@ -259,7 +299,7 @@ def random_spans_noise_mask(
         1, span_ends.clamp(max=buf - 1), torch.ones_like(span_ends)
     )
     j = torch.arange(width, device=device)[None, :]
-    mask = (marks.cumsum(1)[:, :width] % 2 == 1) & (j < lengths[:, None])
+    mask = (marks.cumsum(1)[:, :width] & 1).bool() & (j < lengths[:, None])
     if random_roll:
         offset = rr.integers(1, lengths.clamp(min=1), stream + "/roll")  # (N, 1) in [0, L)
         src = (j - offset) % lengths.clamp(min=1)[:, None]
@@ -308,7 +348,7 @@ def compact(values: Tensor, keep: Tensor, fill: int) -> tuple[Tensor, Tensor]:
     """Move values[keep] to the front of each row, in order. Never by value: a literal `<pad>` (id 0)
     inside the text survives (reference section 15.2; transformers #15443)."""
     N, W = values.shape
-    pos = torch.where(keep, keep.long().cumsum(1) - 1, W)
+    pos = torch.where(keep, keep.cumsum(1) - 1, W)
     out = torch.full((N, W + 1), fill, dtype=values.dtype, device=values.device)
     out.scatter_(1, pos, values)
     return out[:, :W], keep.sum(1)
@@ -340,7 +380,7 @@ def noise_span_to_unique_sentinel(
     """Replace the k-th noise span by `<extra_id_k>` and drop the rest of the span (t5, same name)."""
     mask = mask & _inside(mask, lengths)
     starts = span_starts(mask)
-    k = starts.long().cumsum(1) - 1
+    k = starts.cumsum(1) - 1
     check_sentinels(k[:, -1:] + 1, specials, what)
     values = torch.where(starts, specials.sentinel_ids(k), tokens)
     return compact(values, (~mask | starts) & _inside(mask, lengths), specials.pad)
@@ -388,9 +428,9 @@ def sentinel_then_noise(tokens: Tensor, mask: Tensor, specials: Specials) -> tup
     """
     N, W = tokens.shape
     starts = span_starts(mask)
-    n_starts = starts.long().cumsum(1)
+    n_starts = starts.cumsum(1)
     check_sentinels(n_starts[:, -1:], specials, "span corruption")
-    pos = mask.long().cumsum(1) + n_starts - 1  # output position of each noise token
+    pos = mask.cumsum(1) + n_starts - 1  # output position of each noise token
     out_w = 2 * W + 1
     out = torch.full((N, out_w), specials.pad, dtype=tokens.dtype, device=tokens.device)
     out.scatter_(1, torch.where(mask, pos, out_w - 1), tokens)
@@ -485,20 +525,47 @@ def pack_segments(
     device = lengths.device
     W = fields[0][0].size(1)
     j = torch.arange(W, device=device)[None, :]
+    if row.numel() == n_rows and bool((row == torch.arange(n_rows, device=device)).all()):
+        return _pack_one_per_row(doc, lengths, fields, width)
     col = _offsets(row, lengths, n_rows)[:, None] + j
     real = j < lengths[:, None]
     ok = real & (col < width)
     truncated = int(real.sum() - ok.sum())
-    flat = (row[:, None] * width + col)[ok]
+    size = n_rows * width
+    flat = torch.where(ok, row[:, None] * width + col, size).view(-1)  # dropped -> one spare slot
     outs = []
     for values, fill in fields:
-        out = torch.full((n_rows * width,), fill, dtype=values.dtype, device=device)
-        out[flat] = values[ok]
-        outs.append(out.view(n_rows, width))
-    docs = torch.full((n_rows * width,), -1, dtype=torch.int64, device=device)
-    docs[flat] = doc[:, None].expand(-1, W)[ok]
-    docs = docs.view(n_rows, width)
-    return outs, docs, positions_from_documents(docs), truncated
+        out = torch.full((size + 1,), fill, dtype=values.dtype, device=device)
+        out.scatter_(0, flat, values.reshape(-1))
+        outs.append(out[:size].view(n_rows, width))
+    docs = torch.full((size + 1,), -1, dtype=torch.int64, device=device)
+    docs.scatter_(0, flat, doc[:, None].expand(-1, W).reshape(-1))
+    docs = docs[:size].view(n_rows, width)
+    pos = torch.zeros(size + 1, dtype=torch.int64, device=device)
+    pos.scatter_(0, flat, j.expand(lengths.numel(), -1).reshape(-1))
+    return outs, docs, pos[:size].view(n_rows, width), truncated
+
+
+def _pack_one_per_row(
+    doc: Tensor, lengths: Tensor, fields: list[tuple[Tensor, int | bool]], width: int
+) -> tuple[list[Tensor], Tensor, Tensor, int]:
+    """`pack_segments` when every row holds exactly one segment: slice and pad, no scatter."""
+    W = fields[0][0].size(1)
+    device = lengths.device
+    j = torch.arange(width, device=device)[None, :]
+    real = j < lengths[:, None]
+    outs = []
+    for values, fill in fields:
+        if width <= W:
+            out = values[:, :width]
+        else:
+            tail = torch.full((values.size(0), width - W), fill, dtype=values.dtype, device=device)
+            out = torch.cat([values, tail], dim=1)
+        outs.append(torch.where(real, out, fill))
+    docs = torch.where(real, doc[:, None], -1)
+    positions = torch.where(real, j, 0)
+    truncated = int((lengths - width).clamp(min=0).sum())
+    return outs, docs, positions, truncated
 
 
 def encdec_batch(

@@ -11,12 +11,15 @@ from objtrain.errors import UserError
 from objtrain.objectives.noise import (
     drop_noise_tokens,
     drop_nonnoise_tokens,
+    iid_noise_mask,
     noise_span_to_unique_sentinel,
     nonnoise_span_to_sentinel,
+    nonnoise_span_to_unique_sentinel,
     prefix_split,
     random_segmentation,
     random_spans_helper,
     random_spans_noise_mask,
+    sort_keys,
     span_counts,
     split_documents,
 )
@@ -68,6 +71,8 @@ def test_t5_unit_vectors() -> None:
     assert out[0, : n[0]].tolist() == [s0, 12 + O, 13 + O, s1, 15 + O]
     out, n = nonnoise_span_to_sentinel(tokens, mask, lengths, s0, SP.pad)
     assert out[0, : n[0]].tolist() == [10 + O, 11 + O, s0, 14 + O, s0]
+    out, n = nonnoise_span_to_unique_sentinel(tokens, mask, lengths, SP)
+    assert out[0, : n[0]].tolist() == [10 + O, 11 + O, s0, 14 + O, s1]
     out, n = drop_noise_tokens(tokens, mask, lengths, SP.pad)
     assert out[0, : n[0]].tolist() == [12 + O, 13 + O, 15 + O]
     out, n = drop_nonnoise_tokens(tokens, mask, lengths, SP.pad)
@@ -189,3 +194,18 @@ def test_split_documents_of_packed_rows() -> None:
     assert with_eos.had_eos is not None and with_eos.had_eos.tolist() == [True, True, False]
     empty = split_documents(rows[2:], docs[2:])
     assert empty.n == 0
+
+
+def test_iid_mask_rate_and_lengths() -> None:
+    lens = torch.tensor([1000] * 50 + [3] * 50)
+    mask = iid_noise_mask(lens, 1000, 0.15, RowRandom(0, torch.arange(100)))
+    assert not bool(mask[50:, 3:].any())
+    assert abs(float(mask[:50].float().mean()) - 0.15) < 0.01
+
+
+def test_sort_keys_depend_only_on_position() -> None:
+    """A key must not depend on how many keys a batch asks for, or rows change with their batch."""
+    rr = RowRandom(5, torch.arange(3))
+    long, short = sort_keys(rr, 11, "k"), sort_keys(rr, 4, "k")
+    assert torch.equal(long[:, :4], short)
+    assert len(set(long[0].tolist())) == 11

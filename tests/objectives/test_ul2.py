@@ -146,3 +146,19 @@ def test_bad_denoisers_are_user_errors() -> None:
         build_objective("ul2", SP, overrides={"denoisers": [{"kind": "Q"}]})
     with pytest.raises(UserError):
         build_objective("ul2", SP, overrides={"denoisers": [{"kind": "R", "weight": 0.0}]})
+
+
+@pytest.mark.parametrize("kind", ["encdec", "decoder"])
+def test_empty_and_tiny_documents(kind: str) -> None:
+    """Padding-only rows stay padding; 1-token documents still get a mode token and an EOS."""
+    obj = build_objective("ul2", SP, model_kind=kind)  # type: ignore[arg-type]
+    L = obj.raw_length(16)
+    rows = torch.randint(O, O + 500, (6, L))
+    docs = torch.full((6, L), -1)
+    docs[:3, :4] = torch.tensor([0, 1, 2, 3])
+    batch = obj(rows, docs, torch.arange(6), 0)
+    assert bool((batch.document_ids[3:] == -1).all()) and bool((batch.labels[3:] == IGNORE).all())
+    for b in range(3):
+        starts = batch.input_ids[b][:1].tolist()
+        assert starts[0] in MODES
+        assert set(batch.document_ids[b].tolist()) - {-1} == {0, 1, 2, 3}
