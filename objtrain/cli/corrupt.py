@@ -223,8 +223,14 @@ def print_row(console: Console, view: inspect.RowView, raw: inspect.RawRows) -> 
         used += w
     if used:
         lines.append(cur)
+    if not view.aligned:
+        original = Text("original ", style="dim")
+        original.append(" ".join(inspect.piece_text(t, specials, tok) for t in view.original))
+        console.print(original)
+        console.print(Text("(rearranged: input and target below)", style="dim"))
     for o_line, i_line, t_line in lines:
-        console.print(Text("original ", style="dim") + o_line, soft_wrap=True)
+        if view.aligned:
+            console.print(Text("original ", style="dim") + o_line, soft_wrap=True)
         console.print(Text("input    ", style="dim") + i_line, soft_wrap=True)
         if not view.encdec:
             console.print(Text("target   ", style="dim") + t_line, soft_wrap=True)

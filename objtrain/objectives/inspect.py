@@ -362,6 +362,7 @@ class RowView:
     targets: list[int]  # the labelled tokens only, in order
     cells: list[Cell]
     encdec: bool
+    aligned: bool = True  # False: the input rearranges the original; cells hold the input only
     decoder_input: list[int] = field(default_factory=list)
     seq_label: int | None = None
     stats: dict[str, float] = field(default_factory=dict)
@@ -411,7 +412,18 @@ def align_row(batch: Batch, b: int, raw: RawRows, raw_b: int) -> RowView:
             else:
                 orig_kind = DELETED
             cells.append(Cell(orig, orig_kind, tok, in_kind, in_labels[j] if tok is not None else None))
+    aligned = 2 * sum(c.input_kind in (KEPT, SPECIAL) and c.original is not None for c in cells) >= len(
+        inputs
+    )
+    if not aligned:
+        # A rearranged row (FIM, permuted sentences): an edit script would pair unrelated tokens, so the
+        # original is shown on its own and the input with its targets.
+        cells = [
+            Cell(None, "", tok, token_kind(tok, specials), lab)
+            for tok, lab in zip(inputs, in_labels, strict=True)
+        ]
     view = RowView(
+        aligned=aligned,
         row_index=int(raw.row_index[raw_b]),
         original=original,
         input=inputs,
