@@ -23,6 +23,9 @@ Differences from fairseq, on purpose:
 - sentence ends come from the tokenizer (`sentences.sentence_end_table`) or from `sentence_end_ids`;
   permutation without either is refused, not silently skipped (fairseq#3803).
 
+A document's trailing EOS (packed stores end documents with one) is kept out of the noise and is the
+appended EOS. The transform runs on CPU tensors (the data-loader side).
+
 Row lengths: decoder width = raw + 1; encoder width = raw + 1 + ceil(raw * insert). Text infilling
 rarely grows a document (only when 0-length spans outnumber the tokens saved); any overflow is
 truncated and counted in `stats["truncated_tokens"]`.

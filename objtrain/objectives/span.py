@@ -8,7 +8,8 @@ Encoder-decoder: the encoder reads the inputs, the decoder predicts the targets 
 shifted right behind the start id 0. Decoder-only (UL2/llm-foundry format): one sequence
 `inputs targets` per document, the inputs a bidirectional prefix, loss on the targets only.
 
-Packed rows: every document is corrupted on its own (sentinels restart at S0, each gets its own EOS).
+Packed rows: every document is corrupted on its own (sentinels restart at S0, each gets its own EOS;
+a document's trailing EOS, as packed stores write it, is never noised and is that EOS).
 `raw_length(m)` is T5's `random_spans_helper`, so a single-document row fills the model length exactly;
 a row of several documents spends one EOS and rounds its counts per document, so it can come out a
 few tokens longer (the tail is truncated, counted in `stats["truncated_tokens"]`) or shorter (padded).
