@@ -14,8 +14,9 @@ from objtrain.batch import Batch
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.objectives.clm import CausalLM
-from objtrain.objectives.fim import FillInTheMiddle
+from objtrain.objectives.fim import FillInTheMiddle, fragments, token_level_fim
 from objtrain.objectives.registry import build_objective, objective_defaults
+from objtrain.objectives.rng import RowRandom
 from objtrain.specials import Specials
 
 SP = Specials()
@@ -81,6 +82,24 @@ def unpermute(fragment: list[int]) -> tuple[list[int], bool]:
     if suf == 1:  # SPM: <PRE> <SUF> suffix <MID> prefix middle
         return fragment[mid + 1 : body_end] + fragment[2:mid] + tail, True
     return fragment[1:suf] + fragment[mid + 1 : body_end] + fragment[suf + 1 : mid] + tail, False
+
+
+@pytest.mark.parametrize("spm", [False, True])
+def test_golden_layouts(spm: bool) -> None:
+    """Hand-checked: document `a b c d e </s>` cut at i=1, j=3 (prefix a, middle b c, suffix d e)."""
+    a, b, c, d, e = range(O, O + 5)
+    rows = torch.tensor([[a, b, c, d, e, SP.eos, SP.pad, SP.pad, SP.pad]])
+    docs = torch.tensor([[0, 0, 0, 0, 0, 0, -1, -1, -1]])
+    f = fragments(rows, docs, SP, 1.0, 0.0, RowRandom(0, torch.arange(1)))
+    f = dataclasses.replace(
+        f, lo_u=torch.full_like(f.lo_u, 0.2), hi_u=torch.full_like(f.hi_u, 0.6), spm=f.fim & spm
+    )  # boundaries floor(0.2 * 6) = 1 and floor(0.6 * 6) = 3
+    out, out_docs = token_level_fim(rows, docs, f, SP)
+    if spm:
+        assert out.tolist() == [[PRE, SUF, d, e, MID, a, b, c, SP.eos]]
+    else:
+        assert out.tolist() == [[PRE, a, SUF, d, e, MID, b, c, SP.eos]]
+    assert out_docs.tolist() == [[0] * 9]
 
 
 @settings(max_examples=25, deadline=None)
