@@ -131,6 +131,10 @@ def test_whole_word_masking_masks_whole_words(
     assert sum(multi) > 100  # the text has many multi-piece words
     rate = selected.sum() / (ids >= O).sum()
     assert 0.12 < float(rate) < 0.18
+    if exact:  # the budget, give or take the word that crosses it
+        budget = torch.round((ids >= O).sum(dim=1) * 0.15)
+        longest = max(int((word[r] == w).sum()) for r in range(32) for w in word[r].unique())
+        assert bool(((selected.sum(dim=1) - budget).abs() <= longest).all())
 
 
 def test_vocab_size_and_tokenizer_requirements(tokenizer: Tokenizer) -> None:
