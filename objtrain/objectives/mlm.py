@@ -67,7 +67,7 @@ def below(bits: Tensor, p: float) -> Tensor:
     """Bernoulli(p) from uniform int64 bits with one comparison: P(bits < -2^63 + p * 2^64) = p."""
     if p >= 1.0:
         return torch.ones_like(bits, dtype=torch.bool)
-    return bits < int(-(2**63) + round(p * 2**64))
+    return bits < min(-(2**63) + round(p * 2**64), 2**63 - 1)
 
 
 def word_starts(tokens: Tensor, document_ids: Tensor, begins: Tensor, ends: Tensor) -> Tensor:
