@@ -31,7 +31,7 @@ from objtrain.objectives.registry import (
     objective_class,
     objective_config,
 )
-from objtrain.specials import Specials
+from objtrain.specials import N_FIXED, Specials
 
 MODEL_LENGTH = 96
 N_ROWS = 8
@@ -331,6 +331,36 @@ def test_loss_is_finite_and_counts_targets(case: tuple, tokenizer: Tokenizer) ->
     assert logits.grad is not None
     ignored = batch.labels == IGNORE
     assert (logits.grad[ignored] == 0).all(), "an IGNORE position contributes to the loss"
+
+
+@parametrize_cases
+def test_sentinels_never_overflow_into_other_ids(case: tuple, documents: list[list[int]]) -> None:
+    """15.2: with only 4 sentinels, a row needing more is refused with a UserError, never corrupted with
+    ids counted down past the sentinel block into other specials (T5's silent overflow): the fixed ids
+    below the sentinels that a batch uses are the same as with the full sentinel table."""
+    objective, _, _ = case
+    small = Specials(n_sentinels=4)
+    try:
+        few = build_objective(objective.name, small, model_kind=objective.model_kind)  # type: ignore[arg-type]
+        full = build_objective(objective.name, Specials(), model_kind=objective.model_kind)  # type: ignore[arg-type]
+    except UserError as exc:
+        pytest.skip(f"{objective.name} cannot be built without its tokenizer: {exc}")
+    stream = torch.tensor([t for d in documents for t in d])
+
+    def fixed_ids(b: Batch) -> set[int]:
+        values = torch.cat([t.reshape(-1) for t in (b.input_ids, b.labels)])
+        return set(values[(values >= 0) & (values < N_FIXED)].tolist())
+
+    for m in (256, 24):
+        try:
+            L = few.raw_length(m)
+            tokens = stream[: 4 * L].view(4, L)
+            docs, index = torch.zeros_like(tokens), torch.arange(4)
+            batch = few(tokens, docs, index, 0)
+        except UserError as exc:
+            assert "sentinel" in str(exc), f"refused for another reason: {exc}"
+            continue
+        assert fixed_ids(batch) <= fixed_ids(full(tokens, docs, index, 0))
 
 
 # ---------------------------------------------------------------------------------------------------
