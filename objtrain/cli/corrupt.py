@@ -17,7 +17,7 @@ from objtrain.batch import MODEL_KINDS, Batch
 from objtrain.config import parse_overrides
 from objtrain.errors import UserError
 from objtrain.objectives import inspect
-from objtrain.objectives.registry import OBJECTIVES, build_objective, objective_class
+from objtrain.objectives.registry import build_objective, objective_class
 
 STYLES = {
     inspect.KEPT: "",
@@ -38,7 +38,8 @@ SUMMARY_CELLS = 48
 def run(
     args: list[str] = typer.Argument(
         None,
-        help="SOURCE (token store, packed store or text file) then key=value overrides",
+        metavar="SOURCE KEY=VALUE",
+        help="A token store, packed store or text file, then objective overrides such as noise_density=0.3.",
         show_default=False,
     ),
     objective: str = typer.Option(None, "--objective", "-O", help="Objective name (see --list)."),
@@ -48,12 +49,14 @@ def run(
     tokenizer: Path = typer.Option(
         None, "--tokenizer", help="Token store (or .model file) whose tokenizer encodes text."
     ),
-    n: int = typer.Option(None, "--n", help="Rows to corrupt [default: 2, or 256 with --stats]."),
+    n: int = typer.Option(None, "--n", help="Rows to corrupt (default: 2, or 256 with --stats)."),
     seed: int = typer.Option(0, "--seed", help="Corruption seed (row i is always corrupted the same way)."),
     seq_len: int = typer.Option(
-        None, "--seq-len", help="Model length [default: a packed store's rows, else 128]."
+        None, "--seq-len", help="Model length (default: what a packed store's rows hold, else 128)."
     ),
-    model_kind: str = typer.Option(None, "--model-kind", help="decoder | encoder | encdec [default: first]."),
+    model_kind: str = typer.Option(
+        None, "--model-kind", help="decoder | encoder | encdec (default: the objective's first)."
+    ),
     fmt: str = typer.Option("text", "--format", help="text (coloured) or jsonl (one object per row)."),
     show_attention: bool = typer.Option(False, "--show-attention", help="Draw each row's attention pattern."),
     stats: bool = typer.Option(
@@ -161,7 +164,8 @@ def print_list(console: Console) -> None:
     table = Table(title="objectives", title_justify="left")
     for col in ("name", "model kinds", "attention", "key parameters (configs/objectives/<name>.yaml)"):
         table.add_column(col)
-    for info in inspect.list_objectives():
+    infos = inspect.list_objectives()
+    for info in infos:
         if not info.available:
             table.add_row(info.name, "[dim]unavailable[/]", "", f"[dim]{info.reason}[/]")
             continue
@@ -172,13 +176,9 @@ def print_list(console: Console) -> None:
             inspect.describe_defaults(info.defaults) or f"[dim]{info.reason}[/]",
         )
     console.print(table)
-    missing = [
-        name
-        for name in OBJECTIVES
-        if not any(i.name == name and i.available for i in inspect.list_objectives())
-    ]
+    missing = [info.name for info in infos if not info.available]
     if missing:
-        console.print(f"[dim]unavailable: {', '.join(missing)}[/]")
+        console.print(f"[dim]unavailable (module does not import): {', '.join(missing)}[/]")
 
 
 def _legend() -> Text:
