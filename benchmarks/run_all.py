@@ -24,12 +24,14 @@ def missing_imports(script: Path) -> list[str]:
     """Top-level modules the script imports that cannot be found (checked without running it)."""
     tree = ast.parse(script.read_text(encoding="utf-8"))
     names: set[str] = set()
-    for node in ast.walk(tree):
+    for node in tree.body:  # module level only: imports inside functions may be optional peers
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
     missing = []
+    if str(script.parent) not in sys.path:  # a script runs with its own folder first on sys.path
+        sys.path.insert(0, str(script.parent))
     for name in sorted(names):
         try:
             found = importlib.util.find_spec(name) is not None
