@@ -287,17 +287,16 @@ def attention_summary(batch: Batch, b: int) -> list[dict[str, Any]]:
 
 
 def downsample_mask(mask: Tensor, cells: int) -> Tensor:
-    """(T, T) bool -> (c, c) float share of allowed pairs per cell, c = min(T, cells)."""
+    """(T, T) bool -> (c, c) float share of allowed pairs per cell, c = min(T, cells) (summed-area table)."""
     T = mask.size(0)
     c = min(T, cells)
     edges = torch.linspace(0, T, c + 1).round().long()
-    out = torch.zeros(c, c)
-    m = mask.float()
-    for i in range(c):
-        block = m[edges[i] : edges[i + 1]]
-        for j in range(c):
-            out[i, j] = block[:, edges[j] : edges[j + 1]].mean()
-    return out
+    table = torch.zeros(T + 1, T + 1, dtype=torch.float64)
+    table[1:, 1:] = mask.double().cumsum(0).cumsum(1)
+    lo, hi = edges[:-1], edges[1:]
+    sums = table[hi][:, hi] - table[lo][:, hi] - table[hi][:, lo] + table[lo][:, lo]
+    area = (hi - lo).double()
+    return (sums / (area[:, None] * area[None, :])).float()
 
 
 # ---------------------------------------------------------------------------------------------------
