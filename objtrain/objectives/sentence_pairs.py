@@ -16,10 +16,13 @@ How a row becomes a pair, vectorised over the batch (all draws from the row's ow
    A = the document's tokens before s, next = its tokens from s on.
 3. NSP negatives: with probability `random_next_rate`, B starts at a random sentence start of a
    *different* document of the same raw row. Taking B from the row itself keeps the batch-size
-   independence (other rows of the batch never matter). A row holding a single document has no
-   negative and keeps the actual next (label 0): a "random" B from the same document is the
-   single-document-corpus pitfall (NVIDIA/DeepLearningExamples#421). `stats["random_fraction"]`
-   reports the realised rate; NSP wants packed rows of several documents.
+   independence (other rows of the batch never matter). A row holding a single document (long
+   documents, or a one-document corpus such as tinyshakespeare) has no such B. BERT then draws from
+   the same document, which can return the actual next sentence: the single-document-corpus pitfall
+   (NVIDIA/DeepLearningExamples#421). objtrain instead, with `same_document_negatives` (default),
+   starts B at a sentence start strictly after the next one, so at least one sentence is skipped and
+   label 1 stays true ("B does not follow A"); without it such rows keep the actual next (label 0).
+   `stats["label_1_fraction"]` and `stats["same_document_negatives"]` report what was realised.
    SOP: with probability `swap_rate`, A and next are swapped (label 1); SOP needs one document only.
 4. Length: the pair gets T - 3 tokens, or with probability `short_seq_prob` a uniform target in
    [2, T - 3] (BERT's short_seq_prob). The longer of A and B is shortened first, as BERT's
@@ -86,6 +89,7 @@ class Pair:
     second_len: Tensor
     label: Tensor  # int64, IGNORE where no pair could be made
     sentence_split: Tensor  # bool: split at a sentence boundary (else at a token)
+    flags: dict[str, Tensor]  # (B,) bool per objective-specific statistic
 
 
 class _SentencePairs(Objective):
@@ -111,8 +115,9 @@ class _SentencePairs(Objective):
 
     def choose(
         self, split: Tensor, doc: Tensor, starts: Tensor, run_start: Tensor, run_end: Tensor, rr: RowRandom
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """(second segment start, its end, label, label-1 mask) given the split `split` (B,)."""
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Tensor]]:
+        """Given the split (B,): B's start and end, the label, whether to swap, and (B,) bool flags to
+        count in the stats."""
         raise NotImplementedError
 
     def make_pairs(self, rows: Tensor, document_ids: Tensor, rr: RowRandom) -> Pair:
@@ -130,7 +135,7 @@ class _SentencePairs(Objective):
         )
         run_start, run_end = runs(doc)
         a0 = run_start.gather(1, split[:, None])[:, 0]
-        b0, b1, label, swap = self.choose(split, doc, starts, run_start, run_end, rr)
+        b0, b1, label, swap, flags = self.choose(split, doc, starts, run_start, run_end, rr)
         a, b = split - a0, b1 - b0
 
         budget = L - 3
@@ -151,6 +156,7 @@ class _SentencePairs(Objective):
             second_len=torch.where(swap, a_len, b_len),
             label=torch.where(valid, label, IGNORE),
             sentence_split=at_sentence,
+            flags=flags,
         )
 
     def __call__(self, rows: Tensor, document_ids: Tensor, row_index: Tensor, seed: int) -> Batch:
@@ -191,6 +197,7 @@ class _SentencePairs(Objective):
             sentence_splits=float((pair.sentence_split & valid).sum()),
             token_splits=float((~pair.sentence_split & valid).sum()),
         )
+        stats.update({name: float((flag & valid).sum()) for name, flag in pair.flags.items()})
         return Batch(
             input_ids=inputs,
             labels=labels,
@@ -229,20 +236,34 @@ class NextSentencePrediction(_SentencePairs):
 
     @dataclass
     class Config:
-        random_next_rate: float = 0.5  # share of pairs whose B is from another document (BERT: 0.5)
+        random_next_rate: float = 0.5  # share of pairs whose B is not the actual next (BERT: 0.5)
+        same_document_negatives: bool = True  # rows of one document: B = a later, non-adjacent passage
         short_seq_prob: float = 0.1  # share of pairs with a shorter random length (BERT: 0.1)
         mlm: MaskedLMConfig = field(default_factory=MaskedLMConfig)  # masking of the pair (section 2)
 
     def choose(
         self, split: Tensor, doc: Tensor, starts: Tensor, run_start: Tensor, run_end: Tensor, rr: RowRandom
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Tensor]]:
         d = doc.gather(1, split[:, None])
-        other = starts & (doc != d)  # sentence starts of other documents of the row
-        q = pick(other, rr, "nsp/random_start")
-        random = below(rr.bits(1, "nsp/random")[:, 0], self.config.random_next_rate) & other.any(dim=1)
+        candidates = starts & (doc != d)  # sentence starts of other documents of the row
+        has_other = candidates.any(dim=1)
+        if self.config.same_document_negatives:
+            # Later sentence starts of A's document: the split is itself a sentence start, so the
+            # skipped text [split, q) holds at least one whole sentence.
+            idx = torch.arange(doc.size(1), device=doc.device)[None, :]
+            later = starts & (doc == d) & (idx > split[:, None])
+            candidates = torch.where(has_other[:, None], candidates, later)
+        q = pick(candidates, rr, "nsp/random_start")
+        random = below(rr.bits(1, "nsp/random")[:, 0], self.config.random_next_rate) & candidates.any(dim=1)
         b0 = torch.where(random, q, split)
         b1 = run_end.gather(1, b0[:, None])[:, 0]
-        return b0, b1, random.long(), torch.zeros_like(random)
+        return (
+            b0,
+            b1,
+            random.long(),
+            torch.zeros_like(random),
+            {"same_document_negatives": random & ~has_other},
+        )
 
 
 class SentenceOrderPrediction(_SentencePairs):
@@ -258,7 +279,7 @@ class SentenceOrderPrediction(_SentencePairs):
 
     def choose(
         self, split: Tensor, doc: Tensor, starts: Tensor, run_start: Tensor, run_end: Tensor, rr: RowRandom
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Tensor]]:
         swap = below(rr.bits(1, "sop/swap")[:, 0], self.config.swap_rate)
         b1 = run_end.gather(1, split[:, None])[:, 0]
-        return split, b1, swap.long(), swap
+        return split, b1, swap.long(), swap, {}
