@@ -157,9 +157,9 @@ def generate_speculative(
         # verify: feed [token, d_1 .. d_{n-1}]; head 1's argmax at slot i is the true next token there
         start = caches[0].length
         x = torch.cat([token, drafts])[None]  # (1, n)
-        heads = model.step(x, torch.arange(start, start + n, device=device)[None], caches, n_heads=n)
-        greedy = torch.stack([h[0] for h in heads]).argmax(dim=-1)  # (n heads, n slots)
-        agree = (greedy[0, :-1] == drafts).long()  # draft i is right iff it equals head 1 at slot i
+        hidden = model.step_hidden(x, torch.arange(start, start + n, device=device)[None], caches, n_heads=n)
+        verified = model.unembed(hidden[0][0]).argmax(dim=-1)  # (n,): head 1's next token at every slot
+        agree = (verified[:-1] == drafts).long()  # draft i is right iff it equals head 1 at slot i
         m = int(agree.cumprod(0).sum())  # accepted drafts
         stats.forwards += 1
         stats.drafted += n - 1
@@ -174,7 +174,9 @@ def generate_speculative(
             produced += 1
             if produced >= max_new_tokens:
                 return
-        token, drafts = greedy[:1, m], greedy[1:, m]
+        # new drafts: heads 2..n at the last kept slot only (one small matmul, not n x n unembeddings)
+        token = verified[m : m + 1]
+        drafts = model.unembed(torch.stack([h[0, m] for h in hidden[1:]])).argmax(dim=-1)  # (n-1,)
 
 
 def encode_input(

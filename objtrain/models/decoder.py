@@ -71,6 +71,12 @@ class Decoder(ZooModel):
         Returns the logits (B, t, V) of the first `n_heads` heads. Only those heads' caches advance, so a
         caller mixes `n_heads` values only if it never reads the skipped heads again.
         """
+        return [self.unembed(h) for h in self.step_hidden(ids, positions, caches, n_heads)]
+
+    def step_hidden(
+        self, ids: Tensor, positions: Tensor, caches: list[KVCache], n_heads: int = 1
+    ) -> list[Tensor]:
+        """As `step`, but each head's normed hidden state (B, t, D): unembed only the positions needed."""
         t = ids.size(1)
         cos, sin = self.rotary(positions)
         mask = causal_chunk_mask(t, caches[0].length + t, ids.device)
@@ -81,8 +87,12 @@ class Decoder(ZooModel):
         out = []
         for k in range(n_heads):
             h = self.head_layers[k](x, cos, sin, mask, False, cache=caches[n_trunk + k])
-            out.append(self.lm_head(h, self.embed.weight)[1])
+            out.append(self.lm_head.norm(h))
         return out
+
+    def unembed(self, hidden: Tensor) -> Tensor:
+        """Normed hidden (..., D) -> logits (..., V) with the tied embedding."""
+        return hidden @ self.embed.weight.T
 
     @torch.no_grad()
     def logits(self, ids: Tensor) -> Tensor:
