@@ -85,6 +85,15 @@ def run(
         print(json.dumps(result, ensure_ascii=False))
 
 
+def _recorded_fim_mode(info: dict[str, Any]) -> str:
+    """The FIM order a checkpoint was trained for: `fim_mode`, else the FIM objective's `spm_rate`
+    (the order it used most), else PSM."""
+    if info.get("fim_mode"):
+        return str(info["fim_mode"])
+    spm_rate = (info.get("objective_config") or {}).get("spm_rate")
+    return "spm" if isinstance(spm_rate, (int, float)) and spm_rate > 0.5 else "psm"
+
+
 def _fill_mask(ckpt: Checkpoint, text: str, k: int) -> dict[str, Any]:
     assert ckpt.tokenizer is not None
     candidates = gen.fill_mask(ckpt.model, ckpt.tokenizer, text, k)  # type: ignore[arg-type]
@@ -149,7 +158,7 @@ def _generate(
         )
     else:
         if prefix is not None or suffix is not None:
-            chosen = (fim_mode or info.get("fim_mode") or "psm").lower()
+            chosen = (fim_mode or _recorded_fim_mode(info)).lower()
             ids = gen.fim_prompt(tok, prefix or "", suffix or "", chosen)  # type: ignore[arg-type]
             mode, stops = f"fim-{chosen}", (s.eos, s.fim_pad)  # EOT is EOS in objtrain's table
         elif prompt is not None:

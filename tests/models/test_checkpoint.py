@@ -193,16 +193,16 @@ def test_cli_generate_modes(tmp_path: Path, tokenizer: Tokenizer, specials: Spec
         invoke(str(dec), "--prefix", "a", "--suffix", "b", "-n", "4", "--fim-mode", "psm")["mode"]
         == "fim-psm"
     )
-    sampled = invoke(
-        str(dec), "--prompt", "x", "-n", "10", "--temperature", "1.0", "--top-p", "0.9", "--seed", "3"
+    sample_args = ("--prompt", "x", "-n", "10", "--temperature", "1.0", "--top-p", "0.9", "--seed", "3")
+    assert invoke(str(dec), *sample_args)["tokens"] == invoke(str(dec), *sample_args)["tokens"]
+    spm_trained = ck.save_checkpoint(
+        tmp_path / "spm",
+        trained_like("decoder", tokenizer),
+        specials,
+        tokenizer,
+        {"objective": "fim", "objective_config": {"fim_rate": 0.9, "spm_rate": 1.0}},
     )
-    assert sampled == {
-        **sampled,
-        **invoke(
-            str(dec), "--prompt", "x", "-n", "10", "--temperature", "1.0", "--top-p", "0.9", "--seed", "3"
-        ),
-        "seconds": sampled["seconds"],
-    }
+    assert invoke(str(spm_trained), "--prefix", "a", "--suffix", "b", "-n", "2")["mode"] == "fim-spm"
 
     enc = ck.save_checkpoint(tmp_path / "enc", trained_like("encoder", tokenizer), specials, tokenizer)
     masked = invoke(str(enc), "--text", "def [MASK](x):", "--top-k", "3")
