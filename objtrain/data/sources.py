@@ -20,6 +20,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import sysconfig
 import zlib
 from collections.abc import Iterator, Sequence
@@ -180,14 +181,6 @@ def _text_stream(source: Source) -> io.TextIOWrapper:
     return io.TextIOWrapper(_open_binary(source.path, source.compressed), encoding="utf-8", newline="\n")
 
 
-def _strip_break(line: str) -> str:
-    if line.endswith("\n"):
-        line = line[:-1]
-        if line.endswith("\r"):
-            line = line[:-1]
-    return line
-
-
 def iter_documents(source: Source, doc_split: DocSplit = "file", text_field: str = "text") -> Iterator[str]:
     """Documents of one file, in file order. Empty documents are yielded too (the caller counts them)."""
     with _text_stream(source) as stream:
@@ -195,20 +188,54 @@ def iter_documents(source: Source, doc_split: DocSplit = "file", text_field: str
             yield from _jsonl_documents(source.path, stream, text_field)
         elif doc_split == "file":
             yield stream.read()
-        elif doc_split == "line":
-            for line in stream:
-                if line.strip():
-                    yield _strip_break(line)
         else:
-            paragraph: list[str] = []
-            for line in stream:
-                if line.strip():
-                    paragraph.append(line)
-                elif paragraph:
-                    yield _strip_break("".join(paragraph))
-                    paragraph = []
-            if paragraph:
-                yield _strip_break("".join(paragraph))
+            yield from split_text(stream, doc_split)
+
+
+def split_text(stream: io.TextIOBase, doc_split: DocSplit, block: int = BLOCK) -> Iterator[str]:
+    """Non-blank lines (`line`) or paragraphs (`blank-line`) of a text stream opened with newline="\\n"."""
+    blocks = _line_blocks(stream, block)
+    if doc_split == "blank-line":
+        yield from _paragraphs(blocks)
+        return
+    for text in blocks:
+        yield from (line[:-1] if line[-1] == "\r" else line for line in text.split("\n") if line.strip())
+
+
+def _line_blocks(stream: io.TextIOBase, size: int) -> Iterator[str]:
+    """The text in blocks of about `size` characters that end at a line break (the last one may not)."""
+    while block := stream.read(size):
+        if not block.endswith("\n"):
+            block += stream.readline()
+        yield block
+
+
+# One or more blank (whitespace-only) lines, with the line break before them: what separates paragraphs.
+_BLANK_LINES = re.compile(r"\n(?:[^\S\n]*\n)+")
+_LEADING_BLANK = re.compile(r"\A(?:[^\S\n]*\n)+")
+_TRAILING_BLANK = re.compile(r"(?:\n[^\S\n]*)+\Z")
+
+
+def _paragraphs(blocks: Iterator[str]) -> Iterator[str]:
+    """Runs of non-blank lines, without the line break (\\n or \\r\\n) that ends their last line.
+
+    Separators are found by regex over whole blocks, not line by line: this is the hot path for corpora
+    of short documents. A paragraph longer than a block is carried as a list and joined once.
+    """
+    carry: list[str] = []
+    for block in blocks:
+        if carry and not _BLANK_LINES.search("\n" + block):
+            carry.append(block)  # no separator in this block: the paragraph goes on
+            continue
+        parts = _BLANK_LINES.split("".join(carry) + block)
+        # Only the first part can open with blank lines: at the start of the file, or when a block
+        # boundary cut a separator in two.
+        parts[0] = _LEADING_BLANK.sub("", parts[0])
+        carry = [parts.pop()]  # may go on in the next block
+        yield from (p[:-1] if p[-1] == "\r" else p for p in parts if p.strip())
+    last = _TRAILING_BLANK.sub("", _LEADING_BLANK.sub("", "".join(carry)))
+    if last.strip():
+        yield last[:-1] if last[-1] == "\r" else last
 
 
 def _jsonl_documents(path: Path, stream: io.TextIOWrapper, field: str) -> Iterator[str]:

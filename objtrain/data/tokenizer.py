@@ -68,6 +68,11 @@ def train_sentencepiece(
         )
     except RuntimeError as exc:
         message = str(exc).strip().splitlines()[-1] if str(exc).strip() else "training failed"
+        if "smaller than required_chars" in message:
+            raise UserError(
+                f"--vocab-size {vocab_size} is too small for the characters of this corpus ({message}); "
+                "use a larger vocabulary"
+            ) from None
         if "Vocabulary size too high" in message or "vocab_size" in message:
             raise UserError(
                 f"--vocab-size {vocab_size} is larger than this corpus supports ({message}); "

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from objtrain.data import sources
 from objtrain.data.store import TokenStore, token_dtype
 from objtrain.data.tokenize import TokenizeConfig, tokenize_corpus
 from objtrain.data.tokenizer import Tokenizer
@@ -195,3 +200,30 @@ def test_store_open_rejects_damage(tmp_path: Path, corpus_dir: Path, model_file:
     bin_path.write_bytes(bin_path.read_bytes()[:-2])
     with pytest.raises(UserError, match="damaged"):
         TokenStore.open(tmp_path / "s").split("train")
+
+
+def documents_by_lines(text: str, mode: str) -> list[str]:
+    """The definition, line by line: a document is a run of non-blank lines (`line`: one non-blank line),
+    without the line break (\\n or \\r\\n) that ends its last line."""
+    docs, paragraph = [], []
+    for line in [*re.split(r"(?<=\n)", text), ""]:  # a final blank line ends the last paragraph
+        if line.strip():
+            paragraph.append(line)
+            if mode == "blank-line":
+                continue
+        if paragraph:
+            docs.append("".join(paragraph))
+            paragraph = []
+    out = []
+    for doc in docs:
+        doc = doc[:-1] if doc.endswith("\n") else doc
+        out.append(doc[:-1] if doc.endswith("\r") else doc)
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet="ab \t\r\n\x0c", max_size=60), block=st.integers(1, 8))
+def test_block_splitting_matches_line_by_line_definition(text: str, block: int) -> None:
+    for mode in ("line", "blank-line"):
+        stream = io.TextIOWrapper(io.BytesIO(text.encode()), encoding="utf-8", newline="\n")
+        assert list(sources.split_text(stream, mode, block)) == documents_by_lines(text, mode), mode  # type: ignore[arg-type]
