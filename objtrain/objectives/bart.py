@@ -48,6 +48,7 @@ from objtrain.objectives.noise import (
     Pieces,
     Segments,
     append_token,
+    by_length,
     compact,
     encdec_batch,
     largest_fitting,
@@ -343,13 +344,18 @@ class BartDenoising(Objective):
             stats["rotated_documents"] = float(rotated.sum())
         return tokens, lengths, stats
 
-    def __call__(self, rows: Tensor, document_ids: Tensor, row_index: Tensor, seed: int) -> Batch:
-        seg = split_documents(rows, document_ids, self.specials.pad, self.specials.eos)
-        rr = seg.random(seed, row_index)
+    def pieces(self, seg: Segments, rr: RowRandom) -> tuple[Pieces, dict[str, float]]:
+        """Encoder input = noised document + EOS; target = the document + EOS."""
         noised, n_noised, stats = self.noise(seg, rr)
         inputs, n_in = append_token(noised, n_noised, self.specials.eos, self.specials.pad)
         targets, n_tgt = append_token(seg.tokens, seg.lengths, self.specials.eos, self.specials.pad)
-        pieces = Pieces(inputs, n_in, targets, n_tgt, seg.row, seg.doc)
+        return Pieces(inputs, n_in, targets, n_tgt, seg.row, seg.doc), stats
+
+    def __call__(self, rows: Tensor, document_ids: Tensor, row_index: Tensor, seed: int) -> Batch:
+        seg = split_documents(rows, document_ids, self.specials.pad, self.specials.eos)
+        pieces, stats = by_length(
+            seg, lambda sub: self.pieces(sub, sub.random(seed, row_index)), self.specials.pad
+        )
         enc_w, dec_w = self.widths(rows.size(1))
         batch, truncated = encdec_batch(pieces, seg.n_rows, enc_w, dec_w, self.specials)
         batch.stats = finish_stats(stats, batch, truncated)

@@ -18,6 +18,7 @@ Rounding is round-half-to-even in float64 everywhere (torch.round and Python's r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -215,6 +216,37 @@ def _one_document_per_row(rows: Tensor, pad_id: int, eos_id: int | None) -> Segm
     return Segments(tokens, lengths, arange, torch.zeros_like(arange), B, had_eos)
 
 
+def by_length(
+    seg: Segments, make: Callable[[Segments], tuple[Pieces, dict[str, float]]], pad: int = 0
+) -> tuple[Pieces, dict[str, float]]:
+    """Apply `make` to groups of segments of similar length (widths up to 16, 32, 64, ...), so a row
+    of many short documents is not padded to its batch's longest document; pieces come back merged in
+    (row, document) order and stats summed. A segment's result does not depend on its group."""
+    if seg.n == 0:
+        return make(seg)
+    group = torch.ceil(torch.log2(seg.lengths.clamp(min=16).double())).long()
+    groups = group.unique()
+    if groups.numel() == 1:
+        return make(seg)
+    parts, stats = [], {}
+    for g in groups.tolist():
+        idx = (group == g).nonzero().squeeze(1)
+        width = int(seg.lengths[idx].max())
+        sub = Segments(
+            seg.tokens[idx, :width],
+            seg.lengths[idx],
+            seg.row[idx],
+            seg.doc[idx],
+            seg.n_rows,
+            None if seg.had_eos is None else seg.had_eos[idx],
+        )
+        pieces, part = make(sub)
+        parts.append(pieces)
+        for key, value in part.items():
+            stats[key] = stats.get(key, 0.0) + value
+    return Pieces.merge(parts, pad), stats
+
+
 def prefix_rows(rows: Tensor, document_ids: Tensor, length: int) -> tuple[Tensor, Tensor]:
     """The first `length` raw tokens of every row (objectives whose denoisers need fewer raw tokens)."""
     return rows[:, :length], document_ids[:, :length]
@@ -242,6 +274,25 @@ def sort_keys(rr: RowRandom, n: int, stream: str) -> Tensor:
     return (keys << 31) | torch.arange(n, device=bits.device)
 
 
+def _segment_by_keys(keys: Tensor, n_items: Tensor, n_segments: Tensor) -> Tensor:
+    """Core of `random_segmentation`: the n_segments-1 gaps with the smallest `keys` (invalid gaps
+    hold INT64_MAX) become boundaries; returns the (M, K) part sizes."""
+    M, gaps = keys.shape
+    device = keys.device
+    k_max = max(int(n_segments.max()) if M else 1, 1)
+    if k_max == 1:
+        return n_items[:, None].clone()
+    if 4 * (k_max - 1) <= gaps:  # a partial top-k is cheaper than a full sort
+        picked = torch.topk(keys, k_max - 1, dim=1, largest=False, sorted=True).indices
+    else:
+        picked = keys.argsort(dim=1)[:, : k_max - 1]
+    used = torch.arange(k_max - 1, device=device)[None, :] < (n_segments - 1)[:, None]
+    cuts = torch.where(used, picked + 1, n_items[:, None]).sort(dim=1).values  # item index starting a part
+    zero = torch.zeros(M, 1, dtype=torch.int64, device=device)
+    bounds = torch.cat([zero, cuts, n_items[:, None]], dim=1)
+    return bounds[:, 1:] - bounds[:, :-1]
+
+
 def random_segmentation(n_items: Tensor, n_segments: Tensor, rr: RowRandom, stream: str) -> Tensor:
     """(N, K) sizes of a uniformly random split of n_items[i] items into n_segments[i] non-empty parts.
 
@@ -249,23 +300,10 @@ def random_segmentation(n_items: Tensor, n_segments: Tensor, rr: RowRandom, stre
     boundaries, here the gaps with the smallest random keys (a partial top-k, not a full sort), then
     take differences of the sorted boundaries. K = max(n_segments); parts past n_segments are empty.
     """
-    N = n_items.numel()
-    device = n_items.device
-    k_max = max(int(n_segments.max()) if N else 1, 1)
-    if k_max == 1:
-        return n_items[:, None].clone()
-    gaps = max(int(n_items.max()) - 1, 0)
-    j = torch.arange(gaps, device=device)[None, :]
+    gaps = max(int(n_items.max()) - 1 if n_items.numel() else 0, 0)
+    j = torch.arange(gaps, device=n_items.device)[None, :]
     keys = sort_keys(rr, gaps, stream).masked_fill(j >= (n_items - 1)[:, None], _INT64_MAX)
-    if 4 * (k_max - 1) <= gaps:
-        picked = torch.topk(keys, k_max - 1, dim=1, largest=False, sorted=True).indices
-    else:
-        picked = keys.argsort(dim=1)[:, : k_max - 1]
-    used = torch.arange(k_max - 1, device=device)[None, :] < (n_segments - 1)[:, None]
-    cuts = torch.where(used, picked + 1, n_items[:, None]).sort(dim=1).values  # item index starting a part
-    zero = torch.zeros(N, 1, dtype=torch.int64, device=device)
-    bounds = torch.cat([zero, cuts, n_items[:, None]], dim=1)
-    return bounds[:, 1:] - bounds[:, :-1]
+    return _segment_by_keys(keys, n_items, n_segments)
 
 
 def random_spans_noise_mask(
@@ -281,7 +319,8 @@ def random_spans_noise_mask(
 
     Reference section 5 (t5 random_spans_noise_mask). Without roll the first token is kept and the last
     is noise; `random_roll` rotates each mask by a uniform offset (t5#905: short inputs are otherwise
-    only corrupted at the tail).
+    only corrupted at the tail). The keep and noise segmentations share one draw per gap (its high and
+    low 32 bits) and one top-k over 2N rows: fewer, larger tensor ops.
     """
     N = lengths.numel()
     device = lengths.device
@@ -289,10 +328,17 @@ def random_spans_noise_mask(
         return torch.zeros(0, width, dtype=torch.bool, device=device)
     lp = lengths.clamp(min=2)
     n_noise, n_spans = _span_counts_batched(lengths, noise_density, mean_noise_span_length)
-    keep_len = random_segmentation(lp - n_noise, n_spans, rr, stream + "/keep")
-    noise_len = random_segmentation(n_noise, n_spans, rr, stream + "/noise")
-    k = min(keep_len.size(1), noise_len.size(1))
-    interleaved = torch.stack([keep_len[:, :k], noise_len[:, :k]], dim=2).reshape(N, 2 * k)
+    n_items = torch.cat([lp - n_noise, n_noise])  # (2N,): kept tokens, then noise tokens
+    gaps = max(int(n_items.max()) - 1, 1)
+    g = torch.arange(gaps, device=device)
+    bits = rr.bits(gaps, stream)
+    # 31 random bits from each half of a draw, above the gap index: distinct keys, so top-k and argsort
+    # pick the same gaps whatever the batch
+    keys = torch.cat([bits >> 33, bits & 0x7FFFFFFF]) * (1 << 31) + g
+    keys.masked_fill_(g[None, :] >= (n_items - 1)[:, None], _INT64_MAX)
+    sizes = _segment_by_keys(keys, n_items, torch.cat([n_spans, n_spans]))
+    k = sizes.size(1)
+    interleaved = torch.stack([sizes[:N], sizes[N:]], dim=2).reshape(N, 2 * k)
     span_ends = interleaved.cumsum(1)[:, :-1]  # where span i+1 starts; unused spans pile up at L'
     buf = max(width, 2) + 1
     marks = torch.zeros(N, buf, dtype=torch.int64, device=device).scatter_add_(
@@ -438,6 +484,44 @@ def sentinel_then_noise(tokens: Tensor, mask: Tensor, specials: Specials) -> tup
     n = mask.sum(1) + starts.sum(1)
     out = out[:, : max(int(n.max()) if N else 0, 1)]
     return out, n
+
+
+def span_inputs_targets(
+    tokens: Tensor, mask: Tensor, lengths: Tensor, specials: Specials, mode_token: int | None = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Both sides of span corruption in one pass (shared span starts and counts), EOS included:
+    inputs `[mode] keep S0 keep S1 ... </s>` (`noise_span_to_unique_sentinel`) and targets
+    `S0 noise S1 noise ... </s>` (`sentinel_then_noise`). Returns (inputs, n_in, targets, n_tgt)."""
+    device = tokens.device
+    if tokens.size(1) == 0:  # only empty documents (e.g. a lone EOS): one padding column to work on
+        tokens = torch.full((tokens.size(0), 1), specials.pad, dtype=tokens.dtype, device=device)
+        mask = torch.zeros(tokens.shape, dtype=torch.bool, device=device)
+    N, W = tokens.shape
+    j = torch.arange(W, device=device)[None, :]
+    mask = mask & (j < lengths[:, None])
+    starts = span_starts(mask)
+    n_starts = starts.cumsum(1)
+    check_sentinels(n_starts[:, -1:], specials, "span corruption")
+    sentinels = specials.sentinel_base + 1 - n_starts  # <extra_id_k>, k = spans started so far - 1
+    head = 0 if mode_token is None else 1
+    keep = (~mask | starts) & (j < lengths[:, None])
+    kept = keep.cumsum(1)
+    in_w = W + 2 + head
+    inputs = torch.full((N, in_w), specials.pad, dtype=tokens.dtype, device=device)
+    inputs.scatter_(1, torch.where(keep, kept - 1 + head, in_w - 1), torch.where(starts, sentinels, tokens))
+    n_in = kept[:, -1] + head
+    inputs.scatter_(1, n_in[:, None], specials.eos)
+    if mode_token is not None:
+        inputs[:, 0] = mode_token
+    pos = mask.cumsum(1) + n_starts - 1  # output position of each noise token
+    tgt_w = 2 * W + 2
+    targets = torch.full((N, tgt_w), specials.pad, dtype=tokens.dtype, device=device)
+    targets.scatter_(1, torch.where(mask, pos, tgt_w - 1), tokens)
+    targets.scatter_(1, torch.where(starts, pos - 1, tgt_w - 1), sentinels)
+    n_tgt = pos[:, -1] + 1
+    targets.scatter_(1, n_tgt[:, None], specials.eos)
+    top = int(n_tgt.max()) + 1 if N else 1
+    return inputs[:, : in_w - 1], n_in + 1, targets[:, :top], n_tgt + 1
 
 
 def append_token(seqs: Tensor, lengths: Tensor, token: int, fill: int = 0) -> tuple[Tensor, Tensor]:

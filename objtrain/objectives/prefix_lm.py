@@ -31,6 +31,7 @@ from objtrain.objectives.noise import (
     Pieces,
     Segments,
     append_token,
+    by_length,
     layout,
     prefix_split,
     prepend_token,
@@ -114,8 +115,13 @@ class PrefixLM(Objective):
 
     def __call__(self, rows: Tensor, document_ids: Tensor, row_index: Tensor, seed: int) -> Batch:
         seg = split_documents(rows, document_ids, self.specials.pad, self.eos_to_split)
-        rr = seg.random(seed, row_index)
-        pieces, stats = prefix_pieces(seg, rr, self.config.noise_density, self.model_kind, self.specials)
+        pieces, stats = by_length(
+            seg,
+            lambda sub: prefix_pieces(
+                sub, sub.random(seed, row_index), self.config.noise_density, self.model_kind, self.specials
+            ),
+            self.specials.pad,
+        )
         batch, truncated = layout(
             pieces, self.model_kind, seg.n_rows, self.widths(rows.size(1)), self.specials
         )

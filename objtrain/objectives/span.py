@@ -28,15 +28,13 @@ from objtrain.objectives.base import Objective
 from objtrain.objectives.noise import (
     Pieces,
     Segments,
-    append_token,
+    by_length,
     largest_fitting,
     layout,
-    noise_span_to_unique_sentinel,
-    prepend_token,
     random_spans_helper,
     random_spans_noise_mask,
-    sentinel_then_noise,
     span_counts,
+    span_inputs_targets,
     span_output_lengths,
     split_documents,
 )
@@ -64,12 +62,7 @@ def span_pieces(
     mask = random_spans_noise_mask(
         seg.lengths, seg.width, noise_density, mean_noise_span_length, rr, "span/mask", random_roll
     )
-    inputs, n_in = noise_span_to_unique_sentinel(seg.tokens, mask, seg.lengths, specials)
-    targets, n_tgt = sentinel_then_noise(seg.tokens, mask, specials)
-    inputs, n_in = append_token(inputs, n_in, specials.eos, specials.pad)
-    targets, n_tgt = append_token(targets, n_tgt, specials.eos, specials.pad)
-    if mode_token is not None:
-        inputs, n_in = prepend_token(inputs, n_in, mode_token)
+    inputs, n_in, targets, n_tgt = span_inputs_targets(seg.tokens, mask, seg.lengths, specials, mode_token)
     noise = float(mask.sum())
     spans = float((n_tgt - 1 - mask.sum(1)).sum())  # one sentinel per span
     stats = {
@@ -161,9 +154,17 @@ class SpanCorruption(Objective):
     def __call__(self, rows: Tensor, document_ids: Tensor, row_index: Tensor, seed: int) -> Batch:
         c = self.config
         seg = split_documents(rows, document_ids, self.specials.pad, self.specials.eos)
-        rr = seg.random(seed, row_index)
-        pieces, stats = span_pieces(
-            seg, rr, c.noise_density, c.mean_noise_span_length, c.random_roll, self.specials
+        pieces, stats = by_length(
+            seg,
+            lambda sub: span_pieces(
+                sub,
+                sub.random(seed, row_index),
+                c.noise_density,
+                c.mean_noise_span_length,
+                c.random_roll,
+                self.specials,
+            ),
+            self.specials.pad,
         )
         batch, truncated = layout(
             pieces, self.model_kind, seg.n_rows, self.widths(rows.size(1)), self.specials

@@ -31,7 +31,7 @@ from objtrain.batch import Batch, ModelKind
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.objectives.base import Objective
-from objtrain.objectives.noise import Pieces, largest_fitting, layout, split_documents
+from objtrain.objectives.noise import Pieces, Segments, by_length, largest_fitting, layout, split_documents
 from objtrain.objectives.prefix_lm import check_prefix_density, prefix_pieces
 from objtrain.objectives.rng import RowRandom
 from objtrain.objectives.span import (
@@ -179,14 +179,18 @@ class UL2(Objective):
                 continue
             raw = self.denoiser_raw_length(d, m)
             seg = split_documents(rows[sel, :raw], document_ids[sel, :raw], self.specials.pad, self._eos(d))
-            rr = seg.random(seed, row_index[sel])
-            if d.kind == "S":
-                pieces, part = prefix_pieces(
-                    seg, rr, d.noise_density, self.model_kind, self.specials, self._mode(d)
-                )
-            else:
-                pieces, part = span_pieces(
-                    seg,
+            rows_k = row_index[sel]
+
+            def make(
+                sub: Segments, d: Denoiser = d, rows_k: Tensor = rows_k
+            ) -> tuple[Pieces, dict[str, float]]:
+                rr = sub.random(seed, rows_k)
+                if d.kind == "S":
+                    return prefix_pieces(
+                        sub, rr, d.noise_density, self.model_kind, self.specials, self._mode(d)
+                    )
+                return span_pieces(
+                    sub,
                     rr,
                     d.noise_density,
                     d.mean_noise_span_length,
@@ -194,6 +198,8 @@ class UL2(Objective):
                     self.specials,
                     self._mode(d),
                 )
+
+            pieces, part = by_length(seg, make, self.specials.pad)
             pieces.row = sel[pieces.row]
             parts.append(pieces)
             for key, value in part.items():
