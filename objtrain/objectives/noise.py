@@ -216,22 +216,46 @@ def _one_document_per_row(rows: Tensor, pad_id: int, eos_id: int | None) -> Segm
     return Segments(tokens, lengths, arange, torch.zeros_like(arange), B, had_eos)
 
 
+_GROUP_COST = 32_768  # fixed cost of one more group of tensor ops, in padded cells (measured on CPU)
+
+
 def by_length(
     seg: Segments, make: Callable[[Segments], tuple[Pieces, dict[str, float]]], pad: int = 0
 ) -> tuple[Pieces, dict[str, float]]:
-    """Apply `make` to groups of segments of similar length (widths up to 16, 32, 64, ...), so a row
-    of many short documents is not padded to its batch's longest document; pieces come back merged in
-    (row, document) order and stats summed. A segment's result does not depend on its group."""
+    """Apply `make` to groups of segments of similar length, so a row of many short documents is not
+    padded to its batch's longest document; pieces come back merged in (row, document) order and stats
+    summed. A segment's result does not depend on its group.
+
+    Lengths are binned by powers of two; contiguous bins are then joined to minimise padded cells plus
+    a fixed per-group cost (a small dynamic programme over at most ~12 bins), so batches of similar
+    lengths stay one group.
+    """
     if seg.n == 0:
         return make(seg)
-    group = torch.ceil(torch.log2(seg.lengths.clamp(min=16).double())).long()
-    groups = group.unique()
-    if groups.numel() == 1:
+    binned = torch.ceil(torch.log2(seg.lengths.clamp(min=16).double())).long()
+    bins = binned.unique()  # ascending
+    if bins.numel() == 1:
+        return make(seg)
+    counts = [int((binned == b).sum()) for b in bins.tolist()]
+    widest = [int(seg.lengths[binned == b].max()) for b in bins.tolist()]
+    n = len(counts)
+    best = [0.0] + [float("inf")] * n  # best[i]: cost of bins[:i]; a group covers bins[j:i]
+    cut = [0] * (n + 1)
+    for i in range(1, n + 1):
+        for j in range(i):
+            cost = best[j] + _GROUP_COST + sum(counts[j:i]) * widest[i - 1]
+            if cost < best[i]:
+                best[i], cut[i] = cost, j
+    bounds, i = [], n
+    while i > 0:
+        bounds.append((cut[i], i))
+        i = cut[i]
+    if len(bounds) == 1:
         return make(seg)
     parts, stats = [], {}
-    for g in groups.tolist():
-        idx = (group == g).nonzero().squeeze(1)
-        width = int(seg.lengths[idx].max())
+    for j, i in reversed(bounds):
+        idx = ((binned >= bins[j]) & (binned <= bins[i - 1])).nonzero().squeeze(1)
+        width = widest[i - 1]
         sub = Segments(
             seg.tokens[idx, :width],
             seg.lengths[idx],
