@@ -271,11 +271,6 @@ def by_length(
     return Pieces.merge(parts, pad), stats
 
 
-def prefix_rows(rows: Tensor, document_ids: Tensor, length: int) -> tuple[Tensor, Tensor]:
-    """The first `length` raw tokens of every row (objectives whose denoisers need fewer raw tokens)."""
-    return rows[:, :length], document_ids[:, :length]
-
-
 # --------------------------------------------------------------------------------------------------
 # Mask makers: (lengths (N,), width) -> (N, width) bool noise mask, False beyond each length
 

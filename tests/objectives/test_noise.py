@@ -15,12 +15,15 @@ from objtrain.objectives.noise import (
     noise_span_to_unique_sentinel,
     nonnoise_span_to_sentinel,
     nonnoise_span_to_unique_sentinel,
+    prefix_noise_mask,
     prefix_split,
     random_segmentation,
     random_spans_helper,
     random_spans_noise_mask,
+    sentinel_then_noise,
     sort_keys,
     span_counts,
+    span_inputs_targets,
     split_documents,
 )
 from objtrain.objectives.rng import RowRandom
@@ -73,6 +76,8 @@ def test_t5_unit_vectors() -> None:
     assert out[0, : n[0]].tolist() == [10 + O, 11 + O, s0, 14 + O, s0]
     out, n = nonnoise_span_to_unique_sentinel(tokens, mask, lengths, SP)
     assert out[0, : n[0]].tolist() == [10 + O, 11 + O, s0, 14 + O, s1]
+    out, n = sentinel_then_noise(tokens, mask, SP)
+    assert out[0, : n[0]].tolist() == [s0, 10 + O, 11 + O, s1, 14 + O]
     out, n = drop_noise_tokens(tokens, mask, lengths, SP.pad)
     assert out[0, : n[0]].tolist() == [12 + O, 13 + O, 15 + O]
     out, n = drop_nonnoise_tokens(tokens, mask, lengths, SP.pad)
@@ -237,3 +242,29 @@ def test_length_groups_do_not_change_results(monkeypatch: pytest.MonkeyPatch) ->
     grouped = bart(rows, docs, torch.arange(8), 4)
     for key, tensor in one.tensors().items():
         assert torch.equal(tensor, grouped.tensors()[key]), ("bart", key)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 60), min_size=1, max_size=5),
+    seed=st.integers(0, 2**31),
+    roll=st.booleans(),
+)
+def test_fused_span_transform_equals_the_composition(lengths: list[int], seed: int, roll: bool) -> None:
+    """`span_inputs_targets` (one pass) == sentinel transforms + EOS (+ a leading mode token)."""
+    lens = torch.tensor(lengths)
+    W = max(lengths)
+    tokens = (torch.arange(max(W, 1))[None, :] + O).repeat(len(lengths), 1)[:, :W]
+    rr = RowRandom(seed, torch.arange(len(lengths)))
+    mask = random_spans_noise_mask(lens, W, 0.3, 2.0, rr, random_roll=roll)
+    inputs, n_in, targets, n_tgt = span_inputs_targets(tokens, mask, lens, SP, SP.nlg)
+    ref_in, ref_n_in = noise_span_to_unique_sentinel(tokens, mask, lens, SP)
+    ref_t, ref_n_t = sentinel_then_noise(tokens, mask, SP)
+    for i in range(len(lengths)):
+        assert inputs[i, : n_in[i]].tolist() == [SP.nlg, *ref_in[i, : ref_n_in[i]].tolist(), SP.eos]
+        assert targets[i, : n_tgt[i]].tolist() == [*ref_t[i, : ref_n_t[i]].tolist(), SP.eos]
+
+
+def test_prefix_noise_mask() -> None:
+    mask = prefix_noise_mask(torch.tensor([4, 2]), 5, torch.tensor([1, 1]))
+    assert mask.tolist() == [[False, True, True, True, False], [False, True, False, False, False]]
