@@ -114,16 +114,19 @@ class Mixture(Objective):
         patterns = {comp.attention for comp in self.components}
         self.attention = patterns.pop() if len(patterns) == 1 else "prefix"  # type: ignore[misc]
         self._widths: dict[int, tuple[int, int]] = {}
+        self._model_length: dict[int, int] = {}
 
     def raw_length(self, model_length: int) -> int:
         return max(comp.raw_length(model_length) for comp in self.components)
 
     def model_length(self, raw_length: int) -> int:
-        """Largest model length whose rows fit in `raw_length` raw tokens."""
-        m = largest_fitting(raw_length, self.raw_length, start=8)
-        if m < 8:
-            raise UserError(f"mixture: rows of {raw_length} raw tokens are too short")
-        return m
+        """Largest model length whose rows fit in `raw_length` raw tokens (cached per row length)."""
+        if raw_length not in self._model_length:
+            m = largest_fitting(raw_length, self.raw_length, start=8)
+            if m < 8:
+                raise UserError(f"mixture: rows of {raw_length} raw tokens are too short")
+            self._model_length[raw_length] = m
+        return self._model_length[raw_length]
 
     def _component_raw(self, raw_length: int) -> list[int]:
         m = self.model_length(raw_length)

@@ -104,17 +104,17 @@ def random_spans_helper(
     return tokens_length, targets_length
 
 
-def largest_fitting(model_length: int, size: object, start: int = 1) -> int:
-    """The largest raw length T >= start with size(T) <= model_length, for a non-decreasing `size`."""
-    fits = size  # type: ignore[assignment]
-    if fits(start) > model_length:  # type: ignore[operator]
+def largest_fitting(model_length: int, size: Callable[[int], int], start: int = 1) -> int:
+    """The largest raw length T >= start with size(T) <= model_length, for a non-decreasing `size`
+    (start - 1 when even `start` does not fit). Bisection: a few dozen calls, cached by the callers."""
+    if size(start) > model_length:
         return start - 1
     lo, hi = start, start + 1
-    while fits(hi) <= model_length:  # type: ignore[operator]
+    while size(hi) <= model_length:
         lo, hi = hi, hi * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) <= model_length else (lo, mid)  # type: ignore[operator]
+        lo, hi = (mid, hi) if size(mid) <= model_length else (lo, mid)
     return lo
 
 

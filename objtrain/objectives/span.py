@@ -18,6 +18,7 @@ few tokens longer (the tail is truncated, counted in `stats["truncated_tokens"]`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from torch import Tensor
 
@@ -74,6 +75,7 @@ def span_pieces(
     return Pieces(inputs, n_in, targets, n_tgt, seg.row, seg.doc), stats
 
 
+@lru_cache(maxsize=256)
 def span_raw_length(
     model_length: int, noise_density: float, mean_span: float, model_kind: str, extra_inputs: int = 0
 ) -> int:
