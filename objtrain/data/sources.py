@@ -79,14 +79,15 @@ def _matches(patterns: Sequence[str], rel: str) -> bool:
 
 
 def find_files(
-    inputs: Sequence[Path], include: Sequence[str] = (), exclude: Sequence[str] = ()
+    inputs: Sequence[Path], include: Sequence[str] = (), exclude: Sequence[str] = (), skip: Path | None = None
 ) -> list[tuple[Path, bool]]:
     """Expand inputs to `(file, named_explicitly)` in a deterministic order.
 
     Directories are walked recursively in sorted order, skipping hidden entries; `include`/`exclude` globs
     match a file's name or its path relative to the directory (`*.txt`, `*/test/*`). Files named
-    explicitly are always taken.
+    explicitly are always taken. `skip` (the output directory) is never walked into.
     """
+    skip_key = skip.resolve() if skip is not None else None
     found: list[tuple[Path, bool]] = []
     seen: set[Path] = set()
 
@@ -102,7 +103,9 @@ def find_files(
             add(path, True)
         elif path.is_dir():
             for dirpath, dirnames, filenames in os.walk(path):
-                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+                dirnames[:] = sorted(
+                    d for d in dirnames if not d.startswith(".") and (Path(dirpath) / d).resolve() != skip_key
+                )
                 for name in sorted(filenames):
                     if name.startswith("."):
                         continue

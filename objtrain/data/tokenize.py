@@ -144,10 +144,10 @@ def _check_config(config: TokenizeConfig, inputs: Sequence[Path]) -> None:
 
 
 def collect_sources(
-    inputs: Sequence[Path], config: TokenizeConfig, progress: Progress
+    inputs: Sequence[Path], config: TokenizeConfig, progress: Progress, output: Path | None = None
 ) -> tuple[list[Source], list[Skipped]]:
     """Every input file, scanned: readable ones in order, and the ones skipped with the reason."""
-    files = src.find_files(inputs, config.include, config.exclude)
+    files = src.find_files(inputs, config.include, config.exclude, skip=output)
     if config.corpus == "stdlib":
         files += [(path, False) for path in src.stdlib_files()]
     progress.start("scanning", len(files))
@@ -352,7 +352,7 @@ def tokenize_corpus(
     _check_config(config, inputs)
     check_output_free(output, force)
     start = time.perf_counter()
-    sources, skipped = collect_sources(inputs, config, progress)
+    sources, skipped = collect_sources(inputs, config, progress, output)
 
     train_seconds = 0.0
     if config.tokenizer is not None:

@@ -6,6 +6,7 @@ import gzip
 import io
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -111,6 +112,11 @@ def test_include_exclude_and_skipped_files(tmp_path: Path, model_file: Path) -> 
 
     tokenize_corpus([root], tmp_path / "t", reuse(model_file, exclude=("sub/*",), valid_fraction=0.0))
     assert sorted(all_docs(TokenStore.open(tmp_path / "t"))) == ["alpha", "beta"]
+    # An output inside an input directory is not read back on a re-run.
+    tokenize_corpus([root / "sub"], root / "sub" / "store", reuse(model_file))
+    tokenize_corpus([root / "sub"], root / "sub" / "store", reuse(model_file), force=True)
+    assert all_docs(TokenStore.open(root / "sub" / "store")) == ["gamma"]
+    shutil.rmtree(root / "sub" / "store")
     # The same bad file named explicitly is refused.
     with pytest.raises(UserError, match="not UTF-8"):
         tokenize_corpus([root / "sub" / "latin1.txt"], tmp_path / "u", reuse(model_file))
