@@ -19,7 +19,7 @@ Rounding is round-half-to-even in float64 everywhere (torch.round and Python's r
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import torch
@@ -132,6 +132,7 @@ class Segments:
     doc: Tensor  # (N,) int64: rank of the document inside its row (0, 1, ...)
     n_rows: int
     had_eos: Tensor | None = None  # (N,) bool: a trailing EOS was split off (see `split_documents`)
+    extra: dict[str, Tensor] = field(default_factory=dict)  # (N,) per-document parameters (UL2)
 
     @property
     def n(self) -> int:
@@ -263,6 +264,7 @@ def by_length(
             seg.doc[idx],
             seg.n_rows,
             None if seg.had_eos is None else seg.had_eos[idx],
+            {key: value[idx] for key, value in seg.extra.items()},
         )
         pieces, part = make(sub)
         parts.append(pieces)
@@ -271,11 +273,31 @@ def by_length(
     return Pieces.merge(parts, pad), stats
 
 
+def concat_segments(parts: list[Segments], pad: int = 0) -> Segments:
+    """Stack segments from several row groups of one batch (their `row`s index the same batch)."""
+    if len(parts) == 1:
+        return parts[0]
+    keys = parts[0].extra.keys()
+    flags = [p.had_eos if p.had_eos is not None else torch.zeros_like(p.row, dtype=torch.bool) for p in parts]
+    return Segments(
+        pad_cat([p.tokens for p in parts], pad),
+        torch.cat([p.lengths for p in parts]),
+        torch.cat([p.row for p in parts]),
+        torch.cat([p.doc for p in parts]),
+        parts[0].n_rows,
+        torch.cat(flags),
+        {key: torch.cat([p.extra[key] for p in parts]) for key in keys},
+    )
+
+
 # --------------------------------------------------------------------------------------------------
 # Mask makers: (lengths (N,), width) -> (N, width) bool noise mask, False beyond each length
 
 
-def _span_counts_batched(lengths: Tensor, noise_density: float, mean_span: float) -> tuple[Tensor, Tensor]:
+def _span_counts_batched(
+    lengths: Tensor, noise_density: float | Tensor, mean_span: float | Tensor
+) -> tuple[Tensor, Tensor]:
+    """span_counts over (N,) lengths; density and mean span may be (N,) float64 tensors (UL2)."""
     lp = lengths.clamp(min=2)
     n_noise = torch.minimum(torch.round(lp.double() * noise_density).long().clamp(min=1), lp - 1)
     n_spans = torch.minimum(torch.round(n_noise.double() / mean_span).long().clamp(min=1), lp - n_noise)
@@ -328,8 +350,8 @@ def random_segmentation(n_items: Tensor, n_segments: Tensor, rr: RowRandom, stre
 def random_spans_noise_mask(
     lengths: Tensor,
     width: int,
-    noise_density: float,
-    mean_noise_span_length: float,
+    noise_density: float | Tensor,
+    mean_noise_span_length: float | Tensor,
     rr: RowRandom,
     stream: str = "spans",
     random_roll: bool = False,
@@ -506,7 +528,7 @@ def sentinel_then_noise(tokens: Tensor, mask: Tensor, specials: Specials) -> tup
 
 
 def span_inputs_targets(
-    tokens: Tensor, mask: Tensor, lengths: Tensor, specials: Specials, mode_token: int | None = None
+    tokens: Tensor, mask: Tensor, lengths: Tensor, specials: Specials, mode_token: int | Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Both sides of span corruption in one pass (shared span starts and counts), EOS included:
     inputs `[mode] keep S0 keep S1 ... </s>` (`noise_span_to_unique_sentinel`) and targets

@@ -53,13 +53,15 @@ def check_span_config(noise_density: float, mean_noise_span_length: float, what:
 def span_pieces(
     seg: Segments,
     rr: RowRandom,
-    noise_density: float,
-    mean_noise_span_length: float,
+    noise_density: float | Tensor,
+    mean_noise_span_length: float | Tensor,
     random_roll: bool,
     specials: Specials,
-    mode_token: int | None = None,
+    mode_token: int | Tensor | None = None,
 ) -> tuple[Pieces, dict[str, float]]:
-    """Span-corrupt each segment: inputs `[mode] keep S0 keep S1 ... </s>`, targets `S0 noise S1 ... </s>`."""
+    """Span-corrupt each segment: inputs `[mode] keep S0 keep S1 ... </s>`, targets `S0 noise S1 ... </s>`.
+
+    Density, mean span and mode token may be (N,) tensors: one call for several UL2 denoisers."""
     mask = random_spans_noise_mask(
         seg.lengths, seg.width, noise_density, mean_noise_span_length, rr, "span/mask", random_roll
     )

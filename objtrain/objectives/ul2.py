@@ -31,7 +31,15 @@ from objtrain.batch import Batch, ModelKind
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.objectives.base import Objective
-from objtrain.objectives.noise import Pieces, Segments, by_length, largest_fitting, layout, split_documents
+from objtrain.objectives.noise import (
+    Pieces,
+    Segments,
+    by_length,
+    concat_segments,
+    largest_fitting,
+    layout,
+    split_documents,
+)
 from objtrain.objectives.prefix_lm import check_prefix_density, prefix_pieces
 from objtrain.objectives.rng import RowRandom
 from objtrain.objectives.span import (
@@ -172,6 +180,13 @@ class UL2(Objective):
         choice = self.choose(row_index, seed)
         parts: list[Pieces] = []
         stats: dict[str, float] = {}
+        span_groups: dict[bool, list[Segments]] = {True: [], False: []}  # by "has a mode token"
+
+        def add(pieces: Pieces, part: dict[str, float]) -> None:
+            parts.append(pieces)
+            for key, value in part.items():
+                stats[key] = stats.get(key, 0.0) + value
+
         for k, d in enumerate(self.config.denoisers):
             stats[f"share/{self.labels[k]}"] = float((choice == k).sum()) / max(B, 1)
             sel = (choice == k).nonzero().squeeze(1)
@@ -179,31 +194,43 @@ class UL2(Objective):
                 continue
             raw = self.denoiser_raw_length(d, m)
             seg = split_documents(rows[sel, :raw], document_ids[sel, :raw], self.specials.pad, self._eos(d))
-            rows_k = row_index[sel]
+            seg.row = sel[seg.row]  # batch rows from here on
+            seg.n_rows = B
+            mode = self._mode(d)
+            if d.kind == "S":
 
-            def make(
-                sub: Segments, d: Denoiser = d, rows_k: Tensor = rows_k
-            ) -> tuple[Pieces, dict[str, float]]:
-                rr = sub.random(seed, rows_k)
-                if d.kind == "S":
-                    return prefix_pieces(
-                        sub, rr, d.noise_density, self.model_kind, self.specials, self._mode(d)
-                    )
+                def make_s(
+                    sub: Segments, d: Denoiser = d, mode: int | None = mode
+                ) -> tuple[Pieces, dict[str, float]]:
+                    rr = sub.random(seed, row_index)
+                    return prefix_pieces(sub, rr, d.noise_density, self.model_kind, self.specials, mode)
+
+                add(*by_length(seg, make_s, self.specials.pad))
+                continue
+            # R and X rows go through one span-corruption call, with per-document parameters
+            n = seg.n
+            seg.extra = {
+                "density": torch.full((n,), d.noise_density, dtype=torch.float64, device=rows.device),
+                "mean_span": torch.full(
+                    (n,), d.mean_noise_span_length, dtype=torch.float64, device=rows.device
+                ),
+                "mode": torch.full((n,), -1 if mode is None else mode, dtype=torch.int64, device=rows.device),
+            }
+            span_groups[mode is not None].append(seg)
+
+        for has_mode, segs in span_groups.items():
+            if not segs:
+                continue
+
+            def make(sub: Segments, has_mode: bool = has_mode) -> tuple[Pieces, dict[str, float]]:
+                rr = sub.random(seed, row_index)
+                x = sub.extra
+                mode = x["mode"] if has_mode else None
                 return span_pieces(
-                    sub,
-                    rr,
-                    d.noise_density,
-                    d.mean_noise_span_length,
-                    self.config.random_roll,
-                    self.specials,
-                    self._mode(d),
+                    sub, rr, x["density"], x["mean_span"], self.config.random_roll, self.specials, mode
                 )
 
-            pieces, part = by_length(seg, make, self.specials.pad)
-            pieces.row = sel[pieces.row]
-            parts.append(pieces)
-            for key, value in part.items():
-                stats[key] = stats.get(key, 0.0) + value
+            add(*by_length(concat_segments(segs, self.specials.pad), make, self.specials.pad))
         if parts:
             merged = Pieces.merge(parts, self.specials.pad)
         else:
