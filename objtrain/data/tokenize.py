@@ -249,6 +249,11 @@ class _SplitWriter:
         self.counts.tokens += int(tokens.size)
         self.counts.bytes += n_bytes
 
+    def abort(self) -> None:
+        """Close without syncing: the caller is about to throw the files away."""
+        self.tokens.close()
+        self.index.close()
+
     def close(self) -> None:
         for handle in (self.tokens, self.index):
             handle.flush()
@@ -305,31 +310,36 @@ def encode_documents(
     # `threads` workers each encode whole chunks on one sentencepiece thread (the GIL is released while it
     # runs): no barrier at the end of a chunk, and this thread keeps reading and writing meanwhile. At most
     # 2 * threads chunks are in flight, which bounds memory; results are written in submission order.
-    with ThreadPoolExecutor(max_workers=threads) as pool:
+    try:
+        with ThreadPoolExecutor(max_workers=threads) as pool:
 
-        def submit(chunk: _Chunk) -> None:
-            if chunk.texts:
-                pending.append((chunk, pool.submit(_encode_chunk, tokenizer, chunk.texts, dtype)))
-                progress.advance(chunk.size)
-            while pending and (len(pending) > 2 * threads or not chunk.texts or pending[0][1].done()):
-                done, future = pending.popleft()
-                _write_chunk(done, future.result(), writers)
+            def submit(chunk: _Chunk) -> None:
+                if chunk.texts:
+                    pending.append((chunk, pool.submit(_encode_chunk, tokenizer, chunk.texts, dtype)))
+                    progress.advance(chunk.size)
+                while pending and (len(pending) > 2 * threads or not chunk.texts or pending[0][1].done()):
+                    done, future = pending.popleft()
+                    _write_chunk(done, future.result(), writers)
 
-        chunk = _Chunk()
-        for index, text, data in _documents(sources, config):
-            if not data:
-                empty += 1
-                continue
-            per_source[index] += 1
-            chunk.texts.append(text)
-            chunk.valid.append(_keys(data, config.seed)[0] < config.valid_fraction)
-            chunk.n_bytes.append(len(data))
-            chunk.size += len(data)
-            if chunk.size >= config.chunk_bytes:
-                submit(chunk)
-                chunk = _Chunk()
-        submit(chunk)
-        submit(_Chunk())
+            chunk = _Chunk()
+            for index, text, data in _documents(sources, config):
+                if not data:
+                    empty += 1
+                    continue
+                per_source[index] += 1
+                chunk.texts.append(text)
+                chunk.valid.append(_keys(data, config.seed)[0] < config.valid_fraction)
+                chunk.n_bytes.append(len(data))
+                chunk.size += len(data)
+                if chunk.size >= config.chunk_bytes:
+                    submit(chunk)
+                    chunk = _Chunk()
+            submit(chunk)
+            submit(_Chunk())
+    except BaseException:
+        for writer in writers.values():
+            writer.abort()
+        raise
     for writer in writers.values():
         writer.close()
     return {name: w.counts for name, w in writers.items()}, per_source, empty
