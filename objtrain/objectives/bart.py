@@ -252,9 +252,16 @@ class BartDenoising(Objective):
         # span starts: n_spans distinct words, uniformly (fairseq: randperm over word starts)
         w = torch.arange(Wn)[None, :]
         keys = rr.bits(Wn, "bart/starts").masked_fill(w >= n_words[:, None], _INT64_MAX)
-        rank = _rank(keys)
-        chosen = rank < n_spans[:, None]
-        span_w = torch.where(chosen, lengths_nz.gather(1, rank.clamp(max=lengths_nz.size(1) - 1)), 0)
+        k = max(int(n_spans.max()), 1)
+        if 4 * k <= Wn:  # the k smallest keys: a partial top-k, not a full sort
+            first = torch.topk(keys, k, dim=1, largest=False, sorted=True).indices
+        else:
+            first = keys.argsort(dim=1)[:, :k]
+        valid = torch.arange(k)[None, :] < n_spans[:, None]
+        where = torch.where(valid, first, Wn)  # invalid picks land in a spare column
+        chosen = torch.zeros(N, Wn + 1, dtype=torch.bool).scatter_(1, where, valid)[:, :Wn]
+        span_len = torch.where(valid, lengths_nz[:, :k], 0)
+        span_w = torch.zeros(N, Wn + 1, dtype=torch.int64).scatter_(1, where, span_len)[:, :Wn]
         stop = torch.minimum(w + span_w, n_words[:, None])
         diff = torch.zeros(N, Wn + 1, dtype=torch.int64)
         diff.scatter_add_(1, w.expand(N, -1), chosen.long())
