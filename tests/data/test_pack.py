@@ -80,11 +80,11 @@ def test_bestfit_never_splits_a_document_that_fits(lengths: list[int], seq_len: 
         rebuilt = [t for k in order for t in segs_of(tokens, layout, np.flatnonzero(pieces)[k], seq_len)]
         assert rebuilt == [*split.doc(i).tolist(), EOS]
     assert (tokens[docs == -1] == PAD).all() and (tokens[docs >= 0] != PAD).all()
-    # Padding only at the end of a row; best fit decreasing is within 11/9 OPT + 1 (Dosa 2007).
+    # Padding only at the end of a row. Any-fit packing leaves at most one row at most half full: a piece
+    # that opened a second such row would have fitted in the first.
     real = docs >= 0
     assert (np.sort(real, axis=1)[:, ::-1] == real).all()
-    lower = -(-(sum(lengths) + len(lengths)) // seq_len)
-    assert layout.n_rows <= 11 * lower // 9 + 1
+    assert int((real.sum(axis=1) * 2 <= seq_len).sum()) <= 1
 
 
 def segs_of(tokens: np.ndarray, layout: object, k: int, seq_len: int) -> list[int]:
