@@ -14,6 +14,12 @@ from typing import Any
 from objtrain.errors import UserError
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def check_output_free(path: Path, force: bool) -> None:
     """Refuse to overwrite an existing output unless `force`: nothing the user had is lost by accident."""
     if path.exists() and not force:
@@ -27,6 +33,7 @@ def atomic_dir(path: Path, force: bool = False) -> Iterator[Path]:
     check_output_free(path, force)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; outputs get the user's usual permissions
     try:
         yield tmp
     except BaseException:
@@ -50,6 +57,7 @@ def atomic_file(path: Path, mode: str = "wb") -> Iterator[Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp_name, 0o666 & ~_umask())  # mkstemp makes 0600
         with os.fdopen(fd, mode) as handle:
             yield handle
             handle.flush()
