@@ -22,12 +22,14 @@ DEMO_DIR ?= runs/demo
 demo: $(STAMP)
 	$(BIN)/objtrain tokenize --corpus stdlib --vocab-size 4096 -o $(DEMO_DIR)/store --force
 	$(BIN)/objtrain pack $(DEMO_DIR)/store --seq-len 256 --mode bestfit -o $(DEMO_DIR)/packed --force
-	$(BIN)/objtrain corrupt $(DEMO_DIR)/packed --objective span --n 2
-	$(BIN)/objtrain corrupt $(DEMO_DIR)/packed --objective fim fim_rate=1.0 --n 1
+	$(BIN)/objtrain corrupt $(DEMO_DIR)/packed --objective span --n 1
+	$(BIN)/objtrain corrupt data/sample.py --tokenizer $(DEMO_DIR)/store --objective mlm --seq-len 64 --n 1
+	$(BIN)/objtrain corrupt data/sample.py --tokenizer $(DEMO_DIR)/store --objective fim fim_rate=1.0 --seq-len 64 --n 1
+	$(BIN)/objtrain corrupt $(DEMO_DIR)/packed --objective ul2 --stats --n 128
 
 test: $(STAMP)
 	$(BIN)/ruff check objtrain tests benchmarks
-	$(BIN)/python -m pytest -x -q -p no:cacheprovider
+	$(BIN)/python -m pytest -p no:cacheprovider
 
 lint: $(STAMP)
 	$(BIN)/ruff check objtrain tests benchmarks
