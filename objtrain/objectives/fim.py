@@ -71,8 +71,20 @@ def fragments(
     ends_with_eos = rows.gather(1, last) == specials.eos
     content = length - ends_with_eos.long()
     real = document_ids >= 0
-    fim = below(rr.bits(L, "fim/apply").gather(1, start), fim_rate) & real & (content > 0)
-    spm = below(rr.bits(L, "fim/spm").gather(1, start), spm_rate) & fim
+    # hash only the (B, F) fragment starts, then spread to their fragments: the same numbers as
+    # hashing every position and reading them at the start
+    F = int(frag[:, -1].max()) + 1 if B and L else 1
+    start_of = torch.zeros(B, F + 1, dtype=torch.int64, device=rows.device)
+    start_of.scatter_(1, torch.where(is_start, frag, F), idx)
+
+    def at_start(stream: str) -> Tensor:
+        return rr.bits_at(start_of[:, :F], stream).gather(1, frag)
+
+    def uniform_at_start(stream: str) -> Tensor:  # RowRandom.uniform64 from the same bits
+        return ((at_start(stream) >> 11) & ((1 << 53) - 1)).to(torch.float64) * (1.0 / (1 << 53))
+
+    fim = below(at_start("fim/apply"), fim_rate) & real & (content > 0)
+    spm = below(at_start("fim/spm"), spm_rate) & fim
     return Fragments(
         start=start,
         offset=idx - start,
@@ -80,8 +92,8 @@ def fragments(
         fim=fim,
         spm=spm,
         is_start=is_start,
-        lo_u=rr.uniform64(L, "fim/lo").gather(1, start),
-        hi_u=rr.uniform64(L, "fim/hi").gather(1, start),
+        lo_u=uniform_at_start("fim/lo"),
+        hi_u=uniform_at_start("fim/hi"),
     )
 
 
