@@ -164,40 +164,39 @@ def split_documents(
     """
     B, L = rows.shape
     device = rows.device
-    if (
-        B
-        and L
-        and bool((document_ids == document_ids[:, :1]).all())
-        and bool((document_ids[:, 0] >= 0).all())
-    ):
+    change = document_ids[:, 1:] != document_ids[:, :-1]  # (B, L-1): a document ends / starts here
+    if B and L and not bool(change.any()) and bool((document_ids[:, 0] >= 0).all()):
         return _one_document_per_row(rows, pad_id, eos_id)
     valid = document_ids >= 0
     starts = valid.clone()
-    starts[:, 1:] &= document_ids[:, 1:] != document_ids[:, :-1]
+    starts[:, 1:] &= change
     flat_starts = starts.reshape(-1).nonzero().squeeze(1)  # (N,)
     n = int(flat_starts.numel())
     if n == 0:
         empty = torch.zeros(0, dtype=torch.int64, device=device)
         flags = torch.zeros(0, dtype=torch.bool, device=device)
         return Segments(torch.zeros(0, 0, dtype=torch.int64, device=device), empty, empty, empty, B, flags)
-    ends = valid.clone()
-    ends[:, :-1] &= document_ids[:, :-1] != document_ids[:, 1:]
-    lengths = ends.reshape(-1).nonzero().squeeze(1) - flat_starts + 1
-    width = int(lengths.max())
+    ends = valid
+    ends[:, :-1] &= change
+    flat_ends = ends.reshape(-1).nonzero().squeeze(1)
+    lengths = flat_ends - flat_starts + 1
+    had_eos = torch.zeros(n, dtype=torch.bool, device=device)
+    if eos_id is not None:  # decided before gathering, so the tokens are masked once
+        had_eos = rows.reshape(-1)[flat_ends] == eos_id
+        full_lengths, lengths = lengths, lengths - had_eos.long()
+    else:
+        full_lengths = lengths
+    width = int(full_lengths.max())
     j = torch.arange(width, device=device)
-    if width == L and n == B:  # one document per row, no padding: the rows are the segments
+    if eos_id is None and n == B and bool((lengths == L).all()):  # one whole document per row
         tokens = rows
     else:
-        idx = (flat_starts[:, None] + j).clamp(max=B * L - 1)
-        tokens = rows.reshape(-1)[idx].masked_fill(j[None, :] >= lengths[:, None], pad_id)
+        idx = (flat_starts[:, None] + j).clamp_(max=B * L - 1).view(-1)
+        tokens = rows.reshape(-1).gather(0, idx).view(n, width)  # a 1-D gather: far cheaper than rows[idx]
+        tokens.masked_fill_(j[None, :] >= lengths[:, None], pad_id)
     row = torch.div(flat_starts, L, rounding_mode="floor")
     per_row = starts.sum(1)
     doc = torch.arange(n, device=device) - (per_row.cumsum(0) - per_row)[row]
-    had_eos = torch.zeros(n, dtype=torch.bool, device=device)
-    if eos_id is not None:
-        had_eos = tokens.gather(1, (lengths - 1)[:, None])[:, 0] == eos_id
-        lengths = lengths - had_eos.long()
-        tokens = tokens.masked_fill(j[None, :] >= lengths[:, None], pad_id)
     return Segments(tokens, lengths, row, doc, B, had_eos)
 
 

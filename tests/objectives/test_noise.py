@@ -201,6 +201,18 @@ def test_split_documents_of_packed_rows() -> None:
     assert empty.n == 0
 
 
+def test_split_documents_as_many_documents_as_rows_but_not_one_per_row() -> None:
+    """One full-length row, one row of two documents, one row of padding: as many documents as rows and
+    one as wide as the row, yet the rows are not the segments."""
+    rows = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
+    docs = torch.tensor([[0, 0, 0], [0, 1, 1], [-1, -1, -1]])
+    for eos in (None, 6):
+        seg = split_documents(rows, docs, 0, eos_id=eos)
+        assert seg.row.tolist() == [0, 1, 1]
+        assert seg.tokens.tolist() == [[1, 2, 3], [4, 0, 0], [5, 6 if eos is None else 0, 0]]
+        assert seg.lengths.tolist() == [3, 1, 2 if eos is None else 1]
+
+
 def test_iid_mask_rate_and_lengths() -> None:
     lens = torch.tensor([1000] * 50 + [3] * 50)
     mask = iid_noise_mask(lens, 1000, 0.15, RowRandom(0, torch.arange(100)))
