@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -118,6 +119,14 @@ def largest_fitting(model_length: int, size: Callable[[int], int], start: int = 
     return lo
 
 
+def flat_nonzero(mask: Tensor) -> Tensor:
+    """(K,) int64 flat indices of the True entries of a bool tensor, ascending. On CPU numpy's
+    flatnonzero, 5-9x faster than torch.nonzero on a (64, 1000) mask."""
+    if mask.device.type == "cpu":
+        return torch.from_numpy(np.flatnonzero(mask.numpy()).astype(np.int64, copy=False))
+    return mask.reshape(-1).nonzero().squeeze(1)
+
+
 # --------------------------------------------------------------------------------------------------
 # Segments: the documents of a batch of packed rows, as one padded batch
 
@@ -170,7 +179,7 @@ def split_documents(
     valid = document_ids >= 0
     starts = valid.clone()
     starts[:, 1:] &= change
-    flat_starts = starts.reshape(-1).nonzero().squeeze(1)  # (N,)
+    flat_starts = flat_nonzero(starts)  # (N,)
     n = int(flat_starts.numel())
     if n == 0:
         empty = torch.zeros(0, dtype=torch.int64, device=device)
@@ -178,7 +187,7 @@ def split_documents(
         return Segments(torch.zeros(0, 0, dtype=torch.int64, device=device), empty, empty, empty, B, flags)
     ends = valid
     ends[:, :-1] &= change
-    flat_ends = ends.reshape(-1).nonzero().squeeze(1)
+    flat_ends = flat_nonzero(ends)
     lengths = flat_ends - flat_starts + 1
     had_eos = torch.zeros(n, dtype=torch.bool, device=device)
     if eos_id is not None:  # decided before gathering, so the tokens are masked once
@@ -257,7 +266,7 @@ def by_length(
         idx = ((binned >= bins[j]) & (binned <= bins[i - 1])).nonzero().squeeze(1)
         width = widest[i - 1]
         sub = Segments(
-            seg.tokens[idx, :width],
+            seg.tokens[:, :width].index_select(0, idx),  # index_select: ~3x cheaper than [idx]
             seg.lengths[idx],
             seg.row[idx],
             seg.doc[idx],
@@ -616,9 +625,9 @@ class Pieces:
         doc = torch.cat([p.doc for p in parts])
         order = torch.argsort(row * _DOC_STRIDE + doc)
         return Pieces(
-            pad_cat([p.inputs for p in parts], pad)[order],
+            pad_cat([p.inputs for p in parts], pad).index_select(0, order),
             torch.cat([p.input_lengths for p in parts])[order],
-            pad_cat([p.targets for p in parts], pad)[order],
+            pad_cat([p.targets for p in parts], pad).index_select(0, order),
             torch.cat([p.target_lengths for p in parts])[order],
             row[order],
             doc[order],
