@@ -55,7 +55,7 @@ from objtrain.objectives.noise import (
     split_documents,
 )
 from objtrain.objectives.rng import RowRandom
-from objtrain.objectives.sentences import sentence_end_table, sentence_ids
+from objtrain.objectives.sentences import lookup, sentence_end_table, sentence_ids
 from objtrain.objectives.span import finish_stats
 from objtrain.specials import Specials
 
@@ -211,8 +211,8 @@ class BartDenoising(Objective):
         begins, ends = self.word_tables
         V = begins.numel()
         t = tokens.clamp(max=V - 1)
-        starts = begins[t].clone()
-        starts[:, 1:] |= ends[t[:, :-1]]
+        starts = lookup(begins, t)
+        starts[:, 1:] |= lookup(ends, t[:, :-1])
         starts[:, 0] = True
         return starts & inside
 

@@ -38,6 +38,7 @@ from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.objectives.base import Objective, positions_from_documents
 from objtrain.objectives.rng import RowRandom
+from objtrain.objectives.sentences import lookup
 from objtrain.specials import Specials
 
 _LAST = torch.iinfo(torch.int64).max  # sort key that puts ineligible positions after every eligible one
@@ -72,8 +73,8 @@ def below(bits: Tensor, p: float) -> Tensor:
 
 def word_starts(tokens: Tensor, document_ids: Tensor, begins: Tensor, ends: Tensor) -> Tensor:
     """(B, L) bool: token t starts a word iff begins[x[t]] | ends[x[t-1]], or a row/document starts at t."""
-    start = begins[tokens]
-    start[:, 1:] |= ends[tokens[:, :-1]] | (document_ids[:, 1:] != document_ids[:, :-1])
+    start = lookup(begins, tokens)
+    start[:, 1:] |= lookup(ends, tokens[:, :-1]) | (document_ids[:, 1:] != document_ids[:, :-1])
     start[:, 0] = True
     return start
 
