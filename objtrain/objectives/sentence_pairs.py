@@ -60,6 +60,19 @@ def pick(candidates: Tensor, rr: RowRandom, stream: str) -> Tensor:
     return keys.argmax(dim=1)
 
 
+def pick_where(candidates: Tensor, need: Tensor, rr: RowRandom, stream: str) -> Tensor:
+    """`pick` for the rows where `need` (B,) holds, 0 elsewhere: a row's pick depends only on its own
+    global index, so hashing only the needed rows gives the same numbers."""
+    if bool(need.all()):
+        return pick(candidates, rr, stream)
+    out = torch.zeros(candidates.size(0), dtype=torch.int64, device=candidates.device)
+    sel = need.nonzero().squeeze(1)
+    if sel.numel():
+        sub = RowRandom(rr.seed, rr.rows[sel])
+        out[sel] = pick(candidates.index_select(0, sel), sub, stream)
+    return out
+
+
 def truncated_lengths(a: Tensor, b: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     """BERT truncate_seq_pair's final lengths: shorten the longer part (B on ties) until a + b <= target."""
     half = (target + 1) // 2
@@ -131,7 +144,9 @@ class _SentencePairs(Objective):
         at_sentence = (inside & starts).any(dim=1)
         valid = inside.any(dim=1)
         split = torch.where(
-            at_sentence, pick(inside & starts, rr, "pairs/split"), pick(inside, rr, "pairs/token_split")
+            at_sentence,
+            pick_where(inside & starts, at_sentence, rr, "pairs/split"),
+            pick_where(inside, ~at_sentence, rr, "pairs/token_split"),
         )
         run_start, run_end = runs(doc)
         a0 = run_start.gather(1, split[:, None])[:, 0]
@@ -253,8 +268,8 @@ class NextSentencePrediction(_SentencePairs):
             idx = torch.arange(doc.size(1), device=doc.device)[None, :]
             later = starts & (doc == d) & (idx > split[:, None])
             candidates = torch.where(has_other[:, None], candidates, later)
-        q = pick(candidates, rr, "nsp/random_start")
         random = below(rr.bits(1, "nsp/random")[:, 0], self.config.random_next_rate) & candidates.any(dim=1)
+        q = pick_where(candidates, random, rr, "nsp/random_start")  # only used where `random`
         b0 = torch.where(random, q, split)
         b1 = run_end.gather(1, b0[:, None])[:, 0]
         return (
