@@ -71,6 +71,7 @@ def _position_offsets(n: int) -> np.ndarray:
     return pos
 
 
+@lru_cache(maxsize=4096)
 def stream_key(seed: int, name: str) -> int:
     """A 63-bit key for (seed, stream name): distinct call sites draw independent numbers."""
     digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
@@ -92,9 +93,15 @@ class RowRandom:
         """(B,) int64 per-row hash of (seed, row, stream)."""
         return _finalise(self.rows * _ROW + stream_key(self.seed, stream))
 
+    def _base_np(self, stream: str) -> np.ndarray:
+        """`_base` of CPU rows in numpy: a dozen tiny torch ops cost ~60 us in dispatch alone."""
+        z = self.rows.numpy().view(np.uint64) * _U(_ROW & _MASK64)
+        z += _U(stream_key(self.seed, stream) + (_GOLDEN & _MASK64) & _MASK64)
+        return _finalise_np(z)
+
     def _grid_np(self, n: int, stream: str, last_round: bool = True) -> np.ndarray:
         """(B, n) uint64 hashes of a CPU grid (see `_finalise_np` for `last_round`)."""
-        base = self._base(stream).numpy().view(np.uint64)
+        base = self._base_np(stream)
         return _finalise_np(base[:, None] + _position_offsets(n)[None, :], last_round)
 
     def bits(self, n: int, stream: str) -> Tensor:
@@ -108,6 +115,11 @@ class RowRandom:
     def bits_at(self, positions: Tensor, stream: str) -> Tensor:
         """(B, k) int64: `bits(n, stream)` read at (B, k) `positions` only (any n > positions), without
         hashing the whole grid."""
+        if self.rows.device.type == "cpu":
+            pos = positions.to(torch.int64).contiguous().numpy().view(np.uint64)
+            z = pos * _U(_POS & _MASK64)
+            z += self._base_np(stream)[:, None] + _U(_GOLDEN & _MASK64)
+            return torch.from_numpy(_finalise_np(z).view(np.int64))
         base = self._base(stream)
         return _finalise(base[:, None] + positions.to(torch.int64) * _POS)
 
