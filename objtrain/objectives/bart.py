@@ -216,9 +216,17 @@ class BartDenoising(Objective):
         starts[:, 0] = True
         return starts & inside
 
-    def _random_ids(self, rr: RowRandom, n: int, stream: str) -> Tensor:
-        low = self.specials.first_ordinary
-        return rr.integers(n, max(self.vocab_size, low + 1), stream, low=low)
+    def _mask_or_random(self, rr: RowRandom, random: Tensor, stream: str) -> Tensor:
+        """(N, W) `<mask>`, with a random ordinary id where `random` holds: `rr.integers(W, V, stream,
+        low=first_ordinary)` read there, hashing only those (few) positions, not the whole grid."""
+        out = torch.full(random.shape, self.specials.mask, dtype=torch.int64)
+        r, c = random.nonzero(as_tuple=True)
+        if r.numel():
+            bits = RowRandom(rr.seed, rr.rows[r]).bits_at(c[:, None], stream)[:, 0]
+            u = ((bits >> 11) & ((1 << 53) - 1)).to(torch.float64) * (1.0 / (1 << 53))  # uniform64
+            low = self.specials.first_ordinary
+            out[r, c] = low + torch.floor(u * (max(self.vocab_size, low + 1) - low)).to(torch.int64)
+        return out
 
     def _mask(self, tokens: Tensor, lengths: Tensor, rr: RowRandom) -> tuple[Tensor, Tensor, Tensor, dict]:
         """Masking / deletion / infilling. Returns (tokens, lengths, zero-length span count, stats)."""
@@ -268,18 +276,17 @@ class BartDenoising(Objective):
         diff.scatter_add_(1, torch.where(chosen, stop, Wn), -chosen.long())
         covered_w = diff.cumsum(1)[:, :Wn] > 0
         random_w = chosen & (rr.uniform64(Wn, "bart/mask_random") < c.mask_random)
-        covered = covered_w.gather(1, word_of.clamp(0, Wn - 1)) & inside
+        word_idx = word_of.clamp(0, Wn - 1)
+        covered = covered_w.gather(1, word_idx) & inside
         run_start = covered.clone()
         run_start[:, 1:] &= ~covered[:, :-1]
         run = run_start.long().cumsum(1)  # run number of every token (1-based inside runs)
-        start_random = random_w.gather(1, word_of.clamp(0, Wn - 1)) & run_start
+        start_random = random_w.gather(1, word_idx) & run_start
         run_random = torch.zeros(N, W + 1, dtype=torch.bool).scatter_(
             1, torch.where(run_start, run, 0), start_random
         )
         token_random = run_random.gather(1, run) & covered
-        replacement = torch.where(
-            token_random, self._random_ids(rr, W, "bart/random_ids"), self.specials.mask
-        )
+        replacement = self._mask_or_random(rr, token_random, "bart/random_ids")
         stats = {
             "noise_tokens": float(covered.sum()),
             "spans": float(run_start.sum()),
@@ -317,7 +324,7 @@ class BartDenoising(Objective):
             rank = _rank(keys)
             inserted = rank < n_ins[:, None]
             is_random = rank < n_random[:, None]
-        new = torch.where(is_random, self._random_ids(rr, W2, "bart/insert/ids"), self.specials.mask)
+        new = self._mask_or_random(rr, is_random, "bart/insert/ids")
         src = ((~inserted).long().cumsum(1) - 1).clamp(0, max(W - 1, 0))
         old = tokens.gather(1, src) if W else torch.zeros(N, W2, dtype=torch.int64)
         out = torch.where(inserted, new, old).masked_fill(j >= new_len[:, None], self.specials.pad)
