@@ -126,7 +126,7 @@ def train_mtp(args: argparse.Namespace) -> tuple[Decoder, Tokenizer, dict[str, A
             logits = model.head(k, TrunkOutput(hidden, trunk.ctx))[1]  # (B, T, V)
             loss = F.cross_entropy(logits.flatten(0, 1), window[:, k + 1 : T + k + 1].flatten())
             loss.backward()
-            head1 = float(loss) if k == 0 else head1
+            head1 = float(loss.detach()) if k == 0 else head1
         trunk.hidden.backward(hidden.grad)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
