@@ -546,27 +546,28 @@ def span_inputs_targets(
         tokens = torch.full((tokens.size(0), 1), specials.pad, dtype=tokens.dtype, device=device)
         mask = torch.zeros(tokens.shape, dtype=torch.bool, device=device)
     N, W = tokens.shape
-    j = torch.arange(W, device=device)[None, :]
-    mask = mask & (j < lengths[:, None])
+    inside = torch.arange(W, device=device)[None, :] < lengths[:, None]
+    mask = mask & inside
     starts = span_starts(mask)
     n_starts = starts.cumsum(1)
     check_sentinels(n_starts[:, -1:], specials, "span corruption")
-    sentinels = specials.sentinel_base + 1 - n_starts  # <extra_id_k>, k = spans started so far - 1
+    sentinels = (specials.sentinel_base + 1) - n_starts  # <extra_id_k>, k = spans started so far - 1
     head = 0 if mode_token is None else 1
-    keep = (~mask | starts) & (j < lengths[:, None])
+    keep = (~mask | starts) & inside
     kept = keep.cumsum(1)
     in_w = W + 2 + head
     inputs = torch.full((N, in_w), specials.pad, dtype=tokens.dtype, device=device)
-    inputs.scatter_(1, torch.where(keep, kept - 1 + head, in_w - 1), torch.where(starts, sentinels, tokens))
+    inputs.scatter_(1, torch.where(keep, kept + (head - 1), in_w - 1), torch.where(starts, sentinels, tokens))
     n_in = kept[:, -1] + head
     inputs.scatter_(1, n_in[:, None], specials.eos)
     if mode_token is not None:
         inputs[:, 0] = mode_token
-    pos = mask.cumsum(1) + n_starts - 1  # output position of each noise token
+    before = mask.cumsum(1).add_(n_starts)  # output position of each noise token, plus one
     tgt_w = 2 * W + 2
     targets = torch.full((N, tgt_w), specials.pad, dtype=tokens.dtype, device=device)
+    targets.scatter_(1, torch.where(starts, before - 2, tgt_w - 1), sentinels)
+    pos = before.sub_(1)
     targets.scatter_(1, torch.where(mask, pos, tgt_w - 1), tokens)
-    targets.scatter_(1, torch.where(starts, pos - 1, tgt_w - 1), sentinels)
     n_tgt = pos[:, -1] + 1
     targets.scatter_(1, n_tgt[:, None], specials.eos)
     top = int(n_tgt.max()) + 1 if N else 1
@@ -751,11 +752,8 @@ def decoder_batch(pieces: Pieces, n_rows: int, width: int, specials: Specials) -
     li = p.input_lengths[:, None]
     lt = p.target_lengths[:, None]
     from_in = j < li
-    a = (
-        p.inputs.gather(1, j.clamp(max=max(Wi - 1, 0)).expand(N, -1))
-        if Wi
-        else torch.zeros(N, W, dtype=torch.int64)
-    )
+    # inputs widened to W (only read below each input length <= Wi): a pad, not a gather
+    a = torch.nn.functional.pad(p.inputs, (0, W - Wi)) if Wi else torch.zeros(N, W, dtype=torch.int64)
     b = p.targets.gather(1, (j - li).clamp(0, max(Wt - 1, 0))) if Wt else torch.zeros(N, W, dtype=torch.int64)
     seq = torch.where(from_in, a, b)
     nxt = torch.cat([seq[:, 1:], seq[:, :1]], dim=1)
