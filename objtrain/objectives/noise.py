@@ -382,8 +382,11 @@ def random_spans_noise_mask(
     g = torch.arange(gaps, device=device)
     bits = rr.bits(gaps, stream)
     # 31 random bits from each half of a draw, above the gap index: distinct keys, so top-k and argsort
-    # pick the same gaps whatever the batch
-    keys = torch.cat([bits >> 33, bits & 0x7FFFFFFF]) * (1 << 31) + g
+    # pick the same gaps whatever the batch (built in place: fewer temporaries)
+    keys = torch.empty(2 * N, gaps, dtype=torch.int64, device=device)
+    torch.bitwise_right_shift(bits, 33, out=keys[:N])
+    torch.bitwise_and(bits, 0x7FFFFFFF, out=keys[N:])
+    keys.bitwise_left_shift_(31).add_(g)
     keys.masked_fill_(g[None, :] >= (n_items - 1)[:, None], _INT64_MAX)
     sizes = _segment_by_keys(keys, n_items, torch.cat([n_spans, n_spans]))
     k = sizes.size(1)
