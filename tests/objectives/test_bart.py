@@ -18,6 +18,7 @@ from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.objectives.bart import BartDenoising
 from objtrain.objectives.registry import build_objective, objective_defaults
+from objtrain.objectives.rng import RowRandom
 from objtrain.specials import Specials
 
 SP = Specials()
@@ -244,3 +245,15 @@ def test_refusals_are_user_errors() -> None:
         build(replace_length=2)
     with pytest.raises(UserError):
         build_objective("bart", SP, model_kind="decoder")
+
+
+def test_random_ids_read_where_needed_match_the_whole_grid() -> None:
+    """Random replacements hashed only where a replacement is random equal RowRandom.integers over the
+    whole grid read there."""
+    obj = build()
+    rr = RowRandom(4, torch.tensor([3, 9, 2**30]))
+    random = torch.rand(3, 40, generator=torch.Generator().manual_seed(0)) < 0.3
+    grid = rr.integers(40, V, "bart/random_ids", low=O)
+    expected = torch.where(random, grid, SP.mask)
+    assert torch.equal(obj._mask_or_random(rr, random, "bart/random_ids"), expected)
+    assert torch.equal(obj._mask_or_random(rr, torch.zeros_like(random), "x"), torch.full((3, 40), SP.mask))

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from objtrain.errors import UserError
+from objtrain.objectives import rng
 from objtrain.objectives.noise import (
     drop_noise_tokens,
     drop_nonnoise_tokens,
@@ -211,6 +212,20 @@ def test_split_documents_as_many_documents_as_rows_but_not_one_per_row() -> None
         assert seg.row.tolist() == [0, 1, 1]
         assert seg.tokens.tolist() == [[1, 2, 3], [4, 0, 0], [5, 6 if eos is None else 0, 0]]
         assert seg.lengths.tolist() == [3, 1, 2 if eos is None else 1]
+
+
+def test_row_random_cpu_path_matches_the_int64_reference() -> None:
+    """The numpy uint64 hash of CPU grids gives the bits of the int64 torch formulation (used on other
+    devices), and bits_at reads the grid at the given positions."""
+    rows = torch.tensor([0, 5, 2**40 + 3])
+    rr = RowRandom(11, rows)
+    base = rng._finalise(rows * rng._ROW + rng.stream_key(11, "s"))
+    ref = rng._finalise(base[:, None] + torch.arange(9)[None, :] * rng._POS)
+    assert torch.equal(rr.bits(9, "s"), ref)
+    assert torch.equal(rr.uniform(9, "s"), rng._shr(ref, 40).float() / (1 << 24))
+    assert torch.equal(rr.uniform64(9, "s"), rng._shr(ref, 11).double() / (1 << 53))
+    at = torch.tensor([[8, 0], [3, 3], [1, 7]])
+    assert torch.equal(rr.bits_at(at, "s"), ref.gather(1, at))
 
 
 def test_iid_mask_rate_and_lengths() -> None:

@@ -17,7 +17,12 @@ from objtrain.errors import UserError
 from objtrain.objectives.mlm import MaskedLMConfig
 from objtrain.objectives.registry import build_objective, objective_defaults
 from objtrain.objectives.rng import RowRandom
-from objtrain.objectives.sentence_pairs import NextSentencePrediction, SentenceOrderPrediction
+from objtrain.objectives.sentence_pairs import (
+    NextSentencePrediction,
+    SentenceOrderPrediction,
+    pick,
+    pick_where,
+)
 from objtrain.objectives.sentences import sentence_end_table, sentence_ids
 from objtrain.specials import Specials
 
@@ -219,3 +224,14 @@ def test_batch_size_independent_and_yaml(tokenizer: Tokenizer, documents: list[l
         assert build_objective(cls.name, SP, tokenizer).raw_length(128) == 128
         with pytest.raises(UserError, match="tokenizer"):
             cls(cls.Config(), SP)
+
+
+def test_pick_where_matches_pick_on_the_needed_rows() -> None:
+    g = torch.Generator().manual_seed(1)
+    candidates = torch.rand(6, 30, generator=g) < 0.2
+    candidates[:, 0] = True
+    need = torch.tensor([True, False, True, True, False, False])
+    rr = RowRandom(3, torch.arange(6) * 7)
+    full = pick(candidates, rr, "s")
+    assert torch.equal(pick_where(candidates, need, rr, "s"), torch.where(need, full, 0))
+    assert torch.equal(pick_where(candidates, torch.ones(6, dtype=torch.bool), rr, "s"), full)
