@@ -664,12 +664,15 @@ def pack_segments(
     j = torch.arange(W, device=device)[None, :]
     if row.numel() == n_rows and bool((row == torch.arange(n_rows, device=device)).all()):
         return _pack_one_per_row(doc, lengths, fields, width)
-    col = _offsets(row, lengths, n_rows)[:, None] + j
-    real = j < lengths[:, None]
-    ok = real & (col < width)
-    truncated = int(real.sum() - ok.sum())
+    start = _offsets(row, lengths, n_rows)
+    # a segment's position j lands at column start + j: kept iff j < min(length, width - start), so
+    # the truncated count and the kept mask come from per-segment limits, not (N, W) reductions
+    real = lengths.clamp(max=W)
+    kept = torch.minimum(real, width - start).clamp(min=0)
+    truncated = int((real - kept).sum())
     size = n_rows * width
-    flat = torch.where(ok, row[:, None] * width + col, size).view(-1)  # dropped -> one spare slot
+    dest = (row * width + start)[:, None] + j
+    flat = torch.where(j < kept[:, None], dest, size).view(-1)  # dropped -> one spare slot
     outs = []
     for values, fill in fields:
         out = torch.full((size + 1,), fill, dtype=values.dtype, device=device)
