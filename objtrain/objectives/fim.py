@@ -77,14 +77,15 @@ def fragments(
     start_of = torch.zeros(B, F + 1, dtype=torch.int64, device=rows.device)
     start_of.scatter_(1, torch.where(is_start, frag, F), idx)
 
-    def at_start(stream: str) -> Tensor:
-        return rr.bits_at(start_of[:, :F], stream).gather(1, frag)
+    def at_starts(stream: str) -> Tensor:  # (B, F)
+        return rr.bits_at(start_of[:, :F], stream)
 
-    def uniform_at_start(stream: str) -> Tensor:  # RowRandom.uniform64 from the same bits
-        return ((at_start(stream) >> 11) & ((1 << 53) - 1)).to(torch.float64) * (1.0 / (1 << 53))
+    def uniform_at_start(stream: str) -> Tensor:  # RowRandom.uniform64 from the same bits, then spread
+        u = ((at_starts(stream) >> 11) & ((1 << 53) - 1)).to(torch.float64) * (1.0 / (1 << 53))
+        return u.gather(1, frag)
 
-    fim = below(at_start("fim/apply"), fim_rate) & real & (content > 0)
-    spm = below(at_start("fim/spm"), spm_rate) & fim
+    fim = below(at_starts("fim/apply"), fim_rate).gather(1, frag) & real & (content > 0)
+    spm = below(at_starts("fim/spm"), spm_rate).gather(1, frag) & fim
     return Fragments(
         start=start,
         offset=idx - start,
