@@ -40,8 +40,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from objtrain.batch import Batch, ModelKind
-from objtrain.data.tokenizer import Tokenizer
+from objtrain.batch import Batch
 from objtrain.errors import UserError
 from objtrain.objectives.base import Objective
 from objtrain.objectives.noise import (
@@ -57,7 +56,6 @@ from objtrain.objectives.noise import (
 from objtrain.objectives.rng import RowRandom
 from objtrain.objectives.sentences import lookup, sentence_end_table, sentence_ids
 from objtrain.objectives.span import finish_stats
-from objtrain.specials import Specials
 
 _INT64_MAX = (1 << 63) - 1
 
@@ -150,14 +148,8 @@ class BartDenoising(Objective):
         sentence_end_ids: list[int] = field(default_factory=list)  # sentence enders; [] = from tokenizer
         vocab_size: int = 0  # random replacements draw from [first_ordinary, V); 0 = tokenizer's size
 
-    def __init__(
-        self,
-        config: Config,
-        specials: Specials,
-        tokenizer: Tokenizer | None = None,
-        model_kind: ModelKind | None = None,
-    ) -> None:
-        super().__init__(config, specials, tokenizer=tokenizer, model_kind=model_kind)
+    def setup(self) -> None:
+        config, specials, tokenizer = self.config, self.specials, self.tokenizer
         c = config
         for key in ("mask", "mask_random", "permute_sentences", "insert", "rotate"):
             if not 0.0 <= getattr(c, key) <= 1.0:

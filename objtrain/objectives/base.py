@@ -60,6 +60,14 @@ class Objective:
                 f"objective {self.name!r} cannot train a {self.model_kind} model "
                 f"(it trains: {', '.join(self.model_kinds)})"
             )
+        self.setup()
+
+    def setup(self) -> None:
+        """Check the config and precompute what `__call__` needs; raise `UserError` on bad settings.
+
+        Called once at the end of `__init__`, after `config`, `specials`, `tokenizer` and `model_kind` are
+        set, so subclasses need not repeat the constructor's signature.
+        """
 
     def raw_length(self, model_length: int) -> int:
         """Raw tokens a row must hold so the corrupted row fills `model_length` model positions."""

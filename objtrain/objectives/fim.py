@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from objtrain.batch import Batch, ModelKind
+from objtrain.batch import Batch
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.objectives.base import Objective
@@ -220,14 +220,8 @@ class FillInTheMiddle(Objective):
                 if not 0.0 <= value <= 1.0:
                     raise ValueError(f"{name} must be in [0, 1], got {value}")
 
-    def __init__(
-        self,
-        config: Config,
-        specials: Specials,
-        tokenizer: Tokenizer | None = None,
-        model_kind: ModelKind | None = None,
-    ) -> None:
-        super().__init__(config, specials, tokenizer=tokenizer, model_kind=model_kind)
+    def setup(self) -> None:
+        config, tokenizer = self.config, self.tokenizer
         if config.level == "char" and tokenizer is None:
             raise UserError(
                 "fim: level 'char' needs the tokenizer (to decode and re-encode); or set level=token"

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from objtrain import IGNORE
-from objtrain.batch import Batch, ModelKind
+from objtrain.batch import Batch
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.objectives.base import Objective, positions_from_documents
@@ -166,14 +166,8 @@ class MaskedLM(Objective):
     attention = "bidirectional"
     Config = MaskedLMConfig
 
-    def __init__(
-        self,
-        config: MaskedLMConfig,
-        specials: Specials,
-        tokenizer: Tokenizer | None = None,
-        model_kind: ModelKind | None = None,
-    ) -> None:
-        super().__init__(config, specials, tokenizer=tokenizer, model_kind=model_kind)
+    def setup(self) -> None:
+        config, specials, tokenizer = self.config, self.specials, self.tokenizer
         self.vocab_size = resolve_vocab_size(config, specials, tokenizer, self.name)
         self.word_tables: tuple[Tensor, Tensor] | None = None
         if config.whole_word:

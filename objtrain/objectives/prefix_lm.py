@@ -23,8 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from objtrain.batch import Batch, ModelKind
-from objtrain.data.tokenizer import Tokenizer
+from objtrain.batch import Batch
 from objtrain.errors import UserError
 from objtrain.objectives.base import Objective
 from objtrain.objectives.noise import (
@@ -91,14 +90,8 @@ class PrefixLM(Objective):
     class Config:
         noise_density: float = 0.5  # mean target fraction; 0.5 = uniform split on [1, L-1] (T5 prefix_lm)
 
-    def __init__(
-        self,
-        config: Config,
-        specials: Specials,
-        tokenizer: Tokenizer | None = None,
-        model_kind: ModelKind | None = None,
-    ) -> None:
-        super().__init__(config, specials, tokenizer=tokenizer, model_kind=model_kind)
+    def setup(self) -> None:
+        config, specials = self.config, self.specials
         check_prefix_density(config.noise_density, self.name)
         self.attention = "prefix" if self.model_kind == "decoder" else "bidirectional"  # type: ignore[misc]
         # encoder-decoder: a document's own EOS is split off and re-appended to both sides;

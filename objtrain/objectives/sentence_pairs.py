@@ -42,14 +42,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from objtrain import IGNORE
-from objtrain.batch import Batch, ModelKind, ModelOutput
-from objtrain.data.tokenizer import Tokenizer
+from objtrain.batch import Batch, ModelOutput
 from objtrain.errors import UserError
 from objtrain.objectives.base import LossOutput, Objective, positions_from_documents, token_loss
 from objtrain.objectives.mlm import MaskedLMConfig, below, mask_tokens, resolve_vocab_size, word_starts
 from objtrain.objectives.rng import RowRandom
 from objtrain.objectives.sentences import sentence_end_table, sentence_ids
-from objtrain.specials import Specials
 
 _MIN_KEY = torch.iinfo(torch.int64).min
 
@@ -111,14 +109,8 @@ class _SentencePairs(Objective):
     model_kinds = ("encoder",)
     attention = "bidirectional"
 
-    def __init__(
-        self,
-        config: object,
-        specials: Specials,
-        tokenizer: Tokenizer | None = None,
-        model_kind: ModelKind | None = None,
-    ) -> None:
-        super().__init__(config, specials, tokenizer=tokenizer, model_kind=model_kind)
+    def setup(self) -> None:
+        specials, tokenizer = self.specials, self.tokenizer
         if tokenizer is None:
             raise UserError(f"{self.name}: needs the tokenizer (to find sentence ends)")
         self.mlm_config: MaskedLMConfig = self.config.mlm

@@ -22,8 +22,7 @@ from functools import lru_cache
 
 from torch import Tensor
 
-from objtrain.batch import Batch, ModelKind
-from objtrain.data.tokenizer import Tokenizer
+from objtrain.batch import Batch
 from objtrain.errors import UserError
 from objtrain.objectives.base import Objective
 from objtrain.objectives.noise import (
@@ -127,14 +126,8 @@ class SpanCorruption(Objective):
         mean_noise_span_length: float = 3.0  # mean noise span length (T5: 3.0)
         random_roll: bool = False  # rotate each mask by a random offset (t5#905; T5 default: off)
 
-    def __init__(
-        self,
-        config: Config,
-        specials: Specials,
-        tokenizer: Tokenizer | None = None,
-        model_kind: ModelKind | None = None,
-    ) -> None:
-        super().__init__(config, specials, tokenizer=tokenizer, model_kind=model_kind)
+    def setup(self) -> None:
+        config = self.config
         check_span_config(config.noise_density, config.mean_noise_span_length, self.name)
         self.attention = "bidirectional" if self.model_kind == "encdec" else "prefix"  # type: ignore[misc]
 

@@ -27,8 +27,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from objtrain.batch import Batch, ModelKind
-from objtrain.data.tokenizer import Tokenizer
+from objtrain.batch import Batch
 from objtrain.errors import UserError
 from objtrain.objectives.base import Objective
 from objtrain.objectives.noise import (
@@ -49,7 +48,6 @@ from objtrain.objectives.span import (
     span_pieces,
     span_raw_length,
 )
-from objtrain.specials import Specials
 
 
 @dataclass
@@ -92,14 +90,8 @@ class UL2(Objective):
         denoisers: list[Denoiser] = field(default_factory=default_denoisers)  # the paper's 7, 40/40/20
         random_roll: bool = False  # rotate R/X span masks by a random offset (t5#905)
 
-    def __init__(
-        self,
-        config: Config,
-        specials: Specials,
-        tokenizer: Tokenizer | None = None,
-        model_kind: ModelKind | None = None,
-    ) -> None:
-        super().__init__(config, specials, tokenizer=tokenizer, model_kind=model_kind)
+    def setup(self) -> None:
+        config = self.config
         self.attention = "bidirectional" if self.model_kind == "encdec" else "prefix"  # type: ignore[misc]
         if not config.denoisers:
             raise UserError("ul2: at least one denoiser is needed")
