@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -77,10 +77,26 @@ def _read_meta(path: Path, kind: str, version: int, rerun: str) -> dict[str, Any
     return meta
 
 
+StoreT = TypeVar("StoreT", bound="_Store")
+
+
 class _Store:
-    path: Path
-    meta: dict[str, Any]
-    _rerun: str
+    """What token and packed stores share: opening and checking `meta.json`, specials, tokenizer."""
+
+    kind: str  # meta.json "kind"
+    version: int  # the format_version this objtrain reads
+    rerun_template: str  # the command that (re)creates such a store, with {path}
+
+    def __init__(self, path: Path, meta: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self.meta = meta
+        self._rerun = self.rerun_template.format(path=self.path)
+
+    @classmethod
+    def open(cls: type[StoreT], path: Path | str) -> StoreT:
+        path = Path(path)
+        meta = _read_meta(path, cls.kind, cls.version, cls.rerun_template.format(path=path))
+        return cls(path, meta)
 
     @cached_property
     def specials(self) -> Specials:
@@ -106,16 +122,9 @@ class _Store:
 class TokenStore(_Store):
     """A `tokenize` output directory: documents of token ids per split, memory-mapped."""
 
-    def __init__(self, path: Path, meta: dict[str, Any]) -> None:
-        self.path = Path(path)
-        self.meta = meta
-        self._rerun = f"`objtrain tokenize ... -o {self.path}`"
-
-    @classmethod
-    def open(cls, path: Path | str) -> TokenStore:
-        path = Path(path)
-        meta = _read_meta(path, "token_store", TOKEN_STORE_VERSION, f"`objtrain tokenize ... -o {path}`")
-        return cls(path, meta)
+    kind = "token_store"
+    version = TOKEN_STORE_VERSION
+    rerun_template = "`objtrain tokenize ... -o {path}`"
 
     def split(self, name: str = "train") -> TokenSplit:
         info = self._check_split(name)
@@ -157,16 +166,9 @@ class TokenSplit:
 class PackedStore(_Store):
     """A `pack` output directory: fixed-length rows with per-position document indices."""
 
-    def __init__(self, path: Path, meta: dict[str, Any]) -> None:
-        self.path = Path(path)
-        self.meta = meta
-        self._rerun = f"`objtrain pack STORE -o {self.path}`"
-
-    @classmethod
-    def open(cls, path: Path | str) -> PackedStore:
-        path = Path(path)
-        meta = _read_meta(path, "packed_store", PACKED_STORE_VERSION, f"`objtrain pack STORE -o {path}`")
-        return cls(path, meta)
+    kind = "packed_store"
+    version = PACKED_STORE_VERSION
+    rerun_template = "`objtrain pack STORE -o {path}`"
 
     @property
     def seq_len(self) -> int:
