@@ -80,3 +80,29 @@ class ModelOutput:
     hidden: Tensor | None = None  # (B, T, D) final hidden states (after the final norm)
     mtp_logits: list[Tensor] | None = None  # n-1 tensors (B, T, V): offsets 2..n (offset 1 is `logits`)
     seq_logits: Tensor | None = None  # (B, C) from the pooled first position (NSP/SOP, classification)
+
+
+def runs_of(ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Maximal runs of equal values along each row of ids (B, L), e.g. the documents of packed rows.
+
+    Returns, per position (all (B, L)): `is_start` (bool, first position of its run), `index` (the run's
+    number in its row, from 0), `start` (the run's first position) and `length` (the run's length).
+    Vectorised: a cumulative max of start positions and one scatter-add, no loop over runs.
+    """
+    B, L = ids.shape
+    idx = torch.arange(L, device=ids.device).expand(B, L)
+    is_start = torch.ones_like(ids, dtype=torch.bool)
+    is_start[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    start = torch.where(is_start, idx, 0).cummax(dim=1).values
+    index = is_start.long().cumsum(dim=1) - 1
+    length = torch.zeros_like(index).scatter_add_(1, index, torch.ones_like(index)).gather(1, index)
+    return is_start, index, start, length
+
+
+def positions_of(document_ids: Tensor) -> Tensor:
+    """(B, T) position of each token inside its document: 0 at every document start. Vectorised."""
+    B, T = document_ids.shape
+    idx = torch.arange(T, device=document_ids.device).expand(B, T)
+    is_start = torch.ones_like(document_ids, dtype=torch.bool)
+    is_start[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    return idx - torch.where(is_start, idx, 0).cummax(dim=1).values

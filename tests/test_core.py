@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import torch
 
+from objtrain.batch import positions_of
 from objtrain.config import from_dict, parse_overrides
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
-from objtrain.objectives.base import positions_from_documents
 from objtrain.objectives.rng import RowRandom
 from objtrain.specials import Specials
 
@@ -48,7 +48,7 @@ def test_rng_depends_only_on_seed_and_row() -> None:
 
 def test_positions_restart_per_document() -> None:
     docs = torch.tensor([[0, 0, 0, 1, 1, 2, -1, -1]])
-    assert positions_from_documents(docs).tolist() == [[0, 1, 2, 0, 1, 0, 0, 1]]
+    assert positions_of(docs).tolist() == [[0, 1, 2, 0, 1, 0, 0, 1]]
 
 
 @dataclasses.dataclass

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from objtrain.batch import Batch, ModelOutput
@@ -74,15 +73,6 @@ class ZooModel(nn.Module):
             if name.endswith(("attn.proj.weight", "cross.proj.weight", "mlp.w2.weight")):
                 # GPT-2: residual output projections scaled by 1/sqrt(2 * layers)
                 nn.init.normal_(p, mean=0.0, std=cfg.init_std / (2 * n_residual) ** 0.5)
-
-
-def positions_of(document_ids: Tensor) -> Tensor:
-    """(B, T) position of each token inside its document (0 at every document start), vectorised."""
-    B, T = document_ids.shape
-    idx = torch.arange(T, device=document_ids.device).expand(B, T)
-    starts = torch.ones_like(document_ids, dtype=torch.bool)
-    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
-    return idx - torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=1).values
 
 
 def make_block(cfg: ModelConfig, cross: bool = False) -> Block:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from objtrain.batch import AttentionKind, Batch, ModelOutput
+from objtrain.batch import AttentionKind, Batch, ModelOutput, positions_of
 from objtrain.models.attention import causal_chunk_mask, cross_attention_mask
-from objtrain.models.base import TrunkOutput, ZooModel, make_block, positions_of
+from objtrain.models.base import TrunkOutput, ZooModel, make_block
 from objtrain.models.blocks import KVCache, RMSNorm, Rotary
 from objtrain.models.heads import TiedLMHead
 from objtrain.models.zoo import ModelConfig

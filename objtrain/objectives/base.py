@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -91,13 +90,3 @@ def token_loss(logits: Tensor, labels: Tensor) -> LossOutput:
     )
     n_targets = (labels != IGNORE).sum()
     return LossOutput(loss_sum, n_targets, {})
-
-
-def positions_from_documents(document_ids: Tensor) -> Tensor:
-    """(B, L) position of each token inside its document: 0 at every document start. Vectorised."""
-    B, L = document_ids.shape
-    idx = torch.arange(L, device=document_ids.device).expand(B, L)
-    starts = torch.ones_like(document_ids, dtype=torch.bool)
-    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
-    start_idx = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=1).values
-    return idx - start_idx

@@ -22,8 +22,8 @@ import torch
 from torch import Tensor
 
 from objtrain import IGNORE
-from objtrain.batch import Batch
-from objtrain.objectives.base import Objective, positions_from_documents
+from objtrain.batch import Batch, positions_of
+from objtrain.objectives.base import Objective
 
 
 def next_token_labels(
@@ -55,7 +55,7 @@ def causal_batch(rows: Tensor, document_ids: Tensor, cross_document: bool) -> Ba
     return Batch(
         input_ids=rows[:, :T],
         labels=next_token_labels(rows, document_ids, 1, cross_document, T),
-        positions=positions_from_documents(docs),
+        positions=positions_of(docs),
         document_ids=docs,
         attention="causal",
     )

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from objtrain.batch import Batch
+from objtrain.batch import Batch, runs_of
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.objectives.base import Objective
@@ -62,11 +62,7 @@ def fragments(
     Each fragment's random numbers are read at its start position, so they depend only on the row."""
     B, L = rows.shape
     idx = torch.arange(L, device=rows.device).expand(B, L)
-    is_start = torch.ones_like(rows, dtype=torch.bool)
-    is_start[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
-    start = torch.where(is_start, idx, 0).cummax(dim=1).values
-    frag = is_start.long().cumsum(dim=1) - 1
-    length = torch.zeros_like(frag).scatter_add_(1, frag, torch.ones_like(frag)).gather(1, frag)
+    is_start, frag, start, length = runs_of(document_ids)
     last = (start + length - 1).clamp(max=L - 1)
     ends_with_eos = rows.gather(1, last) == specials.eos
     content = length - ends_with_eos.long()

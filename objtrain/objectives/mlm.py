@@ -33,10 +33,10 @@ import torch
 from torch import Tensor
 
 from objtrain import IGNORE
-from objtrain.batch import Batch
+from objtrain.batch import Batch, positions_of
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
-from objtrain.objectives.base import Objective, positions_from_documents
+from objtrain.objectives.base import Objective
 from objtrain.objectives.rng import RowRandom
 from objtrain.objectives.sentences import lookup
 from objtrain.specials import Specials
@@ -196,7 +196,7 @@ class MaskedLM(Objective):
         return Batch(
             input_ids=inputs,
             labels=labels,
-            positions=positions_from_documents(document_ids),
+            positions=positions_of(document_ids),
             document_ids=document_ids,
             attention="bidirectional",
             stats=stats,

@@ -42,9 +42,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from objtrain import IGNORE
-from objtrain.batch import Batch, ModelOutput
+from objtrain.batch import Batch, ModelOutput, positions_of, runs_of
 from objtrain.errors import UserError
-from objtrain.objectives.base import LossOutput, Objective, positions_from_documents, token_loss
+from objtrain.objectives.base import LossOutput, Objective, token_loss
 from objtrain.objectives.mlm import MaskedLMConfig, below, mask_tokens, resolve_vocab_size, word_starts
 from objtrain.objectives.rng import RowRandom
 from objtrain.objectives.sentences import sentence_end_table, sentence_ids
@@ -76,18 +76,6 @@ def truncated_lengths(a: Tensor, b: Tensor, target: Tensor) -> tuple[Tensor, Ten
     half = (target + 1) // 2
     a_new = torch.minimum(a, torch.maximum(half, target - b))
     return a_new, torch.minimum(b, target - a_new)
-
-
-def runs(ids: Tensor) -> tuple[Tensor, Tensor]:
-    """(B, L) first position and end (last + 1) of the run of equal `ids` holding each position."""
-    B, L = ids.shape
-    idx = torch.arange(L, device=ids.device).expand(B, L)
-    is_start = torch.ones_like(ids, dtype=torch.bool)
-    is_start[:, 1:] = ids[:, 1:] != ids[:, :-1]
-    start = torch.where(is_start, idx, 0).cummax(dim=1).values
-    run = is_start.long().cumsum(dim=1) - 1
-    length = torch.zeros_like(run).scatter_add_(1, run, torch.ones_like(run)).gather(1, run)
-    return start, start + length
 
 
 @dataclass
@@ -140,7 +128,8 @@ class _SentencePairs(Objective):
             pick_where(inside & starts, at_sentence, rr, "pairs/split"),
             pick_where(inside, ~at_sentence, rr, "pairs/token_split"),
         )
-        run_start, run_end = runs(doc)
+        _, _, run_start, run_length = runs_of(doc)
+        run_end = run_start + run_length
         a0 = run_start.gather(1, split[:, None])[:, 0]
         b0, b1, label, swap, flags = self.choose(split, doc, starts, run_start, run_end, rr)
         a, b = split - a0, b1 - b0
@@ -208,7 +197,7 @@ class _SentencePairs(Objective):
         return Batch(
             input_ids=inputs,
             labels=labels,
-            positions=positions_from_documents(docs),
+            positions=positions_of(docs),
             document_ids=docs.contiguous(),
             attention="bidirectional",
             segment_ids=segments,

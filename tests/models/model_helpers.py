@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from objtrain.batch import Batch
+from objtrain.batch import Batch, positions_of
 from objtrain.models import build_model, model_config
-from objtrain.models.base import ZooModel, positions_of
+from objtrain.models.base import ZooModel
 
 VOCAB = 97
 

@@ -19,11 +19,11 @@ import torch
 from torch import Tensor
 
 from objtrain import IGNORE
-from objtrain.batch import MODEL_KINDS, Batch, ModelOutput
+from objtrain.batch import MODEL_KINDS, Batch, ModelOutput, positions_of
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.objectives import inspect
-from objtrain.objectives.base import Objective, positions_from_documents
+from objtrain.objectives.base import Objective
 from objtrain.objectives.registry import (
     OBJECTIVES,
     build_objective,
@@ -379,7 +379,7 @@ def test_attention_and_positions_stay_inside_documents(case: tuple) -> None:
     assert not cross.any()
     real = docs >= 0
     assert not (mask & real[:, :, None] & ~real[:, None, :]).any(), "a real token sees padding"
-    assert torch.equal(batch.positions[real], positions_from_documents(docs)[real])
+    assert torch.equal(batch.positions[real], positions_of(docs)[real])
     for b in range(B):
         assert is_run_per_value(docs[b]), "a document is split into several runs"
     if batch.attention == "prefix":
@@ -403,7 +403,7 @@ def test_decoder_stays_inside_encoder_documents(case: tuple) -> None:
     dec_docs, dec_pos = batch.decoder_document_ids, batch.decoder_positions
     assert dec_docs is not None and dec_pos is not None
     real = dec_docs >= 0
-    assert torch.equal(dec_pos[real], positions_from_documents(dec_docs)[real])
+    assert torch.equal(dec_pos[real], positions_of(dec_docs)[real])
     cross = inspect.cross_attention_mask(batch)
     assert cross[real].any(-1).all(), "a decoder document has no encoder tokens to attend to"
 
