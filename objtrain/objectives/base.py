@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -71,6 +72,15 @@ class Objective:
     def raw_length(self, model_length: int) -> int:
         """Raw tokens a row must hold so the corrupted row fills `model_length` model positions."""
         return model_length
+
+    def raw_lengths(self, model_length: int, row_index: Tensor, seed: int) -> Tensor:
+        """(B,) int64 raw tokens each row `row_index` needs, a pure function of (row, seed).
+
+        The training loader streams exactly this many tokens per row (the tail of a row beyond its need is
+        padding, document id -1), so an objective whose rows need different lengths (UL2 picks its
+        denoiser per row) wastes nothing. The default is the same `raw_length` for every row.
+        """
+        return torch.full_like(row_index, self.raw_length(model_length), dtype=torch.int64)
 
     def __call__(self, rows: Tensor, document_ids: Tensor, row_index: Tensor, seed: int) -> Batch:
         raise NotImplementedError
