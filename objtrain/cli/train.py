@@ -1,10 +1,214 @@
-"""`objtrain train`: the training loop, coming in a later release."""
+"""`objtrain train`: thin glue over `objtrain.training` (flags -> TrainConfig -> train)."""
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from objtrain.config import load_yaml, parse_overrides
 from objtrain.errors import UserError
+from objtrain.training import accounting
+from objtrain.training.config import TrainConfig, build_config, config_dict, merged
+from objtrain.training.loop import Plan, prepare, total_steps, train
+
+HELP = """Pre-train a model with one objective (or a mixture), on a token or packed store.
+
+With no DATA it trains on the embedded default: the Python standard library's source, tokenized once and
+cached. KEY=VALUE pairs set objective settings as in `objtrain corrupt` (fim_rate=0.9), or any key of the
+run's YAML by its dotted name (optim.lr=3e-4, schedule.kind=wsd, model.n_layer=8). The resolved config
+is saved as RUN/config.yaml; checkpoints go to RUN/checkpoints/ (safetensors + JSON, no pickle).
+
+Example: objtrain train --objective fim --model tiny --steps 200 -o runs/fim
+"""
+
+SECTIONS = set(TrainConfig.__dataclass_fields__)
+MODEL_KEYS = {"kind", "size", "overrides"}
 
 
-def run() -> None:
-    """Not available yet: the training loop comes in a later release."""
-    raise UserError("`objtrain train` is not available yet: the training loop comes in a later release")
+def split_args(args: list[str]) -> tuple[str | None, dict[str, Any]]:
+    """DATA (the first argument without '='), then KEY=VALUE pairs sorted into the run's sections."""
+    data: str | None = None
+    pairs: list[str] = []
+    for arg in args:
+        if "=" in arg:
+            pairs.append(arg)
+        elif data is None:
+            data = arg
+        else:
+            raise UserError(f"unexpected argument {arg!r}: give one DATA path, then KEY=VALUE settings")
+    routed: list[str] = []
+    for pair in pairs:
+        key = pair.split("=", 1)[0]
+        head, _, rest = key.partition(".")
+        if head == "model" and rest and rest.split(".")[0] not in MODEL_KEYS:
+            routed.append(f"model.overrides.{pair[len('model.') :]}")
+        elif head in SECTIONS:
+            routed.append(pair)
+        else:  # an objective setting, as in `objtrain corrupt`
+            routed.append(f"objective.overrides.{pair}")
+    return data, parse_overrides(routed)
+
+
+def run(
+    args: list[str] = typer.Argument(
+        None,
+        metavar="[DATA] [KEY=VALUE]...",
+        help="Token or packed store (default: the embedded corpus).",
+        show_default=False,
+    ),
+    config: Path = typer.Option(None, "--config", "-c", help="A run YAML (see configs/train/)."),
+    objective: str = typer.Option(
+        None, "--objective", "-O", help="Objective name (objtrain corrupt --list)."
+    ),
+    model_kind: str = typer.Option(
+        None, "--model-kind", help="decoder | encoder | encdec (default: the objective's first)."
+    ),
+    model: str = typer.Option(
+        None, "--model", help="Model size in configs/models/: debug, tiny, small, base."
+    ),
+    output: Path = typer.Option(
+        None, "--output", "-o", help="Run directory (default: runs/OBJECTIVE-KIND-SIZE)."
+    ),
+    seq_len: int = typer.Option(
+        None, "--seq-len", help="Model positions per row (default: the packed rows, else 256)."
+    ),
+    batch_size: int = typer.Option(None, "--batch-size", help="Global rows per optimizer step."),
+    micro_batch_size: int = typer.Option(
+        None, "--micro-batch-size", help="Rows per forward; accumulation follows."
+    ),
+    steps: int = typer.Option(None, "--steps", help="Budget: optimizer steps."),
+    tokens: int = typer.Option(None, "--tokens", help="Budget: model input tokens."),
+    time_budget: float = typer.Option(None, "--time", help="Budget: seconds of training."),
+    lr: float = typer.Option(None, "--lr", help="Peak learning rate."),
+    seed: int = typer.Option(None, "--seed", help="Seed of the weights, data order and corruption."),
+    dtype: str = typer.Option(
+        None, "--dtype", help="auto | fp32 | bf16 | fp16 (auto: bf16 only where fast)."
+    ),
+    device: str = typer.Option(None, "--device", help="auto | cpu | cuda | mps."),
+    compile_: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile each block."),
+    save_every: int = typer.Option(None, "--save-every", help="Steps between checkpoints (0: at the end)."),
+    keep: int = typer.Option(None, "--keep", help="Newest checkpoints kept."),
+    resume: bool = typer.Option(False, "--resume", help="Continue RUN from its newest complete checkpoint."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing RUN."),
+    nproc: int = typer.Option(None, "--nproc", help="Processes on this machine (launches torchrun)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print sizes, FLOPs and memory, then exit."),
+) -> None:
+    data, kv = split_args(args or [])
+    base: dict[str, Any] = load_yaml(config) if config is not None else {}
+    flags: dict[str, Any] = {}
+
+    def put(path: str, value: Any) -> None:
+        if value is None:
+            return
+        node = flags
+        *parents, last = path.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+
+    put("data.store", data)
+    put("objective.name", objective)
+    put("model.kind", model_kind)
+    put("model.size", model)
+    put("batch.seq_len", seq_len)
+    put("batch.batch_size", batch_size)
+    put("batch.micro_batch_size", micro_batch_size)
+    put("optim.lr", lr)
+    put("seed", seed)
+    put("precision.dtype", dtype)
+    put("precision.compile", compile_)
+    put("device", device)
+    put("checkpoint.every", save_every)
+    put("checkpoint.keep", keep)
+    budget = {
+        k: v for k, v in (("steps", steps), ("tokens", tokens), ("seconds", time_budget)) if v is not None
+    }
+    if budget:
+        flags["budget"] = budget  # a flag budget replaces the YAML's, whichever kind it was
+    data_dict = merged(base, kv, flags)
+    if budget:
+        data_dict["budget"] = budget
+    if objective is None and "name" not in data_dict.get("objective", {}):
+        raise UserError("--objective is required (or a --config naming one); see `objtrain corrupt --list`")
+    cfg = build_config(data_dict)
+    run_dir = output or Path("runs") / f"{cfg.objective.name}-{cfg.model.kind or 'default'}-{cfg.model.size}"
+
+    console = Console(stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty())
+    under_torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if nproc is not None and nproc > 1 and not under_torchrun:
+        from objtrain.training.config import check_divisible
+        from objtrain.training.distributed import World, launch
+
+        check_divisible(cfg, nproc)
+        prepare(cfg, run_dir, resume=resume, force=force, world=World(0, 1, 0), console=console)
+        argv = _without_nproc(sys.argv[1:])
+        raise typer.Exit(launch(nproc, argv))
+
+    if dry_run:
+        plan = prepare(cfg, run_dir, resume=resume, force=force, console=console)
+        _dry_run(console, plan)
+        return
+    result = train(cfg, run_dir, resume=resume, force=force, console=console)
+    if result.stopped:
+        console.print(f"interrupted at step {result.step}; saved {result.checkpoint}", highlight=False)
+        raise typer.Exit(143 if result.stopped == "SIGTERM" else 130)
+
+
+def _without_nproc(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--nproc":
+            skip = True
+            continue
+        if arg.startswith("--nproc="):
+            continue
+        out.append(arg)
+    return out
+
+
+def _dry_run(console: Console, plan: Plan) -> None:
+    from objtrain.models.zoo import build_model, count_parameters
+
+    cfg = plan.cfg
+    model = build_model(plan.model_cfg)
+    n = count_parameters(model)
+    n_body = count_parameters(model, embeddings=False)
+    total = total_steps(cfg, plan, lambda: float("nan")) if cfg.budget.seconds is None else None
+    flops = accounting.flops_per_step(plan.model_cfg, 1, plan.seq_len) / plan.seq_len
+    mem = accounting.memory_estimate(model, plan.model_cfg, plan.micro_batch, plan.seq_len, plan.dtype)
+    tokens_per_step = cfg.batch.batch_size * plan.seq_len
+    lines = [
+        ("objective", f"{plan.objective.name} on a {cfg.model.size} {plan.model_cfg.kind}"),
+        ("parameters", f"{n:,} ({n_body:,} without the embedding)"),
+        ("FLOPs per token", f"{flops:,.0f} (6N + 12·L·d·T)"),
+        ("tokens per step", f"{tokens_per_step:,} ({cfg.batch.batch_size} rows x {plan.seq_len})"),
+        (
+            "micro-batches",
+            f"{plan.accumulation} x {plan.micro_batch} rows on each of {plan.world.world_size} process(es)",
+        ),
+        (
+            "steps",
+            f"{total}" if total is not None else f"fixed after timing a step ({cfg.budget.seconds} s budget)",
+        ),
+        ("weights + grads", _mib(mem["weights_bytes"] + mem["gradients_bytes"])),
+        ("optimizer state", _mib(mem["optimizer_bytes"])),
+        ("activations", f"{_mib(mem['activation_bytes'])} per micro-batch (estimate)"),
+        ("precision / device", f"{plan.dtype} on {plan.device}"),
+        ("config", str(config_dict(cfg)["budget"])),
+    ]
+    width = max(len(k) for k, _ in lines)
+    out = Console(highlight=False, soft_wrap=True)
+    for key, value in lines:
+        out.print(f"{key:<{width}}  {value}")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"

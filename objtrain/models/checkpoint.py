@@ -24,6 +24,7 @@ and `resolve_checkpoint(RUN)` finds the checkpoint in that order.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,9 +83,11 @@ def save_checkpoint(
     tokenizer: Tokenizer | None = None,
     training: dict[str, Any] | None = None,
     force: bool = False,
+    extra: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write a checkpoint directory atomically: a crash mid-save leaves the old one (or none), never a torn
-    one. `model` may be wrapped (torch.compile, DDP): the plain module's weights are saved."""
+    one. `model` may be wrapped (torch.compile, DDP): the plain module's weights are saved. `extra(tmp)`
+    writes more files into the same directory before it is renamed into place (the training state)."""
     path = Path(path)
     plain = unwrap(model)
     config: ModelConfig = plain.config  # type: ignore[assignment]
@@ -107,6 +110,8 @@ def save_checkpoint(
                 "vocab_size": tokenizer.vocab_size,
             }
         write_json(tmp / CONFIG, meta)
+        if extra is not None:
+            extra(tmp)
     return path
 
 

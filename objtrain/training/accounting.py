@@ -1,0 +1,175 @@
+"""Throughput accounting: FLOPs per token, the device's peak, MFU, peak memory, bytes per token.
+
+FLOPs (reference training.md section 7; PaLM appendix B): `6N + 12·L·d·T` per trained token, N the
+parameters a token passes through (the tied embedding counts once, as the output layer), T the attention
+length. An encoder-decoder counts encoder parameters per encoder token and decoder parameters (plus cross
+attention) per decoder token.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import resource
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.models.zoo import ModelConfig
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _block_params(cfg: ModelConfig, cross: bool = False) -> int:
+    d = cfg.d_model
+    attn = 4 * d * d
+    mlp = 3 * d * cfg.ffn_dim
+    norms = 2 * d
+    return attn + mlp + norms + ((4 * d * d + d) if cross else 0)
+
+
+def flops_per_step(cfg: ModelConfig, rows: int, input_len: int, target_len: int | None = None) -> float:
+    """Training FLOPs (forward + backward) of one step of `rows` rows.
+
+    `input_len` is the decoder-only/encoder length T; `target_len` the decoder length S (encoder-decoder).
+    """
+    d, V = cfg.d_model, cfg.vocab_size
+    out = 6 * V * d  # the unembedding, per position with logits
+    if cfg.kind == "encdec":
+        S = target_len or input_len
+        enc = 6 * cfg.n_layer * _block_params(cfg) + 12 * cfg.n_layer * d * input_len
+        dec = 6 * cfg.decoder_layers * _block_params(cfg, cross=True) + 12 * cfg.decoder_layers * d * (
+            S + input_len
+        )
+        return rows * (input_len * enc + S * (dec + out))
+    layers = cfg.n_layer + max(cfg.mtp_heads - 1, 0)
+    per_token = 6 * layers * _block_params(cfg) + 12 * layers * d * input_len + out * cfg.mtp_heads
+    return rows * input_len * per_token
+
+
+@functools.lru_cache(maxsize=8)
+def measured_peak_flops(device_type: str, dtype_name: str) -> float:
+    """FLOP/s of a warmed square matmul on this device and dtype: the yardstick MFU is quoted against when no
+    vendor peak is known (CPUs). Said as 'measured matmul' wherever it is reported."""
+    device = torch.device(device_type)
+    dtype = DTYPES[dtype_name]
+    n = 1024 if device_type != "cpu" else 512
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    for _ in range(2):
+        a @ b
+    reps = 10 if device_type == "cpu" else 50
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    _sync(device)
+    return 2 * n**3 * reps / (time.perf_counter() - t0)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# Dense bf16/fp16 tensor-core peaks (no sparsity), by device name; fp32 runs use TF32 peaks.
+GPU_PEAKS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
+
+
+def peak_flops(device: torch.device, dtype_name: str) -> tuple[float, str]:
+    """(peak FLOP/s, where it comes from)."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, value in GPU_PEAKS.items():
+            if key in name:
+                return (value if dtype_name != "fp32" else value / 2), f"{key} datasheet"
+    return measured_peak_flops(device.type, dtype_name), "measured matmul"
+
+
+def cpu_has_fast_bf16() -> bool:
+    """bf16 units (AVX512-BF16 or AMX) present and a bf16 matmul clearly faster than fp32 here."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        flags = ""
+    if "avx512_bf16" not in flags and "amx_bf16" not in flags:
+        return False
+    return measured_peak_flops("cpu", "bf16") > 1.3 * measured_peak_flops("cpu", "fp32")
+
+
+def choose_dtype(requested: str, device: torch.device) -> str:
+    """`auto`: bf16 where the device runs it fast, fp16 on GPUs without bf16, else fp32."""
+    if requested != "auto":
+        return requested
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    if device.type == "cpu":
+        return "bf16" if cpu_has_fast_bf16() else "fp32"
+    return "fp32"
+
+
+class PeakMemory:
+    """Peak memory over a window: CUDA's allocator peak, or the process's resident high-water mark on CPU
+    (reset through /proc/self/clear_refs where Linux allows it)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def reset(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return
+        try:
+            with open("/proc/self/clear_refs", "w") as handle:
+                handle.write("5")
+        except OSError:
+            pass
+
+    def peak_bytes(self) -> int:
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        try:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def token_bytes(tokenizer: Tokenizer) -> torch.Tensor:
+    """(V,) UTF-8 bytes each token stands for: 0 for control tokens, 1 for a byte-fallback piece, and the
+    piece's text with the word marker as one space otherwise. Bits per byte divide by these."""
+    sp = tokenizer.sp
+    out = torch.zeros(tokenizer.vocab_size, dtype=torch.int64)
+    for i in range(tokenizer.vocab_size):
+        if sp.is_control(i) or sp.is_unknown(i):
+            continue
+        if sp.is_byte(i):
+            out[i] = 1
+            continue
+        out[i] = len(sp.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
+    return out
+
+
+def memory_estimate(model: nn.Module, cfg: ModelConfig, micro_rows: int, length: int, dtype: str) -> dict:
+    """Rough bytes: weights + grads + Adam moments (fp32), and activations of one micro-batch."""
+    n = sum(p.numel() for p in model.parameters())
+    act_bytes = 2 if dtype in ("bf16", "fp16") else 4
+    layers = cfg.n_layer + (cfg.decoder_layers if cfg.kind == "encdec" else 0) + max(cfg.mtp_heads - 1, 0)
+    # Per layer and token: ~34·d values kept for backward (Korthikanti et al. 2022, without attention scores
+    # since SDPA recomputes them), plus one logits tensor in fp32.
+    activations = micro_rows * length * (layers * 34 * cfg.d_model * act_bytes + cfg.vocab_size * 4 * 2)
+    return {
+        "weights_bytes": n * 4,
+        "gradients_bytes": n * 4,
+        "optimizer_bytes": n * 8,
+        "activation_bytes": activations,
+    }
+
+
+def threads() -> int:
+    return torch.get_num_threads() or os.cpu_count() or 1

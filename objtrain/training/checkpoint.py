@@ -1,0 +1,224 @@
+"""Training checkpoints: the model checkpoint plus optimizer state and `state.json`, atomic, newest K kept.
+
+    RUN/checkpoints/step-00000020/   model.safetensors, config.json, tokenizer.model  (objtrain generate/eval)
+                                     optimizer.safetensors  Adam moments by parameter name, RNG states
+                                     state.json             step, data position, counters, resolved config,
+                                                            and the size of every file (written last)
+    RUN/checkpoints/latest           the newest complete checkpoint's name, rewritten once it is complete
+
+A checkpoint directory appears by one rename of a finished temporary directory (`objtrain.io.atomic_dir`),
+so a kill at any moment leaves either a complete checkpoint or a `.step-*.tmp` that the next run removes.
+`--resume` takes `latest` if it names a complete checkpoint, else the highest complete `step-*`. No pickle:
+tensors in safetensors, everything else JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.errors import UserError
+from objtrain.models.checkpoint import load_weights, mark_latest, save_checkpoint, unwrap
+from objtrain.specials import Specials
+
+STATE = "state.json"
+OPTIMIZER = "optimizer.safetensors"
+STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def checkpoints_dir(run: Path) -> Path:
+    return Path(run) / "checkpoints"
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def _fsync_dir(path: Path) -> None:
+    """A file's fsync does not persist its directory entry: fsync the directory after a rename."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """Adam state keyed by parameter name (`optim/<name>/<key>`): a changed grouping cannot mis-assign it."""
+    out: dict[str, torch.Tensor] = {}
+    for group in optimizer.param_groups:
+        for name, p in zip(group["names"], group["params"], strict=True):
+            for key, value in optimizer.state.get(p, {}).items():
+                if isinstance(value, torch.Tensor):
+                    out[f"optim/{name}/{key}"] = value.detach().cpu().contiguous()
+    return out
+
+
+def load_optimizer_tensors(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor]) -> None:
+    for group in optimizer.param_groups:
+        for name, p in zip(group["names"], group["params"], strict=True):
+            prefix = f"optim/{name}/"
+            state = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+            if not state:
+                continue
+            # Adam's `step` counter stays on the CPU (non-capturable AdamW keeps it there).
+            optimizer.state[p] = {k: v if k == "step" else v.to(p.device) for k, v in state.items()}
+
+
+def rng_tensors() -> dict[str, torch.Tensor]:
+    out = {"rng/torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["rng/cuda"] = torch.cuda.get_rng_state()
+    return out
+
+
+def restore_rng(tensors: dict[str, torch.Tensor]) -> None:
+    if "rng/torch_cpu" in tensors:
+        torch.set_rng_state(tensors["rng/torch_cpu"])
+    if "rng/cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["rng/cuda"])
+
+
+def save_training_checkpoint(
+    run: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    specials: Specials,
+    tokenizer: Tokenizer,
+    training: dict[str, Any],
+    state: dict[str, Any],
+    keep: int,
+) -> Path:
+    """Write RUN/checkpoints/step-N atomically, then point `latest` at it, then prune to `keep`."""
+    root = checkpoints_dir(run)
+    path = root / step_name(step)
+    delay = float(os.environ.get("OBJTRAIN_SAVE_DELAY", "0") or 0)  # tests: widen the mid-save window
+
+    def extra(tmp: Path) -> None:
+        if delay:
+            time.sleep(delay)
+        save_file({**optimizer_tensors(optimizer), **rng_tensors()}, str(tmp / OPTIMIZER))
+        if delay:
+            time.sleep(delay)
+        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+        body = json.dumps({**state, "files": files}, indent=2, allow_nan=False)
+        with open(tmp / STATE, "w", encoding="utf-8") as handle:
+            handle.write(body + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        for p in tmp.iterdir():  # model files were written by safetensors without fsync
+            with open(p, "rb") as handle:
+                os.fsync(handle.fileno())
+
+    save_checkpoint(path, model, specials, tokenizer, training=training, force=True, extra=extra)
+    _fsync_dir(root)
+    mark_latest(run, path.name)
+    _fsync_dir(root)
+    prune(run, keep)
+    return path
+
+
+def is_complete(path: Path) -> bool:
+    """state.json parses and every file it lists is there with its recorded size."""
+    try:
+        state = json.loads((path / STATE).read_text(encoding="utf-8"))
+        files = state["files"]
+        return all((path / name).stat().st_size == size for name, size in files.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def complete_checkpoints(run: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every complete checkpoint in RUN, oldest first."""
+    root = checkpoints_dir(run)
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        m = STEP_DIR.match(p.name)
+        if m and p.is_dir() and is_complete(p):
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def clean_leftovers(run: Path) -> None:
+    """Remove what a killed run left: temporary checkpoint directories and half-pruned ones."""
+    root = checkpoints_dir(run)
+    if not root.is_dir():
+        return
+    for p in root.iterdir():
+        if p.name.startswith(".") and (p.name.endswith(".tmp") or p.name.startswith(".trash-")):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+def latest_checkpoint(run: Path) -> Path | None:
+    """`latest` if it names a complete checkpoint, else the highest complete step, else None."""
+    root = checkpoints_dir(run)
+    latest = root / "latest"
+    if latest.is_file() and not latest.is_symlink():
+        target = root / latest.read_text(encoding="utf-8").strip()
+        if is_complete(target):
+            return target
+    elif latest.is_symlink() and is_complete(latest.resolve()):
+        return latest.resolve()
+    found = complete_checkpoints(run)
+    return found[-1][1] if found else None
+
+
+def prune(run: Path, keep: int) -> None:
+    """Keep the newest `keep` complete checkpoints; a victim is renamed before deletion, so a half-deleted
+    directory never looks complete."""
+    found = complete_checkpoints(run)
+    for _, path in found[: max(len(found) - max(keep, 1), 0)]:
+        trash = path.with_name(f".trash-{path.name}")
+        os.replace(path, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+@dataclass
+class Restored:
+    path: Path
+    state: dict[str, Any]
+
+
+def restore(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> Restored:
+    """Load weights, optimizer state and RNG from a complete checkpoint into the live objects."""
+    state = json.loads((path / STATE).read_text(encoding="utf-8"))
+    weights = load_weights(path / "model.safetensors")
+    plain = unwrap(model)
+    try:
+        plain.load_state_dict(weights, strict=True)
+    except RuntimeError as exc:
+        raise UserError(
+            f"{path}: the weights do not fit this run's model ({str(exc).splitlines()[0]})"
+        ) from None
+    names = [n for g in optimizer.param_groups for n in g["names"]]
+    if state.get("param_names") not in (None, names):
+        raise UserError(f"{path}: the optimizer's parameters differ from this run's model; resume refused")
+    try:
+        tensors = load_file(str(path / OPTIMIZER))
+    except Exception as exc:  # safetensors raises its own error types for torn files
+        raise UserError(
+            f"{path / OPTIMIZER} is not readable ({type(exc).__name__}); resume refused"
+        ) from None
+    load_optimizer_tensors(optimizer, tensors)
+    restore_rng(tensors)
+    plain.to(device)
+    return Restored(path, state)

@@ -1,0 +1,180 @@
+"""`TrainConfig`: everything a run is, in one YAML (saved resolved as RUN/config.yaml).
+
+    data:       store: PATH (token or packed store; null = the embedded standard-library store)
+    model:      kind, size, overrides
+    objective:  name, overrides
+    batch:      seq_len, batch_size (global rows), micro_batch_size
+    optim:      lr, betas, eps, weight_decay, grad_clip
+    schedule:   kind (cosine | linear | constant | wsd), warmup, min_lr_ratio, decay_ratio (wsd)
+    budget:     steps | tokens | seconds (one of them; none = the default run)
+    precision:  dtype (auto | fp32 | bf16 | fp16), compile
+    validation: every, rows
+    checkpoint: every, keep
+    logging:    every, tensorboard
+    seed, device, workers
+
+Every section is a dataclass, read strictly by `objtrain.config.from_dict`: an unknown key is refused
+before any work. Command-line flags are overrides of the same keys (`--lr 1e-3` is `optim.lr=1e-3`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from objtrain.config import from_dict, merge, to_dict
+from objtrain.errors import UserError
+
+
+@dataclass
+class DataConfig:
+    store: str | None = None  # token store or packed store; None = the embedded standard-library store
+    valid_split: str = "valid"
+
+
+@dataclass
+class ModelSection:
+    kind: str | None = None  # decoder | encoder | encdec; None = the objective's first
+    size: str = "tiny"  # a file in configs/models/
+    overrides: dict[str, Any] = field(default_factory=dict)  # e.g. {n_layer: 8, dropout: 0.1}
+
+
+@dataclass
+class ObjectiveSection:
+    name: str = "clm"
+    overrides: dict[str, Any] = field(default_factory=dict)  # e.g. {fim_rate: 0.9}
+
+
+@dataclass
+class BatchConfig:
+    seq_len: int | None = None  # model positions per row; None = the packed store's rows, else 256
+    batch_size: int = 16  # global rows per optimizer step, over all processes and micro-batches
+    micro_batch_size: int | None = None  # rows per forward on one process; None = batch_size / processes
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or (self.micro_batch_size is not None and self.micro_batch_size < 1):
+            raise ValueError("batch_size and micro_batch_size must be positive")
+        if self.seq_len is not None and self.seq_len < 2:
+            raise ValueError(f"seq_len must be at least 2, got {self.seq_len}")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1  # Linear weights only: not norms, biases or embeddings
+    grad_clip: float = 1.0  # max global grad norm; 0 = off
+
+
+@dataclass
+class ScheduleConfig:
+    kind: Literal["cosine", "linear", "constant", "wsd"] = "cosine"
+    warmup: int | float = 0.05  # steps, or a fraction (< 1) of the run
+    min_lr_ratio: float = 0.1  # final lr / lr (nanoGPT: lr/10)
+    decay_ratio: float = 0.2  # wsd: share of the run spent decaying
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0 or not 0 <= self.min_lr_ratio <= 1 or not 0 < self.decay_ratio <= 1:
+            raise ValueError("warmup must be >= 0, min_lr_ratio in [0, 1], decay_ratio in (0, 1]")
+
+
+@dataclass
+class BudgetConfig:
+    steps: int | None = None
+    tokens: int | None = None  # model input positions over all processes
+    seconds: float | None = None  # wall time of training steps (the step count is fixed after warmup)
+
+    def __post_init__(self) -> None:
+        given = [v for v in (self.steps, self.tokens, self.seconds) if v is not None]
+        if len(given) > 1:
+            raise ValueError("give one budget: steps, tokens or seconds")
+        if any(v <= 0 for v in given):
+            raise ValueError("the budget must be positive")
+
+
+@dataclass
+class PrecisionConfig:
+    dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    compile: bool = False  # torch.compile each block (slow first steps on CPU; worth it on GPU)
+
+
+@dataclass
+class ValidationConfig:
+    every: int = 0  # steps between validations; 0 = at the end only; -1 = never
+    rows: int = 64  # fixed rows of the valid split, corrupted with a fixed seed
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 0  # steps between checkpoints; 0 = at the end only
+    keep: int = 3  # newest complete checkpoints kept
+
+
+@dataclass
+class LoggingConfig:
+    every: int = 10  # steps between log lines (metrics.jsonl gets every step)
+    tensorboard: bool = True  # event files when the `tensorboard` package is installed
+    sample: bool = True  # end with a short greedy sample from the model
+
+
+@dataclass
+class TrainConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelSection = field(default_factory=ModelSection)
+    objective: ObjectiveSection = field(default_factory=ObjectiveSection)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    seed: int = 0
+    device: str = "auto"
+    workers: int = 1  # DataLoader worker processes preparing batches; 0 = in the training process
+
+
+# The run `objtrain train` does with no budget: about 5 minutes on 2 CPU cores with a visibly falling loss.
+DEFAULT_STEPS = 300
+
+
+def build_config(data: dict[str, Any]) -> TrainConfig:
+    """A strictly checked `TrainConfig` from a nested dict (YAML plus overrides)."""
+    return from_dict(TrainConfig, data, where="train")
+
+
+def config_dict(cfg: TrainConfig) -> dict[str, Any]:
+    """The resolved config as plain YAML-able data (tuples become lists)."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value
+
+    return plain(to_dict(cfg))
+
+
+def merged(base: dict[str, Any], *updates: dict[str, Any]) -> dict[str, Any]:
+    out = base
+    for update in updates:
+        out = merge(out, update)
+    return out
+
+
+def check_divisible(cfg: TrainConfig, world_size: int) -> tuple[int, int]:
+    """(micro-batch rows, accumulation steps) for `world_size` processes, or one clear error."""
+    b = cfg.batch
+    if b.batch_size % world_size:
+        raise UserError(f"batch_size {b.batch_size} does not divide over {world_size} processes")
+    per_rank = b.batch_size // world_size
+    micro = b.micro_batch_size or per_rank
+    if per_rank % micro:
+        raise UserError(
+            f"batch_size {b.batch_size} does not divide into {world_size} processes x micro-batches "
+            f"of {micro}"
+        )
+    return micro, per_rank // micro

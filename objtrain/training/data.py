@@ -1,0 +1,300 @@
+"""The training data path: a seeded document stream cut into rows of exactly the length each row needs.
+
+Position as a pure function (reference training.md section 3). Epoch e is the split's documents in the
+order `permutation(seed, e)`, each followed by EOS, back to back: a virtual stream of `T` tokens. Global row
+g takes the next `need(g)` tokens, where `need = objective.raw_lengths(model_length, g, seed)`; so the data
+position after g rows is `(rows, stream offset)`, both functions of (seed, rows consumed), and the
+checkpoint only records them. Step b owns rows [b*GB, (b+1)*GB); rank r, micro-step m reads the `mb` rows
+starting at b*GB + m*W*mb + r*mb, so a row index always maps to the same raw tokens and corruption, whatever
+the number of processes or micro-batches, and no row is read twice.
+
+A packed store is read as a document stream too (its rows, without padding, split at document changes):
+the loader cuts rows of the length the objective needs, so model rows always fill `seq_len`.
+
+Corruption runs in DataLoader worker processes (`workers`), so the step does not wait for data: the
+sampler (in the training process) hands each worker a work item (rows, offsets, lengths), the worker
+reads the raw tokens and applies the objective.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from objtrain.batch import Batch, runs_of
+from objtrain.data.store import PackedStore, TokenStore
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.errors import UserError
+from objtrain.objectives.base import Objective
+from objtrain.specials import Specials
+
+
+@dataclass
+class Documents:
+    """Documents of one split as a flat token array and offsets (n_docs + 1), like a token-store split."""
+
+    tokens: np.ndarray
+    offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets).astype(np.int64)
+
+
+class DataSource:
+    """A token store or packed store: its specials, tokenizer, model-length hint and split documents."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        if not self.path.exists():
+            raise UserError(f"data not found: {self.path}")
+        if (self.path / "meta.json").is_file() and _kind(self.path) == "packed_store":
+            self.store: TokenStore | PackedStore = PackedStore.open(self.path)
+            self.packed_length: int | None = self.store.seq_len
+        else:
+            self.store = TokenStore.open(self.path)
+            self.packed_length = None
+
+    @property
+    def specials(self) -> Specials:
+        return self.store.specials
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.store.tokenizer
+
+    def has_split(self, name: str) -> bool:
+        return name in self.store.meta["splits"] and self._count(name) > 0
+
+    def _count(self, name: str) -> int:
+        info = self.store.meta["splits"][name]
+        return int(info.get("documents", info.get("rows", 0)))
+
+    def documents(self, split: str) -> Documents:
+        if isinstance(self.store, TokenStore):
+            s = self.store.split(split)
+            docs = Documents(s.tokens, np.asarray(s.offsets, dtype=np.int64))
+        else:
+            docs = _packed_documents(self.store, split)
+        if len(docs) == 0 or docs.offsets[-1] == 0:
+            raise UserError(f"{self.path} has no tokens in its {split!r} split")
+        return docs
+
+
+def _kind(path: Path) -> str:
+    import json
+
+    try:
+        return str(json.loads((path / "meta.json").read_text(encoding="utf-8")).get("kind"))
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+def _packed_documents(store: PackedStore, split: str) -> Documents:
+    """Packed rows back to documents: the non-padding positions, split where the row or document changes."""
+    s = store.split(split)
+    docs = np.asarray(s.document_ids)
+    keep = docs >= 0
+    tokens = np.asarray(s.tokens)[keep]
+    rows = np.broadcast_to(np.arange(docs.shape[0])[:, None], docs.shape)[keep]
+    ids = docs[keep]
+    starts = np.flatnonzero(np.r_[True, (rows[1:] != rows[:-1]) | (ids[1:] != ids[:-1])])
+    return Documents(tokens, np.r_[starts, len(tokens)].astype(np.int64))
+
+
+class DocumentStream:
+    """The seeded, endless stream of one split's documents, each followed by EOS (see module docstring)."""
+
+    def __init__(self, docs: Documents, eos: int, pad: int, seed: int, shuffle: bool = True) -> None:
+        self.docs = docs
+        self.eos = eos
+        self.pad = pad
+        self.seed = seed
+        self.shuffle = shuffle
+        self.sizes = docs.lengths + 1  # with the EOS
+        self.epoch_tokens = int(self.sizes.sum())
+        self._epochs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(document order, cumulative start of each slot (n + 1,)) of `epoch`, cached for two epochs."""
+        if epoch not in self._epochs:
+            n = len(self.docs)
+            if self.shuffle:
+                perm = np.random.Generator(np.random.PCG64([self.seed, epoch])).permutation(n)
+            else:
+                perm = np.arange(n)
+            cum = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(self.sizes[perm], out=cum[1:])
+            if len(self._epochs) >= 2:
+                self._epochs.pop(min(self._epochs))
+            self._epochs[epoch] = (perm, cum)
+        return self._epochs[epoch]
+
+    def rows(self, offsets: np.ndarray, lengths: np.ndarray, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows starting at stream `offsets` (B,) with `lengths` (B,) tokens, padded to `width`.
+
+        Returns tokens and row-local document ids (B, width), int64; positions past a row's length are
+        padding (pad token, document id -1).
+        """
+        B = len(offsets)
+        col = np.arange(width)
+        valid = col[None, :] < lengths[:, None]
+        pos = offsets[:, None] + np.minimum(col[None, :], np.maximum(lengths[:, None] - 1, 0))
+        epoch, within = np.divmod(pos, self.epoch_tokens)
+        tokens = np.full((B, width), self.pad, dtype=np.int64)
+        slot_key = np.zeros((B, width), dtype=np.int64)
+        for e in np.unique(epoch):
+            perm, cum = self.order(int(e))
+            sel = epoch == e
+            slot = np.searchsorted(cum, within[sel], side="right") - 1
+            doc = perm[slot]
+            local = within[sel] - cum[slot]
+            inside = local < self.sizes[doc] - 1
+            start = self.docs.offsets[doc]
+            values = np.full(slot.shape, self.eos, dtype=np.int64)
+            values[inside] = self.docs.tokens[start[inside] + local[inside]]
+            tokens[sel] = values
+            slot_key[sel] = e * (len(self.docs) + 1) + slot
+        tokens[~valid] = self.pad
+        keys = torch.from_numpy(np.where(valid, slot_key, -1))
+        _, index, _, _ = runs_of(keys)
+        document_ids = torch.where(torch.from_numpy(valid), index, torch.full_like(index, -1))
+        return torch.from_numpy(tokens), document_ids
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where the data stands: rows consumed and the stream offset after them (saved in checkpoints)."""
+
+    rows: int = 0
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One micro-batch of one rank: global row indices, their stream offsets and raw lengths."""
+
+    step: int
+    micro: int
+    rows: np.ndarray
+    offsets: np.ndarray
+    lengths: np.ndarray
+    after: Position  # the data position once this step's last micro-batch is consumed
+
+
+class RowSampler(Sampler[WorkItem]):
+    """Yields this rank's work items step by step, from a `Position`; runs in the training process."""
+
+    def __init__(
+        self,
+        objective: Objective,
+        model_length: int,
+        seed: int,
+        global_batch: int,
+        micro_batch: int,
+        rank: int,
+        world_size: int,
+        start: Position,
+        first_step: int,
+        steps: int,
+    ) -> None:
+        self.objective = objective
+        self.model_length = model_length
+        self.seed = seed
+        self.global_batch = global_batch
+        self.micro_batch = micro_batch
+        self.rank = rank
+        self.world_size = world_size
+        self.start = start
+        self.first_step = first_step
+        self.steps = steps
+
+    def __len__(self) -> int:
+        return max(self.steps - self.first_step, 0) * self.accumulation
+
+    @property
+    def accumulation(self) -> int:
+        return self.global_batch // (self.world_size * self.micro_batch)
+
+    def __iter__(self) -> Iterator[WorkItem]:
+        position = self.start
+        for step in range(self.first_step, self.steps):
+            rows = np.arange(position.rows, position.rows + self.global_batch, dtype=np.int64)
+            lengths = self.objective.raw_lengths(self.model_length, torch.from_numpy(rows), self.seed)
+            lengths = lengths.numpy().astype(np.int64)
+            offsets = position.offset + np.concatenate(([0], np.cumsum(lengths)[:-1]))
+            after = Position(position.rows + self.global_batch, int(position.offset + lengths.sum()))
+            mb, W = self.micro_batch, self.world_size
+            for m in range(self.accumulation):
+                lo = m * W * mb + self.rank * mb
+                sl = slice(lo, lo + mb)
+                yield WorkItem(step, m, rows[sl], offsets[sl], lengths[sl], after)
+            position = after
+
+
+class CorruptedRows(Dataset[tuple[WorkItem, Batch]]):
+    """Work item -> (item, Batch): read the raw rows from the stream and apply the objective."""
+
+    def __init__(self, stream: DocumentStream, objective: Objective, model_length: int, seed: int) -> None:
+        self.stream = stream
+        self.objective = objective
+        self.width = objective.raw_length(model_length)
+        self.seed = seed
+
+    def __len__(self) -> int:  # pragma: no cover - indexed by work items, never by position
+        raise TypeError("CorruptedRows is indexed by WorkItem")
+
+    def __getitem__(self, item: WorkItem) -> tuple[WorkItem, Batch]:  # type: ignore[override]
+        tokens, document_ids = self.stream.rows(item.offsets, item.lengths, self.width)
+        batch = self.objective(tokens, document_ids, torch.from_numpy(item.rows), self.seed)
+        batch.stats["raw_tokens_fed"] = float(item.lengths.sum())
+        return item, batch
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def make_loader(dataset: CorruptedRows, sampler: RowSampler, workers: int) -> DataLoader:
+    """Work items through `workers` processes (0 = in this process), a few micro-batches ahead."""
+    return DataLoader(
+        dataset,  # type: ignore[arg-type]
+        sampler=sampler,
+        batch_size=None,
+        num_workers=workers,
+        collate_fn=_identity,
+        prefetch_factor=4 if workers else None,
+        persistent_workers=False,
+        # Each iterator draws a base seed from the global RNG unless given a generator: keep the training
+        # RNG (dropout) untouched by data loading (reference training.md section 3).
+        generator=torch.Generator().manual_seed(0),
+    )
+
+
+def validation_batches(
+    docs: Documents, specials: Specials, objective: Objective, model_length: int, rows: int, micro: int
+) -> list[Batch]:
+    """The fixed validation set: the first `rows` rows of the unshuffled valid split, seed 0, every time."""
+    stream = DocumentStream(docs, specials.eos, specials.pad, seed=0, shuffle=False)
+    index = torch.arange(rows, dtype=torch.int64)
+    lengths = objective.raw_lengths(model_length, index, 0).numpy().astype(np.int64)
+    offsets = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    # Never repeat a valid token: with a small valid split, use fewer rows.
+    fits = offsets + lengths <= stream.epoch_tokens
+    n = max(int(fits.sum()), 1)
+    width = objective.raw_length(model_length)
+    out = []
+    for lo in range(0, n, micro):
+        hi = min(lo + micro, n)
+        tokens, doc_ids = stream.rows(offsets[lo:hi], lengths[lo:hi], width)
+        out.append(objective(tokens, doc_ids, index[lo:hi], 0))
+    return out

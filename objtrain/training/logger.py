@@ -1,0 +1,115 @@
+"""What a run reports: RUN/metrics.jsonl (every step), a progress display, TensorBoard when installed.
+
+metrics.jsonl is one JSON object per line, flushed per line; non-finite values are written as null (NaN is
+not JSON). A resumed run appends `{"event": "resume", "step": s}`; readers keep the last record per step.
+On a terminal the progress is a rich bar; without one (logs, CI, torchrun) it is a plain line every
+`logging.every` steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from rich import progress as rp
+from rich.console import Console
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsLog:
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    def write(self, record: dict[str, Any]) -> None:
+        clean = {k: _finite(v) for k, v in record.items()}
+        self.handle.write(json.dumps(clean, allow_nan=False) + "\n")
+        self.handle.flush()
+
+    def sync(self) -> None:
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+class TensorBoard:
+    """Scalars to RUN/tensorboard when the optional `tensorboard` package is installed, else nothing."""
+
+    def __init__(self, path: Path, enabled: bool) -> None:
+        self.writer = None
+        if not enabled:
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except (ImportError, ModuleNotFoundError):
+            return
+        self.writer = SummaryWriter(str(path), max_queue=1000)
+
+    def write(self, step: int, record: dict[str, Any], prefix: str = "train") -> None:
+        if self.writer is None:
+            return
+        for key, value in record.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
+                self.writer.add_scalar(f"{prefix}/{key}", value, step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+class Progress:
+    """A rich bar on a terminal (step, loss, lr, tokens/s, ETA, data wait), plain lines otherwise."""
+
+    def __init__(self, console: Console, total: int, start: int, every: int, enabled: bool = True) -> None:
+        self.console = console
+        self.every = max(every, 1)
+        self.enabled = enabled
+        self.interactive = enabled and console.is_terminal and not console.is_dumb_terminal
+        self.bar: rp.Progress | None = None
+        if self.interactive:
+            self.bar = rp.Progress(
+                rp.TextColumn("[bold]step {task.completed}/{task.total}"),
+                rp.BarColumn(),
+                rp.TextColumn("{task.fields[info]}"),
+                rp.TimeRemainingColumn(),
+                console=console,
+                transient=False,
+            )
+            self.task = self.bar.add_task("train", total=total, completed=start, info="")
+            self.bar.start()
+
+    def update(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        step = record["step"]
+        info = (
+            f"loss {record['loss']:.4f}  lr {record['lr']:.2e}  {record['tokens_per_s']:,.0f} tok/s  "
+            f"wait {100 * record['data_wait_frac']:.1f}%"
+        )
+        if self.bar is not None:
+            self.bar.update(self.task, completed=step, info=info)
+        elif step % self.every == 0 or step == 1:
+            self.console.print(f"step {step}  {info}", highlight=False)
+
+    def note(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.console.print(text, highlight=False)
+        else:
+            self.console.print(text, highlight=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None

@@ -1,0 +1,803 @@
+"""The one training loop for every objective and model kind.
+
+    plan = prepare(cfg, run_dir)        # every check, nothing written: a refusal leaves nothing behind
+    result = train(cfg, run_dir)        # prepare + the loop; `objtrain train` and `compare` both call it
+
+Per optimizer step (reference training.md sections 1, 2, 8, 9):
+1. Take this rank's A micro-batches from the loader (timed: the data-wait share).
+2. Count their targets and all-reduce: N, the step's global target count.
+3. Each micro-batch backpropagates `loss_sum / N` (MTP: the trunk once, then each head's forward and
+   backward in turn, so one logits tensor is alive at a time). The step's loss is therefore the sum over
+   all targets of all micro-batches and ranks over their total count, never a mean of means; if an
+   objective's own count differs from the labels' (pair-level losses), gradients are rescaled to it.
+4. SUM the gradients over ranks, unscale (fp16), clip the global norm, check everything is finite (else
+   stop naming the step: the last good checkpoint stays), set the step's lr, step AdamW.
+Then log, validate and checkpoint on their intervals. The lr is a pure function of (step, total steps),
+data is a pure function of (seed, rows consumed), RNG states are saved: a resumed run is bit-identical.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from rich.console import Console
+from torch import Tensor, nn
+
+from objtrain import IGNORE
+from objtrain.batch import Batch
+from objtrain.config import to_dict
+from objtrain.data.default import default_store
+from objtrain.errors import UserError
+from objtrain.io import atomic_file
+from objtrain.models.base import TrunkOutput
+from objtrain.models.checkpoint import unwrap
+from objtrain.models.zoo import ModelConfig, build_model, count_parameters, model_config
+from objtrain.objectives.base import Objective
+from objtrain.objectives.mtp import mtp_head_loss
+from objtrain.objectives.registry import build_objective
+from objtrain.training import accounting
+from objtrain.training import checkpoint as ckpt
+from objtrain.training import distributed as dist
+from objtrain.training.config import DEFAULT_STEPS, TrainConfig, check_divisible, config_dict
+from objtrain.training.data import (
+    CorruptedRows,
+    DataSource,
+    DocumentStream,
+    Position,
+    RowSampler,
+    make_loader,
+    validation_batches,
+)
+from objtrain.training.logger import MetricsLog, Progress, TensorBoard
+from objtrain.training.optim import build_optimizer, lr_factor, set_lr
+
+DEFAULT_SEQ_LEN = 256
+LEFT_TO_RIGHT = ("clm", "mtp", "fim", "prefix_lm")  # decoder objectives whose model scores text left to right
+
+
+class NonFiniteLoss(UserError):
+    """The loss or the gradient norm is NaN or infinite: the run stops, the last good checkpoint stays."""
+
+
+@dataclass
+class Plan:
+    """Everything checked and resolved before a file is written."""
+
+    cfg: TrainConfig
+    run_dir: Path
+    world: dist.World
+    device: torch.device
+    dtype: str
+    source: DataSource
+    objective: Objective
+    model_cfg: ModelConfig
+    seq_len: int
+    micro_batch: int
+    accumulation: int
+    resume_from: Path | None
+    has_valid: bool
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    checkpoint: Path | None
+    step: int
+    total_steps: int
+    tokens: int
+    seconds: float
+    loss: float
+    parameters: int
+    flops_per_token: float
+    tokens_per_s: float
+    peak_memory_bytes: int
+    validation: dict[str, float] = field(default_factory=dict)
+    stopped: str = ""  # "" = finished; "SIGINT" or "SIGTERM": stopped early after saving a checkpoint
+
+
+def resolve_device(name: str) -> torch.device:
+    try:
+        from objtrain.devices import resolve_device as shared
+    except ImportError:  # pragma: no cover - the shared helper lands separately
+        shared = None
+    if shared is not None:
+        return shared(name)
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: this torch has no usable CUDA device (try --device cpu)")
+    if name not in ("cpu", "cuda", "mps"):
+        raise UserError(f"--device must be auto, cpu, cuda or mps, got {name!r}")
+    return torch.device(name)
+
+
+def prepare(
+    cfg: TrainConfig,
+    run_dir: Path,
+    resume: bool = False,
+    force: bool = False,
+    world: dist.World | None = None,
+    console: Console | None = None,
+) -> Plan:
+    """Check everything a run needs and resolve defaults; raise `UserError` before writing anything."""
+    world = world or dist.World()
+    run_dir = Path(run_dir)
+    device = resolve_device(cfg.device)
+    if world.distributed and device.type == "cuda":
+        device = torch.device("cuda", world.local_rank)
+    if run_dir.exists() and not (resume or force):
+        raise UserError(f"{run_dir} already exists (pass --resume to continue it or --force to replace it)")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"{run_dir} exists and is not a run directory")
+
+    store = cfg.data.store
+    if store is None:
+        store = str(_embedded_store(world, console))
+    source = DataSource(Path(store))
+    objective = build_objective(
+        cfg.objective.name,
+        source.specials,
+        tokenizer=source.tokenizer,
+        model_kind=cfg.model.kind,  # type: ignore[arg-type]
+        overrides=cfg.objective.overrides,
+    )
+    overrides = dict(cfg.model.overrides)
+    if objective.name == "mtp":
+        n = int(objective.config.n)
+        if overrides.setdefault("mtp_heads", n) != n:
+            raise UserError(
+                f"mtp with n={n} needs mtp_heads={n}, the model override says {overrides['mtp_heads']}"
+            )
+    model_cfg = model_config(
+        objective.model_kind, cfg.model.size, overrides, vocab_size=source.tokenizer.vocab_size
+    )
+    seq_len = cfg.batch.seq_len or source.packed_length or DEFAULT_SEQ_LEN
+    micro, accumulation = check_divisible(cfg, world.world_size)
+    has_valid = source.has_split(cfg.data.valid_split)
+    if cfg.validation.every >= 0 and not has_valid:
+        raise UserError(
+            f"{source.path} has no {cfg.data.valid_split!r} split to validate on "
+            "(set validation.every=-1 to train without validation)"
+        )
+    docs = source.documents("train")
+    _probe_objective(objective, docs, source, seq_len, cfg.seed)
+    resume_from = None
+    if resume and run_dir.exists():
+        if world.is_main:
+            ckpt.clean_leftovers(run_dir)
+        resume_from = ckpt.latest_checkpoint(run_dir)
+        if (
+            resume_from is None
+            and ckpt.checkpoints_dir(run_dir).is_dir()
+            and any(p.name.startswith("step-") for p in ckpt.checkpoints_dir(run_dir).iterdir())
+        ):
+            raise UserError(
+                f"{run_dir} has checkpoints but none is complete; refusing to restart from scratch"
+            )
+    dtype = accounting.choose_dtype(cfg.precision.dtype, device)
+    if dtype == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UserError("--dtype bf16: this GPU does not support bf16 (use fp16 or auto)")
+    if dtype == "fp16" and device.type == "cpu":
+        raise UserError("--dtype fp16 needs a GPU (fp16 with loss scaling); on CPU use fp32 or bf16")
+    return Plan(
+        cfg,
+        run_dir,
+        world,
+        device,
+        dtype,
+        source,
+        objective,
+        model_cfg,
+        seq_len,
+        micro,
+        accumulation,
+        resume_from,
+        has_valid,
+    )
+
+
+def _embedded_store(world: dist.World, console: Console | None) -> Path:
+    """Rank 0 builds the standard-library store once (with a progress bar); the others wait for it."""
+    from objtrain.data.default import default_store_path
+
+    path = default_store_path()
+    if world.is_main and not (path / "meta.json").is_file():
+        if console is not None:
+            console.print(f"building the embedded standard-library store once, in {path}", highlight=False)
+        progress = None
+        if console is not None and console.is_terminal:
+            from objtrain.cli.tokenize import RichProgress
+
+            progress = RichProgress(console)
+            with progress.bar:
+                default_store(progress)
+        else:
+            default_store()
+    dist.barrier(world)
+    return path
+
+
+def _probe_objective(objective: Objective, docs: Any, source: DataSource, seq_len: int, seed: int) -> None:
+    """Corrupt two real rows now, so a seq-len too short for the objective is refused before any work."""
+    stream = DocumentStream(docs, source.specials.eos, source.specials.pad, seed)
+    index = torch.arange(2, dtype=torch.int64)
+    try:
+        lengths = objective.raw_lengths(seq_len, index, seed).numpy()
+        offsets = torch.tensor([0, int(lengths[0])]).numpy()
+        tokens, doc_ids = stream.rows(offsets, lengths, objective.raw_length(seq_len))
+        batch = objective(tokens, doc_ids, index, seed)
+    except UserError as exc:
+        raise UserError(f"--seq-len {seq_len} does not work for {objective.name}: {exc}") from None
+    except (ValueError, RuntimeError, IndexError) as exc:
+        raise UserError(f"--seq-len {seq_len} is too short for {objective.name} ({exc})") from None
+    if batch.n_targets == 0 and batch.seq_labels is None:
+        raise UserError(f"--seq-len {seq_len} is too short for {objective.name}: its rows have no targets")
+
+
+def total_steps(cfg: TrainConfig, plan: Plan, step_seconds: Callable[[], float] | None = None) -> int:
+    b = cfg.budget
+    if b.steps is not None:
+        return b.steps
+    if b.tokens is not None:
+        return max(math.ceil(b.tokens / (cfg.batch.batch_size * plan.seq_len)), 1)
+    if b.seconds is not None:
+        assert step_seconds is not None
+        return max(int(b.seconds / max(step_seconds(), 1e-6)), 1)
+    return DEFAULT_STEPS
+
+
+def autocast(device: torch.device, dtype: str) -> Any:
+    if dtype == "fp32":
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=accounting.DTYPES[dtype])
+
+
+class StopFlag:
+    """Ctrl-C / SIGTERM set a flag; the loop saves at the next step boundary. A second Ctrl-C stops now."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopFlag:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal = signum
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def forward_backward(
+    model: nn.Module,
+    objective: Objective,
+    batch: Batch,
+    scale: float,
+    device: torch.device,
+    dtype: str,
+    scaler: Any,
+) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """One micro-batch: forward, `loss_sum * scale` backward. Returns (loss_sum, n_targets, metrics)."""
+    plain = unwrap(model)
+    if objective.name == "mtp" and getattr(plain.config, "mtp_heads", 1) > 1:
+        return _mtp_forward_backward(plain, batch, scale, device, dtype, scaler)
+    with autocast(device, dtype):
+        out = model(batch)
+        lo = objective.loss(out, batch)
+    loss = lo.loss_sum * scale
+    (scaler.scale(loss) if scaler is not None else loss).backward()
+    return lo.loss_sum.detach(), lo.n_targets.detach(), {k: v.detach() for k, v in lo.metrics.items()}
+
+
+def _mtp_forward_backward(
+    model: Any, batch: Batch, scale: float, device: torch.device, dtype: str, scaler: Any
+) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """Gloeckle et al. 2024, section 2: trunk once; each head's forward and backward in turn into the
+    detached trunk output; then one backward through the trunk. Gradients equal the joint backward."""
+    assert batch.mtp_labels is not None
+    with autocast(device, dtype):
+        trunk = model.trunk(batch)
+    detached = trunk.hidden.detach().requires_grad_()
+    shared = TrunkOutput(detached, trunk.ctx, trunk.memory)
+    total = torch.zeros((), device=device)
+    n_head1 = torch.zeros((), dtype=torch.int64, device=device)
+    metrics: dict[str, Tensor] = {}
+    for k in range(1, model.config.mtp_heads + 1):
+        with autocast(device, dtype):
+            _, logits = model.head(k - 1, shared)
+            loss_sum, count = mtp_head_loss(logits, batch.mtp_labels, k)
+        loss = loss_sum * scale
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        total = total + loss_sum.detach()
+        metrics[f"head{k}_loss"] = loss_sum.detach() / count.clamp(min=1)
+        if k == 1:
+            n_head1 = count.detach()
+        del logits
+    trunk.hidden.backward(detached.grad)
+    return total, n_head1, metrics
+
+
+@torch.no_grad()
+def validate(
+    model: nn.Module,
+    plan: Plan,
+    batches: list[Batch],
+    lm_batches: list[Batch],
+    byte_table: Tensor | None,
+) -> dict[str, float]:
+    """Objective loss on the fixed valid rows (MTP: head 1), and bits per byte for left-to-right models."""
+    model.eval()
+    world, device = plan.world, plan.device
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, count, lm nats, lm bytes
+    for batch in batches[world.rank :: world.world_size]:
+        batch = batch.to(device)
+        with autocast(device, plan.dtype):
+            out = model(batch)
+            if plan.objective.name == "mtp":
+                lo_sum, lo_n = mtp_head_loss(out.logits, batch.mtp_labels, 1)  # type: ignore[arg-type]
+            else:
+                lo = plan.objective.loss(out, batch)
+                lo_sum, lo_n = lo.loss_sum, lo.n_targets
+        sums[0] += lo_sum.double()
+        sums[1] += lo_n.double()
+    if byte_table is not None:
+        table = byte_table.to(device)
+        for batch in lm_batches[world.rank :: world.world_size]:
+            batch = batch.to(device)
+            with autocast(device, plan.dtype):
+                logits = model(batch).logits.float()
+            labels = batch.labels
+            nll = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=IGNORE, reduction="none"
+            )
+            keep = labels.reshape(-1) != IGNORE
+            sums[2] += nll[keep].double().sum()
+            sums[3] += table[labels.reshape(-1)[keep]].double().sum()
+    dist.all_reduce_sum(sums, world)
+    model.train()
+    out = {"val_loss": float(sums[0] / sums[1].clamp(min=1))}
+    if byte_table is not None and sums[3] > 0:
+        out["val_bpb"] = float(sums[2] / math.log(2) / sums[3])
+    return out
+
+
+def _training_info(plan: Plan, step: int, tokens: int) -> dict[str, Any]:
+    """What `eval` and `generate` read back from the checkpoint."""
+    cfg = plan.cfg
+    objective_config = (
+        to_dict(plan.objective.config) if hasattr(plan.objective.config, "__dataclass_fields__") else {}
+    )
+    info: dict[str, Any] = {
+        "objective": plan.objective.name,
+        "objective_config": objective_config,
+        "model_kind": plan.model_cfg.kind,
+        "model_size": cfg.model.size,
+        "seq_len": plan.seq_len,
+        "step": step,
+        "tokens": tokens,
+        "seed": cfg.seed,
+    }
+    if plan.objective.name == "fim":
+        info["fim_mode"] = "spm" if float(objective_config.get("spm_rate", 0.0)) > 0.5 else "psm"
+    return info
+
+
+def train(
+    cfg: TrainConfig,
+    run_dir: Path,
+    resume: bool = False,
+    force: bool = False,
+    console: Console | None = None,
+    show_progress: bool = True,
+) -> TrainResult:
+    """Train `cfg` into `run_dir` (see the module docstring); returns what the run did."""
+    console = console or Console(stderr=True, highlight=False)
+    world = dist.setup(resolve_device(cfg.device).type)
+    try:
+        plan = prepare(cfg, run_dir, resume=resume, force=force, world=world, console=console)
+        return _run(plan, console, show_progress and world.is_main, force and not resume)
+    finally:
+        dist.teardown()
+
+
+def _run(plan: Plan, console: Console, show: bool, force: bool) -> TrainResult:
+    cfg, world, device, run_dir = plan.cfg, plan.world, plan.device, plan.run_dir
+    torch.manual_seed(cfg.seed)
+    model = build_model(plan.model_cfg).to(device)
+    optimizer = build_optimizer(model, cfg.optim, device)
+    scaler = torch.amp.GradScaler(device.type) if plan.dtype == "fp16" else None
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    param_names = [n for g in optimizer.param_groups for n in g["names"]]
+
+    state: dict[str, Any] = {}
+    if plan.resume_from is not None:
+        state = ckpt.restore(plan.resume_from, model, optimizer, device).state
+        _check_resume(plan, state)
+    step = int(state.get("step", 0))
+    position = Position(**state["position"]) if "position" in state else Position()
+    tokens = int(state.get("tokens", 0))
+    target_tokens = int(state.get("target_tokens", 0))
+    elapsed = float(state.get("seconds", 0.0))
+    if scaler is not None and state.get("scaler"):
+        scaler.load_state_dict(state["scaler"])
+
+    run_model: nn.Module = model
+    if cfg.precision.compile:
+        unwrap(model).compile_blocks()  # type: ignore[operator]
+
+    if "total_steps" in state:
+        total = int(state["total_steps"])
+    else:
+        total = total_steps(cfg, plan, lambda: _time_one_step(plan, model, scaler))
+
+    # Files: only now, after every check; rank 0 writes, the others read nothing from RUN.
+    if world.is_main:
+        if force and run_dir.exists() and plan.resume_from is None:
+            shutil.rmtree(run_dir)  # --force replaces the run; every check has passed by now
+        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        with atomic_file(run_dir / "config.yaml", "w") as handle:
+            yaml.safe_dump(config_dict(cfg) | {"resolved": _resolved(plan, total)}, handle, sort_keys=False)
+    dist.barrier(world)
+    log = MetricsLog(run_dir / "metrics.jsonl") if world.is_main else None
+    tb = TensorBoard(run_dir / "tensorboard", cfg.logging.tensorboard and world.is_main)
+    if log is not None and plan.resume_from is not None:
+        log.write({"event": "resume", "step": step, "from": plan.resume_from.name})
+
+    docs = plan.source.documents("train")
+    stream = DocumentStream(docs, plan.source.specials.eos, plan.source.specials.pad, cfg.seed)
+    sampler = RowSampler(
+        plan.objective,
+        plan.seq_len,
+        cfg.seed,
+        cfg.batch.batch_size,
+        plan.micro_batch,
+        world.rank,
+        world.world_size,
+        position,
+        step,
+        total,
+    )
+    loader = make_loader(CorruptedRows(stream, plan.objective, plan.seq_len, cfg.seed), sampler, cfg.workers)
+
+    validating = cfg.validation.every >= 0 and plan.has_valid
+    val_batches: list[Batch] = []
+    lm_batches: list[Batch] = []
+    byte_table = None
+    if validating:
+        vdocs = plan.source.documents(cfg.data.valid_split)
+        val_batches = validation_batches(
+            vdocs, plan.source.specials, plan.objective, plan.seq_len, cfg.validation.rows, plan.micro_batch
+        )
+        if plan.model_cfg.kind == "decoder" and plan.objective.name in LEFT_TO_RIGHT:
+            clm = build_objective("clm", plan.source.specials, plan.source.tokenizer, "decoder")
+            lm_batches = validation_batches(
+                vdocs, plan.source.specials, clm, plan.seq_len, cfg.validation.rows, plan.micro_batch
+            )
+            byte_table = accounting.token_bytes(plan.source.tokenizer)
+
+    n_params = count_parameters(model)
+    tokens_per_step = cfg.batch.batch_size * plan.seq_len
+    peak, peak_source = accounting.peak_flops(device, plan.dtype)
+    memory = accounting.PeakMemory(device)
+    memory.reset()
+    progress = Progress(console, total, step, cfg.logging.every, enabled=show)
+    if show:
+        progress.note(
+            f"{plan.objective.name} on a {cfg.model.size} {plan.model_cfg.kind} "
+            f"({n_params / 1e6:.2f}M params), "
+            f"{total} steps of {cfg.batch.batch_size} x {plan.seq_len}, {plan.dtype} on {device}, "
+            f"{world.world_size} process(es)" + (f", resumed at step {step}" if step else "")
+        )
+
+    last_loss = float("nan")
+    validation: dict[str, float] = {}
+    stopped = ""
+    saved: Path | None = plan.resume_from
+    _window_start, window_wait = time.perf_counter(), 0.0
+    iterator = iter(loader)
+    flag = StopFlag()
+
+    def save(at: int) -> Path:
+        nonlocal saved
+        if world.is_main:
+            saved = ckpt.save_training_checkpoint(
+                run_dir,
+                at,
+                model,
+                optimizer,
+                plan.source.specials,
+                plan.source.tokenizer,
+                _training_info(plan, at, tokens),
+                {
+                    "step": at,
+                    "total_steps": total,
+                    "position": {"rows": position.rows, "offset": position.offset},
+                    "tokens": tokens,
+                    "target_tokens": target_tokens,
+                    "seconds": elapsed,
+                    "world_size": world.world_size,
+                    "micro_batch": plan.micro_batch,
+                    "threads": torch.get_num_threads(),
+                    "torch": torch.__version__,
+                    "dtype": plan.dtype,
+                    "param_names": param_names,
+                    "scaler": scaler.state_dict() if scaler is not None else None,
+                    "config": config_dict(cfg),
+                },
+                cfg.checkpoint.keep,
+            )
+            if log is not None:
+                log.sync()
+        dist.barrier(world)
+        return saved  # type: ignore[return-value]
+
+    with flag:
+        while step < total:
+            t_step = time.perf_counter()
+            items, wait = [], 0.0
+            for _ in range(plan.accumulation):
+                t0 = time.perf_counter()
+                items.append(next(iterator))
+                wait += time.perf_counter() - t0
+            window_wait += wait
+            batches = [b.to(device, non_blocking=True) for _, b in items]
+            counts = torch.tensor([float(b.n_targets) for b in batches], dtype=torch.float64).sum().reshape(1)
+            n_expected = float(dist.all_reduce_sum(counts.to(device), world).item())
+            scale = 1.0 / max(n_expected, 1.0)
+            totals = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, objective's count
+            metric_sums: dict[str, float] = {}
+            for batch in batches:
+                loss_sum, n_targets, metrics = forward_backward(
+                    run_model, plan.objective, batch, scale, device, plan.dtype, scaler
+                )
+                totals[0] += loss_sum.double()
+                totals[1] += n_targets.double()
+                for key, value in metrics.items():
+                    metric_sums[key] = metric_sums.get(key, 0.0) + float(value) / len(batches)
+            dist.all_reduce_sum(totals, world)
+            n_actual = max(float(totals[1]), 1.0)
+            dist.all_reduce_gradients(params, world)
+            if scaler is not None:
+                scaler.unscale_(optimizer)
+            if abs(n_actual - max(n_expected, 1.0)) > 0.5:  # pair-level losses count pairs, not labels
+                for p in params:
+                    if p.grad is not None:
+                        p.grad.mul_(max(n_expected, 1.0) / n_actual)
+            max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            loss = float(totals[0]) / n_actual
+            if not math.isfinite(loss) or (scaler is None and not math.isfinite(grad_norm)):
+                what = "loss" if not math.isfinite(loss) else "gradient norm"
+                where = f"; the last good checkpoint is {saved}" if saved else ""
+                raise NonFiniteLoss(
+                    f"the {what} is {loss if what == 'loss' else grad_norm} at step {step + 1}{where}"
+                )
+            lr = cfg.optim.lr * lr_factor(step, total, cfg.schedule)
+            set_lr(optimizer, lr)
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+            step += 1
+            position = items[-1][0].after
+            tokens += tokens_per_step
+            target_tokens += int(n_actual)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            now = time.perf_counter()
+            step_time = now - t_step
+            elapsed += step_time
+            last_loss = loss
+            record: dict[str, Any] = {
+                "step": step,
+                "rows": position.rows,
+                "tokens": tokens,
+                "target_tokens": target_tokens,
+                "loss": loss,
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "tokens_per_s": tokens_per_step / step_time,
+                "mfu": accounting.flops_per_step(
+                    plan.model_cfg, cfg.batch.batch_size, plan.seq_len, _target_len(batches)
+                )
+                / step_time
+                / world.world_size
+                / peak,
+                "data_wait_frac": wait / step_time,
+                "peak_mem_bytes": memory.peak_bytes(),
+                "wall_time": elapsed,
+            }
+            record.update(metric_sums)
+            record.update(_realised(batches))
+            if log is not None:
+                log.write(record)
+            tb.write(step, record)
+            progress.update(record)
+
+            if validating and cfg.validation.every > 0 and step % cfg.validation.every == 0 and step < total:
+                validation = validate(model, plan, val_batches, lm_batches, byte_table)
+                _log_validation(log, tb, progress, step, validation)
+            if cfg.checkpoint.every > 0 and step % cfg.checkpoint.every == 0 and step < total:
+                save(step)
+            stop = torch.tensor([float(flag.signal is not None)], device=device)
+            if float(dist.all_reduce_max(stop, world)) > 0:
+                save(step)
+                stopped = "SIGTERM" if flag.signal == signal.SIGTERM else "SIGINT"
+                break
+
+    if not stopped:
+        if validating:
+            validation = validate(model, plan, val_batches, lm_batches, byte_table)
+            _log_validation(log, tb, progress, step, validation)
+        saved = save(step)
+    progress.close()
+    tb.close()
+    if log is not None:
+        log.close()
+    del iterator
+    flops_token = accounting.flops_per_step(plan.model_cfg, 1, plan.seq_len) / plan.seq_len
+    result = TrainResult(
+        run_dir=run_dir,
+        checkpoint=saved,
+        step=step,
+        total_steps=total,
+        tokens=tokens,
+        seconds=elapsed,
+        loss=last_loss,
+        parameters=n_params,
+        flops_per_token=flops_token,
+        tokens_per_s=tokens / max(elapsed, 1e-9),
+        peak_memory_bytes=memory.peak_bytes(),
+        validation=validation,
+        stopped=stopped,
+    )
+    if show:
+        _summary(console, result, peak_source)
+        if not stopped and cfg.logging.sample:
+            _sample(console, plan, model)
+    return result
+
+
+def _target_len(batches: list[Batch]) -> int | None:
+    b = batches[0]
+    return int(b.labels.size(1)) if b.is_encdec else None
+
+
+def _realised(batches: list[Batch]) -> dict[str, float]:
+    """Waste figures the objectives report (raw tokens fed / unused, target tokens dropped), summed."""
+    out: dict[str, float] = {}
+    for b in batches:
+        for key in ("raw_tokens_fed", "raw_tokens_unused", "target_tokens_dropped"):
+            if key in b.stats:
+                out[key] = out.get(key, 0.0) + float(b.stats[key])
+    return out
+
+
+def _log_validation(
+    log: MetricsLog | None, tb: TensorBoard, progress: Progress, step: int, validation: dict[str, float]
+) -> None:
+    if log is not None:
+        log.write({"split": "val", "step": step, **validation})
+    tb.write(step, validation, prefix="val")
+    progress.note(f"step {step}  " + "  ".join(f"{k} {v:.4f}" for k, v in validation.items()))
+
+
+def _resolved(plan: Plan, total: int) -> dict[str, Any]:
+    return {
+        "model_kind": plan.model_cfg.kind,
+        "model": to_dict(plan.model_cfg),
+        "seq_len": plan.seq_len,
+        "total_steps": total,
+        "micro_batch_size": plan.micro_batch,
+        "accumulation": plan.accumulation,
+        "processes": plan.world.world_size,
+        "dtype": plan.dtype,
+        "device": str(plan.device),
+        "data": str(plan.source.path),
+    }
+
+
+def _check_resume(plan: Plan, state: dict[str, Any]) -> None:
+    """The schedule is that of the whole run: refuse a resume that changes what the run is."""
+    saved = state.get("config", {})
+    now = config_dict(plan.cfg)
+    for section in ("model", "objective", "optim", "schedule", "budget", "data"):
+        if saved.get(section) != now.get(section):
+            raise UserError(
+                f"--resume: the {section} settings differ from the checkpoint's ({plan.resume_from}); "
+                "start a new run (-o) or use the same settings"
+            )
+    if (
+        saved.get("batch", {}).get("batch_size") != now["batch"]["batch_size"]
+        or saved.get("seed") != now["seed"]
+    ):
+        raise UserError("--resume: batch_size and seed must match the checkpoint's")
+
+
+def _time_one_step(plan: Plan, model: nn.Module, scaler: Any) -> float:
+    """Seconds of one step's forwards and backwards, measured on a throwaway copy (budget: seconds)."""
+    import copy
+
+    probe = copy.deepcopy(model)
+    rng = torch.get_rng_state()
+    docs = plan.source.documents("train")
+    stream = DocumentStream(docs, plan.source.specials.eos, plan.source.specials.pad, plan.cfg.seed)
+    index = torch.arange(plan.micro_batch, dtype=torch.int64)
+    lengths = plan.objective.raw_lengths(plan.seq_len, index, plan.cfg.seed).numpy()
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.from_numpy(lengths).cumsum(0)[:-1]]).numpy()
+    tokens, doc_ids = stream.rows(offsets, lengths, plan.objective.raw_length(plan.seq_len))
+    batch = plan.objective(tokens, doc_ids, index, plan.cfg.seed).to(plan.device)
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        forward_backward(probe, plan.objective, batch, 1e-3, plan.device, plan.dtype, None)
+        times.append(time.perf_counter() - t0)
+    torch.set_rng_state(rng)
+    return min(times[1:]) * plan.accumulation * 1.1  # + optimizer and data overhead
+
+
+def _summary(console: Console, r: TrainResult, peak_source: str) -> None:
+    val = "  ".join(f"{k} {v:.4f}" for k, v in r.validation.items())
+    console.print(
+        f"[bold]done[/]: {r.step}/{r.total_steps} steps, {r.tokens:,} tokens in {r.seconds:.1f}s "
+        f"({r.tokens_per_s:,.0f} tok/s), loss {r.loss:.4f}{'  ' + val if val else ''}, "
+        f"peak memory {r.peak_memory_bytes / 2**20:.0f} MiB (MFU against {peak_source}); "
+        f"checkpoint {r.checkpoint}",
+        highlight=False,
+    )
+
+
+def _sample(console: Console, plan: Plan, model: nn.Module) -> None:
+    """A short greedy continuation (decoders) and, for FIM models, an infill: a look at what was learnt."""
+    from objtrain.evaluation import generate as gen
+
+    plain: Any = unwrap(model)
+    plain.eval()
+    tok = plan.source.tokenizer
+    s = plan.source.specials
+    if plan.model_cfg.kind != "decoder":
+        return
+    docs = plan.source.documents(plan.cfg.data.valid_split if plan.has_valid else "train")
+    first = tok.decode(docs.tokens[docs.offsets[0] : docs.offsets[0] + 24].tolist())
+    prompt = first[: max(len(first) // 2, 1)]
+    ids = tok.encode(prompt)
+    out = list(gen.generate_decoder(plain, ids, 48, stop_ids=(s.eos,)))
+    console.print("[bold]sample[/] (greedy):", highlight=False)
+    console.print(f"[dim]{prompt}[/]{tok.decode(out)}", highlight=False, markup=True)
+    if plan.objective.name == "fim":
+        prefix, suffix = "def add(a, b):\n    ", "\n\nprint(add(1, 2))\n"
+        mode = _training_info(plan, 0, 0)["fim_mode"]
+        fill = list(
+            gen.generate_decoder(
+                plain, gen.fim_prompt(tok, prefix, suffix, mode), 24, stop_ids=(s.eos, s.fim_pad)
+            )
+        )
+        console.print(
+            f"[bold]infill[/] ({mode}): {prefix!r} [bold]{tok.decode(fill)!r}[/] {suffix!r}", highlight=False
+        )
