@@ -412,18 +412,30 @@ def train(
     force: bool = False,
     console: Console | None = None,
     show_progress: bool = True,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
 ) -> TrainResult:
-    """Train `cfg` into `run_dir` (see the module docstring); returns what the run did."""
+    """Train `cfg` into `run_dir` (see the module docstring); returns what the run did.
+
+    `on_record` sees every metrics record (training steps, and validations with `"split": "val"`) on the
+    main process: `objtrain compare` draws its progress across arms from it.
+    """
     console = console or Console(stderr=True, highlight=False)
     world = dist.setup(resolve_device(cfg.device).type)
     try:
         plan = prepare(cfg, run_dir, resume=resume, force=force, world=world, console=console)
-        return _run(plan, console, show_progress and world.is_main, force and not resume)
+        hook = on_record if world.is_main else None
+        return _run(plan, console, show_progress and world.is_main, force and not resume, hook)
     finally:
         dist.teardown()
 
 
-def _run(plan: Plan, console: Console, show: bool, force: bool) -> TrainResult:
+def _run(
+    plan: Plan,
+    console: Console,
+    show: bool,
+    force: bool,
+    on_record: Callable[[dict[str, Any]], None] | None,
+) -> TrainResult:
     cfg, world, device, run_dir = plan.cfg, plan.world, plan.device, plan.run_dir
     torch.manual_seed(cfg.seed)
     model = build_model(plan.model_cfg).to(device)
@@ -639,10 +651,19 @@ def _run(plan: Plan, console: Console, show: bool, force: bool) -> TrainResult:
                 log.write(record)
             tb.write(step, record)
             progress.update(record)
+            if on_record is not None:
+                on_record(record)
 
             if validating and cfg.validation.every > 0 and step % cfg.validation.every == 0 and step < total:
                 validation = validate(model, plan, val_batches, lm_batches, byte_table)
-                _log_validation(log, tb, progress, step, validation)
+                _log_validation(
+                    log,
+                    tb,
+                    progress,
+                    {"step": step, "tokens": tokens, "wall_time": elapsed},
+                    validation,
+                    on_record,
+                )
             if cfg.checkpoint.every > 0 and step % cfg.checkpoint.every == 0 and step < total:
                 save(step)
             stop = torch.tensor([float(flag.signal is not None)], device=device)
@@ -654,7 +675,14 @@ def _run(plan: Plan, console: Console, show: bool, force: bool) -> TrainResult:
     if not stopped:
         if validating:
             validation = validate(model, plan, val_batches, lm_batches, byte_table)
-            _log_validation(log, tb, progress, step, validation)
+            _log_validation(
+                log,
+                tb,
+                progress,
+                {"step": step, "tokens": tokens, "wall_time": elapsed},
+                validation,
+                on_record,
+            )
         saved = save(step)
     progress.close()
     tb.close()
@@ -700,10 +728,19 @@ def _realised(batches: list[Batch]) -> dict[str, float]:
 
 
 def _log_validation(
-    log: MetricsLog | None, tb: TensorBoard, progress: Progress, step: int, validation: dict[str, float]
+    log: MetricsLog | None,
+    tb: TensorBoard,
+    progress: Progress,
+    where: dict[str, Any],
+    validation: dict[str, float],
+    on_record: Callable[[dict[str, Any]], None] | None,
 ) -> None:
+    step = where["step"]
+    record = {"split": "val", **where, **validation}
     if log is not None:
-        log.write({"split": "val", "step": step, **validation})
+        log.write(record)
+    if on_record is not None:
+        on_record(record)
     tb.write(step, validation, prefix="val")
     progress.note(f"step {step}  " + "  ".join(f"{k} {v:.4f}" for k, v in validation.items()))
 
