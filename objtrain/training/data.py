@@ -41,6 +41,7 @@ class Documents:
 
     tokens: np.ndarray
     offsets: np.ndarray
+    closed: bool = False  # documents already end with their EOS (a packed store's do); else the stream adds it
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -108,11 +109,13 @@ def _packed_documents(store: PackedStore, split: str) -> Documents:
     rows = np.broadcast_to(np.arange(docs.shape[0])[:, None], docs.shape)[keep]
     ids = docs[keep]
     starts = np.flatnonzero(np.r_[True, (rows[1:] != rows[:-1]) | (ids[1:] != ids[:-1])])
-    return Documents(tokens, np.r_[starts, len(tokens)].astype(np.int64))
+    # `pack` wrote each document's EOS; a long document's pieces (shuffled apart by bestfit) are documents
+    # of their own, the last one ending in EOS.
+    return Documents(tokens, np.r_[starts, len(tokens)].astype(np.int64), closed=True)
 
 
 class DocumentStream:
-    """The seeded, endless stream of one split's documents, each followed by EOS (see module docstring)."""
+    """The seeded, endless stream of one split's documents, each ending in EOS (see module docstring)."""
 
     def __init__(self, docs: Documents, eos: int, pad: int, seed: int, shuffle: bool = True) -> None:
         self.docs = docs
@@ -120,7 +123,8 @@ class DocumentStream:
         self.pad = pad
         self.seed = seed
         self.shuffle = shuffle
-        self.sizes = docs.lengths + 1  # with the EOS
+        self.added = 0 if docs.closed else 1  # the EOS the stream appends to each document
+        self.sizes = docs.lengths + self.added
         self.epoch_tokens = int(self.sizes.sum())
         self._epochs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -158,7 +162,7 @@ class DocumentStream:
             slot = np.searchsorted(cum, within[sel], side="right") - 1
             doc = perm[slot]
             local = within[sel] - cum[slot]
-            inside = local < self.sizes[doc] - 1
+            inside = local < self.sizes[doc] - self.added
             start = self.docs.offsets[doc]
             values = np.full(slot.shape, self.eos, dtype=np.int64)
             values[inside] = self.docs.tokens[start[inside] + local[inside]]

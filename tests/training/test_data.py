@@ -1,0 +1,105 @@
+"""The training data path: what the model is fed (no dropped tokens, no row read twice, same row whatever
+the process and micro-batch layout), not only that a loss falls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from objtrain.data.store import TokenStore
+from objtrain.objectives.registry import build_objective
+from objtrain.training.data import DataSource, DocumentStream, Position, RowSampler
+
+
+def _stream(store: Path, seed: int = 0, shuffle: bool = True) -> tuple[DocumentStream, DataSource]:
+    source = DataSource(store)
+    s = source.specials
+    return DocumentStream(source.documents("train"), s.eos, s.pad, seed, shuffle), source
+
+
+def test_an_epoch_holds_every_token_once_each_document_closed_by_eos(train_store: Path) -> None:
+    stream, source = _stream(train_store, seed=3)
+    split = TokenStore.open(train_store).split("train")
+    T = stream.epoch_tokens
+    assert T == split.n_tokens + len(split)
+    # Cut the first epoch into ragged rows, as a per-row objective would.
+    lengths = np.resize(np.array([57, 129, 3, 200]), 4000)
+    lengths = lengths[: np.searchsorted(np.cumsum(lengths), T) + 1]
+    lengths[-1] -= int(lengths.sum()) - T
+    offsets = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    tokens, doc_ids = stream.rows(offsets, lengths, int(lengths.max()))
+    valid = doc_ids >= 0
+    assert int(valid.sum()) == T  # nothing dropped, nothing repeated inside the epoch
+    flat = tokens[valid].numpy()
+    assert (flat == source.specials.eos).sum() == len(split)
+    perm, _ = stream.order(0)
+    expected = np.concatenate([np.r_[split.doc(int(d)), source.specials.eos] for d in perm])
+    assert np.array_equal(flat, expected)
+    # Padding is padding: pad tokens with document id -1, only after each row's length.
+    assert bool((tokens[~valid] == source.specials.pad).all())
+    assert bool((valid.sum(1) == torch.from_numpy(lengths)).all())
+
+
+def test_document_ids_restart_per_row_and_change_after_each_eos(train_store: Path) -> None:
+    stream, source = _stream(train_store)
+    lengths = np.full(16, 96)
+    tokens, doc_ids = stream.rows(np.arange(16) * 96, lengths, 96)
+    assert bool((doc_ids[:, 0] == 0).all())
+    eos = tokens == source.specials.eos
+    nxt = doc_ids[:, 1:] != doc_ids[:, :-1]
+    assert torch.equal(nxt, eos[:, :-1])  # a new document starts exactly after an EOS
+
+
+def test_epochs_are_seeded_permutations(train_store: Path) -> None:
+    a, _ = _stream(train_store, seed=1)
+    b, _ = _stream(train_store, seed=1)
+    c, _ = _stream(train_store, seed=2)
+    assert np.array_equal(a.order(0)[0], b.order(0)[0])
+    assert not np.array_equal(a.order(0)[0], a.order(1)[0])
+    assert not np.array_equal(a.order(0)[0], c.order(0)[0])
+    assert sorted(a.order(1)[0].tolist()) == list(range(len(a.docs)))
+
+
+def _rows_of(objective_name: str, kind: str, store: Path, world: int, micro: int) -> dict[int, tuple]:
+    source = DataSource(store)
+    objective = build_objective(objective_name, source.specials, source.tokenizer, kind)  # type: ignore[arg-type]
+    seen: dict[int, tuple] = {}
+    for rank in range(world):
+        sampler = RowSampler(objective, 64, 5, 16, micro, rank, world, Position(), 0, 3)
+        for item in sampler:
+            for g, off, n in zip(
+                item.rows.tolist(), item.offsets.tolist(), item.lengths.tolist(), strict=True
+            ):
+                assert g not in seen, f"row {g} read twice"
+                seen[g] = (off, n)
+    return seen
+
+
+def test_each_row_maps_to_the_same_raw_tokens_whatever_the_layout(train_store: Path) -> None:
+    single = _rows_of("mlm", "encoder", train_store, world=1, micro=16)
+    for world, micro in ((2, 8), (2, 2), (4, 1), (1, 4)):
+        assert _rows_of("mlm", "encoder", train_store, world, micro) == single
+    assert sorted(single) == list(range(48))  # three steps of 16 rows, none skipped
+
+
+def test_rows_are_contiguous_in_the_stream(train_store: Path) -> None:
+    rows = _rows_of("clm", "decoder", train_store, world=1, micro=8)
+    ordered = [rows[g] for g in sorted(rows)]
+    for (off, n), (nxt, _) in zip(ordered, ordered[1:], strict=False):
+        assert off + n == nxt  # no raw token skipped between rows
+    assert all(n == 65 for _, n in ordered)  # CLM: T + 1 raw tokens for T model positions
+
+
+def test_packed_store_reads_back_the_same_documents(train_store: Path, packed_store: Path) -> None:
+    docs = DataSource(packed_store).documents("train")
+    split = TokenStore.open(train_store).split("train")
+    # bestfit never splits a document that fits, and splits longer ones into row-size pieces
+    assert docs.offsets[-1] == split.n_tokens + len(split)  # each document once, with the EOS pack wrote
+    eos = DataSource(train_store).specials.eos
+    short = [(*split.doc(i), eos) for i in range(len(split)) if len(split.doc(i)) < 64]
+    got = {tuple(docs.tokens[docs.offsets[i] : docs.offsets[i + 1]]) for i in range(len(docs))}
+    assert all(d in got for d in short)
+    stream = DocumentStream(docs, eos, 0, seed=0)
+    assert stream.epoch_tokens == split.n_tokens + len(split)  # no second EOS added
