@@ -41,7 +41,7 @@ class Documents:
 
     tokens: np.ndarray
     offsets: np.ndarray
-    closed: bool = False  # documents already end with their EOS (a packed store's do); else the stream adds it
+    closed: bool = False  # documents end with their EOS already (packed stores); else the stream adds it
 
     def __len__(self) -> int:
         return len(self.offsets) - 1

@@ -3,6 +3,7 @@ the process and micro-batch layout), not only that a loss falls."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ def test_an_epoch_holds_every_token_once_each_document_closed_by_eos(train_store
     stream, source = _stream(train_store, seed=3)
     split = TokenStore.open(train_store).split("train")
     T = stream.epoch_tokens
-    assert T == split.n_tokens + len(split)
+    assert split.n_tokens + len(split) == T
     # Cut the first epoch into ragged rows, as a per-row objective would.
     lengths = np.resize(np.array([57, 129, 3, 200]), 4000)
     lengths = lengths[: np.searchsorted(np.cumsum(lengths), T) + 1]
@@ -87,7 +88,7 @@ def test_each_row_maps_to_the_same_raw_tokens_whatever_the_layout(train_store: P
 def test_rows_are_contiguous_in_the_stream(train_store: Path) -> None:
     rows = _rows_of("clm", "decoder", train_store, world=1, micro=8)
     ordered = [rows[g] for g in sorted(rows)]
-    for (off, n), (nxt, _) in zip(ordered, ordered[1:], strict=False):
+    for (off, n), (nxt, _) in itertools.pairwise(ordered):
         assert off + n == nxt  # no raw token skipped between rows
     assert all(n == 65 for _, n in ordered)  # CLM: T + 1 raw tokens for T model positions
 

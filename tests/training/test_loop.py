@@ -12,9 +12,9 @@ from safetensors.torch import load_file
 
 from objtrain.objectives.registry import OBJECTIVES, objective_class
 from objtrain.training import checkpoint as ckpt
+from objtrain.training.config import TrainConfig
 from objtrain.training.data import CorruptedRows, DocumentStream, Position, RowSampler
 from objtrain.training.loop import NonFiniteLoss, forward_backward, prepare, train
-from objtrain.training.config import TrainConfig
 
 # Every (objective, kind) the registry declares; the default mixture (span + prefix LM) has no encoder form.
 PAIRS = [
