@@ -28,12 +28,12 @@ def test_schedule_shapes(kind: str) -> None:
     cfg = ScheduleConfig(kind=kind, warmup=10, min_lr_ratio=0.1, decay_ratio=0.2)  # type: ignore[arg-type]
     f = [lr_factor(s, 100, cfg) for s in range(100)]
     assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)  # linear warmup (s+1)/W
-    assert all(b >= a for a, b in itertools.pairwise(f))
+    assert all(b >= a for a, b in itertools.pairwise(f[:10]))
     if kind == "constant":
         assert f[10:] == [1.0] * 90
         return
     assert f[-1] == pytest.approx(0.1)  # ends at min_lr_ratio
-    assert all(b <= a + 1e-12 for a, b in itertools.pairwise(f))  # never rises after warmup
+    assert all(b <= a + 1e-12 for a, b in itertools.pairwise(f[9:]))  # never rises after warmup
     if kind == "wsd":
         assert f[10:80] == [1.0] * 70 and f[85] < 1.0
     if kind == "cosine":
