@@ -202,7 +202,7 @@ def _dry_run(console: Console, plan: Plan) -> None:
         ("optimizer state", _mib(mem["optimizer_bytes"])),
         ("activations", f"{_mib(mem['activation_bytes'])} per micro-batch (estimate)"),
         ("precision / device", f"{plan.dtype} on {plan.device}"),
-        ("config", str(config_dict(cfg)["budget"])),
+        ("budget", ", ".join(f"{k} {v}" for k, v in config_dict(cfg)["budget"].items() if v) or "default"),
     ]
     width = max(len(k) for k, _ in lines)
     out = Console(highlight=False, soft_wrap=True)
