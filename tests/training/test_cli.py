@@ -171,9 +171,8 @@ def test_two_processes_match_one_and_resume(train_store: Path, tmp_path: Path) -
     one = tmp_path / "one"
     subprocess.run(_cli(train_store, one, "--save-every", "6", "--keep", "5"), env=_env(), check=True,
                    capture_output=True)  # fmt: skip
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     two = tmp_path / "two"
-    cmd = [*torchrun, *_cli(train_store, two, "--save-every", "6", "--keep", "5")[1:]]
+    cmd = _cli(train_store, two, "--save-every", "6", "--keep", "5", "--nproc", "2")  # launches torchrun
     done = subprocess.run(cmd, env=_env(OBJTRAIN_DIST_TIMEOUT="60"), capture_output=True, timeout=240)
     assert done.returncode == 0, done.stderr.decode()[-600:]
     assert losses(two) == pytest.approx(losses(one), rel=1e-5)
@@ -187,6 +186,7 @@ def test_two_processes_match_one_and_resume(train_store: Path, tmp_path: Path) -
 
     shutil.rmtree(two / "checkpoints" / "step-00000012")
     (two / "checkpoints" / "latest").unlink()
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     cmd = [*torchrun, *_cli(train_store, two, "--save-every", "6", "--keep", "5", "--resume")[1:]]
     done = subprocess.run(cmd, env=_env(OBJTRAIN_DIST_TIMEOUT="60"), capture_output=True, timeout=240)
     assert done.returncode == 0, done.stderr.decode()[-600:]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from objtrain.objectives.registry import OBJECTIVES, objective_class
@@ -204,3 +205,25 @@ def test_resume_ignores_a_torn_checkpoint_and_a_missing_latest(
     assert ckpt.latest_checkpoint(tmp_path / "run") == root / "step-00000002"
     result = train(cfg, tmp_path / "run", resume=True, show_progress=False)
     assert result.step == 4 and not (root / ".step-00000006.abcd.tmp").exists()
+
+
+def test_no_data_trains_on_the_embedded_store(
+    train_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_config
+) -> None:
+    import objtrain.data.default as default
+
+    monkeypatch.setattr(default, "default_store_path", lambda: train_store)
+    cfg = small_config(train_store, data={"store": None}, budget={"steps": 2})
+    result = train(cfg, tmp_path / "run", show_progress=False)
+    assert result.step == 2
+    resolved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert resolved["data"]["store"] is None and resolved["resolved"]["data"] == str(train_store)
+
+
+def test_bf16_autocast_and_a_seconds_budget(train_store: Path, tmp_path: Path, small_config) -> None:
+    cfg = small_config(train_store, precision={"dtype": "bf16"}, budget={"steps": None, "seconds": 3.0})
+    result = train(cfg, tmp_path / "run", show_progress=False)
+    assert result.total_steps >= 1 and result.step == result.total_steps
+    state = json.loads((result.checkpoint / "state.json").read_text())  # type: ignore[operator]
+    assert state["dtype"] == "bf16" and state["total_steps"] == result.total_steps
+    assert all(isinstance(r["loss"], float) for r in records(tmp_path / "run") if "loss" in r)
