@@ -8,6 +8,8 @@ types strictly: an unknown key or a wrong type is a `UserError`, never a silent 
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
+import os
 import types
 import typing
 from pathlib import Path
@@ -15,9 +17,38 @@ from typing import Any, TypeVar
 
 import yaml
 
-from objtrain.errors import UserError
+from objtrain.errors import UserError, did_you_mean
 
 T = TypeVar("T")
+
+CONFIGS_ENV = "OBJTRAIN_CONFIGS"
+
+
+def config_dir() -> Path:
+    """The YAML configs shipped inside the package (`objtrain/configs/`), or `$OBJTRAIN_CONFIGS` if set.
+
+    The one place every reader (objective registry, model zoo, run and experiment files) finds them, so
+    a wheel installed anywhere works as well as the source tree. `configs/` at the repository root is a
+    symlink to the packaged directory, for users browsing the clone.
+    """
+    env = os.environ.get(CONFIGS_ENV)
+    if env:
+        return Path(env)
+    packaged = importlib.resources.files("objtrain") / "configs"
+    # A normal (directory) install gives a real path; a zipped package is not supported.
+    return Path(str(packaged))
+
+
+def packaged_config(path: Path | str, subdir: str) -> Path:
+    """A user's config path, or else the shipped one of that name: `fim-tiny` or `configs/train/fim-tiny.yaml`
+    find `<config_dir>/train/fim-tiny.yaml` from any directory. Returns `path` unchanged if neither exists,
+    so the caller's "not found" names what the user typed."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    name = path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml"
+    shipped = config_dir() / subdir / name
+    return shipped if shipped.is_file() else path
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
@@ -83,7 +114,8 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise UserError(
-            f"unknown key {unknown[0]!r} in {where or cls.__name__} (known: {', '.join(sorted(fields))})"
+            f"unknown key {unknown[0]!r} in {where or cls.__name__}{did_you_mean(unknown[0], fields)}"
+            f" (known: {', '.join(sorted(fields))})"
         )
     kwargs = {}
     for name, value in data.items():
@@ -117,9 +149,17 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
                 errors.append(str(exc))
         raise UserError(errors[0] if errors else f"{where}: bad value {value!r}")
     if origin is typing.Literal:
-        if value not in args:
-            raise UserError(f"{where} must be one of {', '.join(map(repr, args))}, got {value!r}")
-        return value
+        if value in args:
+            return value
+        if isinstance(value, str):  # names match case-insensitively, with a hint for a near miss
+            names = [a for a in args if isinstance(a, str)]
+            folded = [a for a in names if a.lower() == value.lower()]
+            if len(folded) == 1:
+                return folded[0]
+            hint = did_you_mean(value, names)
+        else:
+            hint = ""
+        raise UserError(f"{where} must be one of {', '.join(map(repr, args))}, got {value!r}{hint}")
     if dataclasses.is_dataclass(hint):
         return from_dict(hint, value, where)  # type: ignore[arg-type]
     if origin in (list, tuple):

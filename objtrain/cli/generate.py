@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from objtrain.data.tokenizer import Tokenizer
+from objtrain.devices import resolve_device
 from objtrain.errors import UserError
 from objtrain.evaluation import generate as gen
 from objtrain.models.checkpoint import Checkpoint, load_checkpoint
@@ -49,12 +50,12 @@ def run(
     ),
     no_cache: bool = typer.Option(False, "--no-cache", help="Recompute the whole sequence every step."),
     output_format: str = typer.Option("rich", "--format", help="rich (streamed) or json (one object)."),
-    device: str = typer.Option("cpu", "--device", help="torch device."),
+    device: str = typer.Option("cpu", "--device", help="auto | cpu | cuda | cuda:N | mps."),
 ) -> None:
     """Generate text from a checkpoint."""
     if output_format not in ("rich", "json"):
         raise UserError(f"--format must be rich or json, got {output_format!r}")
-    ckpt = load_checkpoint(checkpoint, device=device)
+    ckpt = load_checkpoint(checkpoint, device=resolve_device(device))
     if ckpt.tokenizer is None:
         raise UserError(f"{ckpt.path} has no tokenizer.model: it cannot encode a prompt")
     sampling = gen.Sampling(temperature, top_k if ckpt.config.kind != "encoder" else 0, top_p, seed)

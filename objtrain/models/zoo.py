@@ -10,16 +10,14 @@ vocabulary size is filled in from the tokenizer or store when the model is built
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from objtrain.batch import MODEL_KINDS, ModelKind
-from objtrain.config import from_dict, load_yaml, merge, to_dict
-from objtrain.errors import UserError
+from objtrain.config import config_dir, from_dict, load_yaml, merge, to_dict
+from objtrain.errors import UserError, pick_name
 
 
 @dataclass
@@ -66,10 +64,7 @@ class ModelConfig:
         return self.n_decoder_layer or self.n_layer
 
 
-def config_dir() -> Path:
-    """`configs/` at the repository root (override with OBJTRAIN_CONFIGS), as for objectives."""
-    env = os.environ.get("OBJTRAIN_CONFIGS")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "configs"
+__all__ = ["ModelConfig", "build_model", "config_dir", "count_parameters", "model_config", "model_sizes"]
 
 
 def model_sizes() -> list[str]:
@@ -80,11 +75,9 @@ def model_config(
     kind: str, size: str, overrides: dict[str, Any] | None = None, vocab_size: int | None = None
 ) -> ModelConfig:
     """The `kind` section of configs/models/<size>.yaml, merged with `overrides`, strictly checked."""
-    if kind not in MODEL_KINDS:
-        raise UserError(f"unknown model kind {kind!r} (known: {', '.join(MODEL_KINDS)})")
+    kind = pick_name(kind, MODEL_KINDS, "model kind")
+    size = pick_name(size, model_sizes(), "model size")
     path = config_dir() / "models" / f"{size}.yaml"
-    if not path.is_file():
-        raise UserError(f"unknown model size {size!r} (known: {', '.join(model_sizes())})")
     sections = load_yaml(path)
     if kind not in sections:
         raise UserError(f"{path} has no {kind!r} section")

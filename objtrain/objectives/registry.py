@@ -7,14 +7,12 @@ effects and one broken objective cannot break the others.
 from __future__ import annotations
 
 import importlib
-import os
-from pathlib import Path
 from typing import Any
 
 from objtrain.batch import ModelKind
-from objtrain.config import from_dict, load_yaml, merge
+from objtrain.config import config_dir, from_dict, load_yaml, merge
 from objtrain.data.tokenizer import Tokenizer
-from objtrain.errors import UserError
+from objtrain.errors import pick_name
 from objtrain.objectives.base import Objective
 from objtrain.specials import Specials
 
@@ -34,26 +32,28 @@ OBJECTIVES: dict[str, str] = {
 }
 
 
-def config_dir() -> Path:
-    """`configs/` at the repository root (override with OBJTRAIN_CONFIGS)."""
-    env = os.environ.get("OBJTRAIN_CONFIGS")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "configs"
+__all__ = ["OBJECTIVES", "build_objective", "config_dir", "objective_class", "objective_config"]
+
+
+def canonical_name(name: str) -> str:
+    """`SPAN` -> `span`; an unknown name is a UserError with the closest known one."""
+    return pick_name(name, OBJECTIVES, "objective")
 
 
 def objective_class(name: str) -> type[Objective]:
-    if name not in OBJECTIVES:
-        raise UserError(f"unknown objective {name!r} (known: {', '.join(OBJECTIVES)})")
+    name = canonical_name(name)
     module_name, _, class_name = OBJECTIVES[name].partition(":")
     return getattr(importlib.import_module(module_name), class_name)
 
 
 def objective_defaults(name: str) -> dict[str, Any]:
     """The defaults from configs/objectives/<name>.yaml."""
-    objective_class(name)  # unknown names fail here with the list of known ones
+    name = canonical_name(name)
     return load_yaml(config_dir() / "objectives" / f"{name}.yaml")
 
 
 def objective_config(name: str, overrides: dict[str, Any] | None = None) -> Any:
+    name = canonical_name(name)
     cls = objective_class(name)
     data = merge(objective_defaults(name), overrides or {})
     return from_dict(cls.Config, data, where=name)
@@ -67,5 +67,6 @@ def build_objective(
     overrides: dict[str, Any] | None = None,
 ) -> Objective:
     """Configure objective `name` from its YAML defaults plus `overrides` (e.g. {"noise_density": 0.3})."""
+    name = canonical_name(name)
     cls = objective_class(name)
     return cls(objective_config(name, overrides), specials, tokenizer=tokenizer, model_kind=model_kind)
