@@ -10,7 +10,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from objtrain.config import load_yaml, parse_overrides
+from objtrain.config import load_yaml, packaged_config, parse_overrides
 from objtrain.errors import UserError
 from objtrain.training import accounting
 from objtrain.training.config import TrainConfig, build_config, config_dict, merged
@@ -61,7 +61,9 @@ def run(
         help="Token or packed store (default: the embedded corpus).",
         show_default=False,
     ),
-    config: Path = typer.Option(None, "--config", "-c", help="A run YAML (see configs/train/)."),
+    config: Path = typer.Option(
+        None, "--config", "-c", help="A run YAML, or the name of a shipped one in configs/train/ (fim-tiny)."
+    ),
     objective: str = typer.Option(
         None, "--objective", "-O", help="Objective name (objtrain corrupt --list)."
     ),
@@ -99,7 +101,8 @@ def run(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print sizes, FLOPs and memory, then exit."),
 ) -> None:
     data, kv = split_args(args or [])
-    base: dict[str, Any] = load_yaml(config) if config is not None else {}
+    # A path, or the name of a shipped run (fim-tiny) so an installed objtrain finds it from anywhere.
+    base: dict[str, Any] = load_yaml(packaged_config(config, "train")) if config is not None else {}
     flags: dict[str, Any] = {}
 
     def put(path: str, value: Any) -> None:
