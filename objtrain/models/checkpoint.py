@@ -84,10 +84,12 @@ def save_checkpoint(
     training: dict[str, Any] | None = None,
     force: bool = False,
     extra: Callable[[Path], None] | None = None,
+    weights: dict[str, Tensor] | None = None,
 ) -> Path:
     """Write a checkpoint directory atomically: a crash mid-save leaves the old one (or none), never a torn
     one. `model` may be wrapped (torch.compile, DDP): the plain module's weights are saved. `extra(tmp)`
-    writes more files into the same directory before it is renamed into place (the training state)."""
+    writes more files into the same directory before it is renamed into place (the training state);
+    `weights` replaces the module's own state dict (a sharded model's, gathered in full)."""
     path = Path(path)
     plain = unwrap(model)
     config: ModelConfig = plain.config  # type: ignore[assignment]
@@ -100,7 +102,8 @@ def save_checkpoint(
         "training": training or {},
     }
     with atomic_dir(path, force=force) as tmp:
-        save_file(clean_state_dict(model), str(tmp / WEIGHTS), metadata={"format": "pt"})
+        tensors = clean_state_dict(model) if weights is None else weights
+        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
         if tokenizer is not None:
             with atomic_file(tmp / TOKENIZER) as handle:
                 handle.write(tokenizer.model_proto)

@@ -59,26 +59,33 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+def moments_to_tensors(moments: dict[str, dict[str, Any]]) -> dict[str, torch.Tensor]:
     """Adam state keyed by parameter name (`optim/<name>/<key>`): a changed grouping cannot mis-assign it."""
-    out: dict[str, torch.Tensor] = {}
-    for group in optimizer.param_groups:
-        for name, p in zip(group["names"], group["params"], strict=True):
-            for key, value in optimizer.state.get(p, {}).items():
-                if isinstance(value, torch.Tensor):
-                    out[f"optim/{name}/{key}"] = value.detach().cpu().contiguous()
-    return out
+    return {
+        f"optim/{name}/{key}": value.detach().cpu().contiguous()
+        for name, state in moments.items()
+        for key, value in state.items()
+        if isinstance(value, torch.Tensor)
+    }
 
 
-def load_optimizer_tensors(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor]) -> None:
+def tensors_to_moments(tensors: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    moments: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        if key.startswith("optim/"):
+            name, _, field = key[len("optim/") :].rpartition("/")
+            moments.setdefault(name, {})[field] = value
+    return moments
+
+
+def load_moments(optimizer: torch.optim.Optimizer, moments: dict[str, dict[str, torch.Tensor]]) -> None:
     for group in optimizer.param_groups:
         for name, p in zip(group["names"], group["params"], strict=True):
-            prefix = f"optim/{name}/"
-            state = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-            if not state:
-                continue
-            # Adam's `step` counter stays on the CPU (non-capturable AdamW keeps it there).
-            optimizer.state[p] = {k: v if k == "step" else v.to(p.device) for k, v in state.items()}
+            if name in moments:
+                # Adam's `step` counter stays on the CPU (non-capturable AdamW keeps it there).
+                optimizer.state[p] = {
+                    k: v if k == "step" else v.to(p.device) for k, v in moments[name].items()
+                }
 
 
 def rng_tensors() -> dict[str, torch.Tensor]:
@@ -99,14 +106,17 @@ def save_training_checkpoint(
     run: Path,
     step: int,
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    weights: dict[str, torch.Tensor],
+    moments: dict[str, dict[str, Any]],
     specials: Specials,
     tokenizer: Tokenizer,
     training: dict[str, Any],
     state: dict[str, Any],
     keep: int,
 ) -> Path:
-    """Write RUN/checkpoints/step-N atomically, then point `latest` at it, then prune to `keep`."""
+    """Write RUN/checkpoints/step-N atomically, then point `latest` at it, then prune to `keep`.
+
+    `weights` and `moments` are the full model and Adam state (gathered first when the model is sharded)."""
     root = checkpoints_dir(run)
     path = root / step_name(step)
     delay = float(os.environ.get("OBJTRAIN_SAVE_DELAY", "0") or 0)  # tests: widen the mid-save window
@@ -114,7 +124,7 @@ def save_training_checkpoint(
     def extra(tmp: Path) -> None:
         if delay:
             time.sleep(delay)
-        save_file({**optimizer_tensors(optimizer), **rng_tensors()}, str(tmp / OPTIMIZER))
+        save_file({**moments_to_tensors(moments), **rng_tensors()}, str(tmp / OPTIMIZER))
         if delay:
             time.sleep(delay)
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
@@ -127,7 +137,9 @@ def save_training_checkpoint(
             with open(p, "rb") as handle:
                 os.fsync(handle.fileno())
 
-    save_checkpoint(path, model, specials, tokenizer, training=training, force=True, extra=extra)
+    save_checkpoint(
+        path, model, specials, tokenizer, training=training, force=True, extra=extra, weights=weights
+    )
     _fsync_dir(root)
     mark_latest(run, path.name)
     _fsync_dir(root)
@@ -198,17 +210,16 @@ class Restored:
     state: dict[str, Any]
 
 
-def restore(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> Restored:
+def restore(
+    path: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    device: torch.device,
+    sharded: bool = False,
+) -> Restored:
     """Load weights, optimizer state and RNG from a complete checkpoint into the live objects."""
     state = json.loads((path / STATE).read_text(encoding="utf-8"))
     weights = load_weights(path / "model.safetensors")
-    plain = unwrap(model)
-    try:
-        plain.load_state_dict(weights, strict=True)
-    except RuntimeError as exc:
-        raise UserError(
-            f"{path}: the weights do not fit this run's model ({str(exc).splitlines()[0]})"
-        ) from None
     names = [n for g in optimizer.param_groups for n in g["names"]]
     if state.get("param_names") not in (None, names):
         raise UserError(f"{path}: the optimizer's parameters differ from this run's model; resume refused")
@@ -218,7 +229,19 @@ def restore(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, devi
         raise UserError(
             f"{path / OPTIMIZER} is not readable ({type(exc).__name__}); resume refused"
         ) from None
-    load_optimizer_tensors(optimizer, tensors)
+    moments = tensors_to_moments(tensors)
+    if sharded:
+        from objtrain.training.distributed import load_full_state
+
+        load_full_state(model, optimizer, weights, moments, sharded=True)
+    else:
+        plain = unwrap(model)
+        try:
+            plain.load_state_dict(weights, strict=True)
+        except RuntimeError as exc:
+            first = str(exc).splitlines()[0]
+            raise UserError(f"{path}: the weights do not fit this run's model ({first})") from None
+        load_moments(optimizer, moments)
+        plain.to(device)
     restore_rng(tensors)
-    plain.to(device)
     return Restored(path, state)

@@ -11,7 +11,7 @@
     validation: every, rows
     checkpoint: every, keep
     logging:    every, tensorboard
-    seed, device, workers
+    seed, device, workers, parallel (ddp | fsdp)
 
 Every section is a dataclass, read strictly by `objtrain.config.from_dict`: an unknown key is refused
 before any work. Command-line flags are overrides of the same keys (`--lr 1e-3` is `optim.lr=1e-3`).
@@ -134,6 +134,9 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     workers: int = 1  # DataLoader worker processes preparing batches; 0 = in the training process
+    # Over several processes: "ddp" replicates the model and sums gradients; "fsdp" shards parameters,
+    # gradients and optimizer state (FSDP2 fully_shard per block), for models that do not fit one device.
+    parallel: Literal["ddp", "fsdp"] = "ddp"
 
 
 # The run `objtrain train` does with no budget: about 5 minutes on 2 CPU cores with a visibly falling loss.

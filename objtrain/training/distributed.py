@@ -17,6 +17,7 @@ import subprocess
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -112,3 +113,75 @@ def launch(nproc: int, argv: list[str]) -> int:
     if shutil.which(sys.executable) is None:  # pragma: no cover - the interpreter is always there
         raise UserError("cannot find the Python interpreter to launch torchrun")
     return subprocess.call(cmd, env=env)
+
+
+# --- FSDP: parameters, gradients and optimizer state sharded over the ranks ---------------------------------
+
+
+def shard(model: nn.Module, world: World, device: torch.device) -> nn.Module:
+    """FSDP2 `fully_shard` on each transformer block, then the root (reference training.md section 5), for
+    models that do not fit one device. The mesh is always explicit: gloo on CPU, nccl on GPU."""
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch < 2.6
+        from torch.distributed._composable.fsdp import fully_shard  # type: ignore[no-redef]
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from objtrain.models.blocks import Block
+
+    mesh = init_device_mesh(device.type, (world.world_size,))
+    for module in list(model.modules()):
+        if isinstance(module, Block):
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _options(**kwargs: bool) -> Any:  # torch's StateDictOptions
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **kwargs)
+
+
+def full_model_state(model: nn.Module, sharded: bool) -> dict[str, torch.Tensor]:
+    """The whole model's weights as plain tensors (a collective when sharded: every rank calls it)."""
+    from objtrain.models.checkpoint import clean_state_dict
+
+    if not sharded:
+        return clean_state_dict(model)
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    state = get_model_state_dict(model, options=_options(cpu_offload=True))
+    return {k: v.detach().contiguous() for k, v in state.items()}
+
+
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, sharded: bool) -> dict:
+    """{parameter name: {exp_avg, exp_avg_sq, step}} for the whole model (a collective when sharded)."""
+    if not sharded:
+        return {
+            name: dict(optimizer.state.get(p, {}))
+            for group in optimizer.param_groups
+            for name, p in zip(group["names"], group["params"], strict=True)
+        }
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    # Only rank 0 receives the full state (cpu_offload); the others get an empty dict.
+    full = get_optimizer_state_dict(model, optimizer, options=_options(cpu_offload=True))
+    return dict(full.get("state", {}))
+
+
+def load_full_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict, moments: dict, sharded: bool
+) -> None:
+    """Put full weights and optimizer state (as saved) into a sharded model and its optimizer."""
+    from torch.distributed.checkpoint.state_dict import (
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    assert sharded
+    set_model_state_dict(model, weights, options=_options())
+    current = get_optimizer_state_dict(model, optimizer, options=_options())
+    current["state"] = moments
+    set_optimizer_state_dict(model, optimizer, current, options=_options())

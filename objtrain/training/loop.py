@@ -299,10 +299,14 @@ def forward_backward(
     device: torch.device,
     dtype: str,
     scaler: Any,
+    sequential: bool = True,
 ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-    """One micro-batch: forward, `loss_sum * scale` backward. Returns (loss_sum, n_targets, metrics)."""
+    """One micro-batch: forward, `loss_sum * scale` backward. Returns (loss_sum, n_targets, metrics).
+
+    MTP uses the sequential per-head backward unless `sequential` is off (a sharded model must go through
+    its root forward, which the trunk/heads split bypasses)."""
     plain = unwrap(model)
-    if objective.name == "mtp" and getattr(plain.config, "mtp_heads", 1) > 1:
+    if sequential and objective.name == "mtp" and getattr(plain.config, "mtp_heads", 1) > 1:
         return _mtp_forward_backward(plain, batch, scale, device, dtype, scaler)
     with autocast(device, dtype):
         out = model(batch)
@@ -347,12 +351,19 @@ def validate(
     batches: list[Batch],
     lm_batches: list[Batch],
     byte_table: Tensor | None,
+    sharded: bool = False,
 ) -> dict[str, float]:
-    """Objective loss on the fixed valid rows (MTP: head 1), and bits per byte for left-to-right models."""
+    """Objective loss on the fixed valid rows (MTP: head 1), and bits per byte for left-to-right models.
+
+    Ranks split the rows; a sharded model runs every row on every rank (its forward is a collective)."""
     model.eval()
     world, device = plan.world, plan.device
+
+    def mine(items: list[Batch]) -> list[Batch]:
+        return items if sharded else items[world.rank :: world.world_size]
+
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, count, lm nats, lm bytes
-    for batch in batches[world.rank :: world.world_size]:
+    for batch in mine(batches):
         batch = batch.to(device)
         with autocast(device, plan.dtype):
             out = model(batch)
@@ -365,7 +376,7 @@ def validate(
         sums[1] += lo_n.double()
     if byte_table is not None:
         table = byte_table.to(device)
-        for batch in lm_batches[world.rank :: world.world_size]:
+        for batch in mine(lm_batches):
             batch = batch.to(device)
             with autocast(device, plan.dtype):
                 logits = model(batch).logits.float()
@@ -376,7 +387,8 @@ def validate(
             keep = labels.reshape(-1) != IGNORE
             sums[2] += nll[keep].double().sum()
             sums[3] += table[labels.reshape(-1)[keep]].double().sum()
-    dist.all_reduce_sum(sums, world)
+    if not sharded:
+        dist.all_reduce_sum(sums, world)
     model.train()
     out = {"val_loss": float(sums[0] / sums[1].clamp(min=1))}
     if byte_table is not None and sums[3] > 0:
@@ -439,6 +451,9 @@ def _run(
     cfg, world, device, run_dir = plan.cfg, plan.world, plan.device, plan.run_dir
     torch.manual_seed(cfg.seed)
     model = build_model(plan.model_cfg).to(device)
+    sharded = cfg.parallel == "fsdp" and world.distributed
+    if sharded:
+        dist.shard(model, world, device)
     optimizer = build_optimizer(model, cfg.optim, device)
     scaler = torch.amp.GradScaler(device.type) if plan.dtype == "fp16" else None
     params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -446,7 +461,7 @@ def _run(
 
     state: dict[str, Any] = {}
     if plan.resume_from is not None:
-        state = ckpt.restore(plan.resume_from, model, optimizer, device).state
+        state = ckpt.restore(plan.resume_from, model, optimizer, device, sharded).state
         _check_resume(plan, state)
     step = int(state.get("step", 0))
     position = Position(**state["position"]) if "position" in state else Position()
@@ -534,12 +549,15 @@ def _run(
 
     def save(at: int) -> Path:
         nonlocal saved
+        weights = dist.full_model_state(model, sharded)  # collectives when sharded: every rank calls them
+        moments = dist.full_optimizer_state(model, optimizer, sharded)
         if world.is_main:
             saved = ckpt.save_training_checkpoint(
                 run_dir,
                 at,
                 model,
-                optimizer,
+                weights,
+                moments,
                 plan.source.specials,
                 plan.source.tokenizer,
                 _training_info(plan, at, tokens),
@@ -578,12 +596,13 @@ def _run(
             batches = [b.to(device, non_blocking=True) for _, b in items]
             counts = torch.tensor([float(b.n_targets) for b in batches], dtype=torch.float64).sum().reshape(1)
             n_expected = float(dist.all_reduce_sum(counts.to(device), world).item())
-            scale = 1.0 / max(n_expected, 1.0)
+            # FSDP averages gradients over the ranks where the replicated path sums them: undo the mean.
+            scale = (world.world_size if sharded else 1.0) / max(n_expected, 1.0)
             totals = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, objective's count
             metric_sums: dict[str, float] = {}
             for batch in batches:
                 loss_sum, n_targets, metrics = forward_backward(
-                    run_model, plan.objective, batch, scale, device, plan.dtype, scaler
+                    run_model, plan.objective, batch, scale, device, plan.dtype, scaler, not sharded
                 )
                 totals[0] += loss_sum.double()
                 totals[1] += n_targets.double()
@@ -591,7 +610,8 @@ def _run(
                     metric_sums[key] = metric_sums.get(key, 0.0) + float(value) / len(batches)
             dist.all_reduce_sum(totals, world)
             n_actual = max(float(totals[1]), 1.0)
-            dist.all_reduce_gradients(params, world)
+            if not sharded:
+                dist.all_reduce_gradients(params, world)
             if scaler is not None:
                 scaler.unscale_(optimizer)
             if abs(n_actual - max(n_expected, 1.0)) > 0.5:  # pair-level losses count pairs, not labels
@@ -599,7 +619,8 @@ def _run(
                     if p.grad is not None:
                         p.grad.mul_(max(n_expected, 1.0) / n_actual)
             max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
             loss = float(totals[0]) / n_actual
             if not math.isfinite(loss) or (scaler is None and not math.isfinite(grad_norm)):
                 what = "loss" if not math.isfinite(loss) else "gradient norm"
@@ -655,7 +676,7 @@ def _run(
                 on_record(record)
 
             if validating and cfg.validation.every > 0 and step % cfg.validation.every == 0 and step < total:
-                validation = validate(model, plan, val_batches, lm_batches, byte_table)
+                validation = validate(model, plan, val_batches, lm_batches, byte_table, sharded)
                 _log_validation(
                     log,
                     tb,
@@ -674,7 +695,7 @@ def _run(
 
     if not stopped:
         if validating:
-            validation = validate(model, plan, val_batches, lm_batches, byte_table)
+            validation = validate(model, plan, val_batches, lm_batches, byte_table, sharded)
             _log_validation(
                 log,
                 tb,
@@ -707,7 +728,7 @@ def _run(
     )
     if show:
         _summary(console, result, peak_source)
-        if not stopped and cfg.logging.sample:
+        if not stopped and cfg.logging.sample and not sharded:  # a sharded model generates on all ranks
             _sample(console, plan, model)
     return result
 
