@@ -37,6 +37,7 @@ from objtrain import IGNORE
 from objtrain.batch import Batch
 from objtrain.config import to_dict
 from objtrain.data.default import default_store
+from objtrain.devices import resolve_device
 from objtrain.errors import UserError
 from objtrain.io import atomic_file
 from objtrain.models.base import TrunkOutput
@@ -103,26 +104,6 @@ class TrainResult:
     peak_memory_bytes: int
     validation: dict[str, float] = field(default_factory=dict)
     stopped: str = ""  # "" = finished; "SIGINT" or "SIGTERM": stopped early after saving a checkpoint
-
-
-def resolve_device(name: str) -> torch.device:
-    try:
-        from objtrain.devices import resolve_device as shared
-    except ImportError:  # pragma: no cover - the shared helper lands separately
-        shared = None
-    if shared is not None:
-        return shared(name)
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: this torch has no usable CUDA device (try --device cpu)")
-    if name not in ("cpu", "cuda", "mps"):
-        raise UserError(f"--device must be auto, cpu, cuda or mps, got {name!r}")
-    return torch.device(name)
 
 
 def prepare(
