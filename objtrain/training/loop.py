@@ -565,6 +565,12 @@ def _run(
         dist.barrier(world)
         return saved  # type: ignore[return-value]
 
+    def run_validation() -> dict[str, float]:
+        result = validate(model, plan, val_batches, lm_batches, byte_table, sharded)
+        where = {"step": step, "tokens": tokens, "wall_time": elapsed}
+        _log_validation(log, tb, progress, where, result, on_record)
+        return result
+
     with flag:
         while step < total:
             t_step = time.perf_counter()
@@ -657,15 +663,7 @@ def _run(
                 on_record(record)
 
             if validating and cfg.validation.every > 0 and step % cfg.validation.every == 0 and step < total:
-                validation = validate(model, plan, val_batches, lm_batches, byte_table, sharded)
-                _log_validation(
-                    log,
-                    tb,
-                    progress,
-                    {"step": step, "tokens": tokens, "wall_time": elapsed},
-                    validation,
-                    on_record,
-                )
+                validation = run_validation()
             if cfg.checkpoint.every > 0 and step % cfg.checkpoint.every == 0 and step < total:
                 save(step)
             stop = torch.tensor([float(flag.signal is not None)], device=device)
@@ -676,15 +674,7 @@ def _run(
 
     if not stopped:
         if validating:
-            validation = validate(model, plan, val_batches, lm_batches, byte_table, sharded)
-            _log_validation(
-                log,
-                tb,
-                progress,
-                {"step": step, "tokens": tokens, "wall_time": elapsed},
-                validation,
-                on_record,
-            )
+            validation = run_validation()
         saved = save(step)
     progress.close()
     tb.close()
