@@ -61,13 +61,16 @@ def measured_peak_flops(device_type: str, dtype_name: str) -> float:
     b = torch.randn(n, n, device=device).to(dtype)
     for _ in range(2):
         a @ b
-    reps = 10 if device_type == "cpu" else 50
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    _sync(device)
-    return 2 * n**3 * reps / (time.perf_counter() - t0)
+    reps = 5 if device_type == "cpu" else 50
+    best = float("inf")
+    for _ in range(5):  # best of five: another process on a shared machine only ever slows a window down
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 * reps / best
 
 
 def _sync(device: torch.device) -> None:
