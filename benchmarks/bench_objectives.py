@@ -32,9 +32,9 @@ import torch
 
 from objtrain.data.tokenizer import Tokenizer, train_sentencepiece
 from objtrain.errors import UserError
-from objtrain.objectives import inspect
 from objtrain.objectives.registry import OBJECTIVES, build_objective, objective_class
 from objtrain.specials import Specials
+from objtrain.views import corrupt as shown
 
 BATCH, LENGTH = 64, 512
 PEER_OF = {  # which collator each objective is compared with
@@ -259,7 +259,7 @@ def main() -> None:
                 if "cannot train" not in str(exc):  # e.g. a mixture whose components rule a kind out
                     notes[label] = f"not configurable: {exc}"
                 continue
-            tokens, docs = inspect.rows_from_documents(documents, L, BATCH, specials)
+            tokens, docs = shown.rows_from_documents(documents, L, BATCH, specials)
             index = torch.arange(BATCH)
             runners[label] = lambda i, o=objective, t=tokens, d=docs, r=index: o(t, d, r, i)
             peer_of[label] = PEER_OF.get(name, "t5-numpy")

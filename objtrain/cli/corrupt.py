@@ -1,4 +1,4 @@
-"""`objtrain corrupt`: show what an objective does to real rows (library: objtrain.objectives.inspect)."""
+"""`objtrain corrupt`: show what an objective does to real rows (library: objtrain.views.corrupt)."""
 
 from __future__ import annotations
 
@@ -16,17 +16,17 @@ from objtrain import IGNORE
 from objtrain.batch import MODEL_KINDS, Batch
 from objtrain.config import parse_overrides
 from objtrain.errors import UserError
-from objtrain.objectives import inspect
 from objtrain.objectives.registry import build_objective, objective_class
+from objtrain.views import corrupt as shown
 
 STYLES = {
-    inspect.KEPT: "",
-    inspect.MASKED: "bold white on red",
-    inspect.REPLACED: "bold black on yellow",
-    inspect.DELETED: "red strike",
-    inspect.INSERTED: "green",
-    inspect.SENTINEL: "bold magenta",
-    inspect.SPECIAL: "cyan",
+    shown.KEPT: "",
+    shown.MASKED: "bold white on red",
+    shown.REPLACED: "bold black on yellow",
+    shown.DELETED: "red strike",
+    shown.INSERTED: "green",
+    shown.SENTINEL: "bold magenta",
+    shown.SPECIAL: "cyan",
 }
 TARGET_STYLE = "bold green"
 DOC_STYLES = ("blue", "green", "magenta", "yellow", "cyan", "red")
@@ -87,23 +87,23 @@ def run(
         model_kind=model_kind,  # type: ignore[arg-type]
         overrides=parse_overrides(overrides),
     )
-    packed_len = inspect.packed_row_length(source)
+    packed_len = shown.packed_row_length(source)
     if seq_len is None:
-        seq_len = inspect.model_length_for(obj, packed_len) if packed_len else DEFAULT_SEQ_LEN
+        seq_len = shown.model_length_for(obj, packed_len) if packed_len else DEFAULT_SEQ_LEN
     if seq_len < 1:
         raise UserError(f"--seq-len must be positive, got {seq_len}")
     raw_length = obj.raw_length(seq_len)
-    raw = inspect.read_rows(source, raw_length, n_rows, tokenizer_store=tokenizer, text=text)
+    raw = shown.read_rows(source, raw_length, n_rows, tokenizer_store=tokenizer, text=text)
 
-    aggregate = inspect.Aggregate()
-    for batch, start in inspect.corrupt_rows(obj, raw, seed):
-        views = [inspect.align_row(batch, b, raw, start + b) for b in range(batch.input_ids.size(0))]
+    aggregate = shown.Aggregate()
+    for batch, start in shown.corrupt_rows(obj, raw, seed):
+        views = [shown.align_row(batch, b, raw, start + b) for b in range(batch.input_ids.size(0))]
         if stats:
             aggregate.add(batch, views)
             continue
         for b, view in enumerate(views):
             if fmt == "jsonl":
-                sys.stdout.write(json.dumps(inspect.row_record(obj, view, batch, b, raw)) + "\n")
+                sys.stdout.write(json.dumps(shown.row_record(obj, view, batch, b, raw)) + "\n")
             else:
                 print_row(console, view, raw)
                 if show_attention:
@@ -141,18 +141,18 @@ def _tokenizer_for(source: Path | None, tokenizer: Path | None, text: str | None
     if text is not None or (source is not None and source.is_file()):
         if tokenizer is None:
             raise UserError("text needs a tokenizer: pass --tokenizer TOKEN_STORE (or a .model file)")
-        tok = inspect.load_text_tokenizer(tokenizer)
+        tok = shown.load_text_tokenizer(tokenizer)
         return tok, tok.specials
     if source is None:
         raise UserError("give a SOURCE (token store, packed store or text file) or --text")
     if not source.exists():
         raise UserError(f"source not found: {source}")
-    if inspect.packed_row_length(source) is not None:
+    if shown.packed_row_length(source) is not None:
         from objtrain.data.store import PackedStore
 
         store = PackedStore.open(source)
     else:
-        store = inspect.open_token_store(source)
+        store = shown.open_token_store(source)
     return store.tokenizer, store.specials
 
 
@@ -164,7 +164,7 @@ def print_list(console: Console) -> None:
     table = Table(title="objectives", title_justify="left")
     for col in ("name", "model kinds", "attention", "key parameters (configs/objectives/<name>.yaml)"):
         table.add_column(col)
-    infos = inspect.list_objectives()
+    infos = shown.list_objectives()
     for info in infos:
         if not info.available:
             table.add_row(info.name, "[dim]unavailable[/]", "", f"[dim]{info.reason}[/]")
@@ -173,7 +173,7 @@ def print_list(console: Console) -> None:
             info.name,
             ", ".join(info.model_kinds),
             info.attention,
-            inspect.describe_defaults(info.defaults) or f"[dim]{info.reason}[/]",
+            shown.describe_defaults(info.defaults) or f"[dim]{info.reason}[/]",
         )
     console.print(table)
     missing = [info.name for info in infos if not info.available]
@@ -191,7 +191,7 @@ def _legend() -> Text:
     return legend
 
 
-def print_row(console: Console, view: inspect.RowView, raw: inspect.RawRows) -> None:
+def print_row(console: Console, view: shown.RowView, raw: shown.RawRows) -> None:
     specials, tok = raw.specials, raw.tokenizer
     head = (
         f"[bold]row {view.row_index}[/]  original {len(view.original)} · input {len(view.input)} · "
@@ -206,10 +206,10 @@ def print_row(console: Console, view: inspect.RowView, raw: inspect.RawRows) -> 
     cur = (Text(), Text(), Text())
     used = 0
     for cell in view.cells:
-        o = inspect.piece_text(cell.original, specials, tok) if cell.original is not None else ""
-        i = inspect.piece_text(cell.input, specials, tok) if cell.input is not None else ""
+        o = shown.piece_text(cell.original, specials, tok) if cell.original is not None else ""
+        i = shown.piece_text(cell.input, specials, tok) if cell.input is not None else ""
         has_target = cell.target is not None and cell.target != IGNORE
-        t = inspect.piece_text(cell.target, specials, tok) if has_target else ""  # type: ignore[arg-type]
+        t = shown.piece_text(cell.target, specials, tok) if has_target else ""  # type: ignore[arg-type]
         w = max(len(o), len(i), len(t), 1) + 1
         if used + w > width and used:
             lines.append(cur)
@@ -225,7 +225,7 @@ def print_row(console: Console, view: inspect.RowView, raw: inspect.RawRows) -> 
         lines.append(cur)
     if not view.aligned:
         original = Text("original ", style="dim")
-        original.append(" ".join(inspect.piece_text(t, specials, tok) for t in view.original))
+        original.append(" ".join(shown.piece_text(t, specials, tok) for t in view.original))
         console.print(original)
         console.print(Text("(rearranged: input and target below)", style="dim"))
     for o_line, i_line, t_line in lines:
@@ -237,9 +237,9 @@ def print_row(console: Console, view: inspect.RowView, raw: inspect.RawRows) -> 
     if view.encdec:
         target = Text("target   ", style="dim")
         for token in view.targets:
-            kind = inspect.token_kind(token, specials)
+            kind = shown.token_kind(token, specials)
             target.append(
-                inspect.piece_text(token, specials, tok) + " ", style=STYLES.get(kind) or TARGET_STYLE
+                shown.piece_text(token, specials, tok) + " ", style=STYLES.get(kind) or TARGET_STYLE
             )
         console.print(target)
     console.print(_legend(), style="dim")
@@ -247,12 +247,12 @@ def print_row(console: Console, view: inspect.RowView, raw: inspect.RawRows) -> 
 
 def print_attention(console: Console, batch: Batch, b: int) -> None:
     """The row's self-attention as a grid: full when short, else per-document blocks and a coarse grid."""
-    mask = inspect.attention_mask(batch)[b]
+    mask = shown.attention_mask(batch)[b]
     docs = batch.document_ids[b]
     T = mask.size(0)
     title = f"attention ({batch.attention}), {T} positions: row = query, column = key"
     console.print(Text(title, style="bold"))
-    summary = inspect.attention_summary(batch, b)
+    summary = shown.attention_summary(batch, b)
     table = Table(show_edge=False, box=None)
     for col in ("document", "positions", "length", "pattern"):
         table.add_column(col)
@@ -273,7 +273,7 @@ def print_attention(console: Console, batch: Batch, b: int) -> None:
             console.print(line, soft_wrap=True)
     else:
         shades = " ░▒▓█"
-        grid = inspect.downsample_mask(mask, SUMMARY_CELLS)
+        grid = shown.downsample_mask(mask, SUMMARY_CELLS)
         c = grid.size(0)
         console.print(Text(f"downsampled to {c}x{c} cells (shade = share of allowed pairs)", style="dim"))
         for i in range(c):
@@ -283,7 +283,7 @@ def print_attention(console: Console, batch: Batch, b: int) -> None:
                 line.append(shades[0 if v == 0 else min(4, 1 + int(v * 3.999))])
             console.print(line, soft_wrap=True)
     if batch.is_encdec:
-        dec = inspect.cross_attention_mask(batch)[b]
+        dec = shown.cross_attention_mask(batch)[b]
         console.print(
             Text(
                 f"decoder: causal inside its documents; cross-attention to {int(dec.any(0).sum())} of "
@@ -293,7 +293,7 @@ def print_attention(console: Console, batch: Batch, b: int) -> None:
         )
 
 
-def print_stats(console: Console, name: str, kind: str, rows: int, stats: list[inspect.StatRow]) -> None:
+def print_stats(console: Console, name: str, kind: str, rows: int, stats: list[shown.StatRow]) -> None:
     table = Table(title=f"{name} ({kind}): realised over {rows} rows", title_justify="left")
     table.add_column("statistic")
     table.add_column("realised", justify="right")

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from objtrain.batch import Batch, ModelOutput
 from objtrain.models.attention import self_attention_spec
 from objtrain.models.blocks import Block, Context, Rotary
-from objtrain.models.zoo import ModelConfig
+from objtrain.models.config import ModelConfig
 
 
 @dataclass

@@ -16,8 +16,8 @@ from objtrain.batch import Batch, ModelOutput
 from objtrain.models.attention import causal_chunk_mask
 from objtrain.models.base import TrunkOutput, ZooModel, make_block
 from objtrain.models.blocks import Block, KVCache, Rotary
+from objtrain.models.config import ModelConfig
 from objtrain.models.heads import TiedLMHead
-from objtrain.models.zoo import ModelConfig
 
 
 class Decoder(ZooModel):

@@ -18,8 +18,8 @@ from objtrain.batch import AttentionKind, Batch, ModelOutput, positions_of
 from objtrain.models.attention import causal_chunk_mask, cross_attention_mask
 from objtrain.models.base import TrunkOutput, ZooModel, make_block
 from objtrain.models.blocks import KVCache, RMSNorm, Rotary
+from objtrain.models.config import ModelConfig
 from objtrain.models.heads import TiedLMHead
-from objtrain.models.zoo import ModelConfig
 
 
 class EncoderDecoder(ZooModel):

@@ -14,8 +14,8 @@ from torch import nn
 from objtrain.batch import Batch, ModelOutput
 from objtrain.models.base import TrunkOutput, ZooModel, make_block
 from objtrain.models.blocks import Rotary
+from objtrain.models.config import ModelConfig
 from objtrain.models.heads import Pooler, TiedLMHead
-from objtrain.models.zoo import ModelConfig
 
 
 class Encoder(ZooModel):

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from objtrain.data.tokenizer import Tokenizer
-from objtrain.models.zoo import ModelConfig
+from objtrain.models.config import ModelConfig
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -22,7 +22,6 @@ from objtrain import IGNORE
 from objtrain.batch import MODEL_KINDS, Batch, ModelOutput, positions_of
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
-from objtrain.objectives import inspect
 from objtrain.objectives.base import Objective
 from objtrain.objectives.registry import (
     OBJECTIVES,
@@ -32,6 +31,7 @@ from objtrain.objectives.registry import (
     objective_config,
 )
 from objtrain.specials import N_FIXED, Specials
+from objtrain.views import corrupt as shown
 
 MODEL_LENGTH = 96
 N_ROWS = 8
@@ -93,18 +93,18 @@ def objective_for(name: str, kind: str, tokenizer: Tokenizer) -> Objective:
         pytest.skip(f"{name} cannot be configured for {kind} with its defaults: {exc}")
 
 
-def make_rows(objective: Objective, documents: list[list[int]], specials: Specials) -> inspect.RawRows:
+def make_rows(objective: Objective, documents: list[list[int]], specials: Specials) -> shown.RawRows:
     """8 packed rows of the objective's raw length; the last one half padding."""
     L = objective.raw_length(MODEL_LENGTH)
-    tokens, docs = inspect.rows_from_documents(documents, L, N_ROWS, specials)
+    tokens, docs = shown.rows_from_documents(documents, L, N_ROWS, specials)
     tokens, docs = tokens.clone(), docs.clone()
     tokens[-1, L // 2 :] = specials.pad
     docs[-1, L // 2 :] = -1
-    return inspect.RawRows(tokens, docs, torch.arange(N_ROWS) + 100, specials, None, "test")
+    return shown.RawRows(tokens, docs, torch.arange(N_ROWS) + 100, specials, None, "test")
 
 
 def apply(
-    objective: Objective, raw: inspect.RawRows, seed: int = 0, rows: slice | Tensor | None = None
+    objective: Objective, raw: shown.RawRows, seed: int = 0, rows: slice | Tensor | None = None
 ) -> Batch:
     sel = slice(None) if rows is None else rows
     return objective(raw.tokens[sel], raw.document_ids[sel], raw.row_index[sel], seed)
@@ -371,7 +371,7 @@ def test_sentinels_never_overflow_into_other_ids(case: tuple, documents: list[li
 def test_attention_and_positions_stay_inside_documents(case: tuple) -> None:
     objective, _, batch = case
     docs = batch.document_ids
-    mask = inspect.attention_mask(batch)
+    mask = shown.attention_mask(batch)
     B, T = docs.shape
     assert mask.shape == (B, T, T)
     assert mask.any(-1).all(), "a position attends to nothing"
@@ -404,7 +404,7 @@ def test_decoder_stays_inside_encoder_documents(case: tuple) -> None:
     assert dec_docs is not None and dec_pos is not None
     real = dec_docs >= 0
     assert torch.equal(dec_pos[real], positions_of(dec_docs)[real])
-    cross = inspect.cross_attention_mask(batch)
+    cross = shown.cross_attention_mask(batch)
     assert cross[real].any(-1).all(), "a decoder document has no encoder tokens to attend to"
 
 

@@ -1,4 +1,4 @@
-"""`objtrain corrupt` and its library (objtrain.objectives.inspect): sources, alignment, attention, stats."""
+"""`objtrain corrupt` and its library (objtrain.views.corrupt): sources, alignment, attention, stats."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ from objtrain.cli import app
 from objtrain.data.tokenize import TokenizeConfig, tokenize_corpus
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
-from objtrain.objectives import inspect, registry
+from objtrain.objectives import registry
 from objtrain.objectives.registry import build_objective
 from objtrain.specials import Specials
+from objtrain.views import corrupt as shown
 
 runner = CliRunner()
 
@@ -59,17 +60,17 @@ def jsonl(*args: str) -> list[dict]:
 
 def test_rows_from_documents_concatenates_with_eos_and_tracks_documents(specials: Specials) -> None:
     a, b, c, d, e, f = range(300, 306)
-    tokens, docs = inspect.rows_from_documents([[a, b], [c], [d, e, f]], 3, 10, specials)
+    tokens, docs = shown.rows_from_documents([[a, b], [c], [d, e, f]], 3, 10, specials)
     E = specials.eos
     assert tokens.tolist() == [[a, b, E], [c, E, d], [e, f, E]]
     assert docs.tolist() == [[0, 0, 0], [0, 0, 1], [0, 0, 0]]  # renumbered per row
-    tokens, docs = inspect.rows_from_documents([[a, b], [c]], 4, 10, specials)
+    tokens, docs = shown.rows_from_documents([[a, b], [c]], 4, 10, specials)
     assert tokens.tolist() == [[a, b, E, c], [E, specials.pad, specials.pad, specials.pad]]
     assert docs.tolist() == [[0, 0, 0, 1], [0, -1, -1, -1]]
-    tokens, _ = inspect.rows_from_documents([[a]], 100, 10, specials)
+    tokens, _ = shown.rows_from_documents([[a]], 100, 10, specials)
     assert tokens.tolist() == [[a, E]]  # shorter than a row: one row as long as the source
     with pytest.raises(UserError):
-        inspect.rows_from_documents([[]][:0], 4, 2, specials)
+        shown.rows_from_documents([[]][:0], 4, 2, specials)
 
 
 def _batch(docs: list[int], attention: str, prefix: list[int] | None = None) -> Batch:
@@ -86,7 +87,7 @@ def _batch(docs: list[int], attention: str, prefix: list[int] | None = None) -> 
 
 def test_attention_mask_golden_cases() -> None:
     """Hand-checked: two documents and padding, under each pattern."""
-    causal = inspect.attention_mask(_batch([0, 0, 1, 1, -1], "causal"))[0].int().tolist()
+    causal = shown.attention_mask(_batch([0, 0, 1, 1, -1], "causal"))[0].int().tolist()
     assert causal == [
         [1, 0, 0, 0, 0],
         [1, 1, 0, 0, 0],
@@ -94,7 +95,7 @@ def test_attention_mask_golden_cases() -> None:
         [0, 0, 1, 1, 0],
         [0, 0, 0, 0, 1],
     ]
-    bidir = inspect.attention_mask(_batch([0, 0, 1, 1, -1], "bidirectional"))[0].int().tolist()
+    bidir = shown.attention_mask(_batch([0, 0, 1, 1, -1], "bidirectional"))[0].int().tolist()
     assert bidir == [
         [1, 1, 0, 0, 0],
         [1, 1, 0, 0, 0],
@@ -103,7 +104,7 @@ def test_attention_mask_golden_cases() -> None:
         [0, 0, 0, 0, 1],
     ]
     # document 0: prefix of 2 then 1 target; document 1: prefix of 1 then 1 target
-    prefix = inspect.attention_mask(_batch([0, 0, 0, 1, 1], "prefix", [1, 1, 0, 1, 0]))[0].int().tolist()
+    prefix = shown.attention_mask(_batch([0, 0, 0, 1, 1], "prefix", [1, 1, 0, 1, 0]))[0].int().tolist()
     assert prefix == [
         [1, 1, 0, 0, 0],
         [1, 1, 0, 0, 0],
@@ -115,11 +116,11 @@ def test_attention_mask_golden_cases() -> None:
 
 def test_downsampled_grid_is_the_share_of_allowed_pairs() -> None:
     causal = torch.ones(10, 10, dtype=torch.bool).tril()
-    grid = inspect.downsample_mask(causal, 4)  # blocks of 2, 3, 3, 2 positions
+    grid = shown.downsample_mask(causal, 4)  # blocks of 2, 3, 3, 2 positions
     assert torch.allclose(grid.diagonal(), torch.tensor([3 / 4, 6 / 9, 6 / 9, 3 / 4]))
     below = torch.ones(4, 4, dtype=torch.bool).tril(-1)
     assert (grid[below] == 1).all() and (grid[below.T] == 0).all()
-    assert torch.equal(inspect.downsample_mask(causal, 64), causal.float())  # small: unchanged
+    assert torch.equal(shown.downsample_mask(causal, 64), causal.float())  # small: unchanged
 
 
 def test_model_builds_the_same_mask_as_inspect() -> None:
@@ -130,7 +131,7 @@ def test_model_builds_the_same_mask_as_inspect() -> None:
         _batch([0, 0, 0, 1, 1, 1, -1], "prefix", [1, 0, 0, 1, 1, 0, 0]),
     ):
         model = attention.self_attention_mask(b.document_ids, b.attention, b.prefix_mask)[:, 0]
-        assert torch.equal(model, inspect.attention_mask(b))
+        assert torch.equal(model, shown.attention_mask(b))
 
 
 def test_alignment_of_span_corruption_counts_what_the_objective_did(
@@ -141,7 +142,7 @@ def test_alignment_of_span_corruption_counts_what_the_objective_did(
     objective = build_objective("span", tokenizer.specials, tokenizer=tokenizer)
     ids = tokenizer.encode(stdlib_texts[0])[:300]
     L = len(ids)
-    raw = inspect.RawRows(
+    raw = shown.RawRows(
         torch.tensor([ids]),
         torch.zeros(1, L, dtype=torch.long),
         torch.tensor([7]),
@@ -150,18 +151,18 @@ def test_alignment_of_span_corruption_counts_what_the_objective_did(
         "test",
     )
     batch = objective(raw.tokens, raw.document_ids, raw.row_index, 0)
-    view = inspect.align_row(batch, 0, raw, 0)
+    view = shown.align_row(batch, 0, raw, 0)
     assert view.original == ids
     assert view.stats["deleted"] == batch.stats["noise_tokens"]
     assert view.stats["sentinel"] == batch.stats["spans"]
-    kept = [c.original for c in view.cells if c.original is not None and c.original_kind == inspect.KEPT]
+    kept = [c.original for c in view.cells if c.original is not None and c.original_kind == shown.KEPT]
     assert len(kept) == L - batch.stats["noise_tokens"]
 
 
 def test_alignment_of_masked_lm_is_positional(tokenizer: Tokenizer) -> None:
     objective = build_objective("mlm", tokenizer.specials, tokenizer=tokenizer)
     ids = tokenizer.encode("for i in range(10):\n    print(i * i)\n" * 6)
-    raw = inspect.RawRows(
+    raw = shown.RawRows(
         torch.tensor([ids]),
         torch.zeros(1, len(ids), dtype=torch.long),
         torch.tensor([0]),
@@ -170,12 +171,12 @@ def test_alignment_of_masked_lm_is_positional(tokenizer: Tokenizer) -> None:
         "test",
     )
     batch = objective(raw.tokens, raw.document_ids, raw.row_index, 3)
-    view = inspect.align_row(batch, 0, raw, 0)
+    view = shown.align_row(batch, 0, raw, 0)
     assert len(view.cells) == len(ids)
-    masked = [i for i, c in enumerate(view.cells) if c.input_kind == inspect.MASKED]
+    masked = [i for i, c in enumerate(view.cells) if c.input_kind == shown.MASKED]
     assert masked == (batch.input_ids[0] == tokenizer.specials.mask).nonzero().squeeze(1).tolist()
     for c in view.cells:
-        if c.input_kind in (inspect.MASKED, inspect.REPLACED):
+        if c.input_kind in (shown.MASKED, shown.REPLACED):
             assert c.target == c.original  # the label is the original token
         if c.target is not None and c.target != IGNORE:
             assert c.original == c.target
@@ -192,7 +193,7 @@ def test_list_shows_every_objective_and_survives_a_missing_one(monkeypatch: pyte
         assert name in out
     ghost = next(line for line in out.splitlines() if "ghost" in line)
     assert "unavailable" in ghost
-    infos = {i.name: i for i in inspect.list_objectives()}
+    infos = {i.name: i for i in shown.list_objectives()}
     assert not infos["ghost"].available
     assert infos["mlm"].available and infos["mlm"].model_kinds == ("encoder",)
     assert infos["mlm"].defaults["selection_rate"] == 0.15
@@ -312,7 +313,7 @@ def test_packed_store_rows_are_read_as_packed(corpus: dict, tmp_path: Path) -> N
     pack = pytest.importorskip("objtrain.data.pack", reason="objtrain.data.pack is not available")
     packed = tmp_path / "packed"
     pack.pack_store(corpus["store"], packed, pack.PackConfig(seq_len=65))
-    assert inspect.packed_row_length(packed) == 65
+    assert shown.packed_row_length(packed) == 65
     rows = jsonl(str(packed), "--objective", "clm", "--n", "2")  # --seq-len from the rows: 64
     assert len(rows) == 2
     assert all(len(r["input"]) <= 64 for r in rows)

@@ -1,0 +1,52 @@
+"""`ModelConfig`: the one dataclass every model kind is built from. A module of its own so imports run one
+way: the zoo and the three model kinds import it; it imports none of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from objtrain.batch import MODEL_KINDS, ModelKind
+
+
+@dataclass
+class ModelConfig:
+    kind: ModelKind = "decoder"
+    vocab_size: int = 0  # 0 = take it from the tokenizer/store at build time
+    d_model: int = 256  # residual width D
+    n_layer: int = 4  # decoder-only / encoder layers (encdec: encoder side)
+    n_decoder_layer: int = 0  # encdec decoder layers; 0 = same as n_layer
+    n_head: int = 4  # head width D / n_head must be even (rotary pairs)
+    d_ff: int = 0  # SwiGLU hidden width; 0 = 8/3 * D rounded up to a multiple of 64 (Llama)
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-6
+    dropout: float = 0.0
+    init_std: float = 0.02
+    mtp_heads: int = 1  # decoder: n future-token heads (1 = plain next-token model); head 1 is the last layer
+    n_segments: int = 0  # encoder: segment (sentence A/B) embeddings; 0 = none
+    n_classes: int = 0  # encoder: pooled classification head outputs (2 for NSP/SOP); 0 = no head
+
+    def __post_init__(self) -> None:
+        if self.kind not in MODEL_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(MODEL_KINDS)}, got {self.kind!r}")
+        if self.d_model % self.n_head or (self.d_model // self.n_head) % 2:
+            raise ValueError(f"d_model {self.d_model} must split into {self.n_head} heads of even width")
+        if min(self.d_model, self.n_layer, self.n_head, self.mtp_heads) < 1:
+            raise ValueError("d_model, n_layer, n_head and mtp_heads must be positive")
+        if self.mtp_heads > 1 and self.kind != "decoder":
+            raise ValueError("mtp_heads > 1 needs a decoder model")
+        if (self.n_segments or self.n_classes) and self.kind != "encoder":
+            raise ValueError("n_segments and n_classes are for encoder models")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def ffn_dim(self) -> int:
+        if self.d_ff:
+            return self.d_ff
+        return -(-(8 * self.d_model // 3) // 64) * 64
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.n_decoder_layer or self.n_layer
