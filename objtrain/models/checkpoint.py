@@ -37,7 +37,8 @@ from torch import Tensor, nn
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.io import atomic_dir, atomic_file, read_json, write_json
-from objtrain.models.zoo import ModelConfig, build_model, config_from_dict, config_to_dict
+from objtrain.models.config import ModelConfig
+from objtrain.models.zoo import build_model, config_from_dict, config_to_dict
 from objtrain.specials import Specials
 
 FORMAT_VERSION = 1
