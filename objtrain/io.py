@@ -5,9 +5,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,32 +21,101 @@ def _umask() -> int:
     return mask
 
 
-def check_output_free(path: Path, force: bool) -> None:
-    """Refuse to overwrite an existing output unless `force`: nothing the user had is lost by accident."""
+def check_output_free(path: Path, force: bool, inputs: Iterable[Path] = ()) -> None:
+    """Refuse to overwrite an existing output unless `force`, and refuse outright an output that would
+    replace the current directory, one of its parents, or an input (or a directory holding one):
+    nothing the user had is lost by accident."""
+    path = Path(path)
+    target = path.resolve()
+    cwd = Path.cwd().resolve()
+    if target == cwd or target in cwd.parents:
+        what = "the current directory" if target == cwd else "a parent of the current directory"
+        raise UserError(f"output {path} is {what}: name a new directory, e.g. -o runs/out")
+    for source in inputs:
+        source = Path(source).resolve()
+        if target == source or target in source.parents:
+            raise UserError(f"output {path} would replace the input {source}: name a new directory")
     if path.exists() and not force:
         raise UserError(f"{path} already exists (pass --force to replace it)")
+
+
+# Temporaries are named `.NAME.PID-RANDOM.tmp` beside NAME: a later run into the same output recognises
+# those of a process that no longer runs (killed with SIGKILL, power loss) and removes them.
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name}.{os.getpid()}-"
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _remove(path: Path) -> None:
+    """Delete a file, link or directory tree; gone already is fine."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def clean_stale(path: Path) -> list[Path]:
+    """Remove what an interrupted earlier write of `path` left beside it, and return what was removed.
+
+    A dead process's temporaries go. `.NAME.old` is the previous output moved aside by a replace that was
+    cut between its two renames: if NAME is missing, it is put back (nothing the user had is lost);
+    if NAME is there, the replace finished and the old copy goes.
+    """
+    path = Path(path)
+    parent = path.parent
+    if not path.name or not parent.is_dir():
+        return []
+    pattern = re.compile(rf"^\.{re.escape(path.name)}\.(\d+)-[A-Za-z0-9_]+\.tmp$")
+    removed = []
+    for entry in parent.iterdir():
+        match = pattern.match(entry.name)
+        if match and not _pid_alive(int(match.group(1))):
+            _remove(entry)
+            removed.append(entry)
+    old = parent / f".{path.name}.old"
+    if old.exists() or old.is_symlink():
+        if path.exists() or path.is_symlink():
+            _remove(old)
+            removed.append(old)
+        else:
+            os.replace(old, path)
+    return removed
 
 
 @contextlib.contextmanager
 def atomic_dir(path: Path, force: bool = False) -> Iterator[Path]:
     """Yield a temporary sibling directory; on success it replaces `path`, on failure it is removed."""
     path = Path(path)
+    clean_stale(path)
     check_output_free(path, force)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent))
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; outputs get the user's usual permissions
     try:
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if path.exists():
-        # Move the old output aside first so a crash between the two renames loses nothing.
+    if path.exists() or path.is_symlink():
+        # Move the old output aside first so a crash between the two renames loses nothing
+        # (clean_stale puts it back). The old output may be a file or a link: --force replaces only it.
         old = path.with_name(f".{path.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
+        _remove(old)
         os.replace(path, old)
         os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
+        _remove(old)
     else:
         os.replace(tmp, path)
 
@@ -55,7 +125,8 @@ def atomic_file(path: Path, mode: str = "wb") -> Iterator[Any]:
     """Open a temporary sibling of `path` for writing; fsync and rename it into place on success."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    clean_stale(path)
+    fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
     try:
         os.chmod(tmp_name, 0o666 & ~_umask())  # mkstemp makes 0600
         with os.fdopen(fd, mode) as handle:

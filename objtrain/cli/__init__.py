@@ -1,14 +1,60 @@
-"""The `objtrain` command line: thin glue over library functions, one module per subcommand."""
+"""The `objtrain` command line: thin glue over library functions, one module per subcommand.
+
+`main()` owns how every command ends: bad input is one line and exit 2 (UserError, usage errors),
+Ctrl-C is one line and exit 130, a closed pipe (`objtrain corrupt ... | head`) ends quietly with exit 0.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
 import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import typer
-from rich.console import Console
+from typer.main import get_command
 
-from objtrain.cli import compare, corrupt, evaluate, generate, pack, tokenize, train
+import objtrain
+from objtrain.cli import common, compare, corrupt, evaluate, generate, pack, tokenize, train
 from objtrain.errors import UserError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Interrupted(BaseException):
+    """Ctrl-C inside a command, carried past click (which would turn it into a silent exit 130)."""
+
+
+class _PipeClosed(BaseException):
+    """The reader of stdout went away (`| head`): not an error."""
+
+
+def _guarded(fn: F) -> F:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            raise _Interrupted from None
+        except BrokenPipeError:
+            raise _PipeClosed from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _version(value: bool) -> None:
+    if value:
+        import platform
+
+        import torch
+
+        print(
+            f"objtrain {objtrain.__version__} (torch {torch.__version__}, Python {platform.python_version()})"
+        )
+        raise typer.Exit()
+
 
 app = typer.Typer(
     name="objtrain",
@@ -18,24 +64,65 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-app.command("tokenize")(tokenize.run)
-app.command("pack")(pack.run)
-app.command("corrupt")(corrupt.run)
-app.command("train")(train.run)
-app.command("eval")(evaluate.run)
-app.command("compare")(compare.run)
-app.command("generate")(generate.run)
-
-err_console = Console(stderr=True)
 
 
-def main() -> None:
-    """Entry point: bad input becomes one line on stderr and exit code 2, never a traceback."""
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", help="Print the version and exit.", is_eager=True, callback=_version
+    ),
+) -> None:
+    """Pre-train language models with every major pre-training objective, and compare them honestly."""
+
+
+app.command("tokenize")(_guarded(tokenize.run))
+app.command("pack")(_guarded(pack.run))
+app.command("corrupt")(_guarded(corrupt.run))
+app.command("train")(_guarded(train.run))
+app.command("eval")(_guarded(evaluate.run))
+app.command("compare")(_guarded(compare.run))
+app.command("generate")(_guarded(generate.run))
+
+
+def command() -> Any:
+    """The click command behind `app`, with on/off options shown as plain flags in --help."""
+    root = get_command(app)
+    stack = [root]
+    while stack:
+        cmd = stack.pop()
+        helper = cmd.get_help_option(typer.Context(cmd))  # made on first use, then cached
+        for param in [*cmd.params, *([helper] if helper is not None else [])]:
+            if getattr(param, "is_flag", False):
+                param.metavar = ""  # typer would show `--force <bool>` for a flag that takes no value
+        stack.extend(getattr(cmd, "commands", {}).values())
+    return root
+
+
+def _quiet_stdout() -> None:
+    """After a closed pipe, point stdout at /dev/null so the interpreter's final flush stays silent."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: bad input is one line on stderr and exit 2, Ctrl-C one line and exit 130.
+
+    Usage errors are typer's own (exit 2); everything a command raises arrives here past typer, which
+    only ever ends by SystemExit.
+    """
+    err = common.make_console(stderr=True)
     try:
-        app()
+        try:
+            command()(args=argv, prog_name="objtrain")
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, inside the handlers below
     except UserError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True, markup=True)
         sys.exit(2)
-    except KeyboardInterrupt:
-        err_console.print("[bold red]interrupted[/]")
+    except (_Interrupted, KeyboardInterrupt):
+        err.print(f"[bold red]{common.interrupted_message()}[/]", highlight=False, soft_wrap=True)
         sys.exit(130)
+    except (_PipeClosed, BrokenPipeError):
+        _quiet_stdout()
+        sys.exit(0)

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from objtrain.cli.common import make_console
 from objtrain.data.pack import PackConfig, PackSummary, pack_store
 from objtrain.data.store import SPLITS
 
@@ -57,7 +58,7 @@ def run(
     splits = SPLITS if split == "all" else (split,)
     config = PackConfig(seq_len=seq_len, mode=mode, seed=seed, splits=splits)  # type: ignore[arg-type]
     summary = pack_store(store, output, config, force=force)
-    print_summary(Console(), summary)
+    print_summary(make_console(), summary)
 
 
 # Paragraphs rewrapped to the terminal by rich: join their lines.

@@ -10,6 +10,7 @@ from rich import progress as rp
 from rich.console import Console
 from rich.table import Table
 
+from objtrain.cli.common import make_console
 from objtrain.data.tokenize import Progress, TokenizeConfig, TokenizeSummary, tokenize_corpus
 
 HELP = """Tokenize a corpus into a token store (train and valid splits, memory-mapped).
@@ -39,6 +40,7 @@ class RichProgress(Progress):
             rp.TimeRemainingColumn(),
             console=console,
             transient=True,
+            disable=not console.is_terminal,  # piped: no bar, and no stray empty line on stderr
         )
         self.task: rp.TaskID | None = None
         self.in_bytes = False
@@ -143,8 +145,8 @@ def run(
         seed=seed,
         num_threads=threads,
     )
-    console = Console()
-    progress = RichProgress(Console(stderr=True))
+    console = make_console()
+    progress = RichProgress(make_console(stderr=True))
     with progress.bar:
         summary = tokenize_corpus(inputs or [], output, config, force=force, progress=progress)
     print_summary(console, summary)

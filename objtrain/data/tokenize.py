@@ -360,7 +360,8 @@ def tokenize_corpus(
     progress = progress or Progress()
     output = Path(output)
     _check_config(config, inputs)
-    check_output_free(output, force)
+    extra = [config.tokenizer] if config.tokenizer is not None else []
+    check_output_free(output, force, inputs=[*inputs, *extra])
     start = time.perf_counter()
     sources, skipped = collect_sources(inputs, config, progress, output)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 from collections.abc import Iterable, Iterator
 from functools import cached_property
 from pathlib import Path
@@ -67,19 +68,29 @@ def train_sentencepiece(
             minloglevel=2,
         )
     except RuntimeError as exc:
-        message = str(exc).strip().splitlines()[-1] if str(exc).strip() else "training failed"
-        if "smaller than required_chars" in message:
-            raise UserError(
-                f"--vocab-size {vocab_size} is too small for the characters of this corpus ({message}); "
-                "use a larger vocabulary"
-            ) from None
-        if "Vocabulary size too high" in message or "vocab_size" in message:
-            raise UserError(
-                f"--vocab-size {vocab_size} is larger than this corpus supports ({message}); "
-                "use a smaller vocabulary or more text"
-            ) from None
-        raise UserError(f"tokenizer training failed: {message}") from None
+        raise UserError(_training_error(str(exc), vocab_size)) from None
     return model.getvalue()
+
+
+def _training_error(text: str, vocab_size: int) -> str:
+    """sentencepiece's `INTERNAL: src/...cc(744) [...]` failures, said in plain words with the size to use."""
+    too_high = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", text)
+    if too_high:
+        largest = int(too_high.group(2))
+        return (
+            f"--vocab-size {vocab_size} is more than this corpus can fill: the largest vocabulary it "
+            f"supports is {largest}; pass --vocab-size {largest} or less, or give more text"
+        )
+    too_small = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", text)
+    if too_small:
+        needed = int(too_small.group(2))
+        return (
+            f"--vocab-size {vocab_size} is too small for the distinct characters of this corpus: "
+            f"pass --vocab-size {needed} or more"
+        )
+    last = text.strip().splitlines()[-1] if text.strip() else "unknown reason"
+    last = re.sub(r"^INTERNAL: \S+\(\d+\) \[[^\]]*\]\s*", "", last)  # the library's source location
+    return f"tokenizer training failed: {last}"
 
 
 class Tokenizer:

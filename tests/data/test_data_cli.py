@@ -119,7 +119,7 @@ def test_vocabulary_larger_than_corpus(cli: Cli, tmp_path: Path) -> None:
     path.write_text("a tiny corpus with few words\n" * 20)
     out = tmp_path / "s"
     assert_refused(cli("tokenize", path, "--vocab-size", "5000", "--valid-fraction", "0", "-o", out),
-                   "larger than this corpus supports", out)  # fmt: skip
+                   "the largest vocabulary it supports is", out)  # fmt: skip
 
 
 def test_seq_len_too_small(cli: Cli, tmp_path: Path, corpus_dir: Path, model_file: Path) -> None:

@@ -1,0 +1,71 @@
+"""Conventions every `objtrain` command shares: consoles, output formats, progress, interrupts.
+
+- `--format text|json|jsonl` everywhere: text for people, json one document, jsonl one object per line.
+- Output to a terminal is laid out for its width; piped or redirected output is never wrapped, and
+  progress displays stay off (nothing but results on stdout, nothing stray on stderr).
+- Ctrl-C ends a command with one line and exit 130: `interrupted; nothing was written` unless the
+  command says what it kept (`interrupt_note`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TextIO
+
+from rich import progress as rp
+from rich.console import Console
+
+from objtrain.errors import UserError, did_you_mean
+
+FORMATS = ("text", "json", "jsonl")
+# Piped output is not wrapped: rich lays it out for a console this wide, and tables take what they need.
+UNWRAPPED_WIDTH = 1_000_000
+
+_note = {"interrupt": "interrupted; nothing was written"}
+
+
+def interrupt_note(message: str) -> None:
+    """What the one line after Ctrl-C says for the running command (e.g. what it kept)."""
+    _note["interrupt"] = message
+
+
+def interrupted_message() -> str:
+    return _note["interrupt"]
+
+
+def is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def make_console(stderr: bool = False, **kwargs: object) -> Console:
+    """A rich console on stdout (or stderr): the terminal's width on a TTY, no wrapping when piped
+    (unless COLUMNS is set, as a user asking for a width)."""
+    stream = sys.stderr if stderr else sys.stdout
+    if not is_terminal(stream) and "COLUMNS" not in os.environ and "width" not in kwargs:
+        kwargs["width"] = UNWRAPPED_WIDTH
+    return Console(stderr=stderr, **kwargs)  # type: ignore[arg-type]
+
+
+def check_format(value: str, allowed: tuple[str, ...] = FORMATS) -> str:
+    """`--format` checked against the shared vocabulary (case-insensitively)."""
+    folded = value.lower()
+    if folded in allowed:
+        return folded
+    raise UserError(
+        f"--format must be one of {', '.join(allowed)}, got {value!r}{did_you_mean(value, allowed)}"
+    )
+
+
+def progress_bar(*columns: rp.ProgressColumn | str, transient: bool = True) -> rp.Progress:
+    """A progress display on stderr, shown only when stderr is a terminal."""
+    console = make_console(stderr=True)
+    return rp.Progress(
+        *(columns or rp.Progress.get_default_columns()),
+        console=console,
+        transient=transient,
+        disable=not console.is_terminal,
+    )

@@ -1,0 +1,89 @@
+"""Ctrl-C and closed pipes, through the real entry point in a subprocess (`python -m objtrain`)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from newcomer_helpers import objtrain_cmd, subprocess_env
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to time the signal")
+
+STDLIB_RUN = (
+    "tokenize",
+    "--corpus",
+    "stdlib",
+    "--vocab-size",
+    "1000",
+    "--train-bytes",
+    "200000",
+    "--threads",
+    "1",
+)
+
+
+def _loading_torch(pid: int) -> bool:
+    """The process is importing torch (its shared library is mapped): past the interpreter's own start-up,
+    inside objtrain's, where a Ctrl-C used to print a KeyboardInterrupt traceback."""
+    try:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def _wait_for(condition, proc: subprocess.Popen, what: str, limit: float = 120) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert proc.poll() is None, f"ended before {what}"
+        assert time.monotonic() < deadline, f"never reached {what}"
+        time.sleep(0.01)
+
+
+def _interrupt(proc: subprocess.Popen) -> tuple[int, str]:
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+def _assert_one_interrupted_line(code: int, err: str) -> None:
+    assert code == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.strip().splitlines() == ["interrupted; nothing was written"], repr(err)
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_start_up(tmp_path: Path) -> None:
+    out = tmp_path / "store"
+    proc = subprocess.Popen(objtrain_cmd(*STDLIB_RUN, "-o", out), env=subprocess_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    _wait_for(lambda: _loading_torch(proc.pid), proc, "objtrain's imports")
+    _assert_one_interrupted_line(*_interrupt(proc))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_writing_removes_the_temporary(tmp_path: Path) -> None:
+    out = tmp_path / "store"
+    proc = subprocess.Popen(objtrain_cmd(*STDLIB_RUN, "-o", out), env=subprocess_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    _wait_for(lambda: any(p.name.endswith(".tmp") for p in tmp_path.iterdir()), proc, "the encoding phase")
+    _assert_one_interrupted_line(*_interrupt(proc))
+    assert list(tmp_path.iterdir()) == []  # neither the store nor its temporary
+
+
+def test_closed_pipe_ends_quietly(small_store: Path) -> None:
+    proc = subprocess.Popen(
+        objtrain_cmd("corrupt", small_store, "--objective", "span", "--format", "jsonl", "--n", "300"),
+        env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()
+    assert first.startswith(b"{")
+    proc.stdout.close()  # `| head -1`
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert err == ""
