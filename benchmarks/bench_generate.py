@@ -1,15 +1,17 @@
 """Decoding speed: KV cache vs recomputation, and self-speculative decoding with MTP heads.
 
 1. tokens/s of greedy decoding with and without the KV cache (random-init decoder; speed only).
-2. Self-speculative decoding: there is no training loop in objtrain yet, so this script trains a tiny
-   n=4 MTP decoder itself with a minimal loop (AdamW, a few hundred steps on tokens of the Python
-   standard library's source, using the trunk/heads split for MTP's sequential backward), then
-   measures the draft acceptance rate, tokens per forward, and the wall-clock speed-up of speculative
-   over plain greedy decoding (both with the KV cache; outputs checked identical). Held-out prompts
-   come from standard-library modules not used for training.
+2. Self-speculative decoding: the draft acceptance rate, tokens per forward, and the wall-clock speed-up
+   of speculative over plain greedy decoding (both with the KV cache; outputs checked identical). The
+   MTP model is either a checkpoint trained by `objtrain train --objective mtp` (--checkpoint; prompts
+   from the valid split of its store, --store, default the embedded standard-library store) or, without
+   one, a tiny n=4 MTP decoder this script trains with a minimal loop (AdamW, a few hundred steps on
+   the Python standard library's source; prompts from modules left out of its training text).
 
     .venv/bin/python benchmarks/bench_generate.py
     .venv/bin/python benchmarks/bench_generate.py --steps 400 --json out.json
+    .venv/bin/objtrain train --objective mtp --model tiny --seq-len 128 --time 300 -o runs/mtp4
+    .venv/bin/python benchmarks/bench_generate.py --skip-cache --checkpoint runs/mtp4
 """
 
 from __future__ import annotations
@@ -147,14 +149,49 @@ def train_mtp(args: argparse.Namespace) -> tuple[Decoder, Tokenizer, dict[str, A
     return model.eval(), tokenizer, info
 
 
-def speculative_benchmark(args: argparse.Namespace) -> dict[str, Any]:
-    print(f"training a tiny n={args.heads} MTP decoder for {args.steps} steps (minimal loop in this script)")
-    model, tokenizer, info = train_mtp(args)
-    prompts = []
-    for name in HELD_OUT:
-        ids = tokenizer.encode((STDLIB / name).read_text(encoding="utf-8"))
+def trained_mtp(args: argparse.Namespace) -> tuple[Decoder, list[list[int]], dict[str, Any]]:
+    """The checkpoint's model, and prompts from the valid split of the store it was trained on."""
+    from objtrain.data.default import default_store
+    from objtrain.models.checkpoint import load_checkpoint
+    from objtrain.training.data import DataSource
+
+    ckpt = load_checkpoint(Path(args.checkpoint))
+    model: Decoder = ckpt.model  # type: ignore[assignment]
+    if ckpt.config.kind != "decoder" or ckpt.config.mtp_heads < 2:
+        raise SystemExit(f"{args.checkpoint}: not an MTP decoder (mtp_heads {ckpt.config.mtp_heads})")
+    docs = DataSource(Path(args.store) if args.store else default_store()).documents("valid")
+    prompts: list[list[int]] = []
+    for d in range(len(docs)):
+        ids = docs.tokens[docs.offsets[d] : docs.offsets[d + 1]].tolist()
+        if len(ids) < args.prompt_len * args.prompts_per_file:
+            continue
         for start in range(0, len(ids) - args.prompt_len, len(ids) // args.prompts_per_file):
             prompts.append(ids[start : start + args.prompt_len])
+        if len(prompts) >= 6 * args.prompts_per_file:
+            break
+    info = {
+        "checkpoint": str(ckpt.path),
+        "heads": ckpt.config.mtp_heads,
+        "params": count_parameters(model),
+        "training": ckpt.training,
+    }
+    return model.eval(), prompts, info
+
+
+def speculative_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    if args.checkpoint:
+        model, prompts, info = trained_mtp(args)
+        print(f"MTP checkpoint {info['checkpoint']} (n={info['heads']}, trained by objtrain train)")
+    else:
+        print(
+            f"training a tiny n={args.heads} MTP decoder for {args.steps} steps (minimal loop in this script)"
+        )
+        model, tokenizer, info = train_mtp(args)
+        prompts = []
+        for name in HELD_OUT:
+            ids = tokenizer.encode((STDLIB / name).read_text(encoding="utf-8"))
+            for start in range(0, len(ids) - args.prompt_len, len(ids) // args.prompts_per_file):
+                prompts.append(ids[start : start + args.prompt_len])
     n_new = args.new_tokens
     plain_t, spec_t = [], []
     stats = gen.SpeculativeStats()
@@ -181,7 +218,8 @@ def speculative_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "speculative_tok_s": 1 / statistics.median(spec_t),
     }
     print(
-        f"speculative (n={args.heads}, {len(prompts)} held-out prompts): acceptance {stats.acceptance:.1%}, "
+        f"speculative (n={info['heads']}, {len(prompts)} held-out prompts): "
+        f"acceptance {stats.acceptance:.1%}, "
         f"{stats.tokens_per_forward:.2f} tokens/forward, {result['speculative_tok_s']:.0f} vs "
         f"{result['plain_tok_s']:.0f} tok/s greedy -> x{speedup:.2f} (target x1.8); "
         f"identical to greedy: {identical}",
@@ -206,6 +244,8 @@ def main() -> None:
     ap.add_argument("--corpus-bytes", type=int, default=3_000_000)
     ap.add_argument("--prompts-per-file", type=int, default=3)
     ap.add_argument("--skip-cache", action="store_true")
+    ap.add_argument("--checkpoint", default=None, help="an MTP run or checkpoint from `objtrain train`")
+    ap.add_argument("--store", default=None, help="its token store (prompts from the valid split)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
