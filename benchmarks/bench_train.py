@@ -338,16 +338,25 @@ def shapes_config(
     )
 
 
-def loop_step_times(cfg: Any, run_dir: Path) -> list[float]:
-    """Wall seconds between the loop's consecutive per-step records: everything the loop does per step."""
-    stamps: list[float] = []
+def loop_step_times(cfg: Any, run_dir: Path) -> tuple[list[float], list[float]]:
+    """(wall, CPU) seconds between the loop's consecutive per-step records: everything the loop does per
+    step. CPU time is this process's (the loader worker's own time is not in it); on a shared machine it
+    is far steadier than wall time."""
+    stamps: list[tuple[float, float]] = []
 
     def hook(record: dict[str, Any]) -> None:
         if record.get("split") != "val":
-            stamps.append(time.perf_counter())
+            stamps.append((time.perf_counter(), time.process_time()))
 
     run_loop(cfg, run_dir, hook)
-    return list(np.diff(stamps)[1:])  # the first interval still warms the allocator and the worker
+    wall, cpu = np.diff(np.array(stamps), axis=0)[1:].T  # the first interval still warms the worker
+    return list(wall), list(cpu)
+
+
+def bare_step(runner: Any) -> tuple[float, float]:
+    c0 = time.process_time()
+    wall = runner.step()
+    return wall, time.process_time() - c0
 
 
 def bare_runner(cfg: Any, run_dir: Path, n_batches: int) -> Any:
@@ -403,16 +412,27 @@ def bench_overhead(a: argparse.Namespace, work: Path, store: Path) -> dict[str, 
         runner.step()
         loop_t: list[float] = []
         bare_t: list[float] = []
+        loop_c: list[float] = []
+        bare_c: list[float] = []
         for r in range(a.rounds):  # A B A B
-            loop_t += loop_step_times(cfg, work / f"loop-{objective}-{r}")
-            bare_t += [runner.step() for _ in range(a.loop_steps - 2)]
+            wall, cpu = loop_step_times(cfg, work / f"loop-{objective}-{r}")
+            loop_t += wall
+            loop_c += cpu
+            for _ in range(a.loop_steps - 2):
+                wall_b, cpu_b = bare_step(runner)
+                bare_t.append(wall_b)
+                bare_c.append(cpu_b)
         tokens = a.ov_batch * a.ov_seq
         loop_tps, bare_tps = tokens / statistics.median(loop_t), tokens / statistics.median(bare_t)
+        cpu_ratio = statistics.median(bare_c) / statistics.median(loop_c)
         out[objective] = {
             "model_kind": kind,
             "loop_tokens_per_s": loop_tps,
             "bare_tokens_per_s": bare_tps,
             "ratio": loop_tps / bare_tps,
+            "loop_cpu_s_per_step": statistics.median(loop_c),
+            "bare_cpu_s_per_step": statistics.median(bare_c),
+            "cpu_ratio": cpu_ratio,
             "loop_step_s_quartiles": statistics.quantiles(loop_t, n=4),
             "bare_step_s_quartiles": statistics.quantiles(bare_t, n=4),
             "target_met": loop_tps / bare_tps >= 0.95,
@@ -422,7 +442,9 @@ def bench_overhead(a: argparse.Namespace, work: Path, store: Path) -> dict[str, 
             f"  {objective:5s} ({kind:7s}) loop {loop_tps:7,.0f} vs bare {bare_tps:7,.0f} tokens/s -> "
             f"x{loop_tps / bare_tps:.3f} (target x0.95: {'met' if out[objective]['target_met'] else 'NOT'}); "
             f"step quartiles loop {q_l[0]:.3f}/{q_l[1]:.3f}/{q_l[2]:.3f}s, "
-            f"bare {q_b[0]:.3f}/{q_b[1]:.3f}/{q_b[2]:.3f}s ({load_percent()})",
+            f"bare {q_b[0]:.3f}/{q_b[1]:.3f}/{q_b[2]:.3f}s; CPU time per step (this process) "
+            f"loop {statistics.median(loop_c):.3f}s vs bare {statistics.median(bare_c):.3f}s"
+            f" -> x{cpu_ratio:.3f} ({load_percent()})",
             flush=True,
         )
     return out
