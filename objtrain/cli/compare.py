@@ -1,10 +1,60 @@
-"""`objtrain compare`: objective comparison, coming in a later release."""
+"""`objtrain compare`: thin glue over `objtrain.compare` (experiment YAML -> arms -> report)."""
 
 from __future__ import annotations
 
-from objtrain.errors import UserError
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from objtrain.compare import load_experiment, plan_comparison, run_comparison, write_report
+from objtrain.compare.runner import Interrupted
+
+HELP = """Train several arms under one equal budget, evaluate them with the same suite, report side by side.
+
+Example: objtrain compare configs/experiments/objectives.yaml -o reports/objectives --budget tiny
+"""
 
 
-def run() -> None:
-    """Not available yet: objective comparison comes in a later release."""
-    raise UserError("`objtrain compare` is not available yet: objective comparison comes in a later release")
+def run(
+    experiment: Path = typer.Argument(..., help="An experiment YAML (see configs/experiments/)."),
+    output: Path = typer.Option(
+        ..., "--output", "-o", help="Report directory (arms train under REPORT/arms/)."
+    ),
+    budget: str = typer.Option(
+        None,
+        "--budget",
+        help="tiny (a smoke run), a name from the experiment's budgets:, or a number of tokens "
+        "(default: the experiment's own budget).",
+    ),
+    seeds: int = typer.Option(1, "--seeds", help="Train every arm with K seeds; report mean ± std."),
+    data: str = typer.Option(
+        None, "--data", help="Token or packed store for every arm, instead of the experiment's."
+    ),
+    resume: bool = typer.Option(False, "--resume", help="Continue REPORT: finished arms are kept."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing REPORT."),
+) -> None:
+    console = Console(stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty())
+    exp = load_experiment(experiment)
+    comparison = plan_comparison(
+        exp, output, budget, seeds, resume=resume, force=force, data=data, console=console
+    )
+    n = len(comparison.runs)
+    console.print(
+        f"[bold]{exp.name}[/]: {len(exp.arms)} arms x {len(comparison.seeds)} seed(s) = {n} runs, "
+        f"{comparison.budget.describe()} ({comparison.budget_name}), report in {output}"
+    )
+    try:
+        run_comparison(comparison, console=console)
+    except Interrupted as exc:
+        console.print(f"[bold red]interrupted:[/] {exc}")
+        raise typer.Exit(130) from None
+    out = Console(highlight=False)
+    if not out.is_terminal:
+        out = Console(highlight=False, width=200)  # a log or pipe gets the whole table, not a squeezed one
+    write_report(comparison, out)
+    console.print(f"report: {output / 'report.md'} (results.json and plots beside it)")
+
+
+run.__doc__ = HELP

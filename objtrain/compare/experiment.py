@@ -1,0 +1,209 @@
+"""An experiment: arms trained on the same data and seed under one equal budget, then evaluated alike.
+
+    name: objectives
+    question: Which objective teaches generation, which classification, at equal compute?
+    expect: CLM has the lowest bits per byte; the MLM encoder the best probe accuracy.
+    data: {store: null}                 # null = the embedded standard-library store
+    seed: 0
+    budget: {tokens: 2000000}           # tokens | flops | seconds: the control every arm shares
+    budgets: {quick: {tokens: 200000}}  # named alternatives for --budget NAME (`tiny` is built in)
+    train:                              # run settings shared by every arm (a TrainConfig without
+      batch: {seq_len: 128, batch_size: 16}  # data, seed and budget)
+    eval: {data: null, options: {}}     # what the suite scores: null = the store's valid split
+    arms:
+      - {name: clm, objective: clm, model: {kind: decoder, size: tiny}}
+      - {name: mlm, objective: {name: mlm, overrides: {selection_rate: 0.15}}, model: {kind: encoder}}
+
+Every key is read strictly (`objtrain.config.from_dict`); every arm is checked by the training loop's own
+`prepare` before anything is written, so a bad arm is refused before the first arm trains.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from objtrain.config import from_dict, load_yaml, merge, to_dict
+from objtrain.errors import UserError
+from objtrain.training.config import (
+    DataConfig,
+    ModelSection,
+    ObjectiveSection,
+    TrainConfig,
+    build_config,
+    config_dict,
+)
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# Experiment-level settings an arm's `train:` may not change: they are what makes the arms comparable.
+SHARED_ONLY = ("data", "seed", "budget")
+
+
+@dataclass
+class BudgetSpec:
+    """The one control every arm shares. `tokens` = model input positions (the default control)."""
+
+    tokens: int | None = None
+    flops: float | None = None  # training FLOPs, estimated per arm (6N + attention, see accounting)
+    seconds: float | None = None  # wall time of training steps
+
+    def __post_init__(self) -> None:
+        given = [v for v in (self.tokens, self.flops, self.seconds) if v is not None]
+        if len(given) != 1:
+            raise ValueError("a budget gives exactly one of tokens, flops or seconds")
+        if given[0] <= 0:
+            raise ValueError("a budget must be positive")
+
+    @property
+    def kind(self) -> str:
+        return "tokens" if self.tokens is not None else "flops" if self.flops is not None else "seconds"
+
+    @property
+    def value(self) -> float:
+        return float(getattr(self, self.kind))
+
+    def describe(self) -> str:
+        if self.kind == "tokens":
+            return f"{int(self.value):,} tokens an arm"
+        if self.kind == "flops":
+            return f"{self.value:.3g} training FLOPs an arm"
+        return f"{self.value:g} seconds of training an arm"
+
+
+# `--budget tiny`: a smoke run of the whole pipeline, well under a minute an arm on 2 CPU cores.
+TINY = BudgetSpec(tokens=8192)
+TINY_TRAIN = {"batch": {"batch_size": 8}, "validation": {"rows": 8}, "schedule": {"warmup": 2}}
+
+
+@dataclass
+class ArmSpec:
+    name: str
+    objective: ObjectiveSection
+    model: ModelSection = field(default_factory=ModelSection)
+    train: dict[str, Any] = field(default_factory=dict)  # this arm's run settings over the shared ones
+
+    def __post_init__(self) -> None:
+        if not NAME.match(self.name):
+            raise ValueError(f"arm name {self.name!r} must be letters, digits, '.', '_' or '-'")
+
+
+@dataclass
+class EvalSpec:
+    data: str | None = None  # store or text file the suite scores; None = the arms' store (valid split)
+    options: dict[str, Any] = field(default_factory=dict)  # passed to the suite as keyword arguments
+
+
+@dataclass
+class Experiment:
+    arms: list[ArmSpec]
+    name: str = ""
+    question: str = ""
+    expect: str = ""  # what the literature found, quoted in the report beside our result
+    data: DataConfig = field(default_factory=DataConfig)
+    seed: int = 0
+    budget: BudgetSpec = field(default_factory=lambda: BudgetSpec(tokens=1_000_000))
+    budgets: dict[str, BudgetSpec] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+    eval: EvalSpec = field(default_factory=EvalSpec)
+    source: str = ""  # the YAML it was read from
+
+    def __post_init__(self) -> None:
+        if not self.arms:
+            raise ValueError("an experiment needs at least one arm")
+        names = [a.name for a in self.arms]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"arm names must be unique; {dup[0]!r} is used twice")
+
+
+def load_experiment(path: Path) -> Experiment:
+    """Read and strictly check an experiment YAML (one clear `UserError` for any bad key or value)."""
+    data = load_yaml(Path(path))
+    exp = experiment_from_dict(data, where=Path(path).name)
+    exp.source = str(path)
+    if not exp.name:
+        exp.name = Path(path).stem
+    return exp
+
+
+def experiment_from_dict(data: dict[str, Any], where: str = "experiment") -> Experiment:
+    data = copy.deepcopy(data)
+    arms = data.get("arms")
+    if isinstance(arms, list):
+        for i, arm in enumerate(arms):
+            # `objective: clm` is short for `objective: {name: clm}`.
+            if isinstance(arm, dict) and isinstance(arm.get("objective"), str):
+                arm["objective"] = {"name": arm["objective"]}
+            if isinstance(arm, dict) and "objective" not in arm:
+                raise UserError(f"{where}: arms[{i}] names no objective")
+    exp = from_dict(Experiment, data, where=where)
+    for key in SHARED_ONLY:
+        if key in exp.train:
+            raise UserError(f"{where}: set {key!r} at the experiment's top level, not under train:")
+    for arm in exp.arms:
+        for key in (*SHARED_ONLY, "model", "objective"):
+            if key in arm.train:
+                raise UserError(
+                    f"{where}: arm {arm.name!r} sets {key!r} under train:; "
+                    + ("arms share it" if key in SHARED_ONLY else f"give it as the arm's own {key}:")
+                )
+    return exp
+
+
+def resolve_budget(exp: Experiment, budget: str | None) -> tuple[str, BudgetSpec]:
+    """`--budget`: None = the experiment's own; `tiny`; a name from `budgets:`; a number = tokens."""
+    if budget is None or budget == "default":
+        return "default", exp.budget
+    if budget in exp.budgets:
+        return budget, exp.budgets[budget]
+    if budget == "tiny":
+        return "tiny", TINY
+    try:
+        value = float(budget.replace("_", ""))
+    except ValueError:
+        known = ", ".join(["tiny", *exp.budgets])
+        raise UserError(f"--budget {budget!r} is not a number of tokens or a budget name ({known})") from None
+    if not math.isfinite(value) or value < 1 or value != int(value):
+        raise UserError(f"--budget {budget!r}: a number means tokens, a positive whole number")
+    return "tokens", BudgetSpec(tokens=int(value))
+
+
+def arm_config(
+    exp: Experiment,
+    arm: ArmSpec,
+    seed: int,
+    budget: dict[str, Any],
+    tiny: bool = False,
+    data: str | None = None,
+    defaults: dict[str, Any] | None = None,
+) -> TrainConfig:
+    """The arm's full `TrainConfig`: `defaults` (under everything), the shared settings, the arm's own,
+    then data, seed and the budget."""
+    quiet = merge({"logging": {"tensorboard": False, "sample": False}}, defaults or {})
+    base = merge(quiet, exp.train)
+    if tiny:
+        base = merge(base, TINY_TRAIN)
+    settings = merge(base, arm.train)
+    settings["objective"] = to_dict(arm.objective)
+    settings["model"] = to_dict(arm.model)
+    settings["data"] = to_dict(exp.data) if data is None else merge(to_dict(exp.data), {"store": data})
+    settings["seed"] = seed
+    settings["budget"] = budget
+    try:
+        return build_config(settings)
+    except UserError as exc:
+        raise UserError(f"arm {arm.name!r}: {exc}") from None
+
+
+def experiment_dict(exp: Experiment) -> dict[str, Any]:
+    out = to_dict(exp)
+    out.pop("source", None)
+    return out
+
+
+def resolved(cfg: TrainConfig) -> dict[str, Any]:
+    return config_dict(cfg)

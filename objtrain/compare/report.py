@@ -1,0 +1,432 @@
+"""The comparison's report: results.json, report.md, the terminal table and PNG plots (matplotlib, Agg).
+
+Two tables, as an ablation in a paper would have them: what each arm cost (parameters, tokens, FLOPs,
+seconds, tokens/s, peak memory) and what it learnt (the suite's metrics plus the training validation),
+each `mean ± std` over seeds. Per metric the best arm is bold and `≈` marks an arm the seeds cannot tell
+apart from it (`objtrain.compare.stats`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from objtrain.compare import suite
+from objtrain.compare.runner import Comparison, machine, metrics_records, plan_dict
+from objtrain.compare.stats import Summary, fmt, rank, summarise
+from objtrain.io import atomic_file, write_json
+
+# Metrics first in this order, then the rest alphabetically.
+ORDER = (
+    "bits_per_byte",
+    "val_bpb",
+    "loss",
+    "masked_accuracy",
+    "masked_loss",
+    "span_target_loss",
+    "span_target_accuracy",
+    "infill_exact_match",
+    "infill_exact_match_norm",
+    "infill_parse_rate",
+    "probe_accuracy",
+    "probe_mcc",
+    "objective_loss",
+    "val_loss",
+)
+COST = (
+    ("parameters", "params"),
+    ("tokens", "tokens"),
+    ("flops", "FLOPs"),
+    ("seconds", "train s"),
+    ("tokens_per_s", "tok/s"),
+    ("peak_memory_bytes", "peak MiB"),
+)
+MARK = "≈"
+
+
+def build_results(c: Comparison) -> dict[str, Any]:
+    """Everything the report says, as JSON: per arm its runs, cost and metrics over seeds; rankings."""
+    arms: list[dict[str, Any]] = []
+    per_metric: dict[str, dict[str, Summary]] = {}
+    for arm in c.experiment.arms:
+        runs = [c.results[r.key] for r in c.runs if r.arm.name == arm.name and r.key in c.results]
+        if not runs:
+            continue
+        first = runs[0]["train"]
+        values: dict[str, list[float]] = {}
+        for r in runs:
+            numbers = suite.numeric_metrics(r["eval"])
+            for key in ("val_loss", "val_bpb"):
+                if r["train"].get(key) is not None:
+                    numbers[key] = float(r["train"][key])
+            for key, value in numbers.items():
+                values.setdefault(key, []).append(value)
+        metrics = {k: summarise(v) for k, v in values.items()}
+        for k, s in metrics.items():
+            per_metric.setdefault(k, {})[arm.name] = s
+        cost = {k: summarise([float(r["train"][k]) for r in runs]) for k, _ in COST}
+        arms.append(
+            {
+                "name": arm.name,
+                "objective": arm.objective.name,
+                "objective_overrides": arm.objective.overrides,
+                "model_kind": first["model_kind"],
+                "model_size": first["model_size"],
+                "model_overrides": arm.model.overrides,
+                "seq_len": first["seq_len"],
+                "batch_size": first["batch_size"],
+                "steps": first["steps"],
+                "cost": {k: s.to_dict() for k, s in cost.items()},
+                "metrics": {k: metrics[k].to_dict() for k in _ordered(metrics)},
+                "runs": runs,
+            }
+        )
+    same_objective = len({json.dumps([a.objective.name, a.objective.overrides], sort_keys=True)
+                          for a in c.experiment.arms}) == 1  # fmt: skip
+    rankings: dict[str, Any] = {}
+    for metric in _ordered(per_metric):
+        direction = suite.direction(metric)
+        if (
+            direction == "info"
+            or (metric in suite.OWN_LOSSES and not same_objective)
+            or len(per_metric[metric]) < 2
+        ):
+            continue
+        r = rank(metric, per_metric[metric], lower=direction == "lower")
+        if r is not None:
+            rankings[metric] = {
+                "lower_is_better": r.lower_is_better,
+                "best": r.best,
+                "within_seed_spread": r.within_spread,
+                "gaps": r.gaps,
+            }
+    exp = c.experiment
+    return {
+        "experiment": {
+            "name": exp.name,
+            "question": exp.question,
+            "expect": exp.expect,
+            "source": exp.source,
+        },
+        "plan": plan_dict(c),
+        "budget": {"name": c.budget_name, "kind": c.budget.kind, "value": c.budget.value},
+        "seeds": c.seeds,
+        "evaluation": {
+            "suite": suite.available(),
+            "data": c.eval_data,
+            "options": c.eval_options,
+        },
+        "machine": machine(),
+        "wall_seconds": c.seconds,
+        "arms": arms,
+        "rankings": rankings,
+    }
+
+
+def _ordered(keys: Any) -> list[str]:
+    keys = list(keys)
+    head = [k for k in ORDER if k in keys]
+    return head + sorted(k for k in keys if k not in ORDER)
+
+
+def _cell(value: dict[str, Any], digits: int = 4) -> str:
+    s = Summary(
+        value["mean"] if value["mean"] is not None else float("nan"),
+        value["std"] if value["std"] is not None else float("nan"),
+        value["n"],
+        float("nan"),
+    )
+    return fmt(s, digits)
+
+
+def _cost_cell(key: str, value: dict[str, Any]) -> str:
+    mean = value["mean"]
+    if mean is None:
+        return "—"
+    if key == "parameters":
+        return f"{mean / 1e6:.2f}M"
+    if key == "tokens":
+        return f"{mean:,.0f}"
+    if key == "flops":
+        return f"{mean:.3g}"
+    if key == "peak_memory_bytes":
+        return f"{mean / 2**20:,.0f}"
+    text = f"{mean:,.1f}" if key == "seconds" else f"{mean:,.0f}"
+    if value["n"] > 1 and value["std"] is not None:
+        text += f" ± {value['std']:,.1f}" if key == "seconds" else f" ± {value['std']:,.0f}"
+    return text
+
+
+def metric_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the metrics table, with the best bold (`**`) and `≈` marks."""
+    metrics = _ordered({m for a in results["arms"] for m in a["metrics"]})
+    header = ["arm", *metrics]
+    rows = []
+    for arm in results["arms"]:
+        row = [arm["name"]]
+        for m in metrics:
+            v = arm["metrics"].get(m)
+            if v is None or not v["n"]:
+                row.append("—")
+                continue
+            text = _cell(v)
+            r = results["rankings"].get(m)
+            if r is not None and r["best"] == arm["name"]:
+                text = f"**{text}**"
+            elif r is not None and arm["name"] in r["within_seed_spread"]:
+                text = f"{text} {MARK}"
+            row.append(text)
+        rows.append(row)
+    return header, rows
+
+
+def cost_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    header = ["arm", "objective", "model", *(label for _, label in COST)]
+    rows = []
+    for arm in results["arms"]:
+        model = f"{arm['model_kind']} {arm['model_size']}"
+        rows.append(
+            [arm["name"], _objective_text(arm), model, *(_cost_cell(k, arm["cost"][k]) for k, _ in COST)]
+        )
+    return header, rows
+
+
+def _objective_text(arm: dict[str, Any]) -> str:
+    extra = ", ".join(f"{k}={v}" for k, v in arm["objective_overrides"].items())
+    return f"{arm['objective']} ({extra})" if extra else arm["objective"]
+
+
+def _data_text(results: dict[str, Any]) -> str:
+    if not results["arms"]:
+        return "—"
+    store = results["arms"][0]["runs"][0]["train"]["config"]["data"]["store"]
+    return f"`{store}`" if store else "the embedded standard library (Python source)"
+
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def markdown(results: dict[str, Any], plots: list[str]) -> str:
+    exp, m = results["experiment"], results["machine"]
+    n_seeds = len(results["seeds"])
+    out = [f"# Comparison: {exp['name']}", ""]
+    if exp["question"]:
+        out += [f"**Question.** {exp['question']}", ""]
+    if exp["expect"]:
+        out += [f"**What the literature found.** {exp['expect']}", ""]
+    header, rows = metric_rows(results)
+    out += ["## What each arm learnt", "", _markdown_table(header, rows), ""]
+    seeds_note = (
+        f"mean ± sample std over {n_seeds} seeds ({', '.join(map(str, results['seeds']))}); **bold** = best "
+        f"arm for the metric; {MARK} = its gap to the best is smaller than the seed spread (not resolved at "
+        f"this number of seeds, which is not the same as no difference)."
+        if n_seeds > 1
+        else f"one seed ({results['seeds'][0]}): no seed spread is known, so no gap is marked as resolved "
+        "or not; **bold** = best arm for the metric. Run with --seeds 3 or more to measure the spread."
+    )
+    out += [
+        seeds_note,
+        "Loss, perplexity and bits: lower is better; accuracies and rates: higher is better. `val_loss` is "
+        "each arm's own objective on its fixed validation rows, so it is ranked only when every arm trains "
+        "the same objective; `val_bpb` and `bits_per_byte` compare across objectives (left-to-right models "
+        "only).",
+        "",
+    ]
+    header, rows = cost_rows(results)
+    out += ["## What each arm cost", "", _markdown_table(header, rows), ""]
+    out += [
+        "FLOPs: estimated training FLOPs (6N per token plus attention, encoder and decoder counted apart). "
+        "Seconds and tokens/s are training steps only, measured in this one run on the machine below; "
+        "peak memory is the process's resident high-water mark (CPU) or the allocator's peak (GPU) during "
+        "the arm. Compare costs within one report, never across machines or runs.",
+        "",
+    ]
+    b = results["budget"]
+    budget_text = (
+        f"{b['value']:,.0f} tokens" if b["kind"] == "tokens" else
+        f"{b['value']:.3g} FLOPs" if b["kind"] == "flops" else f"{b['value']:g} seconds"
+    )  # fmt: skip
+    ev = results["evaluation"]
+    out += [
+        "## What was run",
+        "",
+        f"- Experiment: `{exp['source'] or exp['name']}`",
+        f"- Budget: {budget_text} an arm ({b['name']}; every arm under the same control)",
+        f"- Seeds: {', '.join(map(str, results['seeds']))} (a seed fixes init, data order and corruption; "
+        "seed k is shared by every arm)",
+        f"- Data: {_data_text(results)}",
+        "- Evaluation: "
+        + (
+            f"the `objtrain eval` suite on {ev['data'] or 'each run store valid split'}, options "
+            f"{json.dumps(ev['options'])}"
+            if ev["suite"]
+            else suite.describe_missing()
+        ),
+        f"- Wall time: {results['wall_seconds']:.0f} s for the whole comparison",
+        f"- Machine: {m.get('cpu') or m['platform']}, {m['cpu_count']} CPUs, {m['torch_threads']} torch "
+        f"threads, torch {m['torch']}, Python {m['python']}"
+        + (f", GPU {m['cuda']}" if m.get("cuda") else "")
+        + (f", load average {m['load_average']}" if m.get("load_average") else "")
+        + (f", objtrain {m['commit']}" if m.get("commit") else ""),
+        "",
+        "| arm | objective | model | seq_len x batch | steps | run |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm in results["arms"]:
+        runs = ", ".join(f"`{r['run_dir']}`" for r in arm["runs"])
+        overrides = ", ".join(f"{k}={v}" for k, v in arm["model_overrides"].items())
+        out.append(
+            f"| {arm['name']} | {_objective_text(arm)} | {arm['model_kind']} {arm['model_size']}"
+            f"{' (' + overrides + ')' if overrides else ''} | {arm['seq_len']} x {arm['batch_size']} | "
+            f"{arm['steps']} | {runs} |"
+        )
+    out += ["", "## Plots", ""]
+    out += [f"![{p}]({p})" for p in plots]
+    out += [
+        "",
+        "Each run is a normal training run: `objtrain eval RUN` and `objtrain generate RUN` work on it.",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def print_tables(results: dict[str, Any], console: Console) -> None:
+    for title, (header, rows) in (
+        ("what each arm learnt", metric_rows(results)),
+        ("what each arm cost", cost_rows(results)),
+    ):
+        table = Table(title=title, title_justify="left")
+        for i, h in enumerate(header):
+            table.add_column(h, justify="left" if i == 0 else "right")
+        for row in rows:
+            table.add_row(*(_rich(cell) for cell in row))
+        console.print(table)
+
+
+def _rich(cell: str) -> str:
+    if cell.startswith("**") and cell.endswith("**"):
+        return f"[bold]{cell[2:-2]}[/]"
+    return cell
+
+
+def curves(c: Comparison) -> dict[str, list[list[dict[str, Any]]]]:
+    """Validation records per arm (one list per seed), from each run's metrics.jsonl."""
+    out: dict[str, list[list[dict[str, Any]]]] = {}
+    for run in c.runs:
+        vals = [r for r in metrics_records(run.run_dir) if r.get("split") == "val"]
+        out.setdefault(run.arm.name, []).append(vals)
+    return out
+
+
+def plot(c: Comparison, results: dict[str, Any]) -> list[str]:
+    """Write the PNGs; returns their file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names: list[str] = []
+    data = curves(c)
+    colours = {a.name: f"C{i % 10}" for i, a in enumerate(c.experiment.arms)}
+    keys = [
+        k for k in ("val_loss", "val_bpb") if any(k in r for runs in data.values() for v in runs for r in v)
+    ]
+    for x_key, x_label, file in (
+        ("tokens", "tokens through the model", "val_loss_vs_tokens.png"),
+        ("wall_time", "training seconds", "val_loss_vs_seconds.png"),
+    ):
+        if not keys:
+            break
+        fig, axes = plt.subplots(1, len(keys), figsize=(6.0 * len(keys), 4.2), squeeze=False)
+        for ax, key in zip(axes[0], keys, strict=True):
+            for arm, runs in data.items():
+                first = True
+                for vals in runs:
+                    pts = [
+                        (r[x_key], r[key])
+                        for r in vals
+                        if r.get(key) is not None and r.get(x_key) is not None
+                    ]
+                    if not pts:
+                        continue
+                    xs, ys = zip(*pts, strict=True)
+                    alpha = 0.9 if len(runs) == 1 else 0.6
+                    label = arm if first else None
+                    ax.plot(xs, ys, marker="o", ms=3, color=colours[arm], alpha=alpha, label=label)
+                    first = False
+            ax.set_xlabel(x_label)
+            ax.set_ylabel(
+                "validation loss (each arm's own objective)"
+                if key == "val_loss"
+                else "validation bits per byte"
+            )
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.suptitle(f"{results['experiment']['name']}: validation against {x_label}")
+        fig.tight_layout()
+        _save(fig, c.report_dir / file)
+        plt.close(fig)
+        names.append(file)
+
+    metrics = _ordered({m for a in results["arms"] for m in a["metrics"]})
+    if metrics and results["arms"]:
+        cols = min(len(metrics), 3)
+        rows = math.ceil(len(metrics) / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows), squeeze=False)
+        for ax in axes.flat[len(metrics) :]:
+            ax.axis("off")
+        for ax, metric in zip(axes.flat, metrics, strict=False):
+            arms = [a for a in results["arms"] if metric in a["metrics"] and a["metrics"][metric]["n"]]
+            means = [a["metrics"][metric]["mean"] for a in arms]
+            stds = [a["metrics"][metric]["std"] or 0.0 for a in arms]
+            # Points with seed-std bars on an autoscaled axis: bars from zero would hide the gaps.
+            for i, a in enumerate(arms):
+                ax.errorbar(i, means[i], yerr=stds[i], fmt="o", ms=6, capsize=4, color=colours[a["name"]])
+                for r in a["runs"]:
+                    value = _run_value(r, metric)
+                    if value is not None and len(a["runs"]) > 1:
+                        ax.plot(i + 0.12, value, ".", color=colours[a["name"]], alpha=0.5)
+            ax.set_xlim(-0.6, len(arms) - 0.4)
+            ax.set_xticks(range(len(arms)), [a["name"] for a in arms], rotation=30, ha="right", fontsize=8)
+            better = suite.direction(metric)
+            ax.set_title(
+                f"{metric} ({better} is better)" if better in ("lower", "higher") else metric, fontsize=9
+            )
+            ax.grid(axis="y", alpha=0.3)
+        fig.suptitle(f"{results['experiment']['name']}: metrics per arm (mean; bars: seed std; dots: seeds)")
+        fig.tight_layout()
+        _save(fig, c.report_dir / "metrics.png")
+        plt.close(fig)
+        names.append("metrics.png")
+    return names
+
+
+def _run_value(run: dict[str, Any], metric: str) -> float | None:
+    value = run["eval"].get(metric, run["train"].get(metric))
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _save(fig: Any, path: Path) -> None:
+    with atomic_file(path, "wb") as handle:
+        fig.savefig(handle, format="png", dpi=110)
+
+
+def write_report(c: Comparison, console: Console | None = None) -> dict[str, Any]:
+    """results.json, the PNGs, then report.md (each written whole or not at all)."""
+    results = build_results(c)
+    plots = plot(c, results)
+    results["plots"] = plots
+    write_json(c.report_dir / "results.json", results)
+    with atomic_file(c.report_dir / "report.md", "w") as handle:
+        handle.write(markdown(results, plots))
+    if console is not None:
+        print_tables(results, console)
+    return results

@@ -1,0 +1,407 @@
+"""Run a comparison: check every arm, train each as a normal run under REPORT/arms/, evaluate, report.
+
+    REPORT/plan.json               what is being compared (experiment, budget, seeds): --resume checks it
+    REPORT/arms/NAME/              one `objtrain train` run per arm (NAME/seed-S/ with --seeds K > 1)
+    REPORT/results/NAME[.seed-S].json   that run's cost and metrics, written once it is trained and evaluated
+    REPORT/report.md, results.json, *.png
+
+Resume: a run with a results file is done; a run whose newest checkpoint is at its last step is trained
+(only evaluated again); any other run continues from its newest checkpoint through the training loop's
+own exact resume. Refusals (bad experiment, arms that disagree on data or tokenizer, an existing report)
+happen before the first file is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from objtrain.compare import suite
+from objtrain.compare.experiment import (
+    ArmSpec,
+    BudgetSpec,
+    Experiment,
+    arm_config,
+    experiment_dict,
+    resolve_budget,
+)
+from objtrain.compare.progress import ArmsProgress
+from objtrain.errors import UserError
+from objtrain.io import read_json, write_json
+from objtrain.models.zoo import build_model, count_parameters
+from objtrain.training import accounting
+from objtrain.training import checkpoint as ckpt
+from objtrain.training.config import TrainConfig, config_dict
+from objtrain.training.data import DocumentStream
+from objtrain.training.loop import Plan, prepare, train
+
+PLAN = "plan.json"
+
+
+class Interrupted(UserError):
+    """Ctrl-C or SIGTERM during an arm: its checkpoint is saved, finished arms are kept."""
+
+
+@dataclass
+class Run:
+    """One arm at one seed."""
+
+    arm: ArmSpec
+    seed: int
+    key: str  # NAME, or NAME.seed-S with several seeds
+    run_dir: Path
+    cfg: TrainConfig
+    plan: Plan
+    target_len: int | None  # decoder length of one encoder-decoder batch (FLOPs)
+    flops_per_step: float
+    steps: int | None  # None: fixed by timing a step (seconds budget)
+
+
+@dataclass
+class Comparison:
+    experiment: Experiment
+    report_dir: Path
+    budget_name: str
+    budget: BudgetSpec
+    seeds: list[int]
+    runs: list[Run]
+    tiny: bool
+    data: str | None
+    resume: bool
+    eval_data: str | None
+    eval_options: dict[str, Any]
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)  # run key -> results file contents
+    seconds: float = 0.0
+
+
+def plan_comparison(
+    exp: Experiment,
+    report_dir: Path,
+    budget: str | None = None,
+    seeds: int = 1,
+    resume: bool = False,
+    force: bool = False,
+    data: str | None = None,
+    console: Console | None = None,
+) -> Comparison:
+    """Every check, nothing written (the embedded store may be built once into the user's cache)."""
+    report_dir = Path(report_dir)
+    if seeds < 1:
+        raise UserError(f"--seeds must be at least 1, got {seeds}")
+    if report_dir.exists():
+        if not (resume or force):
+            raise UserError(
+                f"{report_dir} already exists (pass --resume to continue it or --force to replace it)"
+            )
+        if not report_dir.is_dir():
+            raise UserError(f"{report_dir} exists and is not a directory")
+        if any(report_dir.iterdir()) and not (report_dir / PLAN).is_file():
+            raise UserError(f"{report_dir} exists and is not a comparison report; choose another -o")
+    budget_name, spec = resolve_budget(exp, budget)
+    tiny = budget_name == "tiny"
+    seed_list = [exp.seed + k for k in range(seeds)]
+    eval_options = suite.options_for(exp.eval.options, tiny)
+    suite.check_options(eval_options)
+
+    runs: list[Run] = []
+    identity: tuple[str, str, str] | None = None  # (arm, data, tokenizer hash) of the first arm
+    scratch = Path(tempfile.gettempdir()) / "objtrain-compare-check-does-not-exist"
+    for seed in seed_list:
+        for arm in exp.arms:
+            key = arm.name if seeds == 1 else f"{arm.name}.seed-{seed}"
+            run_dir = report_dir / "arms" / arm.name / ("" if seeds == 1 else f"seed-{seed}")
+            cfg, plan, target_len, per_step, steps = _check_arm(
+                exp, arm, seed, spec, tiny, data, scratch, console
+            )
+            here = (arm.name, str(plan.source.path.resolve()), _tokenizer_hash(plan))
+            if identity is None:
+                identity = here
+            elif here[1:] != identity[1:]:
+                what = "tokenizer and data" if here[2] != identity[2] else "data"
+                raise UserError(
+                    f"arms disagree on {what}: {identity[0]!r} uses {identity[1]}, "
+                    f"{arm.name!r} uses {here[1]}; arms of one comparison train on the same store"
+                )
+            runs.append(Run(arm, seed, key, Path(run_dir), cfg, plan, target_len, per_step, steps))
+
+    comparison = Comparison(
+        exp, report_dir, budget_name, spec, seed_list, runs, tiny, data, resume, exp.eval.data, eval_options
+    )
+    if report_dir.exists() and resume and (report_dir / PLAN).is_file():
+        saved = read_json(report_dir / PLAN, "comparison plan")
+        now = plan_dict(comparison)
+        for key in ("experiment", "budget", "seeds", "data"):
+            if saved.get(key) != now[key]:
+                raise UserError(
+                    f"--resume: the {key} differs from the one {report_dir} was started with; "
+                    "use the same settings, another -o, or --force to start over"
+                )
+    return comparison
+
+
+def _check_arm(
+    exp: Experiment,
+    arm: ArmSpec,
+    seed: int,
+    spec: BudgetSpec,
+    tiny: bool,
+    data: str | None,
+    scratch: Path,
+    console: Console | None,
+) -> tuple[TrainConfig, Plan, int | None, float, int | None]:
+    """The arm's config and the loop's own checks; the budget turned into this arm's steps."""
+    # First pass with a placeholder budget: the plan gives seq_len, model and objective for the FLOPs.
+    cfg = arm_config(exp, arm, seed, {"steps": 1}, tiny, data)
+    try:
+        plan = prepare(cfg, scratch, console=console)
+    except UserError as exc:
+        raise UserError(f"arm {arm.name!r}: {exc}") from None
+    target_len = _target_len(plan)
+    rows = cfg.batch.batch_size
+    per_step = accounting.flops_per_step(plan.model_cfg, rows, plan.seq_len, target_len)
+    steps: int | None
+    if spec.kind == "tokens":
+        steps = max(math.ceil(spec.value / (rows * plan.seq_len)), 1)
+        budget: dict[str, Any] = {"tokens": int(spec.value)}
+    elif spec.kind == "flops":
+        steps = max(int(spec.value // per_step), 1)
+        budget = {"steps": steps}
+    else:
+        steps = None
+        budget = {"seconds": spec.value}
+    overrides: dict[str, Any] = {}
+    if "every" not in exp.train.get("validation", {}) and "every" not in arm.train.get("validation", {}):
+        # Enough validations for a loss curve: about eight points a run.
+        overrides["validation"] = {"every": max((steps or 80) // (4 if tiny else 8), 1)}
+    cfg = arm_config(exp, arm, seed, budget, tiny, data, defaults=overrides)
+    plan.cfg = cfg
+    return cfg, plan, target_len, per_step, steps
+
+
+def _target_len(plan: Plan) -> int | None:
+    """Decoder positions of an encoder-decoder batch, from two real corrupted rows (None otherwise)."""
+    if plan.model_cfg.kind != "encdec":
+        return None
+    docs = plan.source.documents("train")
+    stream = DocumentStream(docs, plan.source.specials.eos, plan.source.specials.pad, plan.cfg.seed)
+    index = torch.arange(2, dtype=torch.int64)
+    lengths = plan.objective.raw_lengths(plan.seq_len, index, plan.cfg.seed).numpy()
+    offsets = torch.tensor([0, int(lengths[0])]).numpy()
+    tokens, doc_ids = stream.rows(offsets, lengths, plan.objective.raw_length(plan.seq_len))
+    batch = plan.objective(tokens, doc_ids, index, plan.cfg.seed)
+    return int(batch.labels.size(1))
+
+
+def _tokenizer_hash(plan: Plan) -> str:
+    return hashlib.sha256(plan.source.tokenizer.model_proto).hexdigest()
+
+
+def plan_dict(c: Comparison) -> dict[str, Any]:
+    return {
+        "experiment": json.loads(json.dumps(experiment_dict(c.experiment))),
+        "budget": {"name": c.budget_name, c.budget.kind: c.budget.value},
+        "seeds": c.seeds,
+        "data": c.data,
+    }
+
+
+def run_comparison(
+    c: Comparison,
+    evaluator: suite.Evaluator | None = None,
+    console: Console | None = None,
+    show_progress: bool = True,
+) -> Comparison:
+    """Train and evaluate every run not done yet, then return with `results` filled (see the module doc)."""
+    console = console or Console(stderr=True, highlight=False)
+    evaluator = evaluator or suite.default_evaluator
+    started = time.perf_counter()
+    if c.report_dir.exists() and not c.resume:  # --force: every check has passed
+        shutil.rmtree(c.report_dir)
+    c.report_dir.mkdir(parents=True, exist_ok=True)
+    previous = read_json(c.report_dir / PLAN, "comparison plan") if (c.report_dir / PLAN).is_file() else {}
+    write_json(c.report_dir / PLAN, plan_dict(c) | {"seconds": float(previous.get("seconds", 0.0))})
+    progress = ArmsProgress(console, [(r.key, r.steps) for r in c.runs], enabled=show_progress)
+    try:
+        with progress:
+            for run in c.runs:
+                path = result_path(c.report_dir, run.key)
+                if path.is_file():
+                    c.results[run.key] = read_json(path, "arm result")
+                    progress.skip(run.key, "done")
+                    continue
+                finished = finished_checkpoint(run.run_dir)
+                if finished is None:
+                    progress.start(run.key)
+                    result = train(
+                        run.cfg,
+                        run.run_dir,
+                        resume=run.run_dir.exists(),
+                        console=console,
+                        show_progress=False,
+                        on_record=progress.record,
+                    )
+                    if result.stopped:
+                        raise Interrupted(
+                            f"interrupted during {run.key!r} (checkpoint saved at step {result.step}); "
+                            f"finished arms are kept: continue with --resume"
+                        )
+                else:
+                    progress.skip(run.key, "trained; evaluating")
+                progress.evaluating(run.key)
+                t0 = time.perf_counter()
+                metrics = evaluator(run.run_dir, c.eval_data, c.eval_options)
+                eval_seconds = time.perf_counter() - t0
+                record = {
+                    "arm": run.arm.name,
+                    "seed": run.seed,
+                    "run_dir": str(run.run_dir),
+                    "train": train_summary(run),
+                    "eval": _jsonable(metrics),
+                    "eval_seconds": eval_seconds,
+                }
+                write_json(path, record)
+                c.results[run.key] = record
+                progress.done(run.key, record)
+    finally:
+        c.seconds = float(previous.get("seconds", 0.0)) + time.perf_counter() - started
+        if c.report_dir.is_dir():
+            write_json(c.report_dir / PLAN, plan_dict(c) | {"seconds": c.seconds})
+    return c
+
+
+def result_path(report_dir: Path, key: str) -> Path:
+    return report_dir / "results" / f"{key}.json"
+
+
+def finished_checkpoint(run_dir: Path) -> Path | None:
+    """The run's newest complete checkpoint if it is at the run's last step, else None."""
+    if not run_dir.is_dir():
+        return None
+    latest = ckpt.latest_checkpoint(run_dir)
+    if latest is None:
+        return None
+    state = json.loads((latest / ckpt.STATE).read_text(encoding="utf-8"))
+    return latest if int(state["step"]) >= int(state["total_steps"]) else None
+
+
+def metrics_records(run_dir: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl, keeping the last record per (kind, step): a resumed run re-logs steps it redid."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    latest: dict[tuple[str, int], dict[str, Any]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a kill
+        if "step" not in record or "event" in record:
+            continue
+        kind = "val" if record.get("split") == "val" else "train"
+        latest[(kind, int(record["step"]))] = record
+    return [latest[k] for k in sorted(latest, key=lambda k: (k[1], k[0]))]
+
+
+def train_summary(run: Run) -> dict[str, Any]:
+    """What the run cost and its last validation, read back from its files (same for resumed runs)."""
+    final = finished_checkpoint(run.run_dir)
+    if final is None:
+        raise UserError(f"{run.run_dir} has no checkpoint at its last step")
+    state = json.loads((final / ckpt.STATE).read_text(encoding="utf-8"))
+    records = metrics_records(run.run_dir)
+    steps = [r for r in records if r.get("split") != "val" and "loss" in r]
+    vals = [r for r in records if r.get("split") == "val"]
+    model = build_model(run.plan.model_cfg)
+    tokens, seconds, step = int(state["tokens"]), float(state["seconds"]), int(state["step"])
+    out: dict[str, Any] = {
+        "objective": run.cfg.objective.name,
+        "model_kind": run.plan.model_cfg.kind,
+        "model_size": run.cfg.model.size,
+        "parameters": count_parameters(model),
+        "parameters_no_embedding": count_parameters(model, embeddings=False),
+        "seq_len": run.plan.seq_len,
+        "batch_size": run.cfg.batch.batch_size,
+        "steps": step,
+        "tokens": tokens,
+        "target_tokens": int(state.get("target_tokens", 0)),
+        "flops": run.flops_per_step * step,
+        "seconds": seconds,
+        "tokens_per_s": tokens / max(seconds, 1e-9),
+        "peak_memory_bytes": max((int(r.get("peak_mem_bytes") or 0) for r in steps), default=0),
+        "threads": int(state.get("threads", torch.get_num_threads())),
+        "dtype": state.get("dtype"),
+        "final_loss": steps[-1]["loss"] if steps else None,
+        "checkpoint": str(final),
+        "config": config_dict(run.cfg),
+    }
+    if vals:
+        out.update({k: v for k, v in vals[-1].items() if k.startswith("val_")})
+    out["curve"] = [
+        {k: r.get(k) for k in ("step", "tokens", "wall_time", "val_loss", "val_bpb") if k in r} for r in vals
+    ]
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if hasattr(value, "item"):
+        return _jsonable(value.item())
+    return str(value)
+
+
+def machine() -> dict[str, Any]:
+    """Where the comparison ran: costs are only comparable within one machine and one run."""
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+    with contextlib.suppress(OSError):
+        info["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    try:
+        root = Path(__file__).resolve().parents[2]
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        if commit.returncode == 0:
+            info["commit"] = commit.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info

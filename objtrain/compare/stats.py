@@ -1,0 +1,114 @@
+"""Seeds and spread: mean ± sample std per arm and metric, and which gaps the seeds cannot resolve.
+
+With K seeds an arm's metric is `mean ± s (K)` (s with ddof = 1) and a 95% interval `mean ± t·s/√K`.
+Per metric the best arm is the best mean (lower for losses and bits, higher for accuracies); an arm
+whose gap to the best is smaller than the seed spread of the two (the pooled std, √((s_a² + s_b²)/2)) is
+marked: the difference is not resolved at this K, which is not the same as no difference
+(reference evaluation.md section 6). Welch's t and its degrees of freedom are kept in results.json.
+With one seed there is no spread and nothing is marked.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+# Two-sided 95% quantiles of Student's t by degrees of freedom (1..30); 1.96 beyond.
+T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+LOWER_IS_BETTER = ("loss", "bpb", "bits_per_byte", "perplexity", "ppl", "nll", "error")
+
+
+def t975(df: float) -> float:
+    if df < 1:
+        return float("nan")
+    k = math.floor(df)
+    return T975[k - 1] if k <= len(T975) else 1.96
+
+
+def lower_is_better(metric: str) -> bool:
+    name = metric.lower()
+    return any(part in name for part in LOWER_IS_BETTER)
+
+
+@dataclass
+class Summary:
+    mean: float
+    std: float  # sample std (ddof = 1); nan with one value
+    n: int
+    ci95: float  # half-width of the 95% interval of the mean; nan with one value
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        return {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()
+        }
+
+
+def summarise(values: list[float]) -> Summary:
+    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    n = len(vals)
+    if n == 0:
+        return Summary(float("nan"), float("nan"), 0, float("nan"))
+    mean = sum(vals) / n
+    if n == 1:
+        return Summary(mean, float("nan"), 1, float("nan"))
+    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))
+    return Summary(mean, std, n, t975(n - 1) * std / math.sqrt(n))
+
+
+def welch(a: Summary, b: Summary) -> tuple[float, float]:
+    """Welch's t of `a - b` and its Welch-Satterthwaite degrees of freedom (nan where undefined)."""
+    if a.n < 2 or b.n < 2:
+        return float("nan"), float("nan")
+    va, vb = a.std**2 / a.n, b.std**2 / b.n
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return (float("inf") if a.mean != b.mean else 0.0), float("nan")
+    df = (va + vb) ** 2 / (va**2 / (a.n - 1) + vb**2 / (b.n - 1))
+    return (a.mean - b.mean) / se, df
+
+
+@dataclass
+class Ranking:
+    metric: str
+    lower_is_better: bool
+    best: str  # arm name
+    within_spread: list[str]  # arms (not the best) whose gap to the best is below the seed spread
+    gaps: dict[str, dict[str, float | None]]  # arm -> {delta, spread, welch_t, welch_df}
+
+
+def rank(metric: str, summaries: dict[str, Summary], lower: bool | None = None) -> Ranking | None:
+    """The best arm for `metric` and the arms the seeds cannot tell apart from it (`lower`: whether
+    lower is better; None = guess from the name)."""
+    scored = {name: s for name, s in summaries.items() if s.n > 0}
+    if not scored:
+        return None
+    lower = lower_is_better(metric) if lower is None else lower
+    best = (min if lower else max)(scored, key=lambda name: scored[name].mean)
+    b = scored[best]
+    within: list[str] = []
+    gaps: dict[str, dict[str, float | None]] = {}
+    for name, s in scored.items():
+        if name == best:
+            continue
+        delta = s.mean - b.mean
+        spread = math.sqrt((s.std**2 + b.std**2) / 2) if s.n > 1 and b.n > 1 else float("nan")
+        t, df = welch(s, b)
+        if math.isfinite(spread) and abs(delta) < spread:
+            within.append(name)
+        gaps[name] = {k: (v if math.isfinite(v) else None) for k, v in
+                      {"delta": delta, "spread": spread, "welch_t": t, "welch_df": df}.items()}  # fmt: skip
+    return Ranking(metric, lower, best, within, gaps)
+
+
+def fmt(s: Summary, digits: int = 4) -> str:
+    """`1.2345 ± 0.0123` (or the value alone with one seed)."""
+    if s.n == 0:
+        return "—"
+    if s.n == 1 or not math.isfinite(s.std):
+        return f"{s.mean:.{digits}g}"
+    return f"{s.mean:.{digits}g} ± {s.std:.2g}"

@@ -1,0 +1,103 @@
+"""The evaluation every arm gets: `objtrain.evaluation.suite.evaluate`, the same call and options for all.
+
+`Evaluator` is the one thing `compare` needs from evaluation: a run directory in, a flat dict of numbers
+out. Tests pass their own; the default is the suite behind `objtrain eval`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from objtrain.compare.stats import lower_is_better
+from objtrain.config import from_dict
+
+Evaluator = Callable[[Path, str | None, dict[str, Any]], dict[str, Any]]
+
+# `--budget tiny`: the suite on a handful of documents, so the smoke run stays under a minute an arm.
+TINY_OPTIONS: dict[str, Any] = {"max_docs": 8, "corrupt_rows": 8, "infill_tasks": 4, "samples": 1}
+
+# Each objective's own loss: meaningful within one objective, never ranked across different ones.
+OWN_LOSSES = ("val_loss", "objective_loss")
+
+
+def _suite() -> Any:
+    try:
+        from objtrain.evaluation import suite
+    except ImportError:
+        return None
+    return suite
+
+
+def available() -> bool:
+    return _suite() is not None
+
+
+def options_for(options: dict[str, Any], tiny: bool) -> dict[str, Any]:
+    """The suite's keyword options, tiny-budget limits laid over the experiment's own."""
+    merged = dict(options)
+    if tiny:
+        for key, value in TINY_OPTIONS.items():
+            merged[key] = min(merged.get(key, value), value) if isinstance(value, int) else value
+    return merged
+
+
+def check_options(options: dict[str, Any]) -> None:
+    """Refuse an unknown or mistyped suite option before any arm trains."""
+    suite = _suite()
+    if suite is not None:
+        _build_options(suite, options)
+
+
+def _build_options(suite: Any, options: dict[str, Any]) -> Any:
+    cls = suite.EvalOptions
+    hints = typing.get_type_hints(cls)
+    data = dict(options)
+    for name, value in options.items():
+        # YAML gives strings; path options want Path objects.
+        hint = hints.get(name)
+        if isinstance(value, str) and (hint is Path or Path in typing.get_args(hint)):
+            data[name] = Path(value)
+    plain = {k: v for k, v in data.items() if not isinstance(v, Path)}
+    checked = from_dict(cls, plain, where="eval.options")
+    return dataclasses.replace(checked, **{k: v for k, v in data.items() if isinstance(v, Path)})
+
+
+def default_evaluator(run_dir: Path, data: str | None, options: dict[str, Any]) -> dict[str, Any]:
+    """The `objtrain eval` suite on the run's final checkpoint; {} when this build has no suite."""
+    suite = _suite()
+    if suite is None:
+        return {}
+    return dict(suite.evaluate(run_dir, data, _build_options(suite, options)))
+
+
+def direction(metric: str) -> str:
+    """'lower', 'higher' or 'info' (not ranked): the suite's own table first, else by name."""
+    suite = _suite()
+    table = getattr(suite, "METRICS", {}) if suite is not None else {}
+    if metric in table:
+        return str(table[metric][0])
+    if metric in ("val_loss", "val_bpb"):
+        return "lower"
+    return "lower" if lower_is_better(metric) else "higher"
+
+
+def numeric_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """The rankable numbers of a suite result (counts, timings and descriptive keys left out)."""
+    skip = {"seconds", "parameters", "train_step", "train_tokens", "eval_seed"}
+    out: dict[str, float] = {}
+    for key, value in result.items():
+        if key in skip or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if not math.isfinite(float(value)) or direction(key) == "info":
+            continue
+        out[key] = float(value)
+    return out
+
+
+def describe_missing() -> str:
+    return "objtrain.evaluation.suite is not installed: metrics are the training validation's only"

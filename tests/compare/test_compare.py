@@ -1,0 +1,167 @@
+"""`objtrain compare` end to end on debug-size arms: the report's contents, seeds, and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from compare_helpers import FakeSuite, experiment
+
+from objtrain.compare import load_experiment, plan_comparison, run_comparison, runner, write_report
+from objtrain.compare.runner import Interrupted
+from objtrain.training import checkpoint as ckpt
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def compare(path: Path, out: Path, evaluator: FakeSuite, **kwargs: Any) -> dict[str, Any]:
+    c = plan_comparison(load_experiment(path), out, **kwargs)
+    run_comparison(c, evaluator=evaluator, show_progress=False)
+    return write_report(c)
+
+
+def test_report_has_a_row_per_arm_results_json_and_png_plots(write_experiment, tmp_path: Path) -> None:
+    suite = FakeSuite({("clm", 0): {"probe_accuracy": 0.4, "bits_per_byte": 3.0},
+                       ("mlm", 0): {"probe_accuracy": 0.7}})  # fmt: skip
+    out = tmp_path / "report"
+    compare(write_experiment(), out, suite)
+    md = (out / "report.md").read_text()
+    # A metrics row and a cost row per arm; the best probe is bold; a missing metric is a dash.
+    rows: dict[str, str] = {}
+    for line in md.splitlines():
+        if line.startswith("| "):
+            rows.setdefault(line.split(" | ")[0][2:], line)  # the metrics table comes first
+    assert rows["clm"].startswith("| clm | 3 | ") and " | 0.4 | " in rows["clm"], md
+    assert rows["mlm"].startswith("| mlm | — | — | **0.7** | "), md
+    assert sum(line.startswith("| clm | clm | decoder debug |") for line in md.splitlines()) == 2  # cost, run
+    assert sum(line.startswith("| mlm | mlm | encoder debug |") for line in md.splitlines()) == 2
+    assert "3 steps" not in md and "384 tokens" in md  # the budget is said
+    results = json.loads((out / "results.json").read_text())
+    for key in ("experiment", "budget", "seeds", "evaluation", "machine", "wall_seconds", "arms", "rankings"):
+        assert key in results
+    assert [a["name"] for a in results["arms"]] == ["clm", "mlm"]
+    for arm in results["arms"]:
+        assert set(arm["cost"]) == {
+            "parameters",
+            "tokens",
+            "flops",
+            "seconds",
+            "tokens_per_s",
+            "peak_memory_bytes",
+        }
+        assert arm["cost"]["tokens"]["mean"] == 384 and arm["cost"]["flops"]["mean"] > 0
+        assert arm["runs"][0]["train"]["steps"] == 3
+    assert results["rankings"]["probe_accuracy"]["best"] == "mlm"
+    assert "val_loss" not in results["rankings"]  # different objectives: their own losses are not ranked
+    assert results["arms"][0]["metrics"]["val_bpb"]["n"] == 1  # the decoder's validation bits per byte
+    assert len(results["arms"][0]["runs"][0]["train"]["curve"]) == 3  # validation every step
+    assert results["plots"]
+    for name in results["plots"]:
+        assert (out / name).read_bytes()[:8] == PNG
+    assert {"val_loss_vs_tokens.png", "val_loss_vs_seconds.png", "metrics.png"} <= set(results["plots"])
+    # Every arm is a normal training run.
+    for arm in ("clm", "mlm"):
+        assert ckpt.latest_checkpoint(out / "arms" / arm) is not None
+        assert (out / "arms" / arm / "metrics.jsonl").is_file()
+
+
+def test_seeds_report_mean_std_and_mark_gaps_inside_the_spread(write_experiment, tmp_path: Path) -> None:
+    suite = FakeSuite(
+        {
+            ("clm", 0): {"probe_accuracy": 0.80, "bits_per_byte": 1.00},
+            ("clm", 1): {"probe_accuracy": 0.90, "bits_per_byte": 1.01},
+            ("mlm", 0): {"probe_accuracy": 0.86, "bits_per_byte": 2.00},
+            ("mlm", 1): {"probe_accuracy": 0.88, "bits_per_byte": 2.01},
+        }
+    )
+    out = tmp_path / "report"
+    results = compare(write_experiment(), out, suite, seeds=2)
+    assert results["seeds"] == [0, 1]
+    assert (out / "arms" / "clm" / "seed-1" / "metrics.jsonl").is_file()
+    clm = results["arms"][0]
+    assert clm["metrics"]["probe_accuracy"]["mean"] == pytest.approx(0.85)
+    assert clm["metrics"]["probe_accuracy"]["std"] == pytest.approx(0.0707107, rel=1e-5)
+    assert results["rankings"]["probe_accuracy"] | {"gaps": None} == {
+        "lower_is_better": False, "best": "mlm", "within_seed_spread": ["clm"], "gaps": None,
+    }  # fmt: skip
+    assert results["rankings"]["bits_per_byte"]["within_seed_spread"] == []
+    md = (out / "report.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| clm | **"))
+    assert "**1.005 ± 0.0071**" in row and "0.85 ± 0.071 ≈" in row  # best bold; unresolved gap marked
+    assert "mean ± sample std over 2 seeds" in md
+    assert len(clm["runs"]) == 2 and clm["cost"]["seconds"]["n"] == 2
+
+
+def test_an_interrupted_comparison_resumes_without_retraining_finished_arms(
+    write_experiment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_experiment(train={**_train(), "checkpoint": {"every": 1}})
+    out = tmp_path / "report"
+    calls: list[tuple[str, bool]] = []
+    real_train = runner.train
+
+    def counting_train(cfg: Any, run_dir: Path, resume: bool = False, **kwargs: Any) -> Any:
+        calls.append((run_dir.name, resume))
+        hook = kwargs.get("on_record")
+        if run_dir.name == "mlm" and not resume:
+
+            def stop_at_two(record: dict[str, Any]) -> None:  # Ctrl-C in the middle of the second arm
+                if record.get("step") == 2 and "loss" in record:
+                    os.kill(os.getpid(), signal.SIGINT)
+                if hook:
+                    hook(record)
+
+            kwargs["on_record"] = stop_at_two
+        return real_train(cfg, run_dir, resume=resume, **kwargs)
+
+    monkeypatch.setattr(runner, "train", counting_train)
+    suite = FakeSuite()
+    exp = load_experiment(path)
+    with pytest.raises(Interrupted, match="continue with --resume"):
+        run_comparison(plan_comparison(exp, out), evaluator=suite, show_progress=False)
+    assert calls == [("clm", False), ("mlm", False)]
+    assert (out / "results" / "clm.json").is_file() and not (out / "results" / "mlm.json").exists()
+    clm_ckpt = ckpt.latest_checkpoint(out / "arms" / "clm")
+    assert clm_ckpt is not None
+    mtime = (clm_ckpt / "model.safetensors").stat().st_mtime_ns
+    half = ckpt.latest_checkpoint(out / "arms" / "mlm")
+    assert half is not None and json.loads((half / "state.json").read_text())["step"] == 2
+
+    # Without --resume the existing report is refused; with it, only the half-trained arm trains on.
+    with pytest.raises(Exception, match="--resume"):
+        plan_comparison(exp, out)
+    calls.clear()
+    c = plan_comparison(exp, out, resume=True)
+    run_comparison(c, evaluator=suite, show_progress=False)
+    assert calls == [("mlm", True)]
+    assert (clm_ckpt / "model.safetensors").stat().st_mtime_ns == mtime
+    assert [p.name for p in suite.calls] == ["clm", "mlm"]  # clm was evaluated once, before the stop
+    final = ckpt.latest_checkpoint(out / "arms" / "mlm")
+    assert final is not None and json.loads((final / "state.json").read_text())["step"] == 3
+
+    # A trained arm whose result was lost (killed between the checkpoint and the result) is evaluated
+    # again, never retrained.
+    (out / "results" / "clm.json").unlink()
+    calls.clear()
+    run_comparison(plan_comparison(exp, out, resume=True), evaluator=suite, show_progress=False)
+    assert calls == [] and (out / "results" / "clm.json").is_file()
+    assert (clm_ckpt / "model.safetensors").stat().st_mtime_ns == mtime
+    write_report(c)
+    assert (out / "report.md").is_file()
+
+
+def test_resume_refuses_a_changed_plan(write_experiment, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    compare(write_experiment(), out, FakeSuite())
+    with pytest.raises(Exception, match="--resume: the budget differs"):
+        plan_comparison(load_experiment(write_experiment()), out, budget="256", resume=True)
+    with pytest.raises(Exception, match="--resume: the seeds differ"):
+        plan_comparison(load_experiment(write_experiment()), out, seeds=2, resume=True)
+
+
+def _train() -> dict[str, Any]:
+    return experiment(Path("unused"))["train"]
