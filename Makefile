@@ -17,7 +17,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-# The main job on the embedded default corpus: the Python standard library's own source.
+# The main job on the embedded default corpus (the Python standard library's own source): tokenize, look at
+# what the objectives make of it, then compare FIM with CLM and print the table and where the report is.
 DEMO_DIR ?= runs/demo
 demo: $(STAMP)
 	$(BIN)/objtrain tokenize --corpus stdlib --vocab-size 4096 -o $(DEMO_DIR)/store --force
@@ -26,6 +27,7 @@ demo: $(STAMP)
 	$(BIN)/objtrain corrupt data/sample.py --tokenizer $(DEMO_DIR)/store --objective mlm --seq-len 64 --n 1
 	$(BIN)/objtrain corrupt data/sample.py --tokenizer $(DEMO_DIR)/store --objective fim fim_rate=1.0 --seq-len 64 --n 1
 	$(BIN)/objtrain corrupt $(DEMO_DIR)/packed --objective ul2 --stats --n 128
+	$(BIN)/objtrain compare fim-vs-clm --data $(DEMO_DIR)/store -o $(DEMO_DIR)/compare --force
 
 test: $(STAMP)
 	$(BIN)/ruff check objtrain tests benchmarks

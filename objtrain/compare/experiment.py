@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from objtrain.config import from_dict, load_yaml, merge, to_dict
+from objtrain.config import from_dict, load_yaml, merge, packaged_config, to_dict
 from objtrain.errors import UserError
 from objtrain.training.config import (
     DataConfig,
@@ -84,6 +84,7 @@ class ArmSpec:
     name: str
     objective: ObjectiveSection
     model: ModelSection = field(default_factory=ModelSection)
+    data: DataConfig | None = None  # None = the experiment's; another store must hold the same data
     train: dict[str, Any] = field(default_factory=dict)  # this arm's run settings over the shared ones
 
     def __post_init__(self) -> None:
@@ -121,8 +122,10 @@ class Experiment:
 
 
 def load_experiment(path: Path) -> Experiment:
-    """Read and strictly check an experiment YAML (one clear `UserError` for any bad key or value)."""
-    data = load_yaml(Path(path))
+    """Read and strictly check an experiment YAML (one clear `UserError` for any bad key or value).
+    `path` may also name a shipped experiment (`objectives`, `fim-rate`)."""
+    path = packaged_config(path, "experiments")
+    data = load_yaml(path)
     exp = experiment_from_dict(data, where=Path(path).name)
     exp.source = str(path)
     if not exp.name:
@@ -145,11 +148,11 @@ def experiment_from_dict(data: dict[str, Any], where: str = "experiment") -> Exp
         if key in exp.train:
             raise UserError(f"{where}: set {key!r} at the experiment's top level, not under train:")
     for arm in exp.arms:
-        for key in (*SHARED_ONLY, "model", "objective"):
+        for key in (*SHARED_ONLY, "model", "objective"):  # data: the arm's own `data:`, checked to agree
             if key in arm.train:
                 raise UserError(
                     f"{where}: arm {arm.name!r} sets {key!r} under train:; "
-                    + ("arms share it" if key in SHARED_ONLY else f"give it as the arm's own {key}:")
+                    + ("arms share it" if key in ("seed", "budget") else f"give it as the arm's {key}:")
                 )
     return exp
 
@@ -190,7 +193,8 @@ def arm_config(
     settings = merge(base, arm.train)
     settings["objective"] = to_dict(arm.objective)
     settings["model"] = to_dict(arm.model)
-    settings["data"] = to_dict(exp.data) if data is None else merge(to_dict(exp.data), {"store": data})
+    own = to_dict(arm.data if arm.data is not None else exp.data)
+    settings["data"] = own if data is None else merge(own, {"store": data})
     settings["seed"] = seed
     settings["budget"] = budget
     try:

@@ -1,0 +1,125 @@
+"""Bad input to `objtrain compare`: one line, exit 2, nothing written; an existing report is kept."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from objtrain.cli import main
+from objtrain.data.tokenize import TokenizeConfig, tokenize_corpus
+from objtrain.data.tokenizer import train_sentencepiece
+from objtrain.specials import Specials
+
+DEBUG = {"kind": "decoder", "size": "debug"}
+
+
+def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: object) -> tuple:
+    monkeypatch.setattr(sys, "argv", ["objtrain", *map(str, args)])
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def refused(result: tuple, fragment: str) -> None:
+    code, _, err = result
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), err
+    assert fragment in lines[0], err
+    assert "Traceback" not in err
+
+
+def test_unknown_key_is_refused_with_a_hint(write_experiment, tmp_path, monkeypatch, capsys) -> None:
+    path = write_experiment(budjet={"tokens": 10})
+    out = tmp_path / "report"
+    result = run_cli(monkeypatch, capsys, "compare", path, "-o", out)
+    refused(result, "unknown key 'budjet'")
+    assert "did you mean 'budget'" in result[2] and not out.exists()
+    arm = {"name": "a", "objective": "clm", "modle": DEBUG}
+    refused(
+        run_cli(monkeypatch, capsys, "compare", write_experiment([arm]), "-o", out), "unknown key 'modle'"
+    )
+    arm = {"name": "a", "objective": {"name": "mlm", "overrides": {"selection_rat": 0.2}}}
+    refused(run_cli(monkeypatch, capsys, "compare", write_experiment([arm]), "-o", out), "selection_rat")
+    assert not out.exists()
+
+
+def test_an_arm_its_model_kind_cannot_train_is_refused(
+    write_experiment, tmp_path, monkeypatch, capsys
+) -> None:
+    arms = [
+        {"name": "clm", "objective": "clm", "model": DEBUG},
+        {"name": "mlm-on-decoder", "objective": "mlm", "model": DEBUG},
+    ]
+    out = tmp_path / "report"
+    result = run_cli(monkeypatch, capsys, "compare", write_experiment(arms), "-o", out)
+    refused(result, "arm 'mlm-on-decoder'")
+    assert "cannot train a decoder" in result[2] and not out.exists()
+
+
+def test_arms_that_disagree_on_data_or_tokenizer_are_refused(
+    write_experiment, compare_store: Path, stdlib_texts: list[str], tmp_path, monkeypatch, capsys
+) -> None:
+    out = tmp_path / "report"
+    same = {"name": "b", "objective": "clm", "model": DEBUG, "data": {"store": str(compare_store)}}
+    agree = write_experiment([{"name": "a", "objective": "clm", "model": DEBUG}, same])
+    from objtrain.compare import load_experiment, plan_comparison
+
+    plan_comparison(load_experiment(agree), out)  # the same store named twice: agreed, nothing written
+    assert not out.exists()
+
+    copy = tmp_path / "copy-store"
+    shutil.copytree(compare_store, copy)
+    arms = [{"name": "a", "objective": "clm", "model": DEBUG}, {**same, "data": {"store": str(copy)}}]
+    result = run_cli(monkeypatch, capsys, "compare", write_experiment(arms), "-o", out)
+    refused(result, "arms disagree on data: 'a' uses")
+    assert "copy-store" in result[2] and not out.exists()
+
+    # Another tokenizer: the same text tokenized differently.
+    proto = train_sentencepiece(
+        [line for text in stdlib_texts for line in text.splitlines(keepends=True)],
+        vocab_size=700,
+        model_type="unigram",
+        specials=Specials(),
+    )
+    (tmp_path / "other.model").write_bytes(proto)
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.py").write_text("\n\n".join(stdlib_texts[:2]), encoding="utf-8")
+    config = TokenizeConfig(tokenizer=tmp_path / "other.model", doc_split="blank-line", valid_fraction=0.1)
+    tokenize_corpus([tmp_path / "corpus"], tmp_path / "other-store", config)
+    arms = [arms[0], {**same, "data": {"store": str(tmp_path / "other-store")}}]
+    refused(run_cli(monkeypatch, capsys, "compare", write_experiment(arms), "-o", out), "tokenizer and data")
+    assert not out.exists()
+
+    # Data belongs to the experiment or the arm, never under an arm's train: section.
+    bad = [arms[0], {"name": "c", "objective": "clm", "model": DEBUG, "train": {"seed": 3}}]
+    refused(run_cli(monkeypatch, capsys, "compare", write_experiment(bad), "-o", out), "arms share it")
+
+
+def test_an_existing_report_is_refused_unless_resume_or_force(
+    write_experiment, tmp_path, monkeypatch, capsys
+) -> None:
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    path = write_experiment()
+    refused(run_cli(monkeypatch, capsys, "compare", path, "-o", out), "already exists (pass --resume")
+    # Not a report: even --force keeps the user's directory.
+    refused(run_cli(monkeypatch, capsys, "compare", path, "-o", out, "--force"), "is not a comparison report")
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_bad_budget_and_seeds_are_refused(write_experiment, tmp_path, monkeypatch, capsys) -> None:
+    out = tmp_path / "report"
+    path = write_experiment()
+    refused(run_cli(monkeypatch, capsys, "compare", path, "-o", out, "--budget", "huge"), "--budget 'huge'")
+    refused(run_cli(monkeypatch, capsys, "compare", path, "-o", out, "--seeds", "0"), "--seeds must be")
+    refused(run_cli(monkeypatch, capsys, "compare", tmp_path / "none.yaml", "-o", out), "not found")
+    assert not out.exists()
