@@ -176,7 +176,8 @@ def metric_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                 continue
             text = _cell(v)
             r = results["rankings"].get(m)
-            if r is not None and r["best"] == arm["name"]:
+            best = next((a for a in results["arms"] if r is not None and a["name"] == r["best"]), None)
+            if best is not None and v["mean"] == best["metrics"][m]["mean"]:  # the best, or tied with it
                 text = f"**{text}**"
             elif r is not None and arm["name"] in r["within_seed_spread"]:
                 text = f"{text} {MARK}"

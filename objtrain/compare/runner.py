@@ -145,6 +145,10 @@ def plan_comparison(
     if report_dir.exists() and resume and (report_dir / PLAN).is_file():
         saved = read_json(report_dir / PLAN, "comparison plan")
         now = plan_dict(comparison)
+        # What the arms train on must match; the evaluation may change (finished arms are re-evaluated).
+        for part in (saved, now):
+            if isinstance(part.get("experiment"), dict):
+                part["experiment"] = {k: v for k, v in part["experiment"].items() if k != "eval"}
         for key in ("experiment", "budget", "seeds", "data"):
             if saved.get(key) != now[key]:
                 raise UserError(
@@ -241,9 +245,13 @@ def run_comparison(
             for run in c.runs:
                 path = result_path(c.report_dir, run.key)
                 if path.is_file():
-                    c.results[run.key] = read_json(path, "arm result")
-                    progress.skip(run.key, "done")
-                    continue
+                    kept = read_json(path, "arm result")
+                    if kept.get("eval_data") == c.eval_data and kept.get("eval_options") == _jsonable(
+                        c.eval_options
+                    ):
+                        c.results[run.key] = kept
+                        progress.skip(run.key, "done")
+                        continue  # else: evaluated with other options, evaluate again below
                 finished = finished_checkpoint(run.run_dir)
                 if finished is None:
                     progress.start(run.key)
@@ -273,6 +281,8 @@ def run_comparison(
                     "train": train_summary(run),
                     "eval": _jsonable(metrics),
                     "eval_seconds": eval_seconds,
+                    "eval_data": c.eval_data,
+                    "eval_options": _jsonable(c.eval_options),
                 }
                 write_json(path, record)
                 c.results[run.key] = record

@@ -19,7 +19,7 @@ from objtrain.config import from_dict
 Evaluator = Callable[[Path, str | None, dict[str, Any]], dict[str, Any]]
 
 # `--budget tiny`: the suite on a handful of documents, so the smoke run stays under a minute an arm.
-TINY_OPTIONS: dict[str, Any] = {"max_docs": 8, "corrupt_rows": 8, "infill_tasks": 4, "samples": 1}
+TINY_OPTIONS: dict[str, Any] = {"max_docs": 2, "corrupt_rows": 8, "infill_tasks": 4, "samples": 1}
 
 # Each objective's own loss: meaningful within one objective, never ranked across different ones.
 OWN_LOSSES = ("val_loss", "objective_loss")
@@ -87,16 +87,30 @@ def direction(metric: str) -> str:
 
 
 def numeric_metrics(result: dict[str, Any]) -> dict[str, float]:
-    """The rankable numbers of a suite result (counts, timings and descriptive keys left out)."""
-    skip = {"seconds", "parameters", "train_step", "train_tokens", "eval_seed"}
+    """The rankable numbers of a suite result: the suite's named metrics (its METRICS table, without the
+    'info' ones) or, for an evaluator without a table, every number whose name says its direction."""
+    suite = _suite()
+    table = getattr(suite, "METRICS", None) if suite is not None else None
     out: dict[str, float] = {}
     for key, value in result.items():
-        if key in skip or isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
             continue
-        if not math.isfinite(float(value)) or direction(key) == "info":
+        if table is not None and result_is_suites(result):
+            if key not in table or table[key][0] not in ("lower", "higher"):
+                continue
+        elif key in NOT_METRICS:
             continue
         out[key] = float(value)
     return out
+
+
+def result_is_suites(result: dict[str, Any]) -> bool:
+    """A result from `objtrain.evaluation.suite` (it names its checkpoint and eval seed)."""
+    return "checkpoint" in result and "eval_seed" in result
+
+
+# Counts and settings a suite-less evaluator may return beside its metrics.
+NOT_METRICS = ("seconds", "parameters", "train_step", "train_tokens", "eval_seed")
 
 
 def describe_missing() -> str:

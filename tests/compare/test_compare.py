@@ -161,6 +161,14 @@ def test_resume_refuses_a_changed_plan(write_experiment, tmp_path: Path) -> None
         plan_comparison(load_experiment(write_experiment()), out, budget="256", resume=True)
     with pytest.raises(Exception, match="--resume: the seeds differ"):
         plan_comparison(load_experiment(write_experiment()), out, seeds=2, resume=True)
+    # Other evaluation options: every arm is evaluated again, none retrained.
+    mtimes = {p: p.stat().st_mtime_ns for p in out.glob("arms/*/checkpoints/*/model.safetensors")}
+    suite = FakeSuite()
+    exp = load_experiment(write_experiment(eval={"options": {"max_docs": 3}}))
+    run_comparison(plan_comparison(exp, out, resume=True), evaluator=suite, show_progress=False)
+    assert sorted(p.name for p in suite.calls) == ["clm", "mlm"]
+    assert mtimes and {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
+    assert json.loads((out / "results" / "clm.json").read_text())["eval_options"] == {"max_docs": 3}
 
 
 def _train() -> dict[str, Any]:
