@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
+from objtrain.cli.common import interrupt_note, make_console
 from objtrain.compare import load_experiment, plan_comparison, run_comparison, write_report
 from objtrain.compare.runner import Interrupted
 
@@ -35,7 +34,7 @@ def run(
     resume: bool = typer.Option(False, "--resume", help="Continue REPORT: finished arms are kept."),
     force: bool = typer.Option(False, "--force", help="Replace an existing REPORT."),
 ) -> None:
-    console = Console(stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty())
+    console = make_console(stderr=True, highlight=False)
     exp = load_experiment(experiment)
     comparison = plan_comparison(
         exp, output, budget, seeds, resume=resume, force=force, data=data, console=console
@@ -45,15 +44,13 @@ def run(
         f"[bold]{exp.name}[/]: {len(exp.arms)} arms x {len(comparison.seeds)} seed(s) = {n} runs, "
         f"{comparison.budget.describe()} ({comparison.budget_name}), report in {output}"
     )
+    interrupt_note(f"interrupted; finished arms are kept in {output}: continue with --resume")
     try:
         run_comparison(comparison, console=console)
     except Interrupted as exc:
         console.print(f"[bold red]interrupted:[/] {exc}")
         raise typer.Exit(130) from None
-    out = Console(highlight=False)
-    if not out.is_terminal:
-        out = Console(highlight=False, width=200)  # a log or pipe gets the whole table, not a squeezed one
-    write_report(comparison, out)
+    write_report(comparison, make_console(highlight=False))
     console.print(f"report: {output / 'report.md'} (results.json and plots beside it)")
 
 
