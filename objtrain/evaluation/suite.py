@@ -36,6 +36,7 @@ import yaml
 
 from objtrain.data.default import default_store_path
 from objtrain.data.tokenizer import Tokenizer
+from objtrain.devices import resolve_device
 from objtrain.errors import UserError
 from objtrain.evaluation import corrupted, infill, lm, probe
 from objtrain.evaluation import generate as gen
@@ -209,7 +210,7 @@ def evaluate(
 ) -> dict[str, Any]:
     """Run every part of the suite the checkpoint supports (see the module docstring)."""
     options = options or EvalOptions()
-    device = _device(options.device)
+    device = resolve_device(options.device)
     torch.manual_seed(options.seed)
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(Path(checkpoint), device)
     ckpt.model.eval()
@@ -267,21 +268,6 @@ def evaluate(
     result["seconds"] = time.perf_counter() - started
     result["part_seconds"] = {k: round(v, 3) for k, v in timings.items()}
     return result
-
-
-def _device(name: str) -> torch.device:
-    try:
-        from objtrain.devices import resolve_device  # type: ignore[import-not-found]
-    except ImportError:
-        resolve_device = None
-    if resolve_device is not None:
-        return resolve_device(name)
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise UserError(f"unknown --device {name!r}") from None
 
 
 def _left_to_right(
