@@ -97,7 +97,7 @@ def run(
     )
     result = evaluate(checkpoint, data=data, options=options)
     if output_format == "json":
-        print(json.dumps(result, ensure_ascii=False, allow_nan=False, default=_finite))
+        print(json.dumps(_finite(result), ensure_ascii=False, allow_nan=False))
         return
     print_result(Console(), result)
 
@@ -109,7 +109,16 @@ NOTES = (
 
 
 def _finite(value: Any) -> Any:
-    return str(value)
+    """Strict JSON: a NaN or infinite number (a diverged model) becomes null, paths become strings."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Path):
+        return str(value)
+    return value
 
 
 def _fmt(value: Any) -> str:

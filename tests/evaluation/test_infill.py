@@ -42,11 +42,11 @@ def test_tasks_cut_a_line_or_a_span_out_of_a_function() -> None:
         assert t.middle and infill.parses(t.prefix + t.middle + t.suffix)
         if t.kind == "line":
             assert t.middle.endswith("\n") and t.middle.strip() and "\n" not in t.middle[:-1]
-            assert not t.prefix.strip().endswith(":") or t.prefix.count("\n") >= 1
-    again = infill.code_tasks([CODE], 20, ("line", "span"), seed=0)
-    assert [(t.prefix, t.middle) for t in again] == [
-        (t.prefix, t.middle) for t in tasks if t.task_id in {a.task_id for a in again}
-    ]
+            assert t.prefix.startswith("def ") and t.prefix.endswith("\n")  # whole lines, signature kept
+    again = infill.code_tasks([CODE], 20, ("line", "span"), seed=0)  # text without functions adds none
+    assert [(t.prefix, t.middle, t.suffix) for t in again] == [(t.prefix, t.middle, t.suffix) for t in tasks]
+    other = infill.code_tasks([CODE], 20, ("line", "span"), seed=1)
+    assert [(t.prefix, t.middle) for t in other] != [(t.prefix, t.middle) for t in tasks]
 
 
 def test_a_line_cut_never_takes_the_signature() -> None:
