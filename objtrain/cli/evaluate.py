@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from objtrain.errors import UserError
@@ -150,10 +151,10 @@ def print_result(console: Console, result: dict[str, Any]) -> None:
     for key in NOTES:
         if key in result:
             notes.append(f"{key} {_fmt(result[key])}")
-    console.print("[dim]" + "; ".join(notes) + f"; {result['seconds']:.1f} s[/]", highlight=False)
+    console.print("[dim]" + escape("; ".join(notes)) + f"; {result['seconds']:.1f} s[/]", highlight=False)
     for sample in result.get("samples", []):
         head = sample.get("prompt", sample.get("prefix", ""))
-        console.print(f"\n[bold]{sample['mode']}[/] [dim]{head[-120:]!r}[/]", highlight=False)
+        console.print(f"\n[bold]{sample['mode']}[/] [dim]{escape(repr(head[-120:]))}[/]", highlight=False)
         console.print(f"  model:    {sample['output']!r}", highlight=False, markup=False)
         console.print(f"  expected: {sample['expected']!r}", highlight=False, markup=False)
 
