@@ -12,7 +12,8 @@ from torch import Tensor, nn
 from objtrain.batch import Batch, ModelOutput
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.models.checkpoint import save_checkpoint
-from objtrain.models.zoo import ModelConfig, build_model, model_config
+from objtrain.models.config import ModelConfig
+from objtrain.models.zoo import build_model, model_config
 
 
 class StubModel(nn.Module):
