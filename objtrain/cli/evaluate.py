@@ -1,10 +1,162 @@
-"""`objtrain eval`: evaluation, coming in a later release."""
+"""`objtrain eval`: thin glue over `objtrain.evaluation.suite.evaluate` (flags -> EvalOptions -> table)."""
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
 from objtrain.errors import UserError
+from objtrain.evaluation.suite import METRICS, EvalOptions, evaluate
+
+HELP = """Evaluate a checkpoint (or the newest checkpoint of a run directory) with everything it can do.
+
+Left to right (decoders; encoder-decoders through their decoder): loss, perplexity and bits per byte over
+whole documents with a sliding window (--window, --stride), every byte counted once. Masked-token accuracy
+(encoders) and span-target loss (encoder-decoders) on fixed-seed corruptions, and the training objective's
+own loss. Infilling of held-out Python functions (one line or one span cut out) with the model's own infill
+mode, or tasks from a HumanEval-Infilling JSONL (--infill): exact match and the share that still parses.
+A linear probe on frozen features: by default, which standard-library package a function comes from; or a
+labelled TSV/JSONL (--probe train.tsv --probe-valid dev.tsv). A few greedy samples for the eye.
+
+DATA is a token or packed store (its valid split by default) or a UTF-8 text file, encoded with the
+checkpoint's own tokenizer. Without --data: the run's own store, else the embedded standard-library store.
+
+Example: objtrain eval runs/fim --data runs/demo/store --stride 128 --format json
+"""
 
 
-def run() -> None:
-    """Not available yet: evaluation comes in a later release."""
-    raise UserError("`objtrain eval` is not available yet: evaluation comes in a later release")
+def run(
+    checkpoint: Annotated[Path, typer.Argument(help="A checkpoint directory or a run directory.")],
+    data: Annotated[
+        str | None, typer.Option("--data", "-d", help="Token/packed store or a UTF-8 text file.")
+    ] = None,
+    split: Annotated[str, typer.Option(help="Store split to evaluate on.")] = "valid",
+    window: Annotated[
+        int | None, typer.Option(help="Window in tokens (default: the training seq_len, else 256).")
+    ] = None,
+    stride: Annotated[int | None, typer.Option(help="Window stride (default: the window, disjoint).")] = None,
+    word_ppl: Annotated[bool, typer.Option("--word-ppl", help="Also word-level perplexity.")] = False,
+    max_docs: Annotated[int | None, typer.Option("--max-docs", help="Score at most N documents.")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Rows per forward.")] = 16,
+    seed: Annotated[int, typer.Option(help="Eval seed: corruptions, infill cuts, probe sampling.")] = 1234,
+    corrupt_rows: Annotated[int, typer.Option("--corrupt-rows", min=1, help="Rows for masked scores.")] = 64,
+    infill_file: Annotated[
+        Path | None,
+        typer.Option("--infill", help="HumanEval-Infilling JSONL (prompt, suffix, canonical_solution)."),
+    ] = None,
+    infill_tasks: Annotated[int, typer.Option("--infill-tasks", min=1, help="Most infilling tasks.")] = 32,
+    infill_kinds: Annotated[
+        str, typer.Option("--infill-kinds", help="line, span or line,span.")
+    ] = "line,span",
+    infill_max_tokens: Annotated[
+        int, typer.Option("--infill-max-tokens", min=1, help="Most tokens of a line fill (spans: twice).")
+    ] = 64,
+    probe_train: Annotated[
+        Path | None, typer.Option("--probe", help="Labelled TSV/JSONL to train a probe on.")
+    ] = None,
+    probe_valid: Annotated[
+        Path | None, typer.Option("--probe-valid", help="Labelled file to score it on.")
+    ] = None,
+    pooling: Annotated[
+        str, typer.Option("--probe-pooling", help="mean, last, first or pooled (encoder head).")
+    ] = "mean",
+    samples: Annotated[int, typer.Option(min=0, help="Greedy samples to show.")] = 3,
+    skip: Annotated[str, typer.Option(help="Parts to leave out: lm,corrupted,infill,probe,samples.")] = "",
+    output_format: Annotated[
+        str, typer.Option("--format", help="text (a table) or json (one object).")
+    ] = "text",
+    device: Annotated[str, typer.Option(help="torch device (cpu, cuda, auto).")] = "cpu",
+) -> None:
+    if output_format not in ("text", "rich", "json"):
+        raise UserError(f"--format must be text or json, got {output_format!r}")
+    options = EvalOptions(
+        split=split,
+        window=window,
+        stride=stride,
+        word_ppl=word_ppl,
+        max_docs=max_docs,
+        batch_size=batch_size,
+        seed=seed,
+        corrupt_rows=corrupt_rows,
+        infill_tasks=infill_tasks,
+        infill_file=infill_file,
+        infill_kinds=tuple(k.strip() for k in infill_kinds.split(",") if k.strip()),
+        infill_max_tokens=infill_max_tokens,
+        probe_train=probe_train,
+        probe_valid=probe_valid,
+        probe_pooling=pooling,
+        samples=samples,
+        skip=tuple(k.strip() for k in skip.split(",") if k.strip()),
+        device=device,
+    )
+    result = evaluate(checkpoint, data=data, options=options)
+    if output_format == "json":
+        print(json.dumps(_finite(result), ensure_ascii=False, allow_nan=False))
+        return
+    print_result(Console(), result)
+
+
+NOTES = (
+    "data", "window", "stride", "scored_tokens", "scored_bytes", "lm_mode", "infill_mode", "infill_tasks",
+    "infill_skipped", "probe", "probe_classes", "probe_feature_dim", "eval_seed",
+)  # fmt: skip
+
+
+def _finite(value: Any) -> Any:
+    """Strict JSON: a NaN or infinite number (a diverged model) becomes null, paths become strings."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        if value.is_integer() and abs(value) >= 1:
+            return f"{int(value):,}"
+        return f"{value:.4f}"
+    return str(value)
+
+
+def print_result(console: Console, result: dict[str, Any]) -> None:
+    title = (
+        f"{result['checkpoint']}: {result['model_kind']}"
+        + (f", {result['objective']}" if result.get("objective") else "")
+        + (f", step {result['train_step']}" if result.get("train_step") is not None else "")
+    )
+    table = Table(title=title, title_justify="left")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_column("", justify="left")
+    for name, (better, _) in METRICS.items():
+        if name in result:
+            arrow = {"lower": "lower is better", "higher": "higher is better"}.get(better, "")
+            table.add_row(name, _fmt(result[name]), f"[dim]{arrow}[/]")
+    console.print(table)
+    notes = []
+    for key in NOTES:
+        if key in result:
+            notes.append(f"{key} {_fmt(result[key])}")
+    console.print("[dim]" + escape("; ".join(notes)) + f"; {result['seconds']:.1f} s[/]", highlight=False)
+    for sample in result.get("samples", []):
+        head = sample.get("prompt", sample.get("prefix", ""))
+        console.print(f"\n[bold]{sample['mode']}[/] [dim]{escape(repr(head[-120:]))}[/]", highlight=False)
+        console.print(f"  model:    {sample['output']!r}", highlight=False, markup=False)
+        console.print(f"  expected: {sample['expected']!r}", highlight=False, markup=False)
+
+
+run.__doc__ = "\n\n".join(" ".join(p.split()) for p in HELP.split("\n\n"))

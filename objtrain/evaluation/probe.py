@@ -1,0 +1,313 @@
+"""Linear probes on frozen features (reference evaluation.md section 5).
+
+Features: the frozen model in eval mode, no gradients, one vector per example from the last layer's
+normed hidden states: the mean over the example's real tokens (default; encoder-decoders: the mean of
+the encoder output), the last real token (decoders: the only position that saw everything), the first,
+or an encoder's pooled head (`tanh(dense(h_0))`, trained by NSP/SOP).
+
+Classifier: multinomial logistic regression with an L2 penalty, fitted full-batch with L-BFGS in float64
+on features standardised with the *train* split's mean and standard deviation. Deterministic: no
+random initialisation (zeros), no minibatches.
+
+Labelled files (`read_labelled`):
+- JSONL: one object per line with `label` and a text field (`text`, `sentence` or `question`);
+- TSV with a header naming a `label` column (GLUE style); without a header, the CoLA layout
+  `source<TAB>label<TAB>mark<TAB>sentence`, or two columns of which one is a label;
+- `LABEL<space>text` per line (SST-2 and TREC as distributed).
+Text that is not UTF-8 is decoded with replacement characters and counted (TREC's train file has one
+stray byte); a file without a label column is one clear error line.
+
+The default probe needs no files: functions from a few standard-library packages, labelled by package.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from objtrain.batch import Batch
+from objtrain.data.sources import stdlib_root
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.errors import UserError
+
+TEXT_FIELDS = ("text", "sentence", "question", "sentence1")
+LABEL_RE = re.compile(r"^[A-Za-z0-9_.:+-]{1,32}$")
+DEFAULT_PACKAGES = ("asyncio", "email", "unittest", "xml", "multiprocessing", "logging", "json", "http")
+
+
+@dataclass
+class Labelled:
+    texts: list[str]
+    labels: list[str]
+    replaced_lines: int = 0  # lines that were not UTF-8 and were decoded with replacement characters
+
+
+def _is_label(value: str) -> bool:
+    return bool(LABEL_RE.match(value.strip()))
+
+
+def read_labelled(path: Path) -> Labelled:
+    """Texts and labels from a JSONL, TSV or `LABEL text` file (see the module docstring)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"probe file not found: {path}")
+    raw_lines = path.read_bytes().splitlines()
+    lines: list[str] = []
+    replaced = 0
+    for raw in raw_lines:
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            lines.append(raw.decode("utf-8", errors="replace"))
+            replaced += 1
+    lines = [line.rstrip("\r") for line in lines if line.strip()]
+    if not lines:
+        raise UserError(f"probe file {path} is empty")
+    if path.suffix in (".jsonl", ".json") or lines[0].lstrip().startswith("{"):
+        texts, labels = _read_jsonl(path, lines)
+    elif "\t" in lines[0]:
+        texts, labels = _read_tsv(path, lines)
+    else:
+        texts, labels = _read_spaced(path, lines)
+    return Labelled(texts, labels, replaced)
+
+
+def _read_jsonl(path: Path, lines: list[str]) -> tuple[list[str], list[str]]:
+    texts, labels = [], []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}:{number}: not a JSON object ({exc.msg})") from None
+        if not isinstance(record, dict) or "label" not in record:
+            raise UserError(f"{path}:{number}: no 'label' field: a probe needs a label for every example")
+        field = next((f for f in TEXT_FIELDS if isinstance(record.get(f), str)), None)
+        if field is None:
+            raise UserError(f"{path}:{number}: no text field (one of {', '.join(TEXT_FIELDS)})")
+        texts.append(record[field])
+        labels.append(str(record["label"]))
+    return texts, labels
+
+
+def _read_tsv(path: Path, lines: list[str]) -> tuple[list[str], list[str]]:
+    header = [h.strip().lower() for h in lines[0].split("\t")]
+    rows = [line.split("\t") for line in lines]
+    if "label" in header:  # GLUE style: named columns
+        li = header.index("label")
+        ti = next((header.index(f) for f in TEXT_FIELDS if f in header), None)
+        if ti is None:
+            raise UserError(f"{path}: the header has no text column (one of {', '.join(TEXT_FIELDS)})")
+        body = rows[1:]
+    elif any(f in header for f in TEXT_FIELDS):
+        raise UserError(f"{path}: the header has no 'label' column: a probe needs a label for every example")
+    else:
+        width = len(rows[0])
+        if width >= 4 and all(_is_label(r[1]) for r in rows if len(r) >= 4):  # CoLA
+            li, ti = 1, width - 1
+        elif width == 2 and all(_is_label(r[0]) for r in rows if len(r) == 2):
+            li, ti = 0, 1
+        elif width == 2 and all(_is_label(r[1]) for r in rows if len(r) == 2):
+            li, ti = 1, 0
+        else:
+            raise UserError(f"{path}: no label column found (expected CoLA's 4 columns, or LABEL<TAB>text)")
+        body = rows
+    texts, labels = [], []
+    for number, row in enumerate(body, 1):
+        if len(row) <= max(li, ti) or not row[li].strip():
+            raise UserError(f"{path}:{number}: missing label column")
+        texts.append(row[ti])
+        labels.append(row[li].strip())
+    return texts, labels
+
+
+def _read_spaced(path: Path, lines: list[str]) -> tuple[list[str], list[str]]:
+    texts, labels = [], []
+    for number, line in enumerate(lines, 1):
+        label, _, text = line.partition(" ")
+        if not text.strip() or not _is_label(label):
+            raise UserError(
+                f"{path}:{number}: no label column: expected `LABEL text`, a TSV with a label column, "
+                "or JSONL with a 'label' field"
+            )
+        texts.append(text)
+        labels.append(label)
+    # Any first word looks like a label: words count as labels only when they repeat like classes do.
+    distinct = set(labels)
+    numeric = all(label.lstrip("-").isdigit() for label in distinct)
+    if not numeric and (len(distinct) > 50 or len(distinct) > len(labels) / 2):
+        raise UserError(
+            f"{path}: no label column: the first words ({len(distinct)} distinct in {len(labels)} lines) "
+            "do not look like class labels; expected `LABEL text`, a TSV with a label column, or JSONL"
+        )
+    return texts, labels
+
+
+def stdlib_probe(seed: int, per_class: int = 48, min_per_class: int = 16) -> tuple[Labelled, Labelled]:
+    """The default probe: which standard-library package a function comes from.
+
+    Functions (3 to 40 lines, dedented) of each package in `DEFAULT_PACKAGES` that has at least
+    `min_per_class` of them; `per_class` sampled per package under `seed` (from files read in a seeded
+    order until three times as many are found), three quarters to train."""
+    root = stdlib_root()
+    rng = np.random.default_rng(seed)
+    train, valid = Labelled([], []), Labelled([], [])
+    for package in DEFAULT_PACKAGES:
+        found: list[str] = []
+        files = sorted((root / package).rglob("*.py")) if (root / package).is_dir() else []
+        files = [f for f in files if not any(p in ("test", "tests", "idle_test") for p in f.parts)]
+        for j in rng.permutation(len(files)):  # files in a seeded order, until there are enough functions
+            if len(found) >= 3 * per_class:
+                break
+            file = files[int(j)]
+            try:
+                text = file.read_text(encoding="utf-8")
+                tree = ast.parse(text)
+            except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+                continue
+            lines = text.splitlines(keepends=True)
+            for node in ast.walk(tree):
+                is_function = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                if is_function and node.end_lineno and 3 <= node.end_lineno - node.lineno + 1 <= 40:
+                    found.append(textwrap.dedent("".join(lines[node.lineno - 1 : node.end_lineno])))
+        if len(found) < min_per_class:
+            continue
+        pick = rng.permutation(len(found))[:per_class]
+        n_train = (3 * len(pick)) // 4
+        for k, j in enumerate(pick):
+            target = train if k < n_train else valid
+            target.texts.append(found[int(j)])
+            target.labels.append(package)
+    if len({*train.labels}) < 2:
+        raise UserError("the default probe needs at least two standard-library packages; pass --probe")
+    return train, valid
+
+
+@torch.no_grad()
+def features(
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    texts: Sequence[str],
+    max_len: int,
+    pooling: str = "mean",
+    batch_size: int = 32,
+    device: torch.device | str = "cpu",
+) -> Tensor:
+    """(N, D) float64 frozen features of `texts`, each truncated to `max_len` tokens (see module doc)."""
+    kind = getattr(model.config, "kind", "decoder")  # type: ignore[union-attr]
+    specials = tokenizer.specials
+    encoded = [(tokenizer.encode(t) or [specials.eos])[:max_len] for t in texts]
+    out = []
+    for lo in range(0, len(encoded), batch_size):
+        chunk = encoded[lo : lo + batch_size]
+        B, L = len(chunk), max(len(c) for c in chunk)
+        ids = torch.full((B, L), specials.pad, dtype=torch.int64)
+        lengths = torch.tensor([len(c) for c in chunk])
+        for i, c in enumerate(chunk):
+            ids[i, : len(c)] = torch.tensor(c)
+        valid = torch.arange(L)[None, :] < lengths[:, None]
+        docs = torch.where(valid, 0, -1)
+        positions = torch.arange(L).expand(B, L)
+        ids, valid, docs, positions = (t.to(device) for t in (ids, valid, docs, positions))
+        if kind == "encdec":
+            hidden = model.encode(ids, positions, docs)  # type: ignore[operator]
+        else:
+            attention = "causal" if kind == "decoder" else "bidirectional"
+            batch = Batch(ids, ids, positions, docs, attention, segment_ids=torch.zeros_like(ids))  # type: ignore[arg-type]
+            hidden = model(batch).hidden
+            assert hidden is not None, "the model returns no hidden states"
+        if pooling == "pooled":  # BERT's pooled head: tanh(dense(h_0)), trained by NSP/SOP
+            pooler = getattr(model, "pooler", None)
+            if pooler is None:
+                raise UserError("--probe-pooling pooled needs an encoder with a pooled head (n_classes > 0)")
+            out.append(pooler.dense(hidden[:, 0]).tanh().double().cpu())
+            continue
+        hidden = hidden.double()
+        if pooling == "last":
+            pooled = hidden[torch.arange(B, device=hidden.device), lengths.to(hidden.device) - 1]
+        elif pooling == "first":
+            pooled = hidden[:, 0]
+        else:
+            w = valid.to(hidden.dtype)[..., None]
+            pooled = (hidden * w).sum(dim=1) / w.sum(dim=1)
+        out.append(pooled.cpu())
+    return torch.cat(out)
+
+
+def fit_logistic(x: Tensor, y: Tensor, n_classes: int, l2: float = 1e-3, max_iter: int = 200) -> Tensor:
+    """Multinomial logistic regression, full batch, L-BFGS in float64: weights (D + 1, C), bias last.
+
+    Loss: mean cross-entropy + l2/2 * ||W||^2 (the bias is not penalised). Starts from zeros: the
+    same data gives the same weights."""
+    x = torch.cat([x.double(), torch.ones(len(x), 1, dtype=torch.float64)], dim=1)
+    w = torch.zeros(x.size(1), n_classes, dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS([w], lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe")
+
+    def closure() -> Tensor:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(x @ w, y) + 0.5 * l2 * w[:-1].pow(2).sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        optimizer.step(closure)
+    return w.detach()
+
+
+def predict(w: Tensor, x: Tensor) -> Tensor:
+    x = torch.cat([x.double(), torch.ones(len(x), 1, dtype=torch.float64)], dim=1)
+    return (x @ w).argmax(dim=1)
+
+
+def mcc(pred: Tensor, gold: Tensor) -> float:
+    """Matthews correlation of binary predictions; 0 when any factor of the denominator is 0."""
+    tp = int(((pred == 1) & (gold == 1)).sum())
+    tn = int(((pred == 0) & (gold == 0)).sum())
+    fp = int(((pred == 1) & (gold == 0)).sum())
+    fn = int(((pred == 0) & (gold == 1)).sum())
+    den = (tp + fp) * (tp + fn) * (tn + fp) * (tn + fn)
+    return (tp * tn - fp * fn) / den**0.5 if den else 0.0
+
+
+def run_probe(
+    train_x: Tensor,
+    train_labels: Sequence[str],
+    valid_x: Tensor,
+    valid_labels: Sequence[str],
+    l2: float = 1e-3,
+) -> dict[str, float]:
+    """Standardise on train, fit, and score on valid: accuracy, majority baseline, MCC for two classes."""
+    classes = sorted(set(train_labels))
+    index = {c: i for i, c in enumerate(classes)}
+    unknown = sorted(set(valid_labels) - set(classes))
+    if unknown:
+        raise UserError(f"probe validation labels {unknown[:3]} never occur in the training file")
+    if len(classes) < 2:
+        raise UserError("the probe's training file has a single label: a classifier needs two or more")
+    y = torch.tensor([index[c] for c in train_labels])
+    yv = torch.tensor([index[c] for c in valid_labels])
+    mean, std = train_x.mean(dim=0), train_x.std(dim=0).clamp(min=1e-8)
+    xs, xv = (train_x - mean) / std, (valid_x - mean) / std
+    w = fit_logistic(xs, y, len(classes), l2)
+    pred = predict(w, xv)
+    majority = int(torch.bincount(y, minlength=len(classes)).argmax())
+    out = {
+        "probe_accuracy": float((pred == yv).double().mean()),
+        "probe_train_accuracy": float((predict(w, xs) == y).double().mean()),
+        "probe_majority_accuracy": float((yv == majority).double().mean()),
+        "probe_classes": float(len(classes)),
+        "probe_train_examples": float(len(y)),
+        "probe_valid_examples": float(len(yv)),
+        "probe_feature_dim": float(train_x.size(1)),
+    }
+    if len(classes) == 2:
+        out["probe_mcc"] = mcc(pred, yv)
+    return out

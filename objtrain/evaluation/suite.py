@@ -1,0 +1,442 @@
+"""The evaluation suite: everything a checkpoint can be measured on, as one flat JSON-ready dict.
+
+    from objtrain.evaluation.suite import EvalOptions, evaluate
+    result = evaluate("runs/fim", data="runs/demo/store", options=EvalOptions(stride=128))
+    result["bits_per_byte"], result["infill_exact_match"], result["probe_accuracy"]
+
+What runs follows from the model and what it was trained with (config.json's `training` section; a
+checkpoint without one gets what its model kind allows):
+
+- left to right (`lm.py`): decoders (MTP: head 1; FIM: plain text; prefix LM: empty prefix) and
+  encoder-decoders through their decoder (the encoder reads one EOS): loss, perplexity, bits_per_byte,
+  byte_perplexity, word_perplexity;
+- corruptions (`corrupted.py`): the trained objective's own loss (objective_loss); masked_accuracy and
+  masked_loss for encoders; span_target_loss for encoder-decoders;
+- infilling (`infill.py`): FIM decoders, span models, other decoders left to right (line tasks only):
+  infill_exact_match(_norm), infill_parse_rate, infill_stop_rate;
+- probe (`probe.py`), every model: probe_accuracy, probe_mcc (two classes), baselines;
+- samples, every model: a few greedy continuations or fills, under `samples`.
+
+Every number is a float under a fixed name (`METRICS` says which direction is better), so `compare`
+can tabulate arms; descriptive keys (`model_kind`, `objective`, `lm_mode`, ...) are strings. Eval
+randomness (corruptions, infill cuts, probe sampling) comes from `EvalOptions.seed`, independent of the
+training seed, and is stored in the result.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from objtrain.data.default import default_store_path
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.devices import resolve_device
+from objtrain.errors import UserError
+from objtrain.evaluation import corrupted, infill, lm, probe
+from objtrain.evaluation import generate as gen
+from objtrain.models.checkpoint import Checkpoint, load_checkpoint
+from objtrain.models.zoo import count_parameters
+from objtrain.training.accounting import token_bytes
+from objtrain.training.data import DataSource, Documents
+
+PARTS = ("lm", "corrupted", "infill", "probe", "samples")
+DEFAULT_WINDOW = 256
+
+# name -> (better: "lower" | "higher", what it is). Counts and baselines are "info".
+METRICS: dict[str, tuple[str, str]] = {
+    "bits_per_byte": ("lower", "left-to-right NLL in bits per UTF-8 byte (comparable across tokenizers)"),
+    "loss": ("lower", "left-to-right NLL per scored token (nats)"),
+    "perplexity": ("lower", "token perplexity exp(loss) (depends on the tokenizer)"),
+    "byte_perplexity": ("lower", "2 ** bits_per_byte"),
+    "word_perplexity": ("lower", "exp(NLL / whitespace-separated words), with --word-ppl"),
+    "objective_loss": ("lower", "the training objective's loss on eval-seed corruptions of held-out rows"),
+    "masked_accuracy": ("higher", "top-1 accuracy at 15% masked positions (all <mask>)"),
+    "masked_loss": ("lower", "NLL per masked position, same masks"),
+    "masked_majority_accuracy": ("info", "accuracy of always predicting the most frequent masked token"),
+    "span_target_loss": ("lower", "teacher-forced NLL per target token of T5 span corruption (0.15, 3)"),
+    "span_target_accuracy": ("higher", "top-1 accuracy over the same span targets"),
+    "infill_exact_match": ("higher", "infilled middle == the cut-out middle"),
+    "infill_exact_match_norm": ("higher", "exact match after stripping trailing whitespace per line"),
+    "infill_parse_rate": ("higher", "share of infilled functions that parse with ast"),
+    "infill_stop_rate": ("info", "share of fills that ended on the model's stop token"),
+    "probe_accuracy": ("higher", "linear probe accuracy on the probe's validation split"),
+    "probe_mcc": ("higher", "Matthews correlation of the probe (two classes)"),
+    "probe_train_accuracy": ("info", "linear probe accuracy on its own training split"),
+    "probe_majority_accuracy": ("info", "accuracy of always predicting the majority training label"),
+}
+
+
+@dataclass
+class EvalOptions:
+    split: str = "valid"  # store split scored
+    window: int | None = None  # left-to-right window; None = the training seq_len, else 256
+    stride: int | None = None  # None = window (disjoint windows, as the LM evaluation harness)
+    word_ppl: bool = False  # also word-level perplexity (whitespace words of the scored text)
+    max_docs: int | None = None  # score at most this many documents (None = all)
+    batch_size: int = 16
+    seed: int = 1234  # eval seed: corruptions, infill cuts, probe sampling
+    corrupt_rows: int = 64  # rows for corruption-based scores
+    infill_tasks: int = 32
+    infill_file: Path | None = None  # HumanEval-Infilling JSONL
+    infill_kinds: tuple[str, ...] = ("line", "span")
+    infill_max_tokens: int = 64  # most tokens a line fill may take (span fills: twice as many)
+    probe_train: Path | None = None  # labelled TSV/JSONL; None = the standard-library package probe
+    probe_valid: Path | None = None  # None = a quarter of probe_train held out under the seed
+    probe_pooling: str = "mean"  # mean | last | first | pooled (an encoder's pooled head)
+    probe_l2: float = 1e-3
+    samples: int = 3
+    sample_tokens: int = 32
+    skip: tuple[str, ...] = ()  # parts to leave out: lm, corrupted, infill, probe, samples
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.skip) - set(PARTS))
+        if unknown:
+            raise UserError(f"--skip {unknown[0]!r} is not a part (parts: {', '.join(PARTS)})")
+        if self.probe_pooling not in ("mean", "last", "first", "pooled"):
+            raise UserError(
+                f"--probe-pooling must be mean, last, first or pooled, got {self.probe_pooling!r}"
+            )
+        if self.probe_valid is not None and self.probe_train is None:
+            raise UserError("--probe-valid needs --probe (the training file)")
+        bad = sorted(set(self.infill_kinds) - {"line", "span"})
+        if bad or not self.infill_kinds:
+            raise UserError(f"--infill-kinds must be line, span or both, got {','.join(self.infill_kinds)}")
+
+
+@dataclass
+class EvalData:
+    """Held-out documents in the checkpoint's tokens, and their text when it is at hand."""
+
+    name: str
+    docs: Documents  # documents; `closed` = packed pieces, a document's last one ending in EOS
+    eos: int = 3
+    texts: list[str] | None = None  # raw text files: the text itself
+    text_bytes: int | None = None
+    roundtrip: bool = True
+    _decoded: list[str] | None = field(default=None, repr=False)
+
+    def documents(self, limit: int | None = None) -> list[np.ndarray]:
+        """Token arrays without any trailing EOS (that EOS is never scored)."""
+        offsets, tokens = self.docs.offsets, self.docs.tokens
+        n = len(self.docs) if limit is None else min(limit, len(self.docs))
+        out = []
+        for i in range(n):
+            d = np.asarray(tokens[offsets[i] : offsets[i + 1]], dtype=np.int64)
+            if self.docs.closed and len(d) and d[-1] == self.eos:  # only a document's last piece has it
+                d = d[:-1]
+            out.append(d)
+        return out
+
+    def text_of(self, tokenizer: Tokenizer, limit: int | None = None) -> list[str]:
+        if self.texts is not None:
+            return self.texts[:limit] if limit is not None else self.texts
+        return [tokenizer.decode(d.tolist()) for d in self.documents(limit)]
+
+
+def run_dir_of(path: Path) -> Path | None:
+    """The run directory holding a checkpoint (RUN/checkpoints/NAME or RUN/checkpoint), if any."""
+    for candidate in (path, path.parent, path.parent.parent):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    return None
+
+
+def resolve_data(ckpt: Checkpoint, data: str | Path | None, split: str) -> EvalData:
+    """A store (token or packed), a raw UTF-8 text file, or with no DATA the run's own store (else the
+    embedded default store when its tokenizer is the checkpoint's)."""
+    tokenizer = ckpt.tokenizer
+    if tokenizer is None:
+        raise UserError(f"{ckpt.path} has no tokenizer.model: it cannot encode evaluation data")
+    if data is None:
+        run = run_dir_of(Path(ckpt.path)) if ckpt.path else None
+        store = None
+        if run is not None:
+            try:
+                cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8")) or {}
+                store = (cfg.get("data") or {}).get("store")
+            except (OSError, yaml.YAMLError, AttributeError):
+                store = None
+        if store is None and (default_store_path() / "meta.json").is_file():
+            store = default_store_path()
+        if store is None:
+            raise UserError("no evaluation data: pass --data STORE_OR_TEXT")
+        data = Path(store)
+    path = Path(data)
+    if not path.exists():
+        raise UserError(f"data not found: {path}")
+    if path.is_dir():
+        source = DataSource(path)
+        if source.tokenizer.hash != tokenizer.hash:
+            raise UserError(
+                f"{path} was tokenized with another tokenizer ({source.tokenizer.hash}) than the "
+                f"checkpoint's ({tokenizer.hash}): pass a store made with it, or a text file"
+            )
+        if not source.has_split(split):
+            raise UserError(f"{path} has no documents in its {split!r} split")
+        return EvalData(f"{path} [{split}]", source.documents(split), eos=ckpt.specials.eos)
+    return text_data(path, tokenizer)
+
+
+def text_data(path: Path, tokenizer: Tokenizer) -> EvalData:
+    """A raw text file as one document, encoded with the checkpoint's tokenizer; bytes are its UTF-8 bytes."""
+    raw = path.read_bytes()
+    if not raw.strip():
+        raise UserError(f"{path} is empty: nothing to evaluate")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path} is not UTF-8 text (invalid byte at offset {exc.start})") from None
+    ids = np.asarray(tokenizer.encode(text), dtype=np.int64)
+    docs = Documents(ids, np.array([0, len(ids)], dtype=np.int64))
+    roundtrip = tokenizer.decode(ids.tolist()) == text
+    return EvalData(
+        str(path), docs, eos=tokenizer.specials.eos, texts=[text], text_bytes=len(raw), roundtrip=roundtrip
+    )
+
+
+def _seq_len(ckpt: Checkpoint, options: EvalOptions) -> int:
+    return int(options.window or ckpt.training.get("seq_len") or DEFAULT_WINDOW)
+
+
+def evaluate(
+    checkpoint: str | Path | Checkpoint, data: str | Path | None = None, options: EvalOptions | None = None
+) -> dict[str, Any]:
+    """Run every part of the suite the checkpoint supports (see the module docstring)."""
+    options = options or EvalOptions()
+    device = resolve_device(options.device)
+    torch.manual_seed(options.seed)
+    ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(Path(checkpoint), device)
+    ckpt.model.eval()
+    tokenizer = ckpt.tokenizer
+    evaldata = resolve_data(ckpt, data, options.split)
+    assert tokenizer is not None
+    kind, info, specials = ckpt.config.kind, ckpt.training, ckpt.specials
+    seq_len = _seq_len(ckpt, options)
+    result: dict[str, Any] = {
+        "checkpoint": str(ckpt.path),
+        "model_kind": kind,
+        "objective": info.get("objective"),
+        "train_step": info.get("step"),
+        "train_tokens": info.get("tokens"),
+        "parameters": count_parameters(ckpt.model),
+        "data": evaldata.name,
+        "eval_seed": options.seed,
+    }
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+    if "lm" not in options.skip and kind != "encoder":
+        t0 = time.perf_counter()
+        result.update(_left_to_right(ckpt, evaldata, options, seq_len, device))
+        timings["lm"] = time.perf_counter() - t0
+    if "corrupted" not in options.skip:
+        t0 = time.perf_counter()
+        result.update(
+            corrupted.objective_scores(
+                ckpt.model,
+                kind,
+                info,
+                evaldata.docs,
+                specials,
+                tokenizer,
+                seq_len,
+                options.corrupt_rows,
+                options.batch_size,
+                options.seed,
+                device,
+            )
+        )
+        timings["corrupted"] = time.perf_counter() - t0
+    results: list[infill.InfillResult] = []
+    if "infill" not in options.skip:
+        t0 = time.perf_counter()
+        part, results = _infill(ckpt, evaldata, options, seq_len)
+        result.update(part)
+        timings["infill"] = time.perf_counter() - t0
+    if "probe" not in options.skip:
+        t0 = time.perf_counter()
+        result.update(_probe(ckpt, options, seq_len, device))
+        timings["probe"] = time.perf_counter() - t0
+    if "samples" not in options.skip and options.samples > 0:
+        result["samples"] = _samples(ckpt, evaldata, options, results)
+    result["seconds"] = time.perf_counter() - started
+    result["part_seconds"] = {k: round(v, 3) for k, v in timings.items()}
+    return result
+
+
+def _left_to_right(
+    ckpt: Checkpoint, data: EvalData, options: EvalOptions, window: int, device: torch.device
+) -> dict[str, Any]:
+    tokenizer = ckpt.tokenizer
+    assert tokenizer is not None
+    specials, kind = ckpt.specials, ckpt.config.kind
+    documents = data.documents(options.max_docs)
+    words = 0
+    if options.word_ppl:
+        words = sum(len(t.split()) for t in data.text_of(tokenizer, options.max_docs))
+    text_bytes = data.text_bytes if data.texts is not None and options.max_docs in (None, 1) else None
+    context = int(ckpt.training.get("decoder_start_id", specials.pad)) if kind == "encdec" else specials.eos
+    t0 = time.perf_counter()
+    score = lm.score_documents(
+        ckpt.model,
+        documents,
+        token_bytes(tokenizer),
+        context,
+        window,
+        options.stride,
+        specials.eos,
+        options.batch_size,
+        device,
+        text_bytes=text_bytes,
+        words=words,
+    )
+    seconds = time.perf_counter() - t0
+    out: dict[str, Any] = score.metrics(options.word_ppl)
+    out["window"] = window
+    out["stride"] = options.stride or window
+    out["lm_tokens_per_s"] = score.targets / max(seconds, 1e-9)
+    out["lm_mode"] = "decoder, encoder reads one EOS" if kind == "encdec" else "left to right, behind one EOS"
+    if ckpt.config.mtp_heads > 1:
+        out["lm_mode"] += ", head 1"
+    if not data.roundtrip:
+        out["roundtrip"] = False
+    return out
+
+
+def _infill(
+    ckpt: Checkpoint, data: EvalData, options: EvalOptions, seq_len: int
+) -> tuple[dict[str, Any], list[infill.InfillResult]]:
+    tokenizer = ckpt.tokenizer
+    assert tokenizer is not None
+    mode = infill.infill_mode(ckpt.config.kind, ckpt.training)
+    if mode == "none":
+        return {}, []
+    if options.infill_file is not None:
+        tasks = infill.read_infill_file(options.infill_file)[: options.infill_tasks]
+    else:
+        kinds = options.infill_kinds if mode != "left-to-right" else ("line",)
+        budget = seq_len - 8
+
+        def fits(source: str) -> bool:
+            return len(tokenizer.encode(source)) <= budget
+
+        texts = data.text_of(tokenizer, 200)
+        tasks = infill.code_tasks(texts, options.infill_tasks, kinds, options.seed, fits)  # type: ignore[arg-type]
+    if not tasks:
+        return {"infill_mode": mode, "infill_skipped": "no Python functions in the held-out data"}, []
+    if mode == "left-to-right":
+        tasks = [t for t in tasks if t.kind in ("line", "file")]
+    results = infill.infill_tasks(
+        ckpt.model,
+        mode,
+        tokenizer,
+        ckpt.specials,
+        ckpt.training,
+        tasks,
+        options.infill_max_tokens,
+        2 * options.infill_max_tokens,
+    )
+    out: dict[str, Any] = {"infill_mode": mode, **infill.infill_metrics(results)}
+    return out, results
+
+
+def _probe(ckpt: Checkpoint, options: EvalOptions, seq_len: int, device: torch.device) -> dict[str, Any]:
+    tokenizer = ckpt.tokenizer
+    assert tokenizer is not None
+    if options.probe_train is None:
+        train, valid = probe.stdlib_probe(options.seed)
+        name = "stdlib-package"
+    else:
+        train = probe.read_labelled(options.probe_train)
+        name = str(options.probe_train)
+        if options.probe_valid is not None:
+            valid = probe.read_labelled(options.probe_valid)
+        else:  # hold a quarter out under the eval seed
+            order = np.random.default_rng(options.seed).permutation(len(train.texts))
+            cut = max(len(order) // 4, 1)
+            held, kept = order[:cut], order[cut:]
+            valid = probe.Labelled([train.texts[i] for i in held], [train.labels[i] for i in held])
+            train = probe.Labelled(
+                [train.texts[i] for i in kept], [train.labels[i] for i in kept], train.replaced_lines
+            )
+    model = ckpt.model
+    pooling = options.probe_pooling
+    xt = probe.features(model, tokenizer, train.texts, seq_len, pooling, options.batch_size * 2, device)
+    xv = probe.features(model, tokenizer, valid.texts, seq_len, pooling, options.batch_size * 2, device)
+    out: dict[str, Any] = {"probe": name, "probe_pooling": pooling}
+    out.update(probe.run_probe(xt, train.labels, xv, valid.labels, options.probe_l2))
+    if train.replaced_lines or valid.replaced_lines:
+        out["probe_non_utf8_lines"] = float(train.replaced_lines + valid.replaced_lines)
+    return out
+
+
+def _samples(
+    ckpt: Checkpoint, data: EvalData, options: EvalOptions, results: list[infill.InfillResult]
+) -> list[dict[str, Any]]:
+    """A few greedy outputs for the eye: continuations (decoders), fills (span models, encoders)."""
+    tokenizer = ckpt.tokenizer
+    assert tokenizer is not None
+    specials, kind, model = ckpt.specials, ckpt.config.kind, ckpt.model
+    out: list[dict[str, Any]] = []
+    for r in results[: options.samples]:
+        out.append(
+            {
+                "mode": "infill",
+                "prefix": r.task.prefix[-200:],
+                "suffix": r.task.suffix[:200],
+                "output": r.output,
+                "expected": r.task.middle,
+            }
+        )
+    docs = [d for d in data.documents(50) if len(d) >= 24][: options.samples]
+    prompt_len = 24
+    for d in docs:
+        prompt = d[:prompt_len].tolist()
+        if kind == "decoder":
+            ids = list(gen.generate_decoder(model, prompt, options.sample_tokens, stop_ids=(specials.eos,)))  # type: ignore[arg-type]
+            out.append(
+                {
+                    "mode": "continue",
+                    "prompt": tokenizer.decode(prompt),
+                    "output": tokenizer.decode(ids),
+                    "expected": tokenizer.decode(d[prompt_len : prompt_len + options.sample_tokens].tolist()),
+                }
+            )
+        elif kind == "encoder":
+            k = prompt_len // 2
+            text = tokenizer.decode(prompt[:k]) + gen.MASK_MARKER + tokenizer.decode(prompt[k + 1 :])
+            cands = gen.fill_mask(model, tokenizer, text, top_k=3)  # type: ignore[arg-type]
+            out.append(
+                {
+                    "mode": "fill-mask",
+                    "prompt": text,
+                    "output": cands[0][0].text if cands else "",
+                    "candidates": [c.text for c in cands[0]] if cands else [],
+                    "expected": tokenizer.decode(prompt[k : k + 1]),
+                }
+            )
+        else:
+            k = prompt_len // 2
+            task = infill.InfillTask(
+                "sample",
+                tokenizer.decode(prompt[:k]),
+                tokenizer.decode(prompt[k : k + 3]),
+                tokenizer.decode(prompt[k + 3 :]),
+            )
+            r = infill.infill_one(model, "sentinel", tokenizer, specials, ckpt.training, task, 16)
+            out.append(
+                {
+                    "mode": "span-fill",
+                    "prefix": task.prefix,
+                    "suffix": task.suffix,
+                    "output": r.output,
+                    "expected": task.middle,
+                }
+            )
+    return out

@@ -1,0 +1,172 @@
+"""`objtrain eval` end to end on debug checkpoints: what each model kind reports, known answers through
+the command line, and one clear line with exit code 2 for every bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from objtrain.cli import main
+from objtrain.data.pack import PackConfig, pack_store
+from objtrain.data.tokenize import TokenizeConfig, tokenize_corpus
+
+CODE = '''def first(items):
+    """The first item."""
+    for item in items:
+        return item
+    return None
+
+
+def total(values, start=0):
+    result = start
+    for value in values:
+        result += value
+    return result
+'''
+
+Result = tuple[int, str, str]
+
+
+@pytest.fixture
+def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
+    def run(*args: object) -> Result:
+        monkeypatch.setattr(sys, "argv", ["objtrain", "eval", *map(str, args)])
+        code = 0
+        try:
+            main()
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    return run
+
+
+@pytest.fixture
+def code_file(tmp_path: Path) -> Path:
+    path = tmp_path / "code.py"
+    path.write_text(CODE, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def probe_files(tmp_path: Path) -> tuple[Path, Path]:
+    words = {"1": ["good", "fine", "great", "nice"], "0": ["bad", "dull", "poor", "awful"]}
+    lines = [f"{label} a {w} film {i}" for i in range(6) for label, ws in words.items() for w in ws]
+    (tmp_path / "train.txt").write_text("\n".join(lines[:32]) + "\n", encoding="utf-8")
+    (tmp_path / "dev.txt").write_text("\n".join(lines[32:]) + "\n", encoding="utf-8")
+    return tmp_path / "train.txt", tmp_path / "dev.txt"
+
+
+def _json(result: Result) -> dict:
+    code, out, err = result
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_uniform_model_bits_per_byte_is_log2_v_times_tokens_over_bytes(
+    cli, debug_checkpoint, code_file, tokenizer
+):
+    ckpt = debug_checkpoint("decoder", zero=True)
+    out = _json(cli(ckpt, "--data", code_file, "--format", "json", "--skip", "corrupted,infill,probe,samples",
+                    "--window", "16", "--stride", "5", "--word-ppl"))  # fmt: skip
+    T, B, W = len(tokenizer.encode(CODE)), len(CODE.encode("utf-8")), len(CODE.split())
+    assert out["scored_tokens"] == T and out["scored_bytes"] == B
+    assert out["bits_per_byte"] == pytest.approx(math.log2(tokenizer.vocab_size) * T / B, rel=1e-6)
+    assert out["loss"] == pytest.approx(math.log(tokenizer.vocab_size), rel=1e-6)
+    assert out["word_perplexity"] == pytest.approx(2 ** (out["bits_per_byte"] * B / W), rel=1e-6)
+    assert out["byte_perplexity"] == pytest.approx(2 ** out["bits_per_byte"], rel=1e-9)
+
+
+def test_fim_decoder_reports_every_part(cli, debug_checkpoint, code_file, probe_files):
+    training = {"objective": "fim", "objective_config": {"fim_rate": 0.5}, "fim_mode": "psm", "seq_len": 64}
+    ckpt = debug_checkpoint("decoder", training)
+    args = (ckpt, "--data", code_file, "--probe", probe_files[0], "--probe-valid", probe_files[1],
+            "--infill-tasks", "2", "--infill-max-tokens", "8", "--samples", "1",
+            "--corrupt-rows", "4")  # fmt: skip
+    out = _json(cli(*args, "--format", "json"))
+    for key in (
+        "bits_per_byte",
+        "objective_loss",
+        "infill_exact_match",
+        "infill_parse_rate",
+        "probe_accuracy",
+    ):
+        assert isinstance(out[key], float) and math.isfinite(out[key]), key
+    assert out["infill_mode"] == "fim-psm" and out["infill_tasks"] == 2 and out["window"] == 64
+    assert out["probe_classes"] == 2 and "probe_mcc" in out and out["samples"]
+    code, text, err = cli(*args)
+    assert code == 0, err
+    assert "bits_per_byte" in text and "infill_parse_rate" in text and "probe_accuracy" in text
+
+
+def test_encoder_and_encdec_get_their_own_scores(cli, debug_checkpoint, code_file, probe_files):
+    enc = _json(cli(debug_checkpoint("encoder", {"objective": "mlm", "seq_len": 32}), "--data", code_file,
+                    "--format", "json", "--probe", probe_files[0], "--probe-pooling", "pooled",
+                    "--corrupt-rows", "4",
+                    "--samples", "1"))  # fmt: skip
+    assert "bits_per_byte" not in enc and "infill_exact_match" not in enc
+    assert 0.0 <= enc["masked_accuracy"] <= 1.0 and enc["masked_loss"] > 0 and "objective_loss" in enc
+    assert enc["samples"][0]["mode"] == "fill-mask"
+    assert enc["probe_pooling"] == "pooled" and enc["probe_feature_dim"] == 32
+    encdec = _json(cli(debug_checkpoint("encdec", {"objective": "span", "seq_len": 96}), "--data", code_file,
+                       "--format", "json", "--skip", "probe", "--infill-tasks", "2",
+                       "--infill-max-tokens", "8", "--corrupt-rows", "4", "--samples", "1"))  # fmt: skip
+    assert encdec["span_target_loss"] > 0 and encdec["bits_per_byte"] > 0
+    assert encdec["infill_mode"] == "sentinel" and encdec["infill_tasks"] == 2
+
+
+def test_a_token_store_is_scored_on_its_valid_split(cli, debug_checkpoint, tmp_path, stdlib_texts, tokenizer):
+    (tmp_path / "corpus").mkdir()
+    for i, text in enumerate(stdlib_texts[:3]):
+        (tmp_path / "corpus" / f"m{i}.py").write_text(text, encoding="utf-8")
+    (tmp_path / "tok.model").write_bytes(tokenizer.model_proto)
+    config = TokenizeConfig(tokenizer=tmp_path / "tok.model", doc_split="blank-line", valid_fraction=0.2)
+    tokenize_corpus([tmp_path / "corpus"], tmp_path / "store", config)
+    ckpt = debug_checkpoint("decoder", zero=True)
+    out = _json(
+        cli(ckpt, "--data", tmp_path / "store", "--format", "json", "--skip", "corrupted,infill,probe")
+    )
+    meta = json.loads((tmp_path / "store" / "meta.json").read_text())
+    valid = meta["splits"]["valid"]
+    assert out["scored_tokens"] == valid["tokens"] and out["scored_bytes"] == valid["bytes"]
+    assert out["documents"] == valid["documents"]
+    # a packed store cuts documents into row pieces; every byte is still scored once
+    pack_store(tmp_path / "store", tmp_path / "packed", PackConfig(seq_len=64, mode="concat"))
+    packed = _json(
+        cli(ckpt, "--data", tmp_path / "packed", "--format", "json", "--skip", "corrupted,infill,probe")
+    )
+    assert packed["scored_bytes"] == valid["bytes"] and packed["documents"] > valid["documents"]
+    assert packed["bits_per_byte"] == pytest.approx(out["bits_per_byte"], rel=1e-6)  # uniform: per token
+
+
+def _refused(result: Result, fragment: str) -> None:
+    code, _, err = result
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error:"), err
+    assert fragment in lines[0] and "Traceback" not in err
+
+
+def test_bad_inputs_are_one_line_and_exit_2(cli, debug_checkpoint, tmp_path, code_file, probe_files):
+    ckpt = debug_checkpoint("decoder")
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    (tmp_path / "nolabel.jsonl").write_text('{"text": "no label"}\n')
+    _refused(cli(ckpt, "--data", tmp_path / "empty.txt"), "empty")
+    _refused(cli(ckpt, "--data", tmp_path / "latin1.txt"), "not UTF-8")
+    _refused(cli(ckpt, "--data", code_file, "--probe", tmp_path / "nolabel.jsonl"), "label")
+    _refused(cli(tmp_path / "nowhere", "--data", code_file), "no checkpoint or run directory")
+    _refused(cli(ckpt, "--data", tmp_path / "missing.txt"), "not found")
+    _refused(cli(ckpt, "--data", code_file, "--stride", "1000", "--window", "8"), "--stride")
+    _refused(cli(ckpt, "--data", code_file, "--skip", "everything"), "not a part")
+    pooled = ("--probe", probe_files[0], "--probe-pooling", "pooled", "--skip", "lm,corrupted,infill")
+    _refused(cli(ckpt, "--data", code_file, *pooled), "pooled head")
+    (ckpt / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+    _refused(cli(ckpt, "--data", code_file), "safetensors")
+    (ckpt / "config.json").write_text("{not json")
+    _refused(cli(ckpt, "--data", code_file), "not valid JSON")

@@ -1,0 +1,84 @@
+"""Linear probes: separable data near 100%, shuffled labels near chance, readers and their refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from objtrain.errors import UserError
+from objtrain.evaluation.probe import mcc, read_labelled, run_probe
+
+
+def _blobs(n: int, d: int, seed: int, shift: float) -> tuple[torch.Tensor, list[str]]:
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 3, (n,), generator=g)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64)
+    x[:, :3] += shift * torch.nn.functional.one_hot(y, 3).double()
+    return x, [f"c{int(v)}" for v in y]
+
+
+def test_separable_data_is_learned_almost_perfectly() -> None:
+    xt, yt = _blobs(300, 16, 0, 8.0)
+    xv, yv = _blobs(200, 16, 1, 8.0)
+    out = run_probe(xt, yt, xv, yv)
+    assert out["probe_accuracy"] > 0.97 and out["probe_classes"] == 3
+    assert out["probe_majority_accuracy"] < 0.5
+
+
+def test_shuffled_labels_stay_near_chance() -> None:
+    xt, yt = _blobs(600, 16, 0, 8.0)
+    xv, yv = _blobs(600, 16, 1, 8.0)
+    order = torch.randperm(len(yt), generator=torch.Generator().manual_seed(2)).tolist()
+    shuffled = [yt[i] for i in order]
+    out = run_probe(xt, shuffled, xv, yv)
+    assert abs(out["probe_accuracy"] - 1 / 3) < 0.08  # 600 examples: chance +- about 3 standard errors
+
+
+def test_probe_is_deterministic_and_constant_features_give_the_majority() -> None:
+    xt, yt = _blobs(100, 8, 0, 2.0)
+    xv, yv = _blobs(80, 8, 1, 2.0)
+    assert run_probe(xt, yt, xv, yv) == run_probe(xt, yt, xv, yv)
+    labels = ["a"] * 70 + ["b"] * 30
+    out = run_probe(torch.ones(100, 4, dtype=torch.float64), labels, torch.ones(40, 4, dtype=torch.float64),
+                    ["a"] * 25 + ["b"] * 15)  # fmt: skip
+    assert out["probe_accuracy"] == pytest.approx(25 / 40) and out["probe_mcc"] == 0.0
+
+
+def test_mcc_known_values() -> None:
+    gold = torch.tensor([1, 1, 0, 0])
+    assert mcc(gold, gold) == 1.0 and mcc(1 - gold, gold) == -1.0 and mcc(torch.ones(4), gold) == 0.0
+
+
+def test_readers_take_sst_cola_glue_and_jsonl(tmp_path: Path) -> None:
+    (tmp_path / "sst").write_text("1 a fine film .\n0 a dull one .\n", encoding="utf-8")
+    (tmp_path / "cola.tsv").write_text("gj04\t1\t\tOur friends won't buy this.\nx\t0\t*\tThey drank pub.\n")
+    (tmp_path / "glue.tsv").write_text("sentence\tlabel\nnice\t1\nbad\t0\n")
+    (tmp_path / "d.jsonl").write_text('{"text": "why", "label": 2}\n{"sentence": "who", "label": "HUM"}\n')
+    (tmp_path / "bad.txt").write_bytes(b"0 sister\xf0city\n1 fine\n")
+    assert read_labelled(tmp_path / "sst").labels == ["1", "0"]
+    cola = read_labelled(tmp_path / "cola.tsv")
+    assert cola.labels == ["1", "0"] and cola.texts[1] == "They drank pub."
+    assert read_labelled(tmp_path / "glue.tsv").texts == ["nice", "bad"]
+    assert read_labelled(tmp_path / "d.jsonl").labels == ["2", "HUM"]
+    bad = read_labelled(tmp_path / "bad.txt")
+    assert bad.replaced_lines == 1 and bad.labels == ["0", "1"]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "fragment"),
+    [
+        ("a.jsonl", '{"text": "no label here"}\n', "no 'label' field"),
+        ("b.tsv", "sentence\tscore\nnice\t0.5\n", "no 'label' column"),
+        ("c.txt", "just a sentence without a label\n", "no label column"),
+        ("d.tsv", "some text here\tmore text here\n", "no label column"),
+        ("e.txt", "\n\n", "empty"),
+    ],
+)
+def test_a_file_without_labels_is_one_clear_error(
+    tmp_path: Path, name: str, content: str, fragment: str
+) -> None:
+    (tmp_path / name).write_text(content, encoding="utf-8")
+    with pytest.raises(UserError, match=fragment):
+        read_labelled(tmp_path / name)
