@@ -14,6 +14,7 @@ from rich.text import Text
 
 from objtrain import IGNORE
 from objtrain.batch import MODEL_KINDS, Batch
+from objtrain.cli.common import check_format, make_console, progress_bar
 from objtrain.config import parse_overrides
 from objtrain.errors import UserError
 from objtrain.objectives.registry import build_objective, objective_class
@@ -57,20 +58,24 @@ def run(
     model_kind: str = typer.Option(
         None, "--model-kind", help="decoder | encoder | encdec (default: the objective's first)."
     ),
-    fmt: str = typer.Option("text", "--format", help="text (coloured) or jsonl (one object per row)."),
+    fmt: str = typer.Option(
+        "text", "--format", help="text (coloured), json (one document) or jsonl (one object per row)."
+    ),
     show_attention: bool = typer.Option(False, "--show-attention", help="Draw each row's attention pattern."),
     stats: bool = typer.Option(
         False, "--stats", help="Realised rates over all rows beside the configured ones."
     ),
     list_: bool = typer.Option(False, "--list", help="List every objective and exit."),
 ) -> None:
-    """Show the original, the model input and the target of a few rows, aligned and coloured."""
-    console = Console(highlight=False)
+    """Show the original, the model input and the target of a few rows, aligned and coloured.
+
+    Example: objtrain corrupt runs/demo/packed --objective span noise_density=0.3 --n 2
+    """
+    console = make_console(highlight=False)
     if list_:
         print_list(console)
         return
-    if fmt not in ("text", "jsonl"):
-        raise UserError(f"--format must be text or jsonl, got {fmt!r}")
+    fmt = check_format(fmt)
     if objective is None:
         raise UserError("--objective is required (see `objtrain corrupt --list`)")
     if model_kind is not None and model_kind not in MODEL_KINDS:
@@ -96,30 +101,43 @@ def run(
     raw = shown.read_rows(source, raw_length, n_rows, tokenizer_store=tokenizer, text=text)
 
     aggregate = shown.Aggregate()
-    for batch, start in shown.corrupt_rows(obj, raw, seed):
-        views = [shown.align_row(batch, b, raw, start + b) for b in range(batch.input_ids.size(0))]
-        if stats:
-            aggregate.add(batch, views)
-            continue
-        for b, view in enumerate(views):
-            if fmt == "jsonl":
-                sys.stdout.write(json.dumps(shown.row_record(obj, view, batch, b, raw)) + "\n")
-            else:
-                print_row(console, view, raw)
-                if show_attention:
-                    print_attention(console, batch, b)
+    records: list[dict[str, Any]] = []  # --format json: one document at the end
+    # Many rows (--stats --n 5000) take seconds: show how far it is (on a terminal only).
+    bar = progress_bar(transient=True)
+    task = bar.add_task("corrupting rows", total=int(raw.tokens.size(0)))
+    with bar:
+        for batch, start in shown.corrupt_rows(obj, raw, seed):
+            n_batch = batch.input_ids.size(0)
+            views = [shown.align_row(batch, b, raw, start + b) for b in range(n_batch)]
+            bar.advance(task, n_batch)
+            if stats:
+                aggregate.add(batch, views)
+                continue
+            for b, view in enumerate(views):
+                if fmt == "text":
+                    print_row(console, view, raw)
+                    if show_attention:
+                        print_attention(console, batch, b)
+                    continue
+                record = shown.row_record(obj, view, batch, b, raw)
+                if fmt == "jsonl":
+                    sys.stdout.write(json.dumps(record) + "\n")
+                else:
+                    records.append(record)
     if stats:
         rows = aggregate.table(obj)
-        if fmt == "jsonl":
+        if fmt == "text":
+            print_stats(console, obj.name, obj.model_kind, aggregate.rows, rows)
+        else:
             record = {
                 "objective": obj.name,
                 "model_kind": obj.model_kind,
                 "rows": aggregate.rows,
                 "stats": {r.name: {"realised": r.realised, "configured": r.configured} for r in rows},
             }
-            sys.stdout.write(json.dumps(record) + "\n")
-        else:
-            print_stats(console, obj.name, obj.model_kind, aggregate.rows, rows)
+            sys.stdout.write(json.dumps(record, indent=2 if fmt == "json" else None) + "\n")
+    elif fmt == "json":
+        sys.stdout.write(json.dumps(records, indent=2) + "\n")
 
 
 def split_args(args: list[str]) -> tuple[Path | None, list[str]]:
@@ -199,7 +217,10 @@ def print_row(console: Console, view: shown.RowView, raw: shown.RawRows) -> None
     )
     if view.seq_label is not None:
         head += f" · sequence label {view.seq_label}"
-    console.rule(head, align="left")
+    if console.is_terminal:
+        console.rule(head, align="left")
+    else:  # piped: a plain heading, not a rule as wide as the unwrapped console
+        console.print(f"── {head}")
     label_w = 9
     width = max(console.width - label_w, 20)
     lines: list[tuple[Text, Text, Text]] = []

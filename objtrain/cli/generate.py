@@ -20,6 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from objtrain.cli.common import check_format, make_console
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.devices import resolve_device
 from objtrain.errors import UserError
@@ -49,17 +50,23 @@ def run(
         False, "--speculative", help="Self-speculative decoding with MTP heads."
     ),
     no_cache: bool = typer.Option(False, "--no-cache", help="Recompute the whole sequence every step."),
-    output_format: str = typer.Option("rich", "--format", help="rich (streamed) or json (one object)."),
+    output_format: str = typer.Option(
+        "text", "--format", help="text (streamed), json or jsonl (one object: text, tokens, mode, ...)."
+    ),
     device: str = typer.Option("cpu", "--device", help="auto | cpu | cuda | cuda:N | mps."),
 ) -> None:
-    """Generate text from a checkpoint."""
-    if output_format not in ("rich", "json"):
-        raise UserError(f"--format must be rich or json, got {output_format!r}")
+    """Generate text from a checkpoint: continue a prompt, infill (FIM), fill masks or spans.
+
+    Example: objtrain generate runs/fim --prefix $'def add(a, b):\\n    ' --suffix $'\\n    return c\\n'
+    """
+    output_format = check_format(output_format)
+    if output_format == "jsonl":
+        output_format = "json"  # one result: the same single line either way
     ckpt = load_checkpoint(checkpoint, device=resolve_device(device))
     if ckpt.tokenizer is None:
         raise UserError(f"{ckpt.path} has no tokenizer.model: it cannot encode a prompt")
     sampling = gen.Sampling(temperature, top_k if ckpt.config.kind != "encoder" else 0, top_p, seed)
-    console = Console()
+    console = make_console()
     kind = ckpt.config.kind
     if kind == "encoder":
         if text is None:
@@ -69,6 +76,13 @@ def run(
         return
     if speculative and (kind != "decoder" or not sampling.greedy):
         raise UserError("--speculative needs a decoder with MTP heads and greedy decoding (no --temperature)")
+    if speculative and ckpt.config.mtp_heads < 2:
+        raise UserError(
+            f"--speculative drafts with the extra MTP heads; {ckpt.path} has none (mtp_heads 1): "
+            "train with --objective mtp, or leave out --speculative"
+        )
+    if (prefix is not None or suffix is not None) and kind == "decoder":
+        _check_fim(ckpt)
     result = _generate(
         ckpt,
         sampling,
@@ -80,10 +94,26 @@ def run(
         max_new_tokens,
         speculative,
         not no_cache,
-        console if output_format == "rich" else None,
+        console if output_format == "text" else None,
     )
     if output_format == "json":
         print(json.dumps(result, ensure_ascii=False))
+
+
+def _check_fim(ckpt: Checkpoint) -> None:
+    """--prefix/--suffix need a model that learned FIM's sentinels; the checkpoint records its objective."""
+    info = ckpt.training
+    objective = info.get("objective")
+    knows_fim = bool(info.get("fim_mode")) or "fim" in json.dumps(info.get("objective_config") or {})
+    if objective is None and not knows_fim:
+        print(
+            f"warning: {ckpt.path} does not record a FIM objective; infilling may be noise", file=sys.stderr
+        )
+    elif objective != "fim" and not knows_fim:
+        raise UserError(
+            f"{ckpt.path} was trained with {objective}, not fill-in-the-middle: --prefix/--suffix need a "
+            "model trained with --objective fim (use --prompt to continue text)"
+        )
 
 
 def _recorded_fim_mode(info: dict[str, Any]) -> str:

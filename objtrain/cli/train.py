@@ -215,3 +215,7 @@ def _dry_run(console: Console, plan: Plan) -> None:
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
+
+
+# Paragraphs rewrapped to the terminal by rich: join their lines.
+run.__doc__ = "\n\n".join(" ".join(p.split()) for p in HELP.split("\n\n"))

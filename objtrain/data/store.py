@@ -96,7 +96,9 @@ class _Store:
     def open(cls: type[StoreT], path: Path | str) -> StoreT:
         path = Path(path)
         meta = _read_meta(path, cls.kind, cls.version, cls.rerun_template.format(path=path))
-        return cls(path, meta)
+        store = cls(path, meta)
+        store.tokenizer  # noqa: B018  # a truncated or swapped tokenizer.model fails here, not later
+        return store
 
     @cached_property
     def specials(self) -> Specials:

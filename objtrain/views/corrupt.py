@@ -135,6 +135,8 @@ def read_rows(
             raise UserError("text needs a tokenizer: pass --tokenizer TOKEN_STORE (or a .model file)")
         tokenizer = load_text_tokenizer(tokenizer_store)
         documents = [text] if text is not None else _text_documents(Path(source))  # type: ignore[arg-type]
+        if not any(documents):  # as `objtrain tokenize` refuses an empty corpus
+            raise UserError("--text is empty" if text is not None else f"{source} holds no text")
         encoded = tokenizer.encode_batch(documents, num_threads=1)
         tokens, docs = rows_from_documents(encoded, raw_length, n_rows, tokenizer.specials)
         return RawRows(tokens, docs, torch.arange(tokens.size(0)), tokenizer.specials, tokenizer, "text")
