@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from objtrain.errors import UserError
+from objtrain.cli.common import check_format, make_console
 from objtrain.evaluation.suite import METRICS, EvalOptions, evaluate
 
 HELP = """Evaluate a checkpoint (or the newest checkpoint of a run directory) with everything it can do.
@@ -74,8 +74,7 @@ def run(
     ] = "text",
     device: Annotated[str, typer.Option(help="torch device (cpu, cuda, auto).")] = "cpu",
 ) -> None:
-    if output_format not in ("text", "rich", "json"):
-        raise UserError(f"--format must be text or json, got {output_format!r}")
+    output_format = check_format(output_format, ("text", "json"))
     options = EvalOptions(
         split=split,
         window=window,
@@ -100,7 +99,7 @@ def run(
     if output_format == "json":
         print(json.dumps(_finite(result), ensure_ascii=False, allow_nan=False))
         return
-    print_result(Console(), result)
+    print_result(make_console(), result)
 
 
 NOTES = (
