@@ -140,7 +140,7 @@ class TrainConfig:
 
 
 # The run `objtrain train` does with no budget: about 5 minutes on 2 CPU cores with a visibly falling loss.
-DEFAULT_STEPS = 500
+DEFAULT_STEPS = 300
 
 
 def build_config(data: dict[str, Any]) -> TrainConfig:
