@@ -111,7 +111,8 @@ def run(
             views = [shown.align_row(batch, b, raw, start + b) for b in range(n_batch)]
             bar.advance(task, n_batch)
             if stats:
-                aggregate.add(batch, views)
+                fed = int((raw.document_ids[start : start + n_batch] >= 0).sum())
+                aggregate.add(batch, views, fed)
                 continue
             for b, view in enumerate(views):
                 if fmt == "text":
@@ -128,6 +129,8 @@ def run(
         rows = aggregate.table(obj)
         if fmt == "text":
             print_stats(console, obj.name, obj.model_kind, aggregate.rows, rows)
+        elif fmt == "json":  # one object of realised statistics, snake_case keys, for pipelines
+            sys.stdout.write(json.dumps(shown.summary(aggregate, obj), indent=2) + "\n")
         else:
             record = {
                 "objective": obj.name,

@@ -94,6 +94,13 @@ class Objective:
         return dict(vars(self.config))
 
 
+def raw_usage(document_ids: Tensor, used: int | float) -> dict[str, float]:
+    """`raw_tokens_fed` (real positions of the raw rows, document id >= 0) and `raw_tokens_unused` (fed
+    but in no input or target of the batch): the waste an objective reports in `Batch.stats`."""
+    fed = int((document_ids >= 0).sum())
+    return {"raw_tokens_fed": float(fed), "raw_tokens_unused": float(fed - used)}
+
+
 def token_loss(logits: Tensor, labels: Tensor) -> LossOutput:
     loss_sum = F.cross_entropy(
         logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1), ignore_index=IGNORE, reduction="sum"

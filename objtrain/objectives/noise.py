@@ -786,3 +786,96 @@ def layout(
     if model_kind == "encdec":
         return encdec_batch(pieces, n_rows, widths[0], widths[1], specials)
     return decoder_batch(pieces, n_rows, widths[0], specials)
+
+
+# --------------------------------------------------------------------------------------------------
+# Fitting whole documents into fixed widths (lossless packing of corrupted documents)
+
+
+def span_lengths_batched(
+    lengths: Tensor, noise_density: float | Tensor, mean_span: float | Tensor, extra: int = 0
+) -> tuple[Tensor, Tensor]:
+    """(inputs, targets) lengths, EOS included, of span corruption of (N,) documents: `span_output_lengths`
+    per document (a lone EOS, length 0, is EOS on both sides). `extra` is added to both sides of every
+    document that gets noise (one more span when `random_roll` wraps a span around the end)."""
+    n_noise, n_spans = _span_counts_batched(lengths, noise_density, mean_span)
+    has = lengths >= 2
+    n_noise = torch.where(has, n_noise, 0)
+    n_spans = torch.where(has, n_spans + extra, 0)
+    return lengths - n_noise + n_spans + 1, n_noise + n_spans + 1
+
+
+def _cumsum_in_rows(values: Tensor, row: Tensor) -> Tensor:
+    """Inclusive cumulative sum of (N,) non-negative values within runs of equal `row`."""
+    total = values.cumsum(0)
+    first = torch.ones_like(row, dtype=torch.bool)
+    first[1:] = row[1:] != row[:-1]
+    base = torch.where(first, total - values, torch.zeros_like(total)).cummax(0).values
+    return total - base
+
+
+def fit_documents(
+    seg: Segments,
+    need: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
+    widths: tuple[int, int],
+    pad: int = 0,
+) -> tuple[Segments, int]:
+    """Keep each row's documents, in order, while their corrupted lengths fit the row's widths.
+
+    `need(lengths, index)` gives (inputs, targets) lengths of documents `index` cut to `lengths` (the
+    per-document formula, EOS included); widths are (encoder, decoder), or (width, 0) when inputs and
+    targets share one sequence. The first document of a row that does not fit whole is cut in *raw*
+    space to the longest prefix whose outputs fit, and later documents are left out, so corruption never
+    loses a target token: what does not fit is raw text left unused, and padding is the only slack.
+    Returns the kept segments and the raw tokens they use (EOS tokens included).
+    """
+    if seg.n == 0:
+        return seg, 0
+    idx = torch.arange(seg.n, device=seg.lengths.device)
+    a, b = need(seg.lengths, idx)
+    if widths[1] == 0:
+        a, b, limit_b = a + b, torch.zeros_like(b), 0
+    else:
+        limit_b = widths[1]
+    ca, cb = _cumsum_in_rows(a, seg.row), _cumsum_in_rows(b, seg.row)
+    fits = (ca <= widths[0]) & (cb <= limit_b)
+    had_eos = seg.had_eos if seg.had_eos is not None else torch.zeros_like(fits)
+    if bool(fits.all()):
+        return seg, int(seg.lengths.sum() + had_eos.sum())
+    first_in_row = torch.ones_like(fits)
+    first_in_row[1:] = seg.row[1:] != seg.row[:-1]
+    prev_fits = first_in_row.clone()
+    prev_fits[1:] |= fits[:-1]
+    first_fail = ~fits & prev_fits  # fits is a prefix of each row's documents
+    new_len = torch.where(fits, seg.lengths, torch.zeros_like(seg.lengths))
+    cut = first_fail.nonzero().squeeze(1)
+    if cut.numel():
+        room_a = widths[0] - (ca - a)[cut]
+        room_b = limit_b - (cb - b)[cut]
+        lo = torch.zeros_like(cut)  # fits (nothing)
+        hi = seg.lengths[cut].clone()  # does not fit
+        while bool((hi - lo > 1).any()):
+            mid = (lo + hi) // 2
+            ma, mb = need(mid, cut)
+            if widths[1] == 0:
+                ma, mb = ma + mb, torch.zeros_like(mb)
+            ok = (ma <= room_a) & (mb <= room_b) & (mid > 0)
+            lo = torch.where(ok, mid, lo)
+            hi = torch.where(ok, hi, mid)
+        new_len[cut] = lo
+    keep = (new_len > 0) | fits  # a lone EOS (length 0) that fits is kept
+    cut_docs = first_fail & keep
+    used = int(new_len.sum() + (had_eos & fits).sum())
+    j = torch.arange(seg.width, device=seg.tokens.device)[None, :]
+    tokens = seg.tokens.masked_fill(j >= new_len[:, None], pad)
+    k = keep.nonzero().squeeze(1)
+    out = Segments(
+        tokens.index_select(0, k),
+        new_len[k],
+        seg.row[k],
+        seg.doc[k],
+        seg.n_rows,
+        (had_eos & ~cut_docs)[k],
+        {key: value[k] for key, value in seg.extra.items()},
+    )
+    return out, used

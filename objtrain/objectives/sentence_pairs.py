@@ -14,15 +14,19 @@ How a row becomes a pair, vectorised over the batch (all draws from the row's ow
    inside a document instead: the reference's recommendation, used by both NSP and SOP, where BERT and
    ALBERT would draw a random document (albert#234).
    A = the document's tokens before s, next = its tokens from s on.
-3. NSP negatives: with probability `random_next_rate`, B starts at a random sentence start of a
-   *different* document of the same raw row. Taking B from the row itself keeps the batch-size
-   independence (other rows of the batch never matter). A row holding a single document (long
-   documents, or a one-document corpus such as tinyshakespeare) has no such B. BERT then draws from
-   the same document, which can return the actual next sentence: the single-document-corpus pitfall
-   (NVIDIA/DeepLearningExamples#421). objtrain instead, with `same_document_negatives` (default),
-   starts B at a sentence start strictly after the next one, so at least one sentence is skipped and
-   label 1 stays true ("B does not follow A"); without it such rows keep the actual next (label 0).
-   `stats["label_1_fraction"]` and `stats["same_document_negatives"]` report what was realised.
+3. NSP negatives: with probability `random_next_rate`, B starts at a random sentence start away from A.
+   With `same_document_negatives` (default), B comes from a *different* document of the same raw row,
+   or, in a row holding a single document (long documents, or a one-document corpus such as
+   tinyshakespeare), from a sentence start strictly after the next one, so at least one sentence is
+   skipped and label 1 stays true ("B does not follow A"); BERT would draw from the same document and
+   could return the actual next sentence (NVIDIA/DeepLearningExamples#421). Rows stay independent of
+   their batch. Without it, B is drawn as BERT does, from another position of the corpus: a random
+   sentence start of a *donor* row of the same batch (another stretch of the shuffled document stream),
+   the donor being the other row h with the largest hash of (seed, row, h). So the share of label 1 is
+   `random_next_rate` whatever the packing; a row's pair then depends on which rows share its batch
+   (not on their order), and a batch of one row falls back to another document of the row, else label 0.
+   `stats["label_1_fraction"]`, `stats["same_document_negatives"]` and `stats["donor_negatives"]` report
+   what was realised.
    SOP: with probability `swap_rate`, A and next are swapped (label 1); SOP needs one document only.
 4. Length: the pair gets T - 3 tokens, or with probability `short_seq_prob` a uniform target in
    [2, T - 3] (BERT's short_seq_prob). The longer of A and B is shortened first, as BERT's
@@ -87,6 +91,7 @@ class Pair:
     second_start: Tensor
     second_len: Tensor
     label: Tensor  # int64, IGNORE where no pair could be made
+    second_row: Tensor  # batch row the second segment is read from (NSP donors; else the row itself)
     sentence_split: Tensor  # bool: split at a sentence boundary (else at a token)
     flags: dict[str, Tensor]  # (B,) bool per objective-specific statistic
 
@@ -108,9 +113,9 @@ class _SentencePairs(Objective):
 
     def choose(
         self, split: Tensor, doc: Tensor, starts: Tensor, run_start: Tensor, run_end: Tensor, rr: RowRandom
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Tensor]]:
-        """Given the split (B,): B's start and end, the label, whether to swap, and (B,) bool flags to
-        count in the stats."""
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Tensor], Tensor]:
+        """Given the split (B,): B's start and end, the label, whether to swap, (B,) bool flags to count in
+        the stats, and the batch row B is read from."""
         raise NotImplementedError
 
     def make_pairs(self, rows: Tensor, document_ids: Tensor, rr: RowRandom) -> Pair:
@@ -131,7 +136,7 @@ class _SentencePairs(Objective):
         _, _, run_start, run_length = runs_of(doc)
         run_end = run_start + run_length
         a0 = run_start.gather(1, split[:, None])[:, 0]
-        b0, b1, label, swap, flags = self.choose(split, doc, starts, run_start, run_end, rr)
+        b0, b1, label, swap, flags, second_row = self.choose(split, doc, starts, run_start, run_end, rr)
         a, b = split - a0, b1 - b0
 
         budget = L - 3
@@ -151,6 +156,7 @@ class _SentencePairs(Objective):
             second_start=torch.where(swap, a_from, b_from),
             second_len=torch.where(swap, a_len, b_len),
             label=torch.where(valid, label, IGNORE),
+            second_row=second_row,
             sentence_split=at_sentence,
             flags=flags,
         )
@@ -171,7 +177,12 @@ class _SentencePairs(Objective):
         src = torch.where(
             in_first, pair.first_start[:, None] + j - 1, pair.second_start[:, None] + j - sep0 - 1
         )
-        text = rows.gather(1, torch.where(in_first | in_second, src, 0).clamp(0, L - 1))
+        src = torch.where(in_first | in_second, src, 0).clamp(0, L - 1)
+        text = rows.gather(1, src)
+        donor = pair.second_row != torch.arange(B, device=rows.device)
+        if bool(donor.any()):  # NSP negatives read B from another row of the batch
+            from_donor = rows.index_select(0, pair.second_row).gather(1, src)
+            text = torch.where(in_second & donor[:, None], from_donor, text)
         tokens = torch.where(in_first | in_second, text, sp.pad)
         tokens = torch.where((j == sep0) | (j == sep1), sp.sep, tokens)
         tokens[:, 0] = sp.cls
@@ -239,27 +250,37 @@ class NextSentencePrediction(_SentencePairs):
 
     def choose(
         self, split: Tensor, doc: Tensor, starts: Tensor, run_start: Tensor, run_end: Tensor, rr: RowRandom
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Tensor]]:
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Tensor], Tensor]:
+        B, L = doc.shape
+        idx = torch.arange(L, device=doc.device)[None, :]
+        own = torch.arange(B, device=doc.device)
         d = doc.gather(1, split[:, None])
         candidates = starts & (doc != d)  # sentence starts of other documents of the row
         has_other = candidates.any(dim=1)
         if self.config.same_document_negatives:
             # Later sentence starts of A's document: the split is itself a sentence start, so the
             # skipped text [split, q) holds at least one whole sentence.
-            idx = torch.arange(doc.size(1), device=doc.device)[None, :]
             later = starts & (doc == d) & (idx > split[:, None])
             candidates = torch.where(has_other[:, None], candidates, later)
+            second_row = own
+        elif B > 1:
+            # BERT's negatives: B from another stretch of the corpus, here a donor row of the batch
+            # chosen by a hash of (seed, row, donor) over the global row indices: order does not matter.
+            keys = rr.bits_at(rr.rows[None, :].expand(B, B), "nsp/donor")
+            keys = keys.masked_fill(torch.eye(B, dtype=torch.bool, device=doc.device), _MIN_KEY)
+            second_row = keys.argmax(dim=1)
+            donor_doc = doc.index_select(0, second_row)
+            candidates = starts.index_select(0, second_row) | ((idx == 0) & (donor_doc >= 0))
+        else:
+            second_row = own
         random = below(rr.bits(1, "nsp/random")[:, 0], self.config.random_next_rate) & candidates.any(dim=1)
         q = pick_where(candidates, random, rr, "nsp/random_start")  # only used where `random`
         b0 = torch.where(random, q, split)
-        b1 = run_end.gather(1, b0[:, None])[:, 0]
-        return (
-            b0,
-            b1,
-            random.long(),
-            torch.zeros_like(random),
-            {"same_document_negatives": random & ~has_other},
-        )
+        second_row = torch.where(random, second_row, own)
+        b1 = run_end.index_select(0, second_row).gather(1, b0[:, None])[:, 0]
+        flags = {"same_document_negatives": random & ~has_other & (second_row == own)}
+        flags["donor_negatives"] = random & (second_row != own)
+        return b0, b1, random.long(), torch.zeros_like(random), flags, second_row
 
 
 class SentenceOrderPrediction(_SentencePairs):
@@ -275,7 +296,7 @@ class SentenceOrderPrediction(_SentencePairs):
 
     def choose(
         self, split: Tensor, doc: Tensor, starts: Tensor, run_start: Tensor, run_end: Tensor, rr: RowRandom
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Tensor]]:
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Tensor], Tensor]:
         swap = below(rr.bits(1, "sop/swap")[:, 0], self.config.swap_rate)
         b1 = run_end.gather(1, split[:, None])[:, 0]
-        return split, b1, swap.long(), swap, {}
+        return split, b1, swap.long(), swap, {}, torch.arange(split.size(0), device=split.device)

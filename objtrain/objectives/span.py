@@ -9,32 +9,45 @@ shifted right behind the start id 0. Decoder-only (UL2/llm-foundry format): one 
 `inputs targets` per document, the inputs a bidirectional prefix, loss on the targets only.
 
 Packed rows: every document is corrupted on its own (sentinels restart at S0, each gets its own EOS;
-a document's trailing EOS, as packed stores write it, is never noised and is that EOS).
-`raw_length(m)` is T5's `random_spans_helper`, so a single-document row fills the model length exactly;
-a row of several documents spends one EOS and rounds its counts per document, so it can come out a
-few tokens longer (the tail is truncated, counted in `stats["truncated_tokens"]`) or shorter (padded).
+a document's trailing EOS, as packed stores write it, is never noised and is that EOS), and its input
+and target lengths follow from its own length (T5's formula per document, `span_output_lengths`).
+`raw_length(m)` is T5's `random_spans_helper`, so a single-document row fills the model length exactly.
+Several documents in a row round their counts and spend sentinels per document, so together they can
+need a few more positions than the widths hold: `fit_documents` then keeps the documents that fit and
+cuts the first one that does not *before* corruption (its raw tail is left unused, counted in
+`stats["raw_tokens_unused"]`), so no target token of any document is ever dropped
+(`stats["target_tokens_dropped"]` is 0) and padding is the only slack.
+
+`random_roll` rotates each mask by a uniform offset; when the rotation wraps a noise span around the end
+it becomes two spans, one sentinel more on each side. The lengths budget that sentinel (rows hold
+`random_spans_helper(m - 1)` raw tokens and the widths one more position each), so every input and
+every target still ends with its `</s>`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
+import torch
 from torch import Tensor
 
 from objtrain.batch import Batch
 from objtrain.errors import UserError
-from objtrain.objectives.base import Objective
+from objtrain.objectives.base import Objective, raw_usage
 from objtrain.objectives.noise import (
     Pieces,
     Segments,
     by_length,
+    fit_documents,
     largest_fitting,
     layout,
     random_spans_helper,
     random_spans_noise_mask,
     span_counts,
     span_inputs_targets,
+    span_lengths_batched,
     span_output_lengths,
     split_documents,
 )
@@ -76,6 +89,41 @@ def span_pieces(
     return Pieces(inputs, n_in, targets, n_tgt, seg.row, seg.doc), stats
 
 
+def span_need(
+    seg: Segments,
+    seed: int,
+    row_index: Tensor,
+    noise_density: float | Tensor,
+    mean_span: float | Tensor,
+    random_roll: bool,
+) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """`need(lengths, index)` for `fit_documents`: T5's per-document lengths, plus the sentinel a rolled
+    mask adds when its rotation wraps a span. A whole document's wrap is known exactly (its mask is
+    drawn here as `span_pieces` will draw it); a cut one is budgeted the extra sentinel. Density and
+    mean span may be (N,) per segment (UL2)."""
+
+    def per(value: float | Tensor, index: Tensor) -> float | Tensor:
+        return value[index] if isinstance(value, Tensor) else value
+
+    if not random_roll:
+        return lambda lengths, index: span_lengths_batched(
+            lengths, per(noise_density, index), per(mean_span, index)
+        )
+    mask = random_spans_noise_mask(
+        seg.lengths, seg.width, noise_density, mean_span, seg.random(seed, row_index), "span/mask", True
+    )
+    last = (seg.lengths - 1).clamp(min=0)[:, None]
+    wraps = (mask[:, 0] & mask.gather(1, last)[:, 0]).long()
+
+    def need(lengths: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
+        whole = lengths == seg.lengths[index]
+        extra = torch.where(whole, wraps[index], 1) * (lengths >= 2)
+        n_in, n_tgt = span_lengths_batched(lengths, per(noise_density, index), per(mean_span, index))
+        return n_in + extra, n_tgt + extra
+
+    return need
+
+
 @lru_cache(maxsize=256)
 def span_raw_length(
     model_length: int, noise_density: float, mean_span: float, model_kind: str, extra_inputs: int = 0
@@ -102,10 +150,14 @@ def span_widths(
     return n_in + n_tgt + extra_inputs, 0
 
 
-def finish_stats(stats: dict[str, float], batch: Batch, truncated: int) -> dict[str, float]:
+def finish_stats(
+    stats: dict[str, float], batch: Batch, truncated: int, pieces: Pieces | None = None
+) -> dict[str, float]:
     out = dict(stats)
     out["truncated_tokens"] = float(truncated)
     out["target_tokens"] = float(batch.n_targets)
+    if pieces is not None:  # targets the corruption made that the batch does not hold
+        out["target_tokens_dropped"] = float(int(pieces.target_lengths.sum()) - batch.n_targets)
     if "spans" in out:
         out["mean_span_length"] = out["noise_tokens"] / out["spans"] if out["spans"] else 0.0
     if out.get("raw_tokens") and "noise_tokens" in out:
@@ -131,9 +183,15 @@ class SpanCorruption(Objective):
         check_span_config(config.noise_density, config.mean_noise_span_length, self.name)
         self.attention = "bidirectional" if self.model_kind == "encdec" else "prefix"  # type: ignore[misc]
 
+    @property
+    def roll_extra(self) -> int:
+        """Positions per side reserved for the extra sentinel of a wrapped span (see module docstring)."""
+        return 1 if self.config.random_roll else 0
+
     def raw_length(self, model_length: int) -> int:
         c = self.config
-        raw = span_raw_length(model_length, c.noise_density, c.mean_noise_span_length, self.model_kind)
+        extra = self.roll_extra * (1 if self.model_kind == "encdec" else 2)
+        raw = span_raw_length(model_length, c.noise_density, c.mean_noise_span_length, self.model_kind, extra)
         if raw < 1:
             raise UserError(f"span: model length {model_length} is too short for span corruption")
         _, n_spans = span_counts(raw, c.noise_density, c.mean_noise_span_length)
@@ -146,11 +204,17 @@ class SpanCorruption(Objective):
 
     def widths(self, raw_length: int) -> tuple[int, int]:
         c = self.config
-        return span_widths(raw_length, c.noise_density, c.mean_noise_span_length, self.model_kind)
+        enc, dec = span_widths(raw_length, c.noise_density, c.mean_noise_span_length, self.model_kind)
+        if self.model_kind == "encdec":
+            return enc + self.roll_extra, dec + self.roll_extra
+        return enc + 2 * self.roll_extra, 0
 
     def __call__(self, rows: Tensor, document_ids: Tensor, row_index: Tensor, seed: int) -> Batch:
         c = self.config
         seg = split_documents(rows, document_ids, self.specials.pad, self.specials.eos)
+        widths = self.widths(rows.size(1))
+        need = span_need(seg, seed, row_index, c.noise_density, c.mean_noise_span_length, c.random_roll)
+        seg, used = fit_documents(seg, need, widths, self.specials.pad)
         pieces, stats = by_length(
             seg,
             lambda sub: span_pieces(
@@ -163,8 +227,7 @@ class SpanCorruption(Objective):
             ),
             self.specials.pad,
         )
-        batch, truncated = layout(
-            pieces, self.model_kind, seg.n_rows, self.widths(rows.size(1)), self.specials
-        )
-        batch.stats = finish_stats(stats, batch, truncated)
+        batch, truncated = layout(pieces, self.model_kind, seg.n_rows, widths, self.specials)
+        batch.stats = finish_stats(stats, batch, truncated, pieces)
+        batch.stats.update(raw_usage(document_ids, used))
         return batch

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -576,10 +577,24 @@ class Aggregate:
     sums: dict[str, float] = field(default_factory=dict)
     means: dict[str, float] = field(default_factory=dict)  # row-weighted sums of per-batch rates
     measured: dict[str, float] = field(default_factory=dict)  # summed `row_stats`
+    positions: dict[str, float] = field(default_factory=dict)  # input/target positions and their padding
 
-    def add(self, batch: Batch, views: list[RowView]) -> None:
+    def add(self, batch: Batch, views: list[RowView], fed: int | None = None) -> None:
         B = int(batch.input_ids.size(0))
         self.rows += B
+        p = self.positions
+        p["input"] = p.get("input", 0.0) + batch.document_ids.numel()
+        p["input_padding"] = p.get("input_padding", 0.0) + float((batch.document_ids < 0).sum())
+        target_docs = batch.decoder_document_ids if batch.is_encdec else batch.document_ids
+        assert target_docs is not None
+        p["target"] = p.get("target", 0.0) + target_docs.numel()
+        p["target_padding"] = p.get("target_padding", 0.0) + float((target_docs < 0).sum())
+        if fed is not None and "raw_tokens_fed" not in batch.stats:
+            p["fed"] = p.get("fed", 0.0) + fed
+        if batch.seq_labels is not None:
+            valid = batch.seq_labels != IGNORE
+            p["pairs"] = p.get("pairs", 0.0) + float(valid.sum())
+            p["label_1"] = p.get("label_1", 0.0) + float((batch.seq_labels == 1).sum())
         for key, value in batch.stats.items():
             if _is_mean(key):
                 self.means[key] = self.means.get(key, 0.0) + float(value) * B
@@ -623,6 +638,48 @@ class Aggregate:
             for key in (MASKED, REPLACED, DELETED, SENTINEL, INSERTED):
                 out.append(StatRow(f"measured: {key}/original token", m.get(key, 0.0) / m["original_tokens"]))
         return out
+
+
+def snake(name: str) -> str:
+    """A statistic's label as a snake_case JSON key: `share/R(mu=3,r=0.15)` -> `share_r_mu_3_r_0_15`."""
+    out = re.sub(r"[^0-9a-zA-Z]+", "_", name.split(" = ")[0].replace(" (per row)", "_per_row")).strip("_")
+    return out.lower()
+
+
+def summary(aggregate: Aggregate, objective: Objective) -> dict[str, Any]:
+    """`corrupt --stats --format json`: one object of realised statistics with snake_case keys.
+
+    Totals over the rows read: `raw_tokens_fed`, `raw_tokens_unused`, `target_tokens_dropped` (null where
+    the objective does not report it), the padding shares of input and target positions (decoder-only
+    batches: both are the share of the one sequence), `label_share` (share of label 1 among the pairs,
+    NSP/SOP), and every figure of the text table (rates, shares, per-row counts) under its snake_case name.
+    """
+    s, p = aggregate.sums, aggregate.positions
+    out: dict[str, Any] = {
+        "objective": objective.name,
+        "model_kind": objective.model_kind,
+        "rows": aggregate.rows,
+        "raw_tokens_fed": s.get("raw_tokens_fed", p.get("fed")),
+        "raw_tokens_unused": s.get("raw_tokens_unused"),
+        "target_tokens_dropped": s.get("target_tokens_dropped"),
+        "input_padding_share": p.get("input_padding", 0.0) / max(p.get("input", 0.0), 1.0),
+        "target_padding_share": p.get("target_padding", 0.0) / max(p.get("target", 0.0), 1.0),
+    }
+    if out["raw_tokens_fed"] and out["raw_tokens_unused"] is not None:
+        out["raw_unused_share"] = out["raw_tokens_unused"] / out["raw_tokens_fed"]
+    if "pairs" in p:
+        out["label_share"] = p["label_1"] / max(p["pairs"], 1.0)
+    configured: dict[str, Any] = {}
+    for row in aggregate.table(objective):
+        key = snake(row.name)
+        if key not in out:
+            out[key] = row.realised
+            if row.configured is not None:
+                configured[key] = row.configured
+    for key, value in s.items():  # the summed counts themselves
+        out.setdefault(snake(key), value)
+    out["configured"] = configured
+    return out
 
 
 def configured_shares(objective: Objective) -> dict[str, float]:
