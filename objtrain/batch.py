@@ -80,6 +80,7 @@ class ModelOutput:
     hidden: Tensor | None = None  # (B, T, D) final hidden states (after the final norm)
     mtp_logits: list[Tensor] | None = None  # n-1 tensors (B, T, V): offsets 2..n (offset 1 is `logits`)
     seq_logits: Tensor | None = None  # (B, C) from the pooled first position (NSP/SOP, classification)
+    pooled: Tensor | None = None  # (B, D) encoder: mean of `hidden` over each row's real tokens (id >= 0)
 
 
 def runs_of(ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -108,10 +108,12 @@ def run(
     with bar:
         for batch, start in shown.corrupt_rows(obj, raw, seed):
             n_batch = batch.input_ids.size(0)
-            views = [shown.align_row(batch, b, raw, start + b) for b in range(n_batch)]
-            bar.advance(task, n_batch)
+            n_raw = min(raw.tokens.size(0) - start, 64)  # corrupt_rows' batch size
+            per_row = max(n_batch // max(n_raw, 1), 1)  # contrastive: two views per raw row
+            views = [shown.align_row(batch, b, raw, start + b // per_row) for b in range(n_batch)]
+            bar.advance(task, n_raw)
             if stats:
-                fed = int((raw.document_ids[start : start + n_batch] >= 0).sum())
+                fed = int((raw.document_ids[start : start + n_raw] >= 0).sum())
                 aggregate.add(batch, views, fed)
                 continue
             for b, view in enumerate(views):

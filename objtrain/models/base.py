@@ -27,6 +27,7 @@ class TrunkOutput:
     hidden: Tensor
     ctx: Context
     memory: Tensor | None = None  # encdec: normed encoder output (B, T_enc, D)
+    document_ids: Tensor | None = None  # encoder: the batch's document ids, for pooling over real tokens
 
 
 class ZooModel(nn.Module):

@@ -2,6 +2,7 @@
 
     ids (B, T) [+ segment embedding] -> blocks -> RMSNorm -> E^T -> token logits (B, T, V)
                                                          \\-> tanh(dense(h[:, 0])) -> seq logits (B, C)
+                                                         \\-> mean over real tokens -> pooled (B, D)
 
 The attention pattern still comes from the batch (normally bidirectional, always within documents).
 There is no learned absolute position embedding: rotary angles from `batch.positions` do that job.
@@ -15,7 +16,7 @@ from objtrain.batch import Batch, ModelOutput
 from objtrain.models.base import TrunkOutput, ZooModel, make_block
 from objtrain.models.blocks import Rotary
 from objtrain.models.config import ModelConfig
-from objtrain.models.heads import Pooler, TiedLMHead
+from objtrain.models.heads import Pooler, TiedLMHead, mean_pool
 
 
 class Encoder(ZooModel):
@@ -41,9 +42,10 @@ class Encoder(ZooModel):
         x = self.drop(x)
         for block in self.blocks:
             x = block.run(x, ctx)
-        return TrunkOutput(x, ctx)
+        return TrunkOutput(x, ctx, document_ids=batch.document_ids)
 
     def heads(self, trunk: TrunkOutput) -> ModelOutput:
         hidden, logits = self.lm_head(trunk.hidden, self.embed.weight)
         seq_logits = self.pooler(hidden) if self.pooler is not None else None
-        return ModelOutput(logits=logits, hidden=hidden, seq_logits=seq_logits)
+        pooled = mean_pool(hidden, trunk.document_ids) if trunk.document_ids is not None else None
+        return ModelOutput(logits=logits, hidden=hidden, seq_logits=seq_logits, pooled=pooled)

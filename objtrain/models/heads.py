@@ -27,6 +27,16 @@ class TiedLMHead(nn.Module):
         return h, F.linear(h, embedding)
 
 
+def mean_pool(hidden: Tensor, document_ids: Tensor) -> Tensor:
+    """(B, D) mean of hidden (B, T, D) over each row's real positions (document id >= 0; padding left out).
+
+    A row of one document gets that document's mean; a packed row the mean over all its documents. The
+    sentence-embedding pooling of SimCSE's `avg` and of sentence-transformers; a row with no real token
+    gets zeros."""
+    real = (document_ids >= 0).to(hidden.dtype)[:, :, None]
+    return (hidden * real).sum(1) / real.sum(1).clamp(min=1.0)
+
+
 class Pooler(nn.Module):
     """BERT pooler + classifier: tanh(W h_0 + b) -> (B, C) logits."""
 

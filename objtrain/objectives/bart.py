@@ -372,5 +372,5 @@ class BartDenoising(Objective):
         )
         enc_w, dec_w = self.widths(rows.size(1))
         batch, truncated = encdec_batch(pieces, seg.n_rows, enc_w, dec_w, self.specials)
-        batch.stats = finish_stats(stats, batch, truncated)
+        batch.stats = finish_stats(stats, batch, truncated, pieces)
         return batch

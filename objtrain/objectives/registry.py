@@ -29,6 +29,7 @@ OBJECTIVES: dict[str, str] = {
     "nsp": "objtrain.objectives.sentence_pairs:NextSentencePrediction",
     "sop": "objtrain.objectives.sentence_pairs:SentenceOrderPrediction",
     "mixture": "objtrain.objectives.mixture:Mixture",
+    "contrastive": "objtrain.objectives.contrastive:Contrastive",
 }
 
 

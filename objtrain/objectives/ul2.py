@@ -29,12 +29,13 @@ from torch import Tensor
 
 from objtrain.batch import Batch
 from objtrain.errors import UserError
-from objtrain.objectives.base import Objective
+from objtrain.objectives.base import Objective, raw_usage
 from objtrain.objectives.noise import (
     Pieces,
     Segments,
     by_length,
     concat_segments,
+    fit_documents,
     largest_fitting,
     layout,
     split_documents,
@@ -44,6 +45,7 @@ from objtrain.objectives.rng import RowRandom
 from objtrain.objectives.span import (
     check_span_config,
     finish_stats,
+    span_need,
     span_output_lengths,
     span_pieces,
     span_raw_length,
@@ -139,6 +141,13 @@ class UL2(Objective):
                     )
         return max(raws)
 
+    def raw_lengths(self, model_length: int, row_index: Tensor, seed: int) -> Tensor:
+        """Each row's own denoiser's need (the row's denoiser is drawn from (seed, row) first, the same
+        draw `__call__` makes), so a row of a short-need denoiser is not fed the longest need."""
+        self.raw_length(model_length)  # checks the length and the sentinel budget
+        needs = [self.denoiser_raw_length(d, model_length) for d in self.config.denoisers]
+        return torch.tensor(needs, dtype=torch.int64)[self.choose(row_index, seed)]
+
     def model_length(self, raw_length: int) -> int:
         """The model length whose rows need `raw_length` raw tokens (largest m with raw_length(m) <= L)."""
         if raw_length not in self._model_length:
@@ -169,7 +178,9 @@ class UL2(Objective):
     def __call__(self, rows: Tensor, document_ids: Tensor, row_index: Tensor, seed: int) -> Batch:
         B, L = rows.shape
         m = self.model_length(L)
+        widths = self.widths(L)
         choice = self.choose(row_index, seed)
+        used = int((document_ids >= 0).sum())  # minus what the fit leaves out, and the unread row tails
         parts: list[Pieces] = []
         stats: dict[str, float] = {}
         span_groups: dict[bool, list[Segments]] = {True: [], False: []}  # by "has a mode token"
@@ -191,6 +202,7 @@ class UL2(Objective):
                 self.specials.pad,
                 self._eos(d),
             )
+            used -= int((document_ids[:, raw:].index_select(0, sel) >= 0).sum())  # past the denoiser's need
             seg.row = sel[seg.row]  # batch rows from here on
             seg.n_rows = B
             mode = self._mode(d)
@@ -227,13 +239,27 @@ class UL2(Objective):
                     sub, rr, x["density"], x["mean_span"], self.config.random_roll, self.specials, mode
                 )
 
-            add(*by_length(concat_segments(segs, self.specials.pad), make, self.specials.pad))
+            # documents fit the widths whole or are cut before corruption: no target token is dropped
+            group = concat_segments(segs, self.specials.pad)
+            x = group.extra
+            base = span_need(group, seed, row_index, x["density"], x["mean_span"], self.config.random_roll)
+
+            def need(
+                lengths: Tensor, index: Tensor, base=base, head: int = int(has_mode)
+            ) -> tuple[Tensor, Tensor]:
+                n_in, n_tgt = base(lengths, index)
+                return n_in + head, n_tgt
+
+            group, group_used = fit_documents(group, need, widths, self.specials.pad)
+            used += group_used - int(sum(int(sg.lengths.sum() + sg.had_eos.sum()) for sg in segs))
+            add(*by_length(group, make, self.specials.pad))
         if parts:
             merged = Pieces.merge(parts, self.specials.pad)
         else:
             empty = torch.zeros(0, 1, dtype=torch.int64, device=rows.device)
             none = torch.zeros(0, dtype=torch.int64, device=rows.device)
             merged = Pieces(empty, none, empty, none, none, none)
-        batch, truncated = layout(merged, self.model_kind, B, self.widths(L), self.specials)
-        batch.stats = finish_stats(stats, batch, truncated)
+        batch, truncated = layout(merged, self.model_kind, B, widths, self.specials)
+        batch.stats = finish_stats(stats, batch, truncated, merged)
+        batch.stats.update(raw_usage(document_ids, used))
         return batch
