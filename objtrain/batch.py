@@ -48,6 +48,9 @@ class Batch:
     seq_labels: Tensor | None = None  # (B,) int64 sequence-level label (NSP/SOP: 1 = random/swapped)
     mtp_labels: Tensor | None = None  # (B, n, T) int64: head k-1 predicts offset k; [:, 0] == labels
     stats: dict[str, float] = field(default_factory=dict)  # what the corruption realised (for --stats)
+    # The loss's unit count where it is not the labelled tokens (contrastive: one per pair of views), so
+    # the loop's global normaliser matches `LossOutput.n_targets`; None = count the labels.
+    target_count: int | None = None
 
     @property
     def is_encdec(self) -> bool:
@@ -55,6 +58,8 @@ class Batch:
 
     @property
     def n_targets(self) -> int:
+        if self.target_count is not None:
+            return self.target_count
         return int((self.labels != IGNORE).sum())
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:

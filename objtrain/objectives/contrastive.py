@@ -117,6 +117,7 @@ class Contrastive(Objective):
             document_ids=docs,
             attention="bidirectional",
             stats=stats,
+            target_count=B,  # the loss's unit is the pair
         )
 
     def embeddings(self, output: ModelOutput, batch: Batch) -> Tensor:

@@ -37,6 +37,7 @@ MODEL_LENGTH = 96
 N_ROWS = 8
 DETERMINISTIC = {"clm", "mtp", "contrastive"}  # no randomness: a different seed gives the same batch
 VIEWS = {"contrastive": 2}  # batch rows per raw row (two views of each row, rows 2i and 2i+1)
+PAIR_TARGETS = {"contrastive"}  # the loss counts pairs of rows (Batch.target_count), not labelled tokens
 
 
 def _cases(kinds: tuple[str, ...] = MODEL_KINDS) -> list[Any]:
@@ -232,12 +233,14 @@ def test_randomness_is_keyed_by_global_row_index(case: tuple) -> None:
 
 @parametrize_cases
 def test_no_label_on_padding(case: tuple) -> None:
-    _, _, batch = case
+    objective, _, batch = case
     pad = label_document_ids(batch) < 0
     assert (batch.labels[pad] == IGNORE).all()
     if batch.mtp_labels is not None:
         assert (batch.mtp_labels.permute(0, 2, 1)[batch.document_ids < 0] == IGNORE).all()
     assert batch.n_targets > 0
+    if objective.name in PAIR_TARGETS:  # one target per pair of views, none on tokens
+        assert batch.n_targets == N_ROWS and (batch.labels == IGNORE).all()
 
 
 @parametrize_cases
@@ -327,10 +330,18 @@ def test_loss_is_finite_and_counts_targets(case: tuple, tokenizer: Tokenizer) ->
     if batch.mtp_labels is not None:
         mtp = [torch.randn(B, S, V, requires_grad=True) for _ in range(batch.mtp_labels.size(1) - 1)]
     seq = torch.randn(B, 2, requires_grad=True) if batch.seq_labels is not None else None
-    out = objective.loss(ModelOutput(logits=logits, mtp_logits=mtp, seq_logits=seq), batch)
+    pooled = torch.randn(B, 16, requires_grad=True)
+    out = objective.loss(ModelOutput(logits=logits, mtp_logits=mtp, seq_logits=seq, pooled=pooled), batch)
     assert torch.isfinite(out.loss_sum)
     assert int(out.n_targets) >= batch.n_targets > 0
     out.loss_sum.backward()
+    if objective.name in PAIR_TARGETS:
+        # The unit is the pair of views (rows 2i, 2i+1), not the token: one count per raw row, every
+        # view's embedding gets a gradient, and no token carries a label.
+        assert int(out.n_targets) == batch.n_targets == B // VIEWS[objective.name]
+        assert pooled.grad is not None and (pooled.grad.abs().sum(1) > 0).all()
+        assert (batch.labels == IGNORE).all()
+        return
     assert logits.grad is not None
     ignored = batch.labels == IGNORE
     assert (logits.grad[ignored] == 0).all(), "an IGNORE position contributes to the loss"
@@ -454,7 +465,7 @@ def test_short_rows_give_a_batch_or_a_user_error(case: tuple, short: str, specia
     except UserError:
         return
     assert isinstance(batch, Batch)
-    assert batch.input_ids.size(0) == tokens.size(0)
+    assert batch.input_ids.size(0) == tokens.size(0) * VIEWS.get(objective.name, 1)
     assert batch.labels.dim() == 2
     pad = label_document_ids(batch) < 0
     assert (batch.labels[pad] == IGNORE).all()

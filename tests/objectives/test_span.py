@@ -166,11 +166,16 @@ def test_merge_back_reproduces_every_document(
     for b in range(6):
         originals = original_documents(rows, docs, b)
         corrupted = documents_of(batch, b)
-        for (inputs, targets), original in zip(corrupted, originals, strict=False):
-            complete = inputs[-1:] == [SP.eos] and targets[-1:] == [SP.eos]
-            if batch.stats["truncated_tokens"] == 0 or complete:  # truncation cuts the tail of a row
-                assert merge_back(inputs, targets) == original
-                checked += 1
+        assert len(corrupted) <= len(originals)
+        for i, ((inputs, targets), original) in enumerate(zip(corrupted, originals, strict=False)):
+            merged = merge_back(inputs, targets)  # every kept document ends input and target with </s>
+            if i < len(corrupted) - 1:
+                assert merged == original
+            else:  # the last kept document may be cut in raw text, before corruption
+                assert merged == original[: len(merged)]
+            checked += 1
+    assert checked >= 1
+    assert batch.stats["target_tokens_dropped"] == 0 and batch.stats["truncated_tokens"] == 0
     assert checked >= 1
 
 
@@ -224,17 +229,17 @@ def test_batch_composition_does_not_change_a_row() -> None:
 
 
 def test_short_documents() -> None:
-    """A 1-token document is kept whole (L' = 2 cropped), a 2-token one loses its last token, an empty
-    row stays padding, and a document that is only EOS becomes EOS on both sides."""
+    """The width of one 5-token document holds a 1-token document whole; the next is cut in raw text
+    (before corruption) to what fits, the EOS-only document is left out and counted unused, an empty row
+    stays padding, and no target token is dropped."""
     obj = build_objective("span", SP)
     rows = torch.tensor([[O, O + 1, O + 2, SP.eos, O + 5], [O, O, O, O, O]])
     docs = torch.tensor([[0, 1, 1, 2, -1], [-1, -1, -1, -1, -1]])
     batch = obj(rows, docs, torch.arange(2), 0)
-    s0 = SP.sentinel(0)
-    assert batch.input_ids[0].tolist() == [O, SP.eos, O + 1, s0, SP.eos, SP.eos]
-    # the decoder width is that of one 5-token document (3): the other documents' targets are cut
-    assert batch.labels[0].tolist() == [SP.eos, s0, O + 2]
-    assert batch.stats["truncated_tokens"] == 2
+    assert batch.input_ids[0].tolist() == [O, SP.eos, O + 1, SP.eos, SP.pad, SP.pad]
+    assert batch.labels[0].tolist() == [SP.eos, SP.eos, IGNORE]
+    assert batch.stats["target_tokens_dropped"] == 0 and batch.stats["truncated_tokens"] == 0
+    assert batch.stats["raw_tokens_fed"] == 4 and batch.stats["raw_tokens_unused"] == 2  # O + 2, the EOS
     assert bool((batch.document_ids[1] == -1).all()) and bool((batch.labels[1] == IGNORE).all())
 
 
@@ -248,16 +253,22 @@ def test_very_long_rows() -> None:
         assert merge_back(inputs, targets) == rows[0].tolist()
 
 
-def test_packed_rows_truncate_and_count() -> None:
-    """Many tiny documents spend an EOS and a sentinel each: the row keeps its fixed width, the overflow
-    is truncated and counted in stats, and every complete document still merges back."""
+def test_packed_rows_keep_whole_documents_and_count_the_rest() -> None:
+    """Many tiny documents spend an EOS and a sentinel each: the row keeps its fixed width, the documents
+    that do not fit are left out before corruption and counted as unused raw tokens, never as dropped
+    targets, and every kept document merges back."""
     obj = build_objective("span", SP)
     L = obj.raw_length(64)
     rows = torch.randint(O, O + 900, (1, L))
     docs = (torch.arange(L) // 5)[None, :]
     batch = obj(rows, docs, torch.tensor([0]), 0)
     assert batch.input_ids.shape == (1, 64)
-    assert batch.stats["truncated_tokens"] > 0
+    assert batch.stats["target_tokens_dropped"] == 0 and batch.stats["truncated_tokens"] == 0
+    assert 0 < batch.stats["raw_tokens_unused"] < batch.stats["raw_tokens_fed"] == L
+    originals = original_documents(rows, docs, 0)
+    for i, (inputs, targets) in enumerate(documents_of(batch, 0)):
+        merged = merge_back(inputs, targets)
+        assert merged == originals[i][: len(merged)]
     check_invariants(batch)
 
 
