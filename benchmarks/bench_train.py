@@ -365,12 +365,11 @@ def bare_runner(cfg: Any, run_dir: Path, n_batches: int) -> Any:
     from bench_models import Runner
 
     from objtrain.models.zoo import build_model
-    from objtrain.training.data import CorruptedRows, DocumentStream, Position, RowSampler
+    from objtrain.training.data import CorruptedRows, Position, RowSampler
     from objtrain.training.loop import prepare
 
     plan = prepare(cfg, run_dir, force=True)
-    docs = plan.source.documents("train")
-    stream = DocumentStream(docs, plan.source.specials.eos, plan.source.specials.pad, cfg.seed)
+    stream = plan.source.stream("train", cfg.seed)
     sampler = RowSampler(
         plan.objective,
         plan.seq_len,
@@ -480,11 +479,11 @@ def wait_share(run_dir: Path) -> tuple[float, float, int]:
 def loader_rows_per_s(store: Path, objective: str, seq_len: int, seconds: float) -> float:
     """Rows/s of RowSampler + CorruptedRows in this process: the loader's work without a model."""
     from objtrain.objectives.registry import build_objective
-    from objtrain.training.data import CorruptedRows, DataSource, DocumentStream, Position, RowSampler
+    from objtrain.training.data import CorruptedRows, DataSource, Position, RowSampler
 
     source = DataSource(store)
     obj = build_objective(objective, source.specials, source.tokenizer)
-    stream = DocumentStream(source.documents("train"), source.specials.eos, source.specials.pad, 0)
+    stream = source.stream("train", 0)
     sampler = RowSampler(obj, seq_len, 0, 16, 16, 0, 1, Position(), 0, 10**6)
     rows = CorruptedRows(stream, obj, seq_len, 0)
     it = iter(sampler)

@@ -47,7 +47,6 @@ from objtrain.models.zoo import build_model, count_parameters
 from objtrain.training import accounting
 from objtrain.training import checkpoint as ckpt
 from objtrain.training.config import TrainConfig, config_dict
-from objtrain.training.data import DocumentStream
 from objtrain.training.loop import Plan, prepare, train
 
 PLAN = "plan.json"
@@ -201,8 +200,7 @@ def _target_len(plan: Plan) -> int | None:
     """Decoder positions of an encoder-decoder batch, from two real corrupted rows (None otherwise)."""
     if plan.model_cfg.kind != "encdec":
         return None
-    docs = plan.source.documents("train")
-    stream = DocumentStream(docs, plan.source.specials.eos, plan.source.specials.pad, plan.cfg.seed)
+    stream = plan.source.stream("train", plan.cfg.seed)
     index = torch.arange(2, dtype=torch.int64)
     lengths = plan.objective.raw_lengths(plan.seq_len, index, plan.cfg.seed).numpy()
     offsets = torch.tensor([0, int(lengths[0])]).numpy()

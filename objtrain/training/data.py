@@ -80,6 +80,10 @@ class DataSource:
         info = self.store.meta["splits"][name]
         return int(info.get("documents", info.get("rows", 0)))
 
+    def stream(self, split: str, seed: int, shuffle: bool = True) -> DocumentStream:
+        """The seeded document stream of `split`, closed by this store's EOS, padded with its pad."""
+        return DocumentStream(self.documents(split), self.specials.eos, self.specials.pad, seed, shuffle)
+
     def documents(self, split: str) -> Documents:
         if isinstance(self.store, TokenStore):
             s = self.store.split(split)

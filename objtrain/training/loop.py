@@ -53,7 +53,6 @@ from objtrain.training.config import DEFAULT_STEPS, TrainConfig, check_divisible
 from objtrain.training.data import (
     CorruptedRows,
     DataSource,
-    DocumentStream,
     Position,
     RowSampler,
     make_loader,
@@ -154,8 +153,7 @@ def prepare(
             f"{source.path} has no {cfg.data.valid_split!r} split to validate on "
             "(set validation.every=-1 to train without validation)"
         )
-    docs = source.documents("train")
-    _probe_objective(objective, docs, source, seq_len, cfg.seed)
+    _probe_objective(objective, source, seq_len, cfg.seed)
     resume_from = None
     if resume and run_dir.exists():
         if world.is_main:
@@ -212,9 +210,9 @@ def _embedded_store(world: dist.World, console: Console | None) -> Path:
     return path
 
 
-def _probe_objective(objective: Objective, docs: Any, source: DataSource, seq_len: int, seed: int) -> None:
+def _probe_objective(objective: Objective, source: DataSource, seq_len: int, seed: int) -> None:
     """Corrupt two real rows now, so a seq-len too short for the objective is refused before any work."""
-    stream = DocumentStream(docs, source.specials.eos, source.specials.pad, seed)
+    stream = source.stream("train", seed)
     index = torch.arange(2, dtype=torch.int64)
     try:
         lengths = objective.raw_lengths(seq_len, index, seed).numpy()
@@ -474,8 +472,7 @@ def _run(
     if log is not None and plan.resume_from is not None:
         log.write({"event": "resume", "step": step, "from": plan.resume_from.name})
 
-    docs = plan.source.documents("train")
-    stream = DocumentStream(docs, plan.source.specials.eos, plan.source.specials.pad, cfg.seed)
+    stream = plan.source.stream("train", cfg.seed)
     sampler = RowSampler(
         plan.objective,
         plan.seq_len,
@@ -775,8 +772,7 @@ def _time_one_step(plan: Plan, model: nn.Module, scaler: Any) -> float:
 
     probe = copy.deepcopy(model)
     rng = torch.get_rng_state()
-    docs = plan.source.documents("train")
-    stream = DocumentStream(docs, plan.source.specials.eos, plan.source.specials.pad, plan.cfg.seed)
+    stream = plan.source.stream("train", plan.cfg.seed)
     index = torch.arange(plan.micro_batch, dtype=torch.int64)
     lengths = plan.objective.raw_lengths(plan.seq_len, index, plan.cfg.seed).numpy()
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.from_numpy(lengths).cumsum(0)[:-1]]).numpy()

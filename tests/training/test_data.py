@@ -16,8 +16,7 @@ from objtrain.training.data import DataSource, DocumentStream, Position, RowSamp
 
 def _stream(store: Path, seed: int = 0, shuffle: bool = True) -> tuple[DocumentStream, DataSource]:
     source = DataSource(store)
-    s = source.specials
-    return DocumentStream(source.documents("train"), s.eos, s.pad, seed, shuffle), source
+    return source.stream("train", seed, shuffle), source
 
 
 def test_an_epoch_holds_every_token_once_each_document_closed_by_eos(train_store: Path) -> None:

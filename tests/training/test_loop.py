@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from objtrain.objectives.registry import OBJECTIVES, objective_class
 from objtrain.training import checkpoint as ckpt
 from objtrain.training.config import TrainConfig
-from objtrain.training.data import CorruptedRows, DocumentStream, Position, RowSampler
+from objtrain.training.data import CorruptedRows, Position, RowSampler
 from objtrain.training.loop import NonFiniteLoss, forward_backward, prepare, train
 
 # Every (objective, kind) the registry declares; the default mixture (span + prefix LM) has no encoder form.
@@ -75,8 +75,7 @@ def _grads(cfg: TrainConfig, store: Path, micro: int) -> tuple[dict[str, torch.T
     from objtrain.models.zoo import build_model
 
     model = build_model(plan.model_cfg)
-    s = plan.source.specials
-    stream = DocumentStream(plan.source.documents("train"), s.eos, s.pad, cfg.seed)
+    stream = plan.source.stream("train", cfg.seed)
     dataset = CorruptedRows(stream, plan.objective, plan.seq_len, cfg.seed)
     sampler = RowSampler(plan.objective, plan.seq_len, cfg.seed, 16, micro, 0, 1, Position(), 0, 1)
     batches = [dataset[item][1] for item in sampler]
@@ -115,8 +114,7 @@ def test_the_loop_logs_the_same_loss_with_and_without_accumulation(
     # The check could fail: per-micro-batch means averaged give a different number for MLM's ragged counts.
     cfg = small_config(train_store, objective={"name": "mlm"}, model={"kind": "encoder"})
     plan = prepare(cfg, tmp_path / "x")
-    s = plan.source.specials
-    stream = DocumentStream(plan.source.documents("train"), s.eos, s.pad, cfg.seed)
+    stream = plan.source.stream("train", cfg.seed)
     dataset = CorruptedRows(stream, plan.objective, plan.seq_len, cfg.seed)
     counts = [
         dataset[i][1].n_targets for i in RowSampler(plan.objective, 64, 0, 16, 4, 0, 1, Position(), 0, 1)
