@@ -97,8 +97,7 @@ def run(
         seq_len = shown.model_length_for(obj, packed_len) if packed_len else DEFAULT_SEQ_LEN
     if seq_len < 1:
         raise UserError(f"--seq-len must be positive, got {seq_len}")
-    raw_length = obj.raw_length(seq_len)
-    raw = shown.read_rows(source, raw_length, n_rows, tokenizer_store=tokenizer, text=text)
+    raw = shown.read_rows(source, obj, seq_len, n_rows, seed, tokenizer_store=tokenizer, text=text)
 
     aggregate = shown.Aggregate()
     records: list[dict[str, Any]] = []  # --format json: one document at the end
@@ -113,8 +112,7 @@ def run(
             views = [shown.align_row(batch, b, raw, start + b // per_row) for b in range(n_batch)]
             bar.advance(task, n_raw)
             if stats:
-                fed = int((raw.document_ids[start : start + n_raw] >= 0).sum())
-                aggregate.add(batch, views, fed)
+                aggregate.add(batch, views)
                 continue
             for b, view in enumerate(views):
                 if fmt == "text":

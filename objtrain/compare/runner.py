@@ -47,6 +47,7 @@ from objtrain.models.zoo import build_model, count_parameters
 from objtrain.training import accounting
 from objtrain.training import checkpoint as ckpt
 from objtrain.training.config import TrainConfig, config_dict
+from objtrain.training.data import leading_batches
 from objtrain.training.loop import Plan, prepare, train
 
 PLAN = "plan.json"
@@ -201,11 +202,7 @@ def _target_len(plan: Plan) -> int | None:
     if plan.model_cfg.kind != "encdec":
         return None
     stream = plan.source.stream("train", plan.cfg.seed)
-    index = torch.arange(2, dtype=torch.int64)
-    lengths = plan.objective.raw_lengths(plan.seq_len, index, plan.cfg.seed).numpy()
-    offsets = torch.tensor([0, int(lengths[0])]).numpy()
-    tokens, doc_ids = stream.rows(offsets, lengths, plan.objective.raw_length(plan.seq_len))
-    batch = plan.objective(tokens, doc_ids, index, plan.cfg.seed)
+    (batch,) = leading_batches(stream, plan.objective, plan.seq_len, 2, 2, plan.cfg.seed, within_epoch=False)
     return int(batch.labels.size(1))
 
 

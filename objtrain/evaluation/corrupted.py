@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -33,7 +32,7 @@ from objtrain.objectives.base import Objective
 from objtrain.objectives.mtp import mtp_head_loss
 from objtrain.objectives.registry import build_objective
 from objtrain.specials import Specials
-from objtrain.training.data import Documents, DocumentStream
+from objtrain.training.data import Documents, DocumentStream, leading_batches
 
 NEUTRAL_MLM = {"selection_rate": 0.15, "mask_prob": 1.0, "random_prob": 0.0, "exact_count": True}
 NEUTRAL_SPAN = {"noise_density": 0.15, "mean_noise_span_length": 3.0, "random_roll": False}
@@ -50,17 +49,7 @@ def corrupted_batches(
 ) -> list[Batch]:
     """The first `rows` rows of the unshuffled documents, corrupted by `objective` under `seed`."""
     stream = DocumentStream(docs, specials.eos, specials.pad, seed=0, shuffle=False)
-    index = torch.arange(rows, dtype=torch.int64)
-    lengths = objective.raw_lengths(seq_len, index, seed).numpy().astype(np.int64)
-    offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
-    n = max(int((offsets + lengths <= stream.epoch_tokens).sum()), 1)  # never repeat a held-out token
-    width = int(lengths.max())
-    out = []
-    for lo in range(0, n, batch_size):
-        hi = min(lo + batch_size, n)
-        tokens, doc_ids = stream.rows(offsets[lo:hi], lengths[lo:hi], width)
-        out.append(objective(tokens, doc_ids, index[lo:hi], seed))
-    return out
+    return leading_batches(stream, objective, seq_len, rows, batch_size, seed)
 
 
 @dataclass

@@ -82,6 +82,16 @@ class Objective:
         """
         return torch.full_like(row_index, self.raw_length(model_length), dtype=torch.int64)
 
+    def donor_length(self, width: int) -> int:
+        """Raw tokens of *donor* text each row of `width` raw tokens needs from elsewhere in the corpus (0 =
+        none), as BERT's NSP reads a random next sentence from a random document.
+
+        When positive, callers pass `donors=(tokens, document_ids)` (B, n) to `__call__`: text the loader
+        reads at a place drawn from (seed, row) (`training.data.donor_offsets`), so a row's corruption still
+        depends on its own index only, never on which rows share its batch.
+        """
+        return 0
+
     def __call__(self, rows: Tensor, document_ids: Tensor, row_index: Tensor, seed: int) -> Batch:
         raise NotImplementedError
 

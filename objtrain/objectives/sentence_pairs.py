@@ -19,12 +19,11 @@ How a row becomes a pair, vectorised over the batch (all draws from the row's ow
    or, in a row holding a single document (long documents, or a one-document corpus such as
    tinyshakespeare), from a sentence start strictly after the next one, so at least one sentence is
    skipped and label 1 stays true ("B does not follow A"); BERT would draw from the same document and
-   could return the actual next sentence (NVIDIA/DeepLearningExamples#421). Rows stay independent of
-   their batch. Without it, B is drawn as BERT does, from another position of the corpus: a random
-   sentence start of a *donor* row of the same batch (another stretch of the shuffled document stream),
-   the donor being the other row h with the largest hash of (seed, row, h). So the share of label 1 is
-   `random_next_rate` whatever the packing; a row's pair then depends on which rows share its batch
-   (not on their order), and a batch of one row falls back to another document of the row, else label 0.
+   could return the actual next sentence (NVIDIA/DeepLearningExamples#421). Without it, B is drawn as BERT
+   does, from another place of the corpus: the loader hands each row *donor* text (`donor_length`) read at
+   a place drawn from (seed, row) that never overlaps the row, and B starts at a random sentence start of
+   it (its first token when it holds none). So the share of label 1 is `random_next_rate` whatever the
+   packing, and a row's pair depends on its own index only, never on the rows that share its batch.
    `stats["label_1_fraction"]`, `stats["same_document_negatives"]` and `stats["donor_negatives"]` report
    what was realised.
    SOP: with probability `swap_rate`, A and next are swapped (label 1); SOP needs one document only.
@@ -52,6 +51,7 @@ from objtrain.objectives.base import LossOutput, Objective, token_loss
 from objtrain.objectives.mlm import MaskedLMConfig, below, mask_tokens, resolve_vocab_size, word_starts
 from objtrain.objectives.rng import RowRandom
 from objtrain.objectives.sentences import sentence_end_table, sentence_ids
+from objtrain.specials import Specials
 
 _MIN_KEY = torch.iinfo(torch.int64).min
 
@@ -75,6 +75,26 @@ def pick_where(candidates: Tensor, need: Tensor, rr: RowRandom, stream: str) -> 
     return out
 
 
+@dataclass
+class Text:
+    """Sentence structure of raw rows (B, L): document of each position (-1 on specials and padding),
+    sentence starts (never position 0), and the end of each position's document run."""
+
+    doc: Tensor
+    starts: Tensor
+    run_start: Tensor
+    run_end: Tensor
+
+
+def text_structure(rows: Tensor, document_ids: Tensor, specials: Specials, end_table: Tensor) -> Text:
+    doc = torch.where(specials.is_special(rows) | (document_ids < 0), -1, document_ids)
+    sid = sentence_ids(rows, doc, end_table.to(rows.device))
+    starts = torch.zeros_like(rows, dtype=torch.bool)
+    starts[:, 1:] = (sid[:, 1:] != sid[:, :-1]) & (doc[:, 1:] >= 0)
+    _, _, run_start, run_length = runs_of(doc)
+    return Text(doc, starts, run_start, run_start + run_length)
+
+
 def truncated_lengths(a: Tensor, b: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     """BERT truncate_seq_pair's final lengths: shorten the longer part (B on ties) until a + b <= target."""
     half = (target + 1) // 2
@@ -91,7 +111,7 @@ class Pair:
     second_start: Tensor
     second_len: Tensor
     label: Tensor  # int64, IGNORE where no pair could be made
-    second_row: Tensor  # batch row the second segment is read from (NSP donors; else the row itself)
+    from_donor: Tensor  # bool: the second segment is read from the row's donor text (NSP negatives)
     sentence_split: Tensor  # bool: split at a sentence boundary (else at a token)
     flags: dict[str, Tensor]  # (B,) bool per objective-specific statistic
 
@@ -112,20 +132,20 @@ class _SentencePairs(Objective):
         self.word_tables = tokenizer.word_boundary_tables if self.mlm_config.whole_word else None
 
     def choose(
-        self, split: Tensor, doc: Tensor, starts: Tensor, run_start: Tensor, run_end: Tensor, rr: RowRandom
+        self, split: Tensor, own: Text, rr: RowRandom, donor: Text | None
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Tensor], Tensor]:
         """Given the split (B,): B's start and end, the label, whether to swap, (B,) bool flags to count in
-        the stats, and the batch row B is read from."""
+        the stats, and whether B is read from the donor text."""
         raise NotImplementedError
 
-    def make_pairs(self, rows: Tensor, document_ids: Tensor, rr: RowRandom) -> Pair:
+    def make_pairs(
+        self, rows: Tensor, document_ids: Tensor, rr: RowRandom, donors: tuple[Tensor, Tensor] | None = None
+    ) -> Pair:
         L = rows.size(1)
-        doc = torch.where(self.specials.is_special(rows) | (document_ids < 0), -1, document_ids)
-        sid = sentence_ids(rows, doc, self.end_table.to(rows.device))
+        own = text_structure(rows, document_ids, self.specials, self.end_table)
+        doc, starts = own.doc, own.starts
         inside = torch.zeros_like(rows, dtype=torch.bool)  # a token of the same document precedes
         inside[:, 1:] = (doc[:, 1:] == doc[:, :-1]) & (doc[:, 1:] >= 0)
-        starts = torch.zeros_like(inside)  # sentence starts (document starts included), never position 0
-        starts[:, 1:] = (sid[:, 1:] != sid[:, :-1]) & (doc[:, 1:] >= 0)
         at_sentence = (inside & starts).any(dim=1)
         valid = inside.any(dim=1)
         split = torch.where(
@@ -133,10 +153,11 @@ class _SentencePairs(Objective):
             pick_where(inside & starts, at_sentence, rr, "pairs/split"),
             pick_where(inside, ~at_sentence, rr, "pairs/token_split"),
         )
-        _, _, run_start, run_length = runs_of(doc)
-        run_end = run_start + run_length
-        a0 = run_start.gather(1, split[:, None])[:, 0]
-        b0, b1, label, swap, flags, second_row = self.choose(split, doc, starts, run_start, run_end, rr)
+        donor = None
+        if donors is not None:
+            donor = text_structure(donors[0].long(), donors[1].long(), self.specials, self.end_table)
+        a0 = own.run_start.gather(1, split[:, None])[:, 0]
+        b0, b1, label, swap, flags, from_donor = self.choose(split, own, rr, donor)
         a, b = split - a0, b1 - b0
 
         budget = L - 3
@@ -156,18 +177,30 @@ class _SentencePairs(Objective):
             second_start=torch.where(swap, a_from, b_from),
             second_len=torch.where(swap, a_len, b_len),
             label=torch.where(valid, label, IGNORE),
-            second_row=second_row,
+            from_donor=from_donor & valid,
             sentence_split=at_sentence,
             flags=flags,
         )
 
-    def __call__(self, rows: Tensor, document_ids: Tensor, row_index: Tensor, seed: int) -> Batch:
+    def __call__(
+        self,
+        rows: Tensor,
+        document_ids: Tensor,
+        row_index: Tensor,
+        seed: int,
+        donors: tuple[Tensor, Tensor] | None = None,
+    ) -> Batch:
         rows, document_ids = rows.long(), document_ids.long()
         B, L = rows.shape
         if L < 5:
             raise UserError(f"{self.name}: rows of {L} tokens cannot hold [CLS] A [SEP] B [SEP]")
+        if self.donor_length(L) and donors is None:
+            raise UserError(
+                f"{self.name}: same_document_negatives=false draws each negative from another place of the "
+                "corpus: read rows through the data loader, which hands each row its donor text"
+            )
         rr = RowRandom(seed, row_index)
-        pair = self.make_pairs(rows, document_ids, rr)
+        pair = self.make_pairs(rows, document_ids, rr, donors)
         sp = self.specials
         j = torch.arange(L, device=rows.device)[None, :]
         l0, l1 = pair.first_len[:, None], pair.second_len[:, None]
@@ -179,10 +212,9 @@ class _SentencePairs(Objective):
         )
         src = torch.where(in_first | in_second, src, 0).clamp(0, L - 1)
         text = rows.gather(1, src)
-        donor = pair.second_row != torch.arange(B, device=rows.device)
-        if bool(donor.any()):  # NSP negatives read B from another row of the batch
-            from_donor = rows.index_select(0, pair.second_row).gather(1, src)
-            text = torch.where(in_second & donor[:, None], from_donor, text)
+        if donors is not None and bool(pair.from_donor.any()):  # NSP negatives read B from the donor text
+            from_donor = donors[0].long().gather(1, src.clamp(max=donors[0].size(1) - 1))
+            text = torch.where(in_second & pair.from_donor[:, None], from_donor, text)
         tokens = torch.where(in_first | in_second, text, sp.pad)
         tokens = torch.where((j == sep0) | (j == sep1), sp.sep, tokens)
         tokens[:, 0] = sp.cls
@@ -248,39 +280,42 @@ class NextSentencePrediction(_SentencePairs):
         short_seq_prob: float = 0.1  # share of pairs with a shorter random length (BERT: 0.1)
         mlm: MaskedLMConfig = field(default_factory=MaskedLMConfig)  # masking of the pair (section 2)
 
+    def donor_length(self, width: int) -> int:
+        return 0 if self.config.same_document_negatives else width
+
     def choose(
-        self, split: Tensor, doc: Tensor, starts: Tensor, run_start: Tensor, run_end: Tensor, rr: RowRandom
+        self, split: Tensor, own: Text, rr: RowRandom, donor: Text | None
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Tensor], Tensor]:
-        B, L = doc.shape
-        idx = torch.arange(L, device=doc.device)[None, :]
-        own = torch.arange(B, device=doc.device)
+        doc, starts = own.doc, own.starts
+        idx = torch.arange(doc.size(1), device=doc.device)[None, :]
         d = doc.gather(1, split[:, None])
-        candidates = starts & (doc != d)  # sentence starts of other documents of the row
-        has_other = candidates.any(dim=1)
-        if self.config.same_document_negatives:
-            # Later sentence starts of A's document: the split is itself a sentence start, so the
+        if donor is None:
+            candidates = starts & (doc != d)  # sentence starts of other documents of the row
+            has_other = candidates.any(dim=1)
+            # Else later sentence starts of A's document: the split is itself a sentence start, so the
             # skipped text [split, q) holds at least one whole sentence.
             later = starts & (doc == d) & (idx > split[:, None])
             candidates = torch.where(has_other[:, None], candidates, later)
-            second_row = own
-        elif B > 1:
-            # BERT's negatives: B from another stretch of the corpus, here a donor row of the batch
-            # chosen by a hash of (seed, row, donor) over the global row indices: order does not matter.
-            keys = rr.bits_at(rr.rows[None, :].expand(B, B), "nsp/donor")
-            keys = keys.masked_fill(torch.eye(B, dtype=torch.bool, device=doc.device), _MIN_KEY)
-            second_row = keys.argmax(dim=1)
-            donor_doc = doc.index_select(0, second_row)
-            candidates = starts.index_select(0, second_row) | ((idx == 0) & (donor_doc >= 0))
         else:
-            second_row = own
+            # BERT's negatives: B from another place of the corpus, at a sentence start of the donor text,
+            # or at its first real token when it holds none (a single long sentence).
+            first_real = (donor.doc >= 0) & ((donor.doc >= 0).cumsum(dim=1) == 1)
+            candidates = torch.where(donor.starts.any(dim=1, keepdim=True), donor.starts, first_real)
         random = below(rr.bits(1, "nsp/random")[:, 0], self.config.random_next_rate) & candidates.any(dim=1)
         q = pick_where(candidates, random, rr, "nsp/random_start")  # only used where `random`
         b0 = torch.where(random, q, split)
-        second_row = torch.where(random, second_row, own)
-        b1 = run_end.index_select(0, second_row).gather(1, b0[:, None])[:, 0]
-        flags = {"same_document_negatives": random & ~has_other & (second_row == own)}
-        flags["donor_negatives"] = random & (second_row != own)
-        return b0, b1, random.long(), torch.zeros_like(random), flags, second_row
+        from_donor = random & (donor is not None)
+        own_end = own.run_end.gather(1, b0[:, None])[:, 0]
+        b1 = (
+            own_end
+            if donor is None
+            else torch.where(from_donor, donor.run_end.gather(1, b0[:, None])[:, 0], own_end)
+        )
+        flags = {
+            "same_document_negatives": random & ~from_donor & (doc.gather(1, b0[:, None])[:, 0] == d[:, 0])
+        }
+        flags["donor_negatives"] = from_donor
+        return b0, b1, random.long(), torch.zeros_like(random), flags, from_donor
 
 
 class SentenceOrderPrediction(_SentencePairs):
@@ -295,8 +330,8 @@ class SentenceOrderPrediction(_SentencePairs):
         mlm: MaskedLMConfig = field(default_factory=MaskedLMConfig)  # masking of the pair (section 2)
 
     def choose(
-        self, split: Tensor, doc: Tensor, starts: Tensor, run_start: Tensor, run_end: Tensor, rr: RowRandom
+        self, split: Tensor, own: Text, rr: RowRandom, donor: Text | None
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Tensor], Tensor]:
         swap = below(rr.bits(1, "sop/swap")[:, 0], self.config.swap_rate)
-        b1 = run_end.gather(1, split[:, None])[:, 0]
-        return split, b1, swap.long(), swap, {}, torch.arange(split.size(0), device=split.device)
+        b1 = own.run_end.gather(1, split[:, None])[:, 0]
+        return split, b1, swap.long(), swap, {}, torch.zeros_like(swap)

@@ -32,6 +32,7 @@ from objtrain.data.store import PackedStore, TokenStore
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.objectives.base import Objective
+from objtrain.objectives.rng import RowRandom
 from objtrain.specials import Specials
 
 
@@ -262,9 +263,9 @@ class CorruptedRows(Dataset[tuple[WorkItem, Batch]]):
         raise TypeError("CorruptedRows is indexed by WorkItem")
 
     def __getitem__(self, item: WorkItem) -> tuple[WorkItem, Batch]:  # type: ignore[override]
-        tokens, document_ids = self.stream.rows(item.offsets, item.lengths, self.width)
-        batch = self.objective(tokens, document_ids, torch.from_numpy(item.rows), self.seed)
-        batch.stats["raw_tokens_fed"] = float(item.lengths.sum())
+        batch = read_batch(
+            self.stream, self.objective, item.rows, item.offsets, item.lengths, self.width, self.seed
+        )
         return item, batch
 
 
@@ -288,21 +289,78 @@ def make_loader(dataset: CorruptedRows, sampler: RowSampler, workers: int) -> Da
     )
 
 
+def donor_offsets(
+    rows: np.ndarray, offsets: np.ndarray, width: int, seed: int, epoch_tokens: int
+) -> np.ndarray:
+    """Stream offsets of each row's donor text (`Objective.donor_length`), as BERT draws a random document
+    for a random next sentence: a place drawn from (seed, row) at least `width` tokens after the row's own
+    start and less than one epoch after it, so a donor never holds the row's own text. A pure function of
+    (seed, row, the row's offset): a row reads the same donor whatever batch or process reads it."""
+    room = np.uint64(max(epoch_tokens - 2 * width, 1))
+    draw = RowRandom(seed, torch.from_numpy(np.asarray(rows, dtype=np.int64))).bits(1, "data/donor")[:, 0]
+    return (
+        np.asarray(offsets, dtype=np.int64) + width + (draw.numpy().view(np.uint64) % room).astype(np.int64)
+    )
+
+
+def read_batch(
+    stream: DocumentStream,
+    objective: Objective,
+    rows: np.ndarray,
+    offsets: np.ndarray,
+    lengths: np.ndarray,
+    width: int,
+    seed: int,
+) -> Batch:
+    """Global rows `rows` read from `stream` at `offsets` with `lengths` raw tokens (padded to `width`), plus
+    their donor text when the objective asks for it, corrupted under `seed`: the one way every caller (the
+    loader, validation, evaluation, `corrupt`) turns stream positions into a batch."""
+    rows = np.asarray(rows, dtype=np.int64)
+    tokens, document_ids = stream.rows(offsets, lengths, width)
+    extra = {}
+    need = objective.donor_length(width)
+    if need:
+        at = donor_offsets(rows, offsets, need, seed, stream.epoch_tokens)
+        extra["donors"] = stream.rows(at, np.full(len(rows), need, dtype=np.int64), need)
+    batch = objective(tokens, document_ids, torch.from_numpy(rows), seed, **extra)
+    batch.stats["raw_tokens_fed"] = float(np.sum(lengths))
+    return batch
+
+
+def leading_batches(
+    stream: DocumentStream,
+    objective: Objective,
+    model_length: int,
+    rows: int,
+    micro: int,
+    seed: int,
+    within_epoch: bool = True,
+) -> list[Batch]:
+    """Rows 0..rows-1 of `stream`, each of the length the objective needs, corrupted under `seed`, in batches
+    of `micro` rows. With `within_epoch`, only the rows that fit in one pass (at least one): a held-out token
+    is never read twice, however small the split."""
+    index = np.arange(rows, dtype=np.int64)
+    lengths = objective.raw_lengths(model_length, torch.from_numpy(index), seed).numpy().astype(np.int64)
+    offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+    n = max(int((offsets + lengths <= stream.epoch_tokens).sum()), 1) if within_epoch else rows
+    width = objective.raw_length(model_length)
+    return [
+        read_batch(
+            stream,
+            objective,
+            index[lo : lo + micro],
+            offsets[lo : lo + micro],
+            lengths[lo : lo + micro],
+            width,
+            seed,
+        )
+        for lo in range(0, n, micro)
+    ]
+
+
 def validation_batches(
     docs: Documents, specials: Specials, objective: Objective, model_length: int, rows: int, micro: int
 ) -> list[Batch]:
     """The fixed validation set: the first `rows` rows of the unshuffled valid split, seed 0, every time."""
     stream = DocumentStream(docs, specials.eos, specials.pad, seed=0, shuffle=False)
-    index = torch.arange(rows, dtype=torch.int64)
-    lengths = objective.raw_lengths(model_length, index, 0).numpy().astype(np.int64)
-    offsets = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    # Never repeat a valid token: with a small valid split, use fewer rows.
-    fits = offsets + lengths <= stream.epoch_tokens
-    n = max(int(fits.sum()), 1)
-    width = objective.raw_length(model_length)
-    out = []
-    for lo in range(0, n, micro):
-        hi = min(lo + micro, n)
-        tokens, doc_ids = stream.rows(offsets[lo:hi], lengths[lo:hi], width)
-        out.append(objective(tokens, doc_ids, index[lo:hi], 0))
-    return out
+    return leading_batches(stream, objective, model_length, rows, micro, seed=0)

@@ -55,6 +55,7 @@ from objtrain.training.data import (
     DataSource,
     Position,
     RowSampler,
+    leading_batches,
     make_loader,
     validation_batches,
 )
@@ -212,13 +213,10 @@ def _embedded_store(world: dist.World, console: Console | None) -> Path:
 
 def _probe_objective(objective: Objective, source: DataSource, seq_len: int, seed: int) -> None:
     """Corrupt two real rows now, so a seq-len too short for the objective is refused before any work."""
-    stream = source.stream("train", seed)
-    index = torch.arange(2, dtype=torch.int64)
     try:
-        lengths = objective.raw_lengths(seq_len, index, seed).numpy()
-        offsets = torch.tensor([0, int(lengths[0])]).numpy()
-        tokens, doc_ids = stream.rows(offsets, lengths, objective.raw_length(seq_len))
-        batch = objective(tokens, doc_ids, index, seed)
+        (batch,) = leading_batches(
+            source.stream("train", seed), objective, seq_len, 2, 2, seed, within_epoch=False
+        )
     except UserError as exc:
         raise UserError(f"--seq-len {seq_len} does not work for {objective.name}: {exc}") from None
     except (ValueError, RuntimeError, IndexError) as exc:
@@ -773,11 +771,11 @@ def _time_one_step(plan: Plan, model: nn.Module, scaler: Any) -> float:
     probe = copy.deepcopy(model)
     rng = torch.get_rng_state()
     stream = plan.source.stream("train", plan.cfg.seed)
-    index = torch.arange(plan.micro_batch, dtype=torch.int64)
-    lengths = plan.objective.raw_lengths(plan.seq_len, index, plan.cfg.seed).numpy()
-    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.from_numpy(lengths).cumsum(0)[:-1]]).numpy()
-    tokens, doc_ids = stream.rows(offsets, lengths, plan.objective.raw_length(plan.seq_len))
-    batch = plan.objective(tokens, doc_ids, index, plan.cfg.seed).to(plan.device)
+    mb = plan.micro_batch
+    (batch,) = leading_batches(
+        stream, plan.objective, plan.seq_len, mb, mb, plan.cfg.seed, within_epoch=False
+    )
+    batch = batch.to(plan.device)
     times = []
     for _ in range(3):
         t0 = time.perf_counter()

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -31,6 +32,7 @@ from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.objectives.base import Objective
 from objtrain.specials import FIXED_PIECES, N_FIXED, Specials
+from objtrain.training.data import DataSource, Documents, DocumentStream, read_batch
 
 # ---------------------------------------------------------------------------------------------------
 # Sources -> raw rows
@@ -46,6 +48,11 @@ class RawRows:
     specials: Specials
     tokenizer: Tokenizer | None
     source: str  # "packed", "tokens", "text"
+    # Where the rows were read: the unshuffled document stream, each row's offset in it and its raw tokens
+    # (its need, or less at the end of the source); None for rows built by hand (no donor text then).
+    stream: DocumentStream | None = None
+    offsets: np.ndarray | None = None
+    lengths: np.ndarray | None = None
 
 
 def _is_packed_store(path: Path) -> bool:
@@ -119,18 +126,28 @@ def rows_from_documents(
 
 def read_rows(
     source: Path | None,
-    raw_length: int,
+    objective: Objective,
+    model_length: int,
     n_rows: int,
+    seed: int,
     tokenizer_store: Path | None = None,
     text: str | None = None,
 ) -> RawRows:
-    """Rows 0..n_rows-1 of `source` (a token store, packed store or text file) or of `text`.
+    """Rows 0..n_rows-1 of `source` (a token store, packed store or text file) or of `text`, as the training
+    loader reads them: the unshuffled document stream cut into rows of the length each row needs
+    (`objective.raw_lengths`), never past one pass over the source; a packed store's rows are read as packed
+    (each cut to its row's need). Rows keep the stream and their offsets, so donor text (NSP) is read as the
+    loader reads it.
 
     Text needs `tokenizer_store`, a token store (or .model file) whose tokenizer encodes it; a `.jsonl`
     file holds one document per line (its "text" field), any other file is one document.
     """
     if n_rows < 1:
         raise UserError(f"--n must be at least 1, got {n_rows}")
+    width = objective.raw_length(model_length)
+    index = torch.arange(n_rows, dtype=torch.int64)
+    need = objective.raw_lengths(model_length, index, seed).numpy().astype(np.int64)
+    packed_lengths = None
     if text is not None or (source is not None and Path(source).is_file()):
         if tokenizer_store is None:
             raise UserError("text needs a tokenizer: pass --tokenizer TOKEN_STORE (or a .model file)")
@@ -138,26 +155,48 @@ def read_rows(
         documents = [text] if text is not None else _text_documents(Path(source))  # type: ignore[arg-type]
         if not any(documents):  # as `objtrain tokenize` refuses an empty corpus
             raise UserError("--text is empty" if text is not None else f"{source} holds no text")
-        encoded = tokenizer.encode_batch(documents, num_threads=1)
-        tokens, docs = rows_from_documents(encoded, raw_length, n_rows, tokenizer.specials)
-        return RawRows(tokens, docs, torch.arange(tokens.size(0)), tokenizer.specials, tokenizer, "text")
-    if source is None:
-        raise UserError("give a SOURCE (token store, packed store or text file) or --text")
-    path = Path(source)
-    if not path.exists():
-        raise UserError(f"source not found: {path}")
-    if _is_packed_store(path):
-        return _packed_rows(path, raw_length, n_rows)
-    store = open_token_store(path)
-    train = store.split("train")
-    count = len(train)
-
-    def docs() -> Iterator[Tensor]:
-        for i in range(count):
-            yield torch.from_numpy(train.doc(i).astype("int64"))
-
-    tokens, doc_ids = rows_from_documents(docs(), raw_length, n_rows, store.specials)
-    return RawRows(tokens, doc_ids, torch.arange(tokens.size(0)), store.specials, store.tokenizer, "tokens")
+        encoded = [np.asarray(d, dtype=np.int64) for d in tokenizer.encode_batch(documents, num_threads=1)]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(d) for d in encoded], out=offsets[1:])
+        docs = Documents(np.concatenate(encoded), offsets)
+        specials, kind = tokenizer.specials, "text"
+        stream = DocumentStream(docs, specials.eos, specials.pad, seed=0, shuffle=False)
+    else:
+        if source is None:
+            raise UserError("give a SOURCE (token store, packed store or text file) or --text")
+        path = Path(source)
+        if not path.exists():
+            raise UserError(f"source not found: {path}")
+        data = DataSource(path)
+        tokenizer, specials = data.tokenizer, data.specials
+        if data.packed_length is not None:
+            kind = "packed"
+            if width > data.packed_length:
+                raise UserError(
+                    f"{path} holds rows of {data.packed_length} raw tokens, the objective needs {width} for "
+                    "this --seq-len: lower --seq-len or re-pack with a longer --seq-len"
+                )
+            split = data.store.split("train")  # type: ignore[call-arg]
+            if len(split) == 0:
+                raise UserError(f"{path} holds no rows")
+            real = (np.asarray(split.document_ids[: min(n_rows, len(split))]) >= 0).sum(axis=1)
+            packed_lengths = real.astype(np.int64)
+        else:
+            kind = "tokens"
+        stream = data.stream("train", 0, shuffle=False)
+    if packed_lengths is not None:  # packed row i starts where rows < i end in the stream of packed rows
+        n = len(packed_lengths)
+        offsets = np.concatenate(([0], np.cumsum(packed_lengths)[:-1])).astype(np.int64)
+        lengths = np.minimum(need[:n], packed_lengths)
+    else:
+        offsets = np.concatenate(([0], np.cumsum(need)[:-1])).astype(np.int64)
+        n = max(int((offsets + need <= stream.epoch_tokens).sum()), 1)  # never read a token twice
+        lengths = np.minimum(need[:n], stream.epoch_tokens)
+        if stream.epoch_tokens < width:  # a source shorter than one row: one row exactly as long as it
+            width = stream.epoch_tokens
+    offsets = offsets[:n]
+    tokens, document_ids = stream.rows(offsets, lengths, width)
+    return RawRows(tokens, document_ids, index[:n], specials, tokenizer, kind, stream, offsets, lengths)
 
 
 def _text_documents(path: Path) -> list[str]:
@@ -179,26 +218,6 @@ def _text_documents(path: Path) -> list[str]:
             raise UserError(f'{path}:{n} needs a string "text" field')
         documents.append(obj["text"])
     return documents
-
-
-def _packed_rows(path: Path, raw_length: int, n_rows: int) -> RawRows:
-    from objtrain.data.store import PackedStore
-
-    store = PackedStore.open(path)
-    if raw_length > store.seq_len:
-        raise UserError(
-            f"{path} holds rows of {store.seq_len} raw tokens, the objective needs {raw_length} for this "
-            "--seq-len: lower --seq-len or re-pack with a longer --seq-len"
-        )
-    split = store.split("train")
-    available = len(split)
-    if available == 0:
-        raise UserError(f"{path} holds no rows")
-    n = min(n_rows, available)
-    tokens, docs = split.rows(0, n)
-    tokens = torch.as_tensor(tokens, dtype=torch.int64)[:, :raw_length]
-    docs = torch.as_tensor(docs, dtype=torch.int64)[:, :raw_length]
-    return RawRows(tokens, docs, torch.arange(n), store.specials, store.tokenizer, "packed")
 
 
 def packed_row_length(source: Path | None) -> int | None:
@@ -579,7 +598,7 @@ class Aggregate:
     measured: dict[str, float] = field(default_factory=dict)  # summed `row_stats`
     positions: dict[str, float] = field(default_factory=dict)  # input/target positions and their padding
 
-    def add(self, batch: Batch, views: list[RowView], fed: int | None = None) -> None:
+    def add(self, batch: Batch, views: list[RowView]) -> None:
         B = int(batch.input_ids.size(0))
         self.rows += B
         p = self.positions
@@ -589,8 +608,6 @@ class Aggregate:
         assert target_docs is not None
         p["target"] = p.get("target", 0.0) + target_docs.numel()
         p["target_padding"] = p.get("target_padding", 0.0) + float((target_docs < 0).sum())
-        if fed is not None and "raw_tokens_fed" not in batch.stats:
-            p["fed"] = p.get("fed", 0.0) + fed
         if batch.seq_labels is not None:
             valid = batch.seq_labels != IGNORE
             p["pairs"] = p.get("pairs", 0.0) + float(valid.sum())
@@ -659,7 +676,7 @@ def summary(aggregate: Aggregate, objective: Objective) -> dict[str, Any]:
         "objective": objective.name,
         "model_kind": objective.model_kind,
         "rows": aggregate.rows,
-        "raw_tokens_fed": s.get("raw_tokens_fed", p.get("fed")),
+        "raw_tokens_fed": s.get("raw_tokens_fed"),
         "raw_tokens_unused": s.get("raw_tokens_unused"),
         "target_tokens_dropped": s.get("target_tokens_dropped"),
         "input_padding_share": p.get("input_padding", 0.0) / max(p.get("input", 0.0), 1.0),
@@ -701,12 +718,15 @@ def _number(value: Any) -> float | None:
 def corrupt_rows(
     objective: Objective, raw: RawRows, seed: int, batch_size: int = 64
 ) -> Iterator[tuple[Batch, int]]:
-    """Apply `objective` to `raw` in batches; yields (batch, index of its first row in `raw`)."""
+    """Apply `objective` to `raw` in batches, as the loader does; yields (batch, index of its first row)."""
+    width = raw.tokens.size(1)
+    rows = raw.row_index.numpy()
     for start in range(0, raw.tokens.size(0), batch_size):
-        stop = start + batch_size
-        batch = objective(
-            raw.tokens[start:stop], raw.document_ids[start:stop], raw.row_index[start:stop], seed
-        )
+        sl = slice(start, start + batch_size)
+        if raw.stream is None or raw.offsets is None or raw.lengths is None:
+            yield objective(raw.tokens[sl], raw.document_ids[sl], raw.row_index[sl], seed), start
+            continue
+        batch = read_batch(raw.stream, objective, rows[sl], raw.offsets[sl], raw.lengths[sl], width, seed)
         yield batch, start
 
 

@@ -107,25 +107,6 @@ def test_packed_rows_drop_no_target_and_waste_little(objective: str, kind: str) 
     assert unused / fed <= 0.05, unused / fed
 
 
-def test_nsp_negatives_whatever_the_packing(tokenizer) -> None:  # type: ignore[no-untyped-def]
-    """same_document_negatives=false: single-document rows get label 1 at the configured rate, drawn
-    from another row of the batch, and that row's text is what B holds."""
-    obj = build_objective(
-        "nsp", tokenizer.specials, tokenizer=tokenizer, overrides={"same_document_negatives": False}
-    )
-    text = "The cat sat. It was warm. Then it rained. The dog ran. " * 40
-    ids = torch.tensor(tokenizer.encode(text))
-    labels = []
-    for seed in range(30):
-        starts = torch.randint(0, ids.numel() - 130, (64,), generator=torch.Generator().manual_seed(seed))
-        rows = torch.stack([ids[s : s + 128] for s in starts.tolist()])
-        batch = obj(rows, torch.zeros_like(rows), torch.arange(64) + 64 * seed, seed)
-        labels.append(batch.seq_labels)
-        assert batch.stats["donor_negatives"] == batch.stats["label_1"]
-    share = float((torch.cat(labels) == 1).float().mean())
-    assert abs(share - 0.5) <= 0.03, share
-
-
 # ---------------------------------------------------------------------------------------------------
 # Contrastive
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from objtrain import IGNORE
-from objtrain.batch import ModelOutput
+from objtrain.batch import Batch, ModelOutput
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.objectives.mlm import MaskedLMConfig
@@ -25,6 +26,7 @@ from objtrain.objectives.sentence_pairs import (
 )
 from objtrain.objectives.sentences import sentence_end_table, sentence_ids
 from objtrain.specials import Specials
+from objtrain.training.data import Documents, DocumentStream, donor_offsets, leading_batches, read_batch
 
 SP = Specials()
 NO_MLM = MaskedLMConfig(selection_rate=0.0)
@@ -151,11 +153,19 @@ def test_single_document_rows_never_get_a_wrong_label(
         assert a_end < b_start
         between = sid[b, a_end - 1 : b_start + 1]  # from A's last token to B's first
         assert int(between[-1]) - int(between[0]) >= 2  # a whole sentence lies in between
-    off = build(NextSentencePrediction, tokenizer, same_document_negatives=False)(
-        rows, docs, torch.arange(200), 0
+    donors = (rows.roll(1, dims=0), docs.roll(1, dims=0))  # stand-in donor text: other stretches of source
+    off = build(NextSentencePrediction, tokenizer, same_document_negatives=False, mlm=NO_MLM)(
+        rows, docs, torch.arange(200), 0, donors=donors
     )
     assert off.stats["pairs"] == 200 and off.stats["label_1"] > 0
-    assert off.stats["donor_negatives"] == off.stats["label_1"]  # every negative is another row's text
+    assert off.stats["donor_negatives"] == off.stats["label_1"]  # every negative is donor text
+    for b in torch.nonzero(off.seq_labels == 1).flatten().tolist():
+        real = off.input_ids[b] != SP.pad
+        sep = torch.nonzero(off.input_ids[b] == SP.sep).flatten().tolist()
+        second = off.input_ids[b, sep[0] + 1 : sep[1]].tolist()
+        assert bool(real.any()) and second
+        row = donors[0][b].tolist()
+        assert any(row[i : i + len(second)] == second for i in range(len(row) - len(second) + 1))
     assert abs(off.stats["label_1_fraction"] - 0.5) < 0.12
     sop = build(SentenceOrderPrediction, tokenizer)(rows, docs, torch.arange(200), 0)
     assert abs(sop.stats["label_1_fraction"] - 0.5) < 0.12
@@ -238,3 +248,59 @@ def test_pick_where_matches_pick_on_the_needed_rows() -> None:
     full = pick(candidates, rr, "s")
     assert torch.equal(pick_where(candidates, need, rr, "s"), torch.where(need, full, 0))
     assert torch.equal(pick_where(candidates, torch.ones(6, dtype=torch.bool), rr, "s"), full)
+
+
+def long_document_stream(tokenizer: Tokenizer, stdlib_texts: list[str]) -> DocumentStream:
+    """A corpus of one document (tinyshakespeare-like): every row holds a single document."""
+    ids = np.asarray([t for text in stdlib_texts[:40] for t in tokenizer.encode(text)], dtype=np.int64)
+    return DocumentStream(Documents(ids, np.asarray([0, len(ids)])), SP.eos, SP.pad, seed=3)
+
+
+def test_nsp_donor_negatives_whatever_the_packing(tokenizer: Tokenizer, stdlib_texts: list[str]) -> None:
+    """same_document_negatives=false on single-document rows: label 1 at the configured rate (0.5 +- 0.03),
+    each B read from the row's donor text, which never overlaps the row itself."""
+    obj = build_objective("nsp", SP, tokenizer=tokenizer, overrides={"same_document_negatives": False})
+    stream = long_document_stream(tokenizer, stdlib_texts)
+    assert obj.donor_length(128) == 128
+    batches = leading_batches(stream, obj, 128, 1536, 256, seed=5, within_epoch=False)
+    labels = torch.cat([b.seq_labels for b in batches])
+    assert bool((labels != IGNORE).all())
+    assert abs(float((labels == 1).float().mean()) - 0.5) <= 0.03
+    assert sum(b.stats["donor_negatives"] for b in batches) == int((labels == 1).sum())
+    rows = np.arange(1536)
+    lengths = obj.raw_lengths(128, torch.from_numpy(rows), 5).numpy()
+    offsets = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    at = donor_offsets(rows, offsets, 128, 5, stream.epoch_tokens)
+    assert bool((at >= offsets + lengths).all() and (at + 128 <= offsets + stream.epoch_tokens).all())
+
+
+@pytest.mark.parametrize("same_document", [True, False])
+def test_nsp_rows_do_not_depend_on_their_batch(
+    tokenizer: Tokenizer, stdlib_texts: list[str], same_document: bool
+) -> None:
+    """A row's pair, masking and label are a function of (its index, seed) only: 16 rows read as one batch,
+    as 4 micro-batches of 4, or in reverse order, come out identical."""
+    obj = build_objective(
+        "nsp", SP, tokenizer=tokenizer, overrides={"same_document_negatives": same_document}
+    )
+    stream = long_document_stream(tokenizer, stdlib_texts)
+    rows = np.arange(100, 116, dtype=np.int64)
+    offsets = rows * 130
+    lengths = np.full(16, 128, dtype=np.int64)
+
+    def read(sel: np.ndarray) -> Batch:
+        return read_batch(stream, obj, rows[sel], offsets[sel], lengths[sel], 128, 9)
+
+    whole = read(np.arange(16))
+    parts = [read(np.arange(i, i + 4)) for i in range(0, 16, 4)]
+    backwards = read(np.arange(15, -1, -1))
+    for name in ("input_ids", "labels", "segment_ids", "seq_labels"):
+        assert torch.equal(getattr(whole, name), torch.cat([getattr(p, name) for p in parts])), name
+        assert torch.equal(getattr(whole, name), getattr(backwards, name).flip(0)), name
+
+
+def test_nsp_without_donor_text_is_refused(tokenizer: Tokenizer, documents: list[list[int]]) -> None:
+    rows, docs = pack_rows(documents, 4, 64)
+    obj = build(NextSentencePrediction, tokenizer, same_document_negatives=False)
+    with pytest.raises(UserError, match="donor text"):
+        obj(rows, docs, torch.arange(4), 0)
