@@ -23,7 +23,7 @@ from torch import Tensor
 
 from objtrain import IGNORE
 from objtrain.batch import Batch, positions_of
-from objtrain.objectives.base import Objective
+from objtrain.objectives.base import Objective, raw_usage
 
 
 def next_token_labels(
@@ -46,6 +46,19 @@ def next_token_labels(
     keep = (here >= 0) & ((there >= 0) if cross_document else (here == there))
     torch.where(keep, rows[:, offset : offset + n], rows.new_tensor(IGNORE), out=labels[:, :n])
     return labels
+
+
+def causal_raw_used(document_ids: Tensor, labels: Tensor, held: Tensor | None = None) -> int:
+    """Positions of (B, T+1) rows a causal batch holds: the real inputs 0..T-1 and every labelled target
+    (labels[:, t] is position t+1). `held` (B, T+1) bool, if given, further restricts which positions count
+    (FIM: not its sentinels or padding)."""
+    T = labels.size(1)
+    used = torch.zeros_like(document_ids, dtype=torch.bool)
+    used[:, :T] = document_ids[:, :T] >= 0
+    used[:, 1 : T + 1] |= labels != IGNORE
+    if held is not None:
+        used &= held
+    return int(used.sum())
 
 
 def causal_batch(rows: Tensor, document_ids: Tensor, cross_document: bool) -> Batch:
@@ -81,4 +94,5 @@ class CausalLM(Objective):
             "tokens": float((batch.document_ids >= 0).sum()),
             "targets": float(batch.n_targets),
         }
+        batch.stats.update(raw_usage(document_ids, causal_raw_used(document_ids.long(), batch.labels)))
         return batch

@@ -33,8 +33,8 @@ from torch import Tensor
 from objtrain.batch import Batch, runs_of
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
-from objtrain.objectives.base import Objective
-from objtrain.objectives.clm import causal_batch
+from objtrain.objectives.base import Objective, raw_usage
+from objtrain.objectives.clm import causal_batch, causal_raw_used
 from objtrain.objectives.mlm import below
 from objtrain.objectives.rng import RowRandom
 from objtrain.specials import Specials
@@ -247,4 +247,11 @@ class FillInTheMiddle(Objective):
             "fim_pad": float(n_pad),
             "targets": float(batch.n_targets),
         }
+        # raw tokens the batch holds: its positions minus the sentinels and <fim_pad> FIM added (what the
+        # three sentinels of a transformed fragment push past the row end is the unused raw text); at
+        # `level: char` the transformed fragments are re-encoded, so there this counts their new tokens
+        s = self.specials
+        held = ~torch.isin(out, out.new_tensor([s.fim_prefix, s.fim_middle, s.fim_suffix, s.fim_pad]))
+        used = min(causal_raw_used(out_docs, batch.labels, held), int((document_ids >= 0).sum()))
+        batch.stats.update(raw_usage(document_ids, used))
         return batch

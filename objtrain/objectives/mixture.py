@@ -27,7 +27,7 @@ from objtrain import IGNORE
 from objtrain.batch import MODEL_KINDS, Batch, ModelKind
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
-from objtrain.objectives.base import Objective
+from objtrain.objectives.base import Objective, raw_usage
 from objtrain.objectives.noise import largest_fitting
 from objtrain.objectives.registry import build_objective, objective_class
 from objtrain.objectives.rng import RowRandom
@@ -178,6 +178,11 @@ class Mixture(Objective):
                 )
             )
         batch = self._merge(parts, B, enc_w, dec_w)
+        usage = [(p.stats.get("raw_tokens_fed"), p.stats.get("raw_tokens_unused")) for _, p in parts]
+        if all(fed is not None and unused is not None for fed, unused in usage):
+            # a component reads the first raws[k] tokens of its rows: the rest of the row is unused too
+            used = sum(float(fed) - float(unused) for fed, unused in usage)  # type: ignore[arg-type]
+            stats.update(raw_usage(document_ids, used))
         batch.stats = stats
         return batch
 

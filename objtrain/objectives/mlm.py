@@ -36,7 +36,7 @@ from objtrain import IGNORE
 from objtrain.batch import Batch, positions_of
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
-from objtrain.objectives.base import Objective
+from objtrain.objectives.base import Objective, raw_usage
 from objtrain.objectives.rng import RowRandom
 from objtrain.objectives.sentences import lookup
 from objtrain.specials import Specials
@@ -199,7 +199,8 @@ class MaskedLM(Objective):
             positions=positions_of(document_ids),
             document_ids=document_ids,
             attention="bidirectional",
-            stats=stats,
+            # every real token is an input (masked, replaced or kept): none is left unused
+            stats={**stats, **raw_usage(document_ids, int((document_ids >= 0).sum()))},
         )
 
 

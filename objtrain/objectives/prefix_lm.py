@@ -25,7 +25,7 @@ from torch import Tensor
 
 from objtrain.batch import Batch
 from objtrain.errors import UserError
-from objtrain.objectives.base import Objective
+from objtrain.objectives.base import Objective, raw_usage
 from objtrain.objectives.noise import (
     Pieces,
     Segments,
@@ -119,4 +119,8 @@ class PrefixLM(Objective):
             pieces, self.model_kind, seg.n_rows, self.widths(rows.size(1)), self.specials
         )
         batch.stats = finish_stats(stats, batch, truncated)
+        # every real token is in the prefix or the target (encoder-decoder: a document's EOS is re-appended
+        # to both sides); only what the layout truncates is lost
+        fed = int((document_ids >= 0).sum())
+        batch.stats.update(raw_usage(document_ids, max(fed - truncated, 0)))
         return batch

@@ -497,3 +497,58 @@ def test_every_objective_has_a_yaml(name: str) -> None:
     except Exception as exc:
         pytest.skip(f"{name}: module not importable ({type(exc).__name__})")
     assert (config_dir() / "objectives" / f"{name}.yaml").is_file()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Raw token usage: what an objective reports is what its batch holds
+
+USAGE_CASES = [
+    ("clm", "decoder", {}),
+    ("clm", "decoder", {"cross_document_targets": True}),
+    ("mlm", "encoder", {"vocab_size": N_FIXED + 2000}),
+    ("fim", "decoder", {"level": "token", "fim_rate": 1.0}),
+    ("fim", "decoder", {"level": "token", "fim_rate": 0.5}),
+    ("prefix_lm", "decoder", {}),
+    ("prefix_lm", "encdec", {}),
+    ("contrastive", "encoder", {}),
+    ("contrastive", "encoder", {"views": "crop", "crop_min": 0.3, "deletion_rate": 0.2}),
+    ("mixture", "decoder", {}),
+    ("mixture", "encdec", {}),
+]
+
+
+def _distinct_rows(length: int, specials: Specials) -> tuple[Tensor, Tensor]:
+    """6 rows of distinct ordinary tokens (a raw position is known by its value), several documents per
+    row (boundaries by id only, no EOS to repeat a value), the last two rows ending in padding."""
+    gen = torch.Generator().manual_seed(4)
+    rows = (
+        torch.stack([torch.randperm(2000, generator=gen)[:length] for _ in range(6)])
+        + specials.first_ordinary
+    )
+    cuts = torch.rand(6, length, generator=gen) < 0.06
+    cuts[:, 0] = False
+    docs = cuts.long().cumsum(1)
+    docs[4:, length * 2 // 3 :] = -1
+    rows = torch.where(docs >= 0, rows, specials.pad)
+    return rows, docs
+
+
+@pytest.mark.parametrize(("name", "kind", "overrides"), USAGE_CASES, ids=lambda v: str(v) if v else "default")
+def test_reported_raw_usage_is_what_the_batch_holds(name: str, kind: str, overrides: dict) -> None:
+    """`raw_tokens_fed` counts the real raw positions, `raw_tokens_unused` those whose token is in no input
+    and no target of the batch (counted here by value: every raw token of a row is distinct)."""
+    specials = Specials()
+    objective = build_objective(name, specials, model_kind=kind, overrides=overrides)  # type: ignore[arg-type]
+    rows, docs = _distinct_rows(objective.raw_length(MODEL_LENGTH), specials)
+    batch = objective(rows, docs, torch.arange(6) + 7, 0)
+    views = VIEWS.get(name, 1)
+    held = [batch.input_ids, batch.labels]
+    if batch.decoder_input_ids is not None:
+        held.append(batch.decoder_input_ids)
+    used = 0
+    for r in range(rows.size(0)):
+        values = set().union(*(set(t[r * views : (r + 1) * views].reshape(-1).tolist()) for t in held))
+        used += sum(int(v) in values for v in rows[r][docs[r] >= 0].tolist())
+    fed = int((docs >= 0).sum())
+    assert batch.stats["raw_tokens_fed"] == fed
+    assert batch.stats["raw_tokens_unused"] == fed - used

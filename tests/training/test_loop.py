@@ -30,34 +30,45 @@ def records(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-# Known open problem (issue 12): contrastive starts near-trivial on the debug model (loss ~0.02 with the
-# dropout views, ~0.1-0.2 with crops) and its loss rises over 12 steps; tracked, not hidden.
-_OPEN = {("contrastive", "encoder"): "contrastive loss does not fall in 12 debug steps yet (issue 12)"}
+# Settings a pair needs besides the shared ones. Contrastive (SimCSE dropout views): every model size ships
+# with dropout 0, which makes the two views identical and the task trivial (loss ~0.01 at init on the debug
+# model, positive cosine exactly 1), and lr 1e-2 (about the init std of 0.02 per Adam step) collapses the
+# pooled embeddings once warmup ends (all cosines -> 1, loss rising to ~1-3). With dropout 0.1, a softer
+# temperature and 32 rows (31 negatives each) the task is not trivial at init and the loss falls.
+_SETTINGS: dict[tuple[str, str], dict] = {
+    ("contrastive", "encoder"): {
+        "objective": {"overrides": {"temperature": 0.2}},
+        "model": {"overrides": {"dropout": 0.1}},
+        "batch": {"batch_size": 32},
+        "optim": {"lr": 1e-3},
+    },
+}
 
 
 @pytest.mark.parametrize(
     ("name", "kind"),
-    [
-        pytest.param(n, k, marks=pytest.mark.xfail(reason=_OPEN[(n, k)])) if (n, k) in _OPEN else (n, k)
-        for n, k in PAIRS
-    ],
+    PAIRS,
     ids=[f"{n}-{k}" for n, k in PAIRS],
 )
 def test_every_objective_trains_every_kind_it_supports(
     name: str, kind: str, train_store: Path, tmp_path: Path, small_config
 ) -> None:
-    cfg = small_config(
-        train_store,
-        objective={"name": name},
-        model={"kind": kind},
-        budget={"steps": 12},
-        optim={"lr": 1e-2},
-        validation={"every": 6},
-    )
+    sections = {
+        "objective": {"name": name},
+        "model": {"kind": kind},
+        "budget": {"steps": 12},
+        "optim": {"lr": 1e-2},
+        "validation": {"every": 6},
+    }
+    for section, values in _SETTINGS.get((name, kind), {}).items():
+        sections[section] = {**sections.get(section, {}), **values}
+    cfg = small_config(train_store, **sections)
     result = train(cfg, tmp_path / "run", show_progress=False)
     rows = [r for r in records(tmp_path / "run") if "loss" in r]
     first, last = sum(r["loss"] for r in rows[:3]) / 3, sum(r["loss"] for r in rows[-3:]) / 3
     assert last < first, f"{name} on {kind}: loss {first:.3f} -> {last:.3f}"
+    if name == "contrastive":  # dropout is on in training: the two views of a row really differ
+        assert all(r["positive_cosine"] < 0.999 for r in rows)
     assert result.step == 12 and result.checkpoint is not None
     assert ckpt.is_complete(result.checkpoint)
     val = [r for r in records(tmp_path / "run") if r.get("split") == "val"]
