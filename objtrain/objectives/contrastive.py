@@ -23,10 +23,10 @@ processes a step's loss is the pair-weighted mean of per-micro-batch InfoNCE ter
 `micro_batch_size - 1` negatives, not InfoNCE over the global batch.
 
 Training it (numbers from the debug encoder, 64-token rows of standard-library code):
-- Every model size in `configs/models` has `dropout: 0`, so `views: dropout` needs the model override
-  `model.dropout=0.1` (SimCSE's value). Without it the views are identical: `positive_cosine` is exactly
-  1, the loss starts near 0 (about 0.01 with 8 rows) and there is nothing to learn. `views: crop` differs
-  without dropout.
+- Every model size in `configs/models` has `dropout: 0`, so `views: dropout` needs model dropout: `train`
+  sets SimCSE's `model.dropout=0.1` unless the run sets it, and refuses an explicit 0. Without dropout the
+  views are identical: `positive_cosine` is exactly 1, the loss starts near 0 (about 0.01 with 8 rows) and
+  there is nothing to learn. `views: crop` differs without dropout.
 - Even with distinct views a randomly initialised encoder already separates different texts well (mean
   off-diagonal cosine about 0.25), so at temperature 0.05 the loss starts low; a higher temperature or
   more rows per micro-batch make the task harder.

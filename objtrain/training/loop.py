@@ -143,6 +143,11 @@ def prepare(
             raise UserError(
                 f"mtp with n={n} needs mtp_heads={n}, the model override says {overrides['mtp_heads']}"
             )
+    # SimCSE's two views differ only by dropout, and every model size ships with none: default to SimCSE's
+    # 0.1 and refuse an explicit 0, which would train the trivial task of matching a row to itself.
+    dropout_views = objective.name == "contrastive" and objective.config.views == "dropout"
+    if dropout_views and float(overrides.setdefault("dropout", 0.1)) <= 0:
+        raise UserError("contrastive with views=dropout needs model dropout > 0 (SimCSE: model.dropout=0.1)")
     model_cfg = model_config(
         objective.model_kind, cfg.model.size, overrides, vocab_size=source.tokenizer.vocab_size
     )

@@ -43,6 +43,7 @@ def run_main(
         (["--objective", "clm", "optim.lrr=1"], "lrr"),
         (["--objective", "clm", "--dtype", "fp16"], "fp16"),
         (["--objective", "nope"], "unknown objective"),
+        (["--objective", "contrastive", "model.dropout=0"], "needs model dropout > 0"),
     ],
 )
 def test_refusals_are_one_line_and_leave_nothing(
