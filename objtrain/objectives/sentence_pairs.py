@@ -9,24 +9,29 @@ pair: it gets `[CLS] [SEP] [SEP]` and `seq_labels = IGNORE`.
 
 How a row becomes a pair, vectorised over the batch (all draws from the row's own random streams):
 1. Sentences come from `sentences.sentence_ids`; special tokens (EOS) are not content.
-2. The split point s is a random sentence start inside a document (a token of the same document
-   before it). A row with no such boundary (a 1-sentence chunk) is split at a random token position
-   inside a document instead: the reference's recommendation, used by both NSP and SOP, where BERT and
-   ALBERT would draw a random document (albert#234).
+2. The split point s is a random sentence start inside the row's longest document run (a token of the
+   same document before it): a pair is one document's text, and the longest run fills it best. A row
+   with no such boundary (a 1-sentence chunk) is split at a random token position inside that run
+   instead: the reference's recommendation, used by both NSP and SOP, where BERT and ALBERT would draw a
+   random document (albert#234).
    A = the document's tokens before s, next = its tokens from s on.
 3. NSP negatives: with probability `random_next_rate`, B starts at a random sentence start away from A.
    With `same_document_negatives` (default), B comes from a *different* document of the same raw row,
    or, in a row holding a single document (long documents, or a one-document corpus such as
    tinyshakespeare), from a sentence start strictly after the next one, so at least one sentence is
    skipped and label 1 stays true ("B does not follow A"); BERT would draw from the same document and
-   could return the actual next sentence (NVIDIA/DeepLearningExamples#421). Without it, B is drawn as BERT
-   does, from another place of the corpus: the loader hands each row *donor* text (`donor_length`) read at
-   a place drawn from (seed, row) that never overlaps the row, and B starts at a random sentence start of
-   it (its first token when it holds none). So the share of label 1 is `random_next_rate` whatever the
-   packing, and a row's pair depends on its own index only, never on the rows that share its batch.
-   `stats["label_1_fraction"]`, `stats["same_document_negatives"]` and `stats["donor_negatives"]` report
-   what was realised.
+   could return the actual next sentence (NVIDIA/DeepLearningExamples#421). Without it, B is drawn as
+   BERT does, from another place of the corpus: the loader hands each row *donor* text (`donor_length`)
+   read at a place drawn from (seed, row) that never overlaps the row, and B starts at its first sentence
+   start (its first token when it holds none): a random sentence of the corpus. So the share of label 1
+   is `random_next_rate` whatever the packing, and a row's pair depends on its own index only, never on
+   the rows that share its batch. `stats["label_1_fraction"]`, `stats["same_document_negatives"]` and
+   `stats["donor_negatives"]` report what was realised.
    SOP: with probability `swap_rate`, A and next are swapped (label 1); SOP needs one document only.
+   Padding: a pair is the text of one document, so a row whose longest run is short, a B whose document
+   ends early, the sentences a same-document negative skips and `short_seq_prob` (about 5% alone) leave
+   padding, as BERT's instances do at document ends; the other documents of a multi-document row are
+   not used.
 4. Length: the pair gets T - 3 tokens, or with probability `short_seq_prob` a uniform target in
    [2, T - 3] (BERT's short_seq_prob). The longer of A and B is shortened first, as BERT's
    truncate_seq_pair, and each part's removed tokens are split at random between its front and back
@@ -47,7 +52,7 @@ from torch import Tensor
 from objtrain import IGNORE
 from objtrain.batch import Batch, ModelOutput, positions_of, runs_of
 from objtrain.errors import UserError
-from objtrain.objectives.base import LossOutput, Objective, token_loss
+from objtrain.objectives.base import LossOutput, Objective, raw_usage, token_loss
 from objtrain.objectives.mlm import MaskedLMConfig, below, mask_tokens, resolve_vocab_size, word_starts
 from objtrain.objectives.rng import RowRandom
 from objtrain.objectives.sentences import sentence_end_table, sentence_ids
@@ -146,6 +151,10 @@ class _SentencePairs(Objective):
         doc, starts = own.doc, own.starts
         inside = torch.zeros_like(rows, dtype=torch.bool)  # a token of the same document precedes
         inside[:, 1:] = (doc[:, 1:] == doc[:, :-1]) & (doc[:, 1:] >= 0)
+        # The pair comes from the row's longest document run: a pair is one document's text, so the most
+        # text to fill it (least padding) is there.
+        run_length = torch.where(doc >= 0, own.run_end - own.run_start, 0)
+        inside &= run_length == run_length.max(dim=1, keepdim=True).values
         at_sentence = (inside & starts).any(dim=1)
         valid = inside.any(dim=1)
         split = torch.where(
@@ -237,6 +246,8 @@ class _SentencePairs(Objective):
             token_splits=float((~pair.sentence_split & valid).sum()),
         )
         stats.update({name: float((flag & valid).sum()) for name, flag in pair.flags.items()})
+        own_text = pair.first_len + torch.where(pair.from_donor, 0, pair.second_len)  # donor B: not own text
+        stats.update(raw_usage(document_ids, float(own_text.sum())))
         return Batch(
             input_ids=inputs,
             labels=labels,
@@ -297,10 +308,12 @@ class NextSentencePrediction(_SentencePairs):
             later = starts & (doc == d) & (idx > split[:, None])
             candidates = torch.where(has_other[:, None], candidates, later)
         else:
-            # BERT's negatives: B from another place of the corpus, at a sentence start of the donor text,
-            # or at its first real token when it holds none (a single long sentence).
-            first_real = (donor.doc >= 0) & ((donor.doc >= 0).cumsum(dim=1) == 1)
-            candidates = torch.where(donor.starts.any(dim=1, keepdim=True), donor.starts, first_real)
+            # BERT's negatives: B from another place of the corpus. The donor text already starts at a random
+            # place, so B starts at its first sentence start (its first real token when it holds none): a
+            # random sentence of the corpus, with the most donor text after it to fill the pair.
+            first = lambda m: m & (m.cumsum(dim=1) == 1)  # noqa: E731 - the first True of each row
+            has_start = donor.starts.any(dim=1, keepdim=True)
+            candidates = torch.where(has_start, first(donor.starts), first(donor.doc >= 0))
         random = below(rr.bits(1, "nsp/random")[:, 0], self.config.random_next_rate) & candidates.any(dim=1)
         q = pick_where(candidates, random, rr, "nsp/random_start")  # only used where `random`
         b0 = torch.where(random, q, split)
