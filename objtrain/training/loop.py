@@ -461,6 +461,22 @@ def _run(
         total = int(state["total_steps"])
     else:
         total = total_steps(cfg, plan, lambda: _time_one_step(plan, model, scaler))
+    if plan.resume_from is not None and step >= total:  # a finished run: nothing to train, nothing to write
+        if show:
+            console.print(f"{run_dir} finished at step {step}/{total}: nothing to resume")
+        return TrainResult(
+            run_dir=run_dir,
+            checkpoint=plan.resume_from,
+            step=step,
+            total_steps=total,
+            tokens=tokens,
+            seconds=elapsed,
+            loss=float("nan"),
+            parameters=count_parameters(model),
+            flops_per_token=accounting.flops_per_step(plan.model_cfg, 1, plan.seq_len) / plan.seq_len,
+            tokens_per_s=tokens / max(elapsed, 1e-9),
+            peak_memory_bytes=0,
+        )
 
     # Files: only now, after every check; rank 0 writes, the others read nothing from RUN.
     if world.is_main:

@@ -167,6 +167,19 @@ def test_resume_is_bit_identical(
     assert lb[-4:] == la[-4:]  # the resumed steps log the same losses
 
 
+def test_resuming_a_finished_run_changes_nothing(train_store: Path, tmp_path: Path, small_config) -> None:
+    cfg = small_config(train_store, objective={"name": "clm"}, budget={"steps": 3})
+    done = train(cfg, tmp_path / "run", show_progress=False)
+    ckpt_dir = done.checkpoint
+    assert ckpt_dir is not None
+    before = {p.name: p.stat().st_mtime_ns for p in ckpt_dir.iterdir()}
+    n_records = len(records(tmp_path / "run"))
+    again = train(cfg, tmp_path / "run", resume=True, show_progress=False)
+    assert again.step == 3 and again.checkpoint == ckpt_dir
+    assert {p.name: p.stat().st_mtime_ns for p in ckpt_dir.iterdir()} == before  # nothing re-saved
+    assert len(records(tmp_path / "run")) == n_records  # nothing re-validated or logged
+
+
 def test_resume_refuses_changed_settings(train_store: Path, tmp_path: Path, small_config) -> None:
     from objtrain.errors import UserError
 
