@@ -62,6 +62,11 @@ class Batch:
             return self.target_count
         return int((self.labels != IGNORE).sum())
 
+    @property
+    def n_pairs(self) -> int:
+        """Rows with a sequence-level label (NSP/SOP pairs), the pair term's unit."""
+        return 0 if self.seq_labels is None else int((self.seq_labels != IGNORE).sum())
+
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         moved = {
             f.name: (v.to(device, non_blocking=non_blocking) if isinstance(v, Tensor) else v)

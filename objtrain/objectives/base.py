@@ -30,6 +30,26 @@ class LossOutput:
     loss_sum: Tensor  # scalar, summed over targets
     n_targets: Tensor  # scalar int64
     metrics: dict[str, Tensor]  # extra scalars to log (e.g. head-1 loss for MTP, NSP accuracy)
+    # A sequence-level term (NSP/SOP's pair loss) summed over the labelled rows, normalised by its own
+    # global count: the step's loss is loss_sum / N + pair_sum / P over all micro-batches and ranks.
+    pair_sum: Tensor | None = None
+    n_pairs: Tensor | None = None
+
+    def mean(self) -> Tensor:
+        """This micro-batch's loss on its own: token mean plus pair mean."""
+        out = self.loss_sum / self.n_targets.clamp(min=1)
+        if self.pair_sum is not None and self.n_pairs is not None:
+            out = out + self.pair_sum / self.n_pairs.clamp(min=1)
+        return out
+
+    def detach(self) -> LossOutput:
+        return LossOutput(
+            self.loss_sum.detach(),
+            self.n_targets.detach(),
+            {k: v.detach() for k, v in self.metrics.items()},
+            None if self.pair_sum is None else self.pair_sum.detach(),
+            None if self.n_pairs is None else self.n_pairs.detach(),
+        )
 
 
 class Objective:

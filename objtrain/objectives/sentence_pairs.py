@@ -38,7 +38,8 @@ How a row becomes a pair, vectorised over the batch (all draws from the row's ow
    (BERT flips a coin per token; a uniform split here), so truncation leaves no ordering cue.
 5. MLM (the `mlm` keys, MaskedLM's) masks the pair; [CLS]/[SEP] are special and never selected.
 
-Loss: MLM mean + sentence-pair mean, an unweighted sum as BERT's run_pretraining.py.
+Loss: MLM mean + sentence-pair mean, an unweighted sum as BERT's run_pretraining.py; each mean is over
+the whole optimizer step (all micro-batches and ranks), through `LossOutput.pair_sum`.
 """
 
 from __future__ import annotations
@@ -260,23 +261,22 @@ class _SentencePairs(Objective):
         )
 
     def loss(self, output: ModelOutput, batch: Batch) -> LossOutput:
-        """MLM summed CE plus the pair loss scaled so that loss_sum / n_targets = mean MLM + mean pair CE."""
+        """MLM summed CE over the masked tokens plus the pair CE summed over the labelled rows, each to be
+        normalised by its own count (BERT: mean MLM + mean NSP; `LossOutput.pair_sum`)."""
         mlm = token_loss(output.logits, batch.labels)
         assert output.seq_logits is not None and batch.seq_labels is not None
         seq_sum = F.cross_entropy(
             output.seq_logits.float(), batch.seq_labels, ignore_index=IGNORE, reduction="sum"
         )
         n_seq = (batch.seq_labels != IGNORE).sum()
-        seq_mean = seq_sum / n_seq.clamp(min=1)
         n_mlm = mlm.n_targets
-        loss_sum = mlm.loss_sum + seq_mean * n_mlm.clamp(min=1)
         correct = (output.seq_logits.argmax(dim=-1) == batch.seq_labels) & (batch.seq_labels != IGNORE)
         metrics = {
             "mlm_loss": mlm.loss_sum.detach() / n_mlm.clamp(min=1),
-            "seq_loss": seq_mean.detach(),
+            "seq_loss": seq_sum.detach() / n_seq.clamp(min=1),
             "seq_accuracy": correct.sum() / n_seq.clamp(min=1),
         }
-        return LossOutput(loss_sum, n_mlm.clamp(min=1), metrics)
+        return LossOutput(mlm.loss_sum, n_mlm, metrics, pair_sum=seq_sum, n_pairs=n_seq)
 
 
 class NextSentencePrediction(_SentencePairs):

@@ -43,7 +43,7 @@ from objtrain.io import atomic_file
 from objtrain.models.base import TrunkOutput
 from objtrain.models.checkpoint import unwrap
 from objtrain.models.zoo import ModelConfig, build_model, count_parameters, model_config
-from objtrain.objectives.base import Objective
+from objtrain.objectives.base import LossOutput, Objective
 from objtrain.objectives.mtp import mtp_head_loss
 from objtrain.objectives.registry import build_objective
 from objtrain.training import accounting
@@ -282,8 +282,10 @@ def forward_backward(
     dtype: str,
     scaler: Any,
     sequential: bool = True,
-) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-    """One micro-batch: forward, `loss_sum * scale` backward. Returns (loss_sum, n_targets, metrics).
+    pair_scale: float = 0.0,
+) -> LossOutput:
+    """One micro-batch: forward, `loss_sum * scale + pair_sum * pair_scale` backward. Returns the detached
+    `LossOutput` (sums and counts, for the step's global normalisation).
 
     MTP uses the sequential per-head backward unless `sequential` is off (a sharded model must go through
     its root forward, which the trunk/heads split bypasses)."""
@@ -294,13 +296,15 @@ def forward_backward(
         out = model(batch)
         lo = objective.loss(out, batch)
     loss = lo.loss_sum * scale
+    if lo.pair_sum is not None:
+        loss = loss + lo.pair_sum * pair_scale
     (scaler.scale(loss) if scaler is not None else loss).backward()
-    return lo.loss_sum.detach(), lo.n_targets.detach(), {k: v.detach() for k, v in lo.metrics.items()}
+    return lo.detach()
 
 
 def _mtp_forward_backward(
     model: Any, batch: Batch, scale: float, device: torch.device, dtype: str, scaler: Any
-) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+) -> LossOutput:
     """Gloeckle et al. 2024, section 2: trunk once; each head's forward and backward in turn into the
     detached trunk output; then one backward through the trunk. Gradients equal the joint backward."""
     assert batch.mtp_labels is not None
@@ -323,7 +327,7 @@ def _mtp_forward_backward(
             n_head1 = count.detach()
         del logits
     trunk.hidden.backward(detached.grad)
-    return total, n_head1, metrics
+    return LossOutput(total, n_head1, metrics)
 
 
 @torch.no_grad()
@@ -344,7 +348,8 @@ def validate(
     def mine(items: list[Batch]) -> list[Batch]:
         return items if sharded else items[world.rank :: world.world_size]
 
-    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, count, lm nats, lm bytes
+    # loss, count, lm nats, lm bytes, pair-loss sum, pair count
+    sums = torch.zeros(6, dtype=torch.float64, device=device)
     for batch in mine(batches):
         batch = batch.to(device)
         with autocast(device, plan.dtype):
@@ -354,6 +359,9 @@ def validate(
             else:
                 lo = plan.objective.loss(out, batch)
                 lo_sum, lo_n = lo.loss_sum, lo.n_targets
+                if lo.pair_sum is not None and lo.n_pairs is not None:
+                    sums[4] += lo.pair_sum.double()
+                    sums[5] += lo.n_pairs.double()
         sums[0] += lo_sum.double()
         sums[1] += lo_n.double()
     if byte_table is not None:
@@ -372,7 +380,7 @@ def validate(
     if not sharded:
         dist.all_reduce_sum(sums, world)
     model.train()
-    out = {"val_loss": float(sums[0] / sums[1].clamp(min=1))}
+    out = {"val_loss": float(sums[0] / sums[1].clamp(min=1) + sums[4] / sums[5].clamp(min=1))}
     if byte_table is not None and sums[3] > 0:
         out["val_bpb"] = float(sums[2] / math.log(2) / sums[3])
     return out
@@ -597,19 +605,32 @@ def _run(
                 wait += time.perf_counter() - t0
             window_wait += wait
             batches = [b.to(device, non_blocking=True) for _, b in items]
-            counts = torch.tensor([float(b.n_targets) for b in batches], dtype=torch.float64).sum().reshape(1)
-            n_expected = float(dist.all_reduce_sum(counts.to(device), world).item())
+            counts = torch.tensor([[b.n_targets, b.n_pairs] for b in batches], dtype=torch.float64).sum(0)
+            n_expected, p_expected = dist.all_reduce_sum(counts.to(device), world).tolist()
             # FSDP averages gradients over the ranks where the replicated path sums them: undo the mean.
-            scale = (world.world_size if sharded else 1.0) / max(n_expected, 1.0)
-            totals = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, objective's count
+            ranks = world.world_size if sharded else 1.0
+            scale, pair_scale = ranks / max(n_expected, 1.0), ranks / max(p_expected, 1.0)
+            # loss sum, objective's count, pair-loss sum, pair count
+            totals = torch.zeros(4, dtype=torch.float64, device=device)
             metric_sums: dict[str, float] = {}
             for batch in batches:
-                loss_sum, n_targets, metrics = forward_backward(
-                    run_model, plan.objective, batch, scale, device, plan.dtype, scaler, not sharded
+                lo = forward_backward(
+                    run_model,
+                    plan.objective,
+                    batch,
+                    scale,
+                    device,
+                    plan.dtype,
+                    scaler,
+                    not sharded,
+                    pair_scale,
                 )
-                totals[0] += loss_sum.double()
-                totals[1] += n_targets.double()
-                for key, value in metrics.items():
+                totals[0] += lo.loss_sum.double()
+                totals[1] += lo.n_targets.double()
+                if lo.pair_sum is not None and lo.n_pairs is not None:
+                    totals[2] += lo.pair_sum.double()
+                    totals[3] += lo.n_pairs.double()
+                for key, value in lo.metrics.items():
                     metric_sums[key] = metric_sums.get(key, 0.0) + float(value) / len(batches)
             dist.all_reduce_sum(totals, world)
             n_actual = max(float(totals[1]), 1.0)
@@ -624,7 +645,7 @@ def _run(
             max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
             norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
             grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-            loss = float(totals[0]) / n_actual
+            loss = float(totals[0]) / n_actual + float(totals[2]) / max(float(totals[3]), 1.0)
             if not math.isfinite(loss) or (scaler is None and not math.isfinite(grad_norm)):
                 what = "loss" if not math.isfinite(loss) else "gradient norm"
                 where = f"; the last good checkpoint is {saved}" if saved else ""

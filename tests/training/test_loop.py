@@ -91,15 +91,24 @@ def _grads(cfg: TrainConfig, store: Path, micro: int) -> tuple[dict[str, torch.T
     sampler = RowSampler(plan.objective, plan.seq_len, cfg.seed, 16, micro, 0, 1, Position(), 0, 1)
     batches = [dataset[item][1] for item in sampler]
     n = sum(b.n_targets for b in batches)
-    total = 0.0
+    n_pairs = max(sum(b.n_pairs for b in batches), 1)
+    total, pairs = 0.0, 0.0
     for b in batches:
-        loss_sum, _, _ = forward_backward(model, plan.objective, b, 1.0 / n, plan.device, "fp32", None)
-        total += float(loss_sum)
-    return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}, total / n
+        lo = forward_backward(
+            model, plan.objective, b, 1.0 / n, plan.device, "fp32", None, pair_scale=1.0 / n_pairs
+        )
+        total += float(lo.loss_sum)
+        pairs += float(lo.pair_sum) if lo.pair_sum is not None else 0.0
+    grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    return grads, total / n + pairs / n_pairs
 
 
-def test_accumulation_equals_the_full_batch_for_ragged_mlm_targets(train_store: Path, small_config) -> None:
-    cfg = small_config(train_store, objective={"name": "mlm"}, model={"kind": "encoder"})
+@pytest.mark.parametrize("name", ["mlm", "nsp", "sop"])
+def test_accumulation_equals_the_full_batch_for_ragged_mlm_targets(
+    name: str, train_store: Path, small_config
+) -> None:
+    """MLM's token term and NSP/SOP's pair term are each normalised by their own count over the step."""
+    cfg = small_config(train_store, objective={"name": name}, model={"kind": "encoder"})
     full, loss_full = _grads(cfg, train_store, micro=16)
     accum, loss_accum = _grads(cfg, train_store, micro=4)
     assert loss_accum == pytest.approx(loss_full, rel=1e-6)
