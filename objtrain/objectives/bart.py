@@ -399,15 +399,18 @@ class BartDenoising(Objective):
         targets, n_tgt = append_token(seg.tokens, seg.lengths, self.specials.eos, self.specials.pad)
         return Pieces(inputs, n_in, targets, n_tgt, seg.row, seg.doc), stats
 
-    def fit(self, seg: Segments, pieces: Pieces, width: int, seed: int, row_index: Tensor) -> tuple[Segments, int]:
+    def fit(
+        self, seg: Segments, pieces: Pieces, width: int, seed: int, row_index: Tensor
+    ) -> tuple[Segments, int]:
         """The documents of each row, in order, whose noised inputs (EOS included) fit `width` encoder
         positions; the first that does not is cut *before* noising to a prefix whose noised input fits.
 
         A noised length depends on the tokens (word starts, sentences), so the cut is found by noising
         candidate prefixes, keyed like the document itself: first the prefix the document's own noised
-        ratio predicts, then up to seven retries, each scaled by the overshoot and aimed a little lower; a document no prefix of which fits is left
-        out. Later documents of the row are left out. What is left out is raw text the batch does not
-        use (`stats["raw_tokens_unused"]`); no target token is ever dropped. Returns the kept segments
+        ratio predicts, then up to seven retries, each scaled by the overshoot and aimed a little lower;
+        a document no prefix of which fits is left out, and so are the later documents of the row. What
+        is left out is raw text the batch does not use (`stats["raw_tokens_unused"]`); no target token is
+        ever dropped. Returns the kept segments
         (whole, or cut to their prefix) and the raw tokens they use (EOS tokens included).
         """
         had_eos = seg.had_eos if seg.had_eos is not None else torch.zeros_like(seg.lengths, dtype=torch.bool)
