@@ -400,10 +400,12 @@ class BartDenoising(Objective):
         return Pieces(inputs, n_in, targets, n_tgt, seg.row, seg.doc), stats
 
     def fit(
-        self, seg: Segments, pieces: Pieces, width: int, seed: int, row_index: Tensor
+        self, seg: Segments, pieces: Pieces, widths: tuple[int, int], seed: int, row_index: Tensor
     ) -> tuple[Segments, int]:
-        """The documents of each row, in order, whose noised inputs (EOS included) fit `width` encoder
-        positions; the first that does not is cut *before* noising to a prefix whose noised input fits.
+        """The documents of each row, in order, whose noised inputs (EOS included) fit the encoder width
+        and whose originals plus EOS fit the decoder width (several documents cut by row ends, which have
+        no EOS of their own, can need a few more target positions than raw tokens); the first that does
+        not is cut *before* noising to a prefix that fits.
 
         A noised length depends on the tokens (word starts, sentences), so the cut is found by noising
         candidate prefixes, keyed like the document itself: first the prefix the document's own noised
@@ -413,20 +415,24 @@ class BartDenoising(Objective):
         ever dropped. Returns the kept segments
         (whole, or cut to their prefix) and the raw tokens they use (EOS tokens included).
         """
+        width, target_width = widths
         had_eos = seg.had_eos if seg.had_eos is not None else torch.zeros_like(seg.lengths, dtype=torch.bool)
         n_in = pieces.input_lengths
+        n_tgt = pieces.target_lengths  # the document plus EOS
         before = _cumsum_in_rows(n_in, seg.row) - n_in
-        fits = before + n_in <= width
+        before_t = _cumsum_in_rows(n_tgt, seg.row) - n_tgt
+        fits = (before + n_in <= width) & (before_t + n_tgt <= target_width)
         if bool(fits.all()):
             return seg, int(seg.lengths.sum() + had_eos.sum())
-        first_fail = ~fits & (before < width)
+        first_fail = ~fits & (before < width) & (before_t < target_width)
         first_fail &= torch.cat([torch.ones(1, dtype=torch.bool), (seg.row[1:] != seg.row[:-1]) | fits[:-1]])
         whole = fits.nonzero().squeeze(1)
         cut = first_fail.nonzero().squeeze(1)
         room = width - before[cut]
-        length = seg.lengths[cut]
+        length = torch.minimum(seg.lengths[cut], target_width - before_t[cut] - 1)  # the decoder's room
         # the prefix the document's own ratio predicts, then shrink by the overshoot
-        c = torch.minimum(length - 1, (room - 1) * length // (n_in[cut] - 1).clamp(min=1))
+        c = torch.minimum(length, (room - 1) * seg.lengths[cut] // (n_in[cut] - 1).clamp(min=1))
+        c = torch.minimum(c, seg.lengths[cut] - 1)
         accepted = torch.zeros_like(c)
         todo = torch.ones_like(c, dtype=torch.bool)
         for attempt in range(8):
@@ -480,7 +486,7 @@ class BartDenoising(Objective):
             return self.pieces(sub, sub.random(seed, row_index))
 
         pieces, stats = by_length(seg, make, self.specials.pad)
-        kept, used = self.fit(seg, pieces, enc_w, seed, row_index)
+        kept, used = self.fit(seg, pieces, (enc_w, dec_w), seed, row_index)
         if kept is not seg:  # the pieces and stats of what the batch holds
             pieces, stats = by_length(kept, make, self.specials.pad)
         batch, truncated = encdec_batch(pieces, seg.n_rows, enc_w, dec_w, self.specials)
