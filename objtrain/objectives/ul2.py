@@ -31,8 +31,8 @@ examples is still its weight (Wald's identity; the shares in stats count example
 lengths solve "inputs fill m, targets fill the decoder" (one length per side, at least max(8, m / 16)
 raw tokens); a row's raw need is their sum (3.2 examples of ~210 raw tokens per row at m = 512, rather
 than one of 567-1004: the cost of filling the decoder). Rows whose draws stay one-sided for all
-`examples_per_row` (2.3% at the defaults) fill the tighter side and pad the other. `examples_per_row: 1` gives one
-example per row, the decoder padded as described.
+`examples_per_row` (2.3% at the defaults) fill the tighter side and pad the other.
+`examples_per_row: 1` gives one example per row, with the padding that implies.
 
 Documents. Every (example, document) part is corrupted on its own and its lengths follow T5's formula
 per document; the parts of a row fit the widths whole or the first that does not is cut before
