@@ -241,6 +241,10 @@ class UL2(Objective):
         if model_length < 8:
             raise UserError(f"ul2: model length must be at least 8, got {model_length}")
         self.check_sentinels(model_length)
+        return self._raw_length(model_length)
+
+    def _raw_length(self, model_length: int) -> int:
+        """`raw_length` without the checks (the bisection in `model_length` probes longer lengths)."""
         if self.model_kind == "encdec":
             return model_length + self.decoder_width(model_length)
         return max(self.denoiser_raw_length(d, model_length) for d in self.config.denoisers)
@@ -254,9 +258,10 @@ class UL2(Objective):
     def model_length(self, raw_length: int) -> int:
         """The model length whose rows need `raw_length` raw tokens (largest m with raw_length(m) <= L)."""
         if raw_length not in self._model_length:
-            m = largest_fitting(raw_length, lambda m: self.raw_length(m), start=8)
+            m = largest_fitting(raw_length, self._raw_length, start=8)
             if m < 8:
                 raise UserError(f"ul2: rows of {raw_length} raw tokens are too short")
+            self.check_sentinels(m)
             self._model_length[raw_length] = m
         return self._model_length[raw_length]
 
