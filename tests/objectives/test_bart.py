@@ -148,6 +148,54 @@ def test_rotation_is_a_rotation() -> None:
         assert any(src == original[k:] + original[:k] for k in range(1, n))
 
 
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), length=st.integers(3, 9))
+def test_rotation_is_never_the_identity(seed: int, length: int) -> None:
+    """rotate = 1: every document of distinct tokens comes back rotated by 1..L-1, never unchanged
+    (fairseq's offsets 1 and len - 1 would return it as it was, see the module docstring)."""
+    obj = build(rotate=1.0)
+    rows = (torch.arange(length) + O + 10).repeat(8, 1)
+    batch = obj(rows, torch.zeros_like(rows), torch.arange(8) + seed, seed)
+    assert batch.stats["rotated_documents"] == 8
+    for src, original in pairs(batch, rows, torch.zeros_like(rows)):
+        assert src != original and sorted(src) == sorted(original)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    m=st.integers(8, 300),
+    multi=st.booleans(),
+    recipe=st.sampled_from(["infilling", "deletion", "masking", "all"]),
+)
+def test_rows_fill_the_encoder_and_keep_every_target(seed: int, m: int, multi: bool, recipe: str) -> None:
+    """Any model length, seed, recipe and packing: documents are kept whole or (a row's last) cut to a
+    prefix before noising, every target is the original (prefix) plus </s>, nothing is dropped or
+    truncated, and the widths are the encoder's m and the decoder's raw + 1."""
+    config: dict[str, Any] = {
+        "infilling": {"mask": 0.3, "input_ratio": 0.8},
+        "deletion": {"mask": 0.3, "replace_length": 0, "input_ratio": 0.75},
+        "masking": {"mask": 0.3, "replace_length": -1, "input_ratio": 1.0},
+        "all": {"mask": 0.3, "permute_sentences": 1.0, "insert": 0.1, "rotate": 0.5, "input_ratio": 0.9},
+    }[recipe]
+    obj = build(**config)
+    L = obj.raw_length(m)
+    rows, docs = rows_with_sentences(seed, 6, L)
+    if multi:  # documents of a few to a few dozen tokens, each closed by EOS inside the row
+        g = torch.Generator().manual_seed(seed)
+        cuts = torch.rand(6, L, generator=g) < 0.08
+        cuts[:, 0] = False
+        docs = torch.where(docs >= 0, cuts.long().cumsum(1), -1)
+        ends = torch.zeros_like(cuts)
+        ends[:, :-1] = (docs[:, 1:] != docs[:, :-1]) & (docs[:, :-1] >= 0)
+        rows = torch.where(ends, SP.eos, rows)
+    batch = obj(rows, docs, torch.arange(6) + seed, seed)
+    assert batch.input_ids.size(1) == obj.model_length(L) <= m and batch.labels.size(1) == L + 1
+    originals = pairs(batch, rows, docs)
+    assert originals or int((docs >= 0).sum()) == 0
+    assert batch.stats["raw_tokens_unused"] <= batch.stats["raw_tokens_fed"]
+
+
 def test_token_masking_keeps_the_length() -> None:
     """Token masking (replace_length -1, one-word spans): len(src) == len(tgt), unmasked positions
     unchanged, exactly ceil(0.3 n) masks (fairseq's num_to_mask)."""

@@ -7,11 +7,13 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from objtrain import IGNORE
 from objtrain.errors import UserError
 from objtrain.objectives.registry import build_objective, objective_config, objective_defaults
-from objtrain.objectives.ul2 import UL2
+from objtrain.objectives.ul2 import UL2, s_target_lengths
 from objtrain.specials import Specials
 
 SP = Specials()
@@ -158,6 +160,41 @@ def test_batch_composition_does_not_change_a_row() -> None:
     a, b = obj(rows[:3], docs[:3], idx[:3], 2), obj(rows[3:], docs[3:], idx[3:], 2)
     for name, tensor in whole.tensors().items():
         assert torch.equal(tensor, torch.cat([a.tensors()[name], b.tensors()[name]])), name
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    m=st.integers(8, 600),
+    kind=st.sampled_from(["encdec", "decoder"]),
+    split=st.integers(1, 7),
+    rate=st.sampled_from([0.0, 0.01, 0.2]),
+)
+def test_a_row_does_not_depend_on_its_batch(seed: int, m: int, kind: str, split: int, rate: float) -> None:
+    """Any model length, seed and packing: a batch cut in two gives the same rows (the examples, their
+    lengths and every document's corruption depend on the seed, the global row and its tokens only)."""
+    obj = build_objective("ul2", SP, model_kind=kind)  # type: ignore[arg-type]
+    L = obj.raw_length(m)
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.randint(O, O + 500, (8, L), generator=g)
+    docs = (torch.rand(8, L, generator=g) < rate).long().cumsum(1)
+    idx = torch.arange(8) * 3 + seed
+    need = obj.raw_lengths(m, idx, seed)
+    docs = docs.masked_fill(torch.arange(L)[None, :] >= need[:, None], -1)
+    whole = obj(rows, docs, idx, seed)
+    a = obj(rows[:split], docs[:split], idx[:split], seed)
+    b = obj(rows[split:], docs[split:], idx[split:], seed)
+    for name, tensor in whole.tensors().items():
+        assert torch.equal(tensor, torch.cat([a.tensors()[name], b.tensors()[name]])), name
+    assert whole.stats["target_tokens_dropped"] == 0
+
+
+def test_s_split_keeps_both_parts() -> None:
+    """S: round(1 + t (L - 1)) target tokens, at most L - 1 (the prefix keeps one); a 1-token document
+    is all target, a lone EOS (length 0) has none."""
+    lengths = torch.tensor([0, 1, 2, 2, 3, 10, 10, 10, 101])
+    fraction = torch.tensor([0.3, 0.0, 0.0, 1.0, 0.5, 0.0, 0.25, 1.0, 0.5], dtype=torch.float64)
+    assert s_target_lengths(lengths, fraction).tolist() == [0, 1, 1, 1, 2, 1, 3, 9, 51]
 
 
 def test_sentinel_budget_is_checked() -> None:
