@@ -412,8 +412,8 @@ class BartDenoising(Objective):
         ratio predicts, then up to seven retries, each scaled by the overshoot and aimed a little lower;
         a document no prefix of which fits is left out, and so are the later documents of the row. What
         is left out is raw text the batch does not use (`stats["raw_tokens_unused"]`); no target token is
-        ever dropped. Returns the kept segments
-        (whole, or cut to their prefix) and the raw tokens they use (EOS tokens included).
+        ever dropped. Returns the kept segments (whole, or cut to their prefix) and the raw tokens they
+        use (EOS tokens included).
         """
         width, target_width = widths
         had_eos = seg.had_eos if seg.had_eos is not None else torch.zeros_like(seg.lengths, dtype=torch.bool)
