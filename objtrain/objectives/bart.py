@@ -26,9 +26,24 @@ Differences from fairseq, on purpose:
 A document's trailing EOS (packed stores end documents with one) is kept out of the noise and is the
 appended EOS. The transform runs on CPU tensors (the data-loader side).
 
-Row lengths: decoder width = raw + 1; encoder width = raw + 1 + ceil(raw * insert). Text infilling
-rarely grows a document (only when 0-length spans outnumber the tokens saved); any overflow is
-truncated and counted in `stats["truncated_tokens"]`.
+Rotation: the offset is uniform on [1, L-1] over the document's L tokens (EOS excluded), so a rotated
+document is never the identity. fairseq draws `randint(1, len - 1)` inclusive over `BOS doc EOS` and
+builds `BOS x[offset:-1] x[1:offset] EOS`: its two end offsets (1 and len - 1) both return the document
+unchanged, so a "rotated" document is silently unrotated with probability 2 / (L + 1) (a third of the
+time for 5-token documents). Here `rotate` is the probability that a document of 2+ tokens really is
+rotated, and `stats["rotated_documents"]` counts documents that changed.
+
+Row lengths: text infilling shortens the input (about 0.77 encoder tokens per raw token for the default
+recipe on code, `input_ratio`), while the decoder reconstructs the whole original. So a row of model
+length m holds raw = (m - 1) / input_ratio tokens: the encoder is m wide and the decoder raw + 1 (the
+encoder-decoder model has no reason for equal widths). A noised length depends on the text (word
+starts, sentence ends), so the documents of a row are fitted after noising: those whose noised inputs
+fit m are kept, the first that does not is cut *before* noising to a prefix whose noised input fits
+(found by noising candidate prefixes, see `BartDenoising.fit`), and the rest of the row is raw text left
+unused (`stats["raw_tokens_unused"]`). No target token is dropped and no input is truncated; padding
+(a few percent) is the only slack. `input_ratio` only trades padding against unused raw text: set it to
+`corrupt --stats`'s measured input/original length for another corpus or recipe (e.g. 1.0 + insert for
+token masking).
 """
 
 from __future__ import annotations
@@ -42,13 +57,15 @@ from torch import Tensor
 
 from objtrain.batch import Batch
 from objtrain.errors import UserError
-from objtrain.objectives.base import Objective
+from objtrain.objectives.base import Objective, raw_usage
 from objtrain.objectives.noise import (
     Pieces,
     Segments,
+    _cumsum_in_rows,
     append_token,
     by_length,
     compact,
+    concat_segments,
     encdec_batch,
     largest_fitting,
     split_documents,
@@ -147,6 +164,7 @@ class BartDenoising(Objective):
         rotate: float = 0.0  # probability of rotating the document to a random start
         sentence_end_ids: list[int] = field(default_factory=list)  # sentence enders; [] = from tokenizer
         vocab_size: int = 0  # random replacements draw from [first_ordinary, V); 0 = tokenizer's size
+        input_ratio: float = 0.77  # expected encoder tokens per raw token: rows hold (m - 1) / input_ratio
 
     def setup(self) -> None:
         config, specials, tokenizer = self.config, self.specials, self.tokenizer
@@ -154,6 +172,8 @@ class BartDenoising(Objective):
         for key in ("mask", "mask_random", "permute_sentences", "insert", "rotate"):
             if not 0.0 <= getattr(c, key) <= 1.0:
                 raise UserError(f"bart: {key} must be in [0, 1], got {getattr(c, key)}")
+        if not 0.1 <= c.input_ratio <= 1.0 + c.insert:
+            raise UserError(f"bart: input_ratio must be in [0.1, 1 + insert], got {c.input_ratio}")
         if c.replace_length not in (-1, 0, 1):
             raise UserError(f"bart: replace_length must be -1, 0 or 1, got {c.replace_length}")
         if c.poisson_lambda <= 0:
@@ -185,15 +205,26 @@ class BartDenoising(Objective):
                 )
             self.word_tables = tokenizer.word_boundary_tables
         self.cdf = poisson_cdf(c.poisson_lambda)
+        self._model_length: dict[int, int] = {}
 
     def raw_length(self, model_length: int) -> int:
-        raw = largest_fitting(model_length, lambda t: self.widths(t)[0])
-        if raw < 1:
+        """Raw tokens per row: (m - 1) / input_ratio, so the noised documents plus EOS fill m encoder
+        positions on average; the decoder, which reconstructs the longer original, is raw + 1 wide."""
+        if model_length < 2:
             raise UserError(f"bart: model length {model_length} is too short")
-        return raw
+        return max(1, math.floor((model_length - 1) / self.config.input_ratio + 1e-9))
+
+    def model_length(self, raw_length: int) -> int:
+        """The model (encoder) length whose rows hold `raw_length` raw tokens: the largest m with
+        raw_length(m) <= raw_length (the inverse the training loader and `corrupt` rely on)."""
+        if raw_length not in self._model_length:
+            m = largest_fitting(raw_length, self.raw_length, start=2)
+            self._model_length[raw_length] = max(m, 2)
+        return self._model_length[raw_length]
 
     def widths(self, raw_length: int) -> tuple[int, int]:
-        return raw_length + 1 + math.ceil(raw_length * self.config.insert), raw_length + 1
+        """(encoder, decoder) widths for rows of `raw_length` raw tokens."""
+        return self.model_length(raw_length), raw_length + 1
 
     # ----------------------------------------------------------------------------------------------
 
@@ -323,7 +354,10 @@ class BartDenoising(Objective):
         return out, new_len
 
     def _rotate(self, tokens: Tensor, lengths: Tensor, rr: RowRandom) -> tuple[Tensor, Tensor]:
-        """With probability `rotate`, start the document at a uniform offset in [1, L-1]."""
+        """With probability `rotate`, start the document at a uniform offset in [1, L-1].
+
+        Never the identity, unlike fairseq, whose offsets 1 and len - 1 (of `BOS doc EOS`) both give the
+        document back unchanged: see the module docstring."""
         W = tokens.size(1)
         rotated = (rr.scalar("bart/rotate") < self.config.rotate) & (lengths >= 2)
         offset = rr.integers(1, (lengths - 1).clamp(min=1), "bart/rotate/offset", low=1)[:, 0]
@@ -365,12 +399,97 @@ class BartDenoising(Objective):
         targets, n_tgt = append_token(seg.tokens, seg.lengths, self.specials.eos, self.specials.pad)
         return Pieces(inputs, n_in, targets, n_tgt, seg.row, seg.doc), stats
 
+    def fit(
+        self, seg: Segments, pieces: Pieces, widths: tuple[int, int], seed: int, row_index: Tensor
+    ) -> tuple[Segments, int]:
+        """The documents of each row, in order, whose noised inputs (EOS included) fit the encoder width
+        and whose originals plus EOS fit the decoder width (several documents cut by row ends, which have
+        no EOS of their own, can need a few more target positions than raw tokens); the first that does
+        not is cut *before* noising to a prefix that fits.
+
+        A noised length depends on the tokens (word starts, sentences), so the cut is found by noising
+        candidate prefixes, keyed like the document itself: first the prefix the document's own noised
+        ratio predicts, then up to seven retries, each scaled by the overshoot and aimed a little lower;
+        a document no prefix of which fits is left out, and so are the later documents of the row. What
+        is left out is raw text the batch does not use (`stats["raw_tokens_unused"]`); no target token is
+        ever dropped. Returns the kept segments (whole, or cut to their prefix) and the raw tokens they
+        use (EOS tokens included).
+        """
+        width, target_width = widths
+        had_eos = seg.had_eos if seg.had_eos is not None else torch.zeros_like(seg.lengths, dtype=torch.bool)
+        n_in = pieces.input_lengths
+        n_tgt = pieces.target_lengths  # the document plus EOS
+        before = _cumsum_in_rows(n_in, seg.row) - n_in
+        before_t = _cumsum_in_rows(n_tgt, seg.row) - n_tgt
+        fits = (before + n_in <= width) & (before_t + n_tgt <= target_width)
+        if bool(fits.all()):
+            return seg, int(seg.lengths.sum() + had_eos.sum())
+        first_fail = ~fits & (before < width) & (before_t < target_width)
+        first_fail &= torch.cat([torch.ones(1, dtype=torch.bool), (seg.row[1:] != seg.row[:-1]) | fits[:-1]])
+        whole = fits.nonzero().squeeze(1)
+        cut = first_fail.nonzero().squeeze(1)
+        room = width - before[cut]
+        length = torch.minimum(seg.lengths[cut], target_width - before_t[cut] - 1)  # the decoder's room
+        # the prefix the document's own ratio predicts, then shrink by the overshoot
+        c = torch.minimum(length, (room - 1) * seg.lengths[cut] // (n_in[cut] - 1).clamp(min=1))
+        c = torch.minimum(c, seg.lengths[cut] - 1)
+        accepted = torch.zeros_like(c)
+        todo = torch.ones_like(c, dtype=torch.bool)
+        for attempt in range(8):
+            todo &= c >= 1
+            if not bool(todo.any()):
+                break
+            k = todo.nonzero().squeeze(1)
+            sub = self._prefixes(seg, cut[k], c[k])
+            noised = self.pieces(sub, sub.random(seed, row_index))[0].input_lengths
+            ok = noised <= room[k]
+            accepted[k[ok]] = c[k[ok]]
+            todo[k[ok]] = False
+            # scale by the overshoot, aiming a little lower each retry (a prefix is a new noise draw)
+            aim = ((room[k] - 1).double() * (1.0 - 0.02 * (attempt + 1))).long()
+            shrink = torch.minimum(c[k] - 1, c[k] * aim // (noised - 1).clamp(min=1))
+            c[k] = torch.where(ok, c[k], shrink)
+        keep = accepted >= 1
+        parts = [self._subset(seg, whole), self._prefixes(seg, cut[keep], accepted[keep])]
+        kept = concat_segments(parts, self.specials.pad)
+        order = torch.argsort(kept.row * (1 << 20) + kept.doc)
+        kept = self._subset(kept, order)
+        used = int(seg.lengths[whole].sum() + had_eos[whole].sum() + accepted[keep].sum())
+        return kept, used
+
+    @staticmethod
+    def _subset(seg: Segments, index: Tensor) -> Segments:
+        width = int(seg.lengths[index].max()) if index.numel() else 0
+        return Segments(
+            seg.tokens[:, : max(width, 1)].index_select(0, index),
+            seg.lengths[index],
+            seg.row[index],
+            seg.doc[index],
+            seg.n_rows,
+            None if seg.had_eos is None else seg.had_eos[index],
+        )
+
+    def _prefixes(self, seg: Segments, index: Tensor, lengths: Tensor) -> Segments:
+        """Documents `index` cut to their first `lengths` tokens (no EOS of their own: it is appended)."""
+        width = max(int(lengths.max()) if lengths.numel() else 0, 1)
+        tokens = seg.tokens[:, :width].index_select(0, index)
+        j = torch.arange(width)[None, :]
+        tokens = tokens.masked_fill(j >= lengths[:, None], self.specials.pad)
+        flags = torch.zeros_like(lengths, dtype=torch.bool)
+        return Segments(tokens, lengths, seg.row[index], seg.doc[index], seg.n_rows, flags)
+
     def __call__(self, rows: Tensor, document_ids: Tensor, row_index: Tensor, seed: int) -> Batch:
         seg = split_documents(rows, document_ids, self.specials.pad, self.specials.eos)
-        pieces, stats = by_length(
-            seg, lambda sub: self.pieces(sub, sub.random(seed, row_index)), self.specials.pad
-        )
         enc_w, dec_w = self.widths(rows.size(1))
+
+        def make(sub: Segments) -> tuple[Pieces, dict[str, float]]:
+            return self.pieces(sub, sub.random(seed, row_index))
+
+        pieces, stats = by_length(seg, make, self.specials.pad)
+        kept, used = self.fit(seg, pieces, (enc_w, dec_w), seed, row_index)
+        if kept is not seg:  # the pieces and stats of what the batch holds
+            pieces, stats = by_length(kept, make, self.specials.pad)
         batch, truncated = encdec_batch(pieces, seg.n_rows, enc_w, dec_w, self.specials)
         batch.stats = finish_stats(stats, batch, truncated, pieces)
+        batch.stats.update(raw_usage(document_ids, used))
         return batch

@@ -6,10 +6,17 @@ are IGNORE, never wrapped, so head k has IGNORE on its last k - 1 model position
 T+1-token raw block, the section 10 invariant). With `cross_document_targets: false` (default) a target in
 another document is IGNORE too, as for CLM.
 
-Loss: L = sum_k CE_k with equal weights, normalised by the head-1 target count, so that a micro-batch's
-loss is the sum of the per-head means. `head_loss` gives one head's share, for the memory-efficient
-backward (trunk once, then each head's forward + backward in turn, so only one (B, T, V) logits tensor
-is alive at a time).
+Loss: the paper's L = sum_t sum_k -log p_k(x_{t+k} | x_<=t) with equal weights (reference section 10),
+per position: the n heads' summed cross-entropies over the head-1 target count, (sum_k S_k) / N_1, where
+S_k is head k's summed CE and N_k its target count. Positions are what the sum runs over (every position
+with a next token), so a head k > 1 whose target at a position lies past the row or document adds no
+term there rather than being re-weighted: this is *not* the sum of the per-head means sum_k S_k / N_k,
+which would weight head k's remaining targets up by N_1 / N_k (N_k = N_1 minus up to k - 1 per document);
+the two agree only when every head has N_1 targets. One denominator also makes gradient accumulation
+exact: the training loop divides the summed loss of every micro-batch by the global head-1 count.
+Per-head means are reported as metrics (`head{k}_loss`); head 1's is CLM's loss, the comparable one.
+`head_loss` gives one head's (S_k, N_k), for the memory-efficient backward (trunk once, then each head's
+forward + backward in turn, so only one (B, T, V) logits tensor is alive at a time).
 """
 
 from __future__ import annotations
@@ -86,7 +93,9 @@ class MultiTokenPrediction(Objective):
         return extra[k - 2]
 
     def loss(self, output: ModelOutput, batch: Batch) -> LossOutput:
-        """Sum of the n heads' summed CE over head 1's target count; per-head mean losses as metrics."""
+        """(sum_k S_k, N_1): the n heads' summed CE and head 1's target count, so loss_sum / n_targets is
+        the paper's per-position loss (not the sum of per-head means, see the module docstring);
+        per-head mean losses as metrics."""
         assert batch.mtp_labels is not None
         metrics: dict[str, Tensor] = {}
         total: Tensor | None = None

@@ -156,6 +156,19 @@ class Segments:
         w = self.width if width is None else width
         return torch.arange(w, device=self.lengths.device)[None, :] < self.lengths[:, None]
 
+    def select(self, index: Tensor) -> Segments:
+        """The segments `index` (ascending keeps the (row, document) order), trimmed to their width."""
+        width = max(int(self.lengths[index].max()) if index.numel() else 0, 1)
+        return Segments(
+            self.tokens[:, :width].index_select(0, index),
+            self.lengths[index],
+            self.row[index],
+            self.doc[index],
+            self.n_rows,
+            None if self.had_eos is None else self.had_eos[index],
+            {key: value[index] for key, value in self.extra.items()},
+        )
+
     def random(self, seed: int, row_index: Tensor) -> RowRandom:
         """Randomness keyed on (seed, global row, document rank): a document's noise does not depend on
         the batch it is read in."""

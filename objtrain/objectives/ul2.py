@@ -5,22 +5,46 @@ Choices, deliberately:
 - Weights default to 40% R, 40% X, 20% S (R: 0.2 + 0.2, X: 0.1 x 4, S: 0.2). The paper reports ~20% S
   as a good balance (§4.5, as used by the Finnish-NLP UL2 models); the paper's appendix code and
   llm-foundry fall back to uniform over the 7 denoisers (1/7 S). Set `weight` per denoiser to change it.
-- The S-denoiser's mean target fraction is the paper's r = 0.25: a uniform target fraction on [0, 0.5],
-  which is exactly t5's random_prefix_noise_mask at r = 0.25 and llm-foundry's S-denoiser. The UL2
-  appendix code instead calls T5's `prefix_lm` (uniform split, mean 0.5); set S `noise_density: 0.5`
-  for that.
-- The denoiser is drawn per row from `RowRandom` (not per document, as the paper samples per example
-  from per-task datasets): a packed row is one task, and every document in it gets the mode token.
+- The S-denoiser's mean target fraction is the paper's r = 0.25: the target fraction t is uniform on
+  [0, 2r] (on [2r - 1, 1] for r > 0.5), drawn once per example, and every document of the example keeps
+  round(1 + t (L - 1)) target tokens (at most L - 1), as llm-foundry's S-denoiser; in distribution this
+  is t5's random_prefix_noise_mask at r = 0.25. The UL2 appendix code instead calls T5's `prefix_lm`
+  (uniform split, mean 0.5); set S `noise_density: 0.5` for that.
+- The denoiser is drawn per *example* from `RowRandom` (seed, global row): every document of an example
+  gets its mode token. Decoder-only rows are one example each. Encoder-decoder rows pack a few examples
+  (below), as T5X packs a sampled mixture into rows.
 
-Lengths: each denoiser needs a different raw length for the same model length (568, 588, 766, 908,
-600, 1006 raw tokens at 512, see the table in section 7). Rows hold the largest; a denoiser that needs
-fewer raw tokens uses the first `raw_k` tokens of the row (as llm-foundry truncates to the per-task
-maximum) and its output is padded to the common widths: the encoder (or decoder-only) width is the
-model length, the decoder width the longest target any denoiser can make.
+Lengths. One example of one denoiser alone, filling a model length of 512 with its mode token
+(`denoiser_raw_length`): encoder-decoder (T5's helper at 511 encoder positions; S: mode and EOS) R(3,.15)
+567, R(8,.15) 587, X(3,.5) 765, X(8,.5) 906, X(64,.15) 599, X(64,.5) 1004, S 510 raw tokens; section 7's
+table (568, 588, 766, 908, 600, 1006) is the helper at 512, without a mode token. Decoder-only
+([mode inputs][targets] in 512): 463, 491, 381, 453, 507, 501 and S 511. Decoder-only rows hold the
+largest of these (`raw_length`) and each is fed its own denoiser's need (`raw_lengths`).
+
+Encoder-decoder widths. One denoiser per row cannot fill both widths: R makes ~0.2 targets per input, X
+at r = 0.5 one, S 0 to 1, so a decoder as wide as the longest target (the encoder) is half padding. So
+the decoder is `ceil(target_ratio * m)` wide (0.41 at the defaults: the mixture's expected targets per
+input) and each row packs examples (`plan`): denoisers are drawn by weight until the row holds one
+input-heavy example (targets per input <= target_ratio) and one target-heavy one, at most
+`examples_per_row`; the stop depends only on the draws so far, so each denoiser's share of the
+examples is still its weight (Wald's identity; the shares in stats count examples). The example
+lengths solve "inputs fill m, targets fill the decoder" (one length per side, at least max(8, m / 16)
+raw tokens); a row's raw need is their sum (3.2 examples of ~210 raw tokens per row at m = 512, rather
+than one of 567-1004: the cost of filling the decoder). Rows whose draws stay one-sided for all
+`examples_per_row` (2.3% at the defaults) fill the tighter side and pad the other.
+`examples_per_row: 1` gives one example per row, with the padding that implies.
+
+Documents. Every (example, document) part is corrupted on its own and its lengths follow T5's formula
+per document; the parts of a row fit the widths whole or the first that does not is cut before
+corruption (`fit_documents`), so no target token is dropped and what a row leaves unused is counted in
+`stats["raw_tokens_unused"]`. Measured on the standard library packed at 568 (256 rows, rows fed their
+`raw_lengths`): encoder-decoder padding ~1.4% of inputs and ~1.2% of targets, decoder-only 0.02%, raw
+text unused ~1.2% and ~0.5%.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -33,14 +57,16 @@ from objtrain.objectives.base import Objective, raw_usage
 from objtrain.objectives.noise import (
     Pieces,
     Segments,
+    append_token,
     by_length,
-    concat_segments,
     fit_documents,
+    flat_nonzero,
     largest_fitting,
     layout,
+    shift_within,
     split_documents,
 )
-from objtrain.objectives.prefix_lm import check_prefix_density, prefix_pieces
+from objtrain.objectives.prefix_lm import check_prefix_density
 from objtrain.objectives.rng import RowRandom
 from objtrain.objectives.span import (
     check_span_config,
@@ -50,6 +76,7 @@ from objtrain.objectives.span import (
     span_pieces,
     span_raw_length,
 )
+from objtrain.specials import Specials
 
 
 @dataclass
@@ -80,6 +107,52 @@ def denoiser_label(d: Denoiser) -> str:
     return f"{d.kind}(mu={d.mean_noise_span_length:g},r={d.noise_density:g})"
 
 
+def s_target_lengths(lengths: Tensor, fraction: Tensor) -> Tensor:
+    """(N,) target length of S-denoised documents with target fractions `fraction` (llm-foundry's
+    `round(1 + u (L - 1))`), capped so the prefix keeps a token: both parts non-empty for L >= 2, a
+    1-token document is all target, an empty one (a lone EOS) has none."""
+    n = torch.round(1.0 + fraction * (lengths - 1).clamp(min=0).double()).long()
+    n = torch.minimum(n, (lengths - 1).clamp(min=1))
+    return torch.where(lengths >= 1, n, torch.zeros_like(n))
+
+
+def s_pieces(
+    seg: Segments, fraction: Tensor, mode: Tensor | None, model_kind: str, specials: Specials
+) -> tuple[Pieces, dict[str, float]]:
+    """S-denoise every segment: inputs `[mode] x[:n_in]`, targets `x[n_in:]` (encoder-decoder: + EOS
+    each), the split from each segment's target fraction; `mode` (N,) mode tokens or None."""
+    n_tgt = s_target_lengths(seg.lengths, fraction)
+    n_in = seg.lengths - n_tgt
+    j = torch.arange(seg.width, device=seg.tokens.device)[None, :]
+    inputs = seg.tokens.masked_fill(j >= n_in[:, None], specials.pad)
+    targets = shift_within(seg.tokens, n_tgt, n_in, specials.pad)
+    if model_kind == "encdec":
+        inputs, n_in_out = append_token(inputs, n_in, specials.eos, specials.pad)
+        targets, n_tgt_out = append_token(targets, n_tgt, specials.eos, specials.pad)
+    else:
+        n_in_out, n_tgt_out = n_in, n_tgt
+    if mode is not None:
+        inputs = torch.cat([mode[:, None], inputs], dim=1)
+        n_in_out = n_in_out + 1
+    stats = {
+        "documents": float(seg.n),
+        "raw_tokens": float(seg.lengths.sum()),
+        "prefix_tokens": float(n_in.sum()),
+        "suffix_tokens": float(n_tgt.sum()),
+    }
+    return Pieces(inputs, n_in_out, targets, n_tgt_out, seg.row, seg.doc), stats
+
+
+@dataclass
+class Plan:
+    """The examples of a batch of rows, a pure function of (seed, global row, model length)."""
+
+    denoiser: Tensor  # (B, K) int64 denoiser of every example (meaningless past `count`)
+    fraction: Tensor  # (B, K) float64 S target fraction of every example
+    length: Tensor  # (B, K) int64 raw tokens of every example, 0 past `count`
+    count: Tensor  # (B,) int64 examples in the row
+
+
 class UL2(Objective):
     """Mixture of denoisers; encoder-decoder by default, decoder-only in the [inputs][targets] format."""
 
@@ -91,12 +164,15 @@ class UL2(Objective):
     class Config:
         denoisers: list[Denoiser] = field(default_factory=default_denoisers)  # the paper's 7, 40/40/20
         random_roll: bool = False  # rotate R/X span masks by a random offset (t5#905)
+        examples_per_row: int = 8  # encoder-decoder: most examples packed in one row (see docstring)
 
     def setup(self) -> None:
         config = self.config
         self.attention = "bidirectional" if self.model_kind == "encdec" else "prefix"  # type: ignore[misc]
         if not config.denoisers:
             raise UserError("ul2: at least one denoiser is needed")
+        if config.examples_per_row < 1:
+            raise UserError(f"ul2: examples_per_row must be at least 1, got {config.examples_per_row}")
         for d in config.denoisers:
             if d.weight < 0:
                 raise UserError(f"ul2: denoiser {denoiser_label(d)} has a negative weight")
@@ -107,31 +183,44 @@ class UL2(Objective):
         weights = torch.tensor([d.weight for d in config.denoisers], dtype=torch.float64)
         if float(weights.sum()) <= 0:
             raise UserError("ul2: the denoiser weights sum to zero")
-        self.cumulative = (weights / weights.sum()).cumsum(0)
+        self.weights = weights / weights.sum()
+        self.cumulative = self.weights.cumsum(0)
         self.labels = [denoiser_label(d) for d in config.denoisers]
         self._model_length: dict[int, int] = {}
+        f64 = torch.float64
+        self.is_s = torch.tensor([d.kind == "S" for d in config.denoisers])
+        self.density = torch.tensor([d.noise_density for d in config.denoisers], dtype=f64)
+        self.mean_span = torch.tensor([d.mean_noise_span_length for d in config.denoisers], dtype=f64)
+        self.mode_ids = torch.tensor([-1 if d.mode == "none" else self._mode(d) for d in config.denoisers])
+        # encoder-decoder lengths per raw token: R/X (1 - r + r/mu, r + r/mu); S (1 - t, t), t its fraction
+        rate = torch.where(self.is_s, 0.0, self.density / self.mean_span)
+        self.in_rate = torch.where(self.is_s, 1.0 - self.density, 1.0 - self.density + rate)
+        self.out_rate = torch.where(self.is_s, self.density, self.density + rate)
+        # the decoder width per encoder position: the mixture's targets per input (S at its mean fraction)
+        self.target_ratio = float((self.weights * self.out_rate).sum() / (self.weights * self.in_rate).sum())
+        ratios = self.out_rate / self.in_rate.clamp(min=1e-9)
+        self.two_sided = (
+            bool(self.is_s[self.weights > 0].any())
+            or float(ratios[self.weights > 0].max() - ratios[self.weights > 0].min()) > 1e-9
+        )
 
     def _mode(self, d: Denoiser) -> int | None:
         return None if d.mode == "none" else int(getattr(self.specials, d.mode))
 
-    def _eos(self, d: Denoiser) -> int | None:
-        """Which trailing EOS to split off: all but the decoder-only S-denoiser (see prefix_lm)."""
-        return None if d.kind == "S" and self.model_kind == "decoder" else self.specials.eos
-
     def denoiser_raw_length(self, d: Denoiser, model_length: int) -> int:
+        """Raw tokens one example of `d` alone needs to fill `model_length` (decoder-only: the whole
+        sequence; encoder-decoder: the encoder)."""
         extra = 0 if d.mode == "none" else 1
         if d.kind == "S":
-            return model_length - extra
+            return model_length - extra - (1 if self.model_kind == "encdec" else 0)
         return span_raw_length(
             model_length, d.noise_density, d.mean_noise_span_length, self.model_kind, extra
         )
 
-    def raw_length(self, model_length: int) -> int:
-        if model_length < 8:
-            raise UserError(f"ul2: model length must be at least 8, got {model_length}")
-        raws = [self.denoiser_raw_length(d, model_length) for d in self.config.denoisers]
-        for d, raw in zip(self.config.denoisers, raws, strict=True):
+    def check_sentinels(self, model_length: int) -> None:
+        for d in self.config.denoisers:
             if d.kind != "S":
+                raw = self.denoiser_raw_length(d, model_length)
                 n_tgt = span_output_lengths(raw, d.noise_density, d.mean_noise_span_length)[1]
                 n_noise = round(max(raw, 2) * d.noise_density)
                 if n_tgt - 1 - n_noise > self.specials.n_sentinels:
@@ -139,21 +228,40 @@ class UL2(Objective):
                         f"ul2: denoiser {denoiser_label(d)} needs {n_tgt - 1 - n_noise} sentinels at model "
                         f"length {model_length}, the tokenizer reserves {self.specials.n_sentinels}"
                     )
-        return max(raws)
+
+    def decoder_width(self, model_length: int) -> int:
+        """Encoder-decoder: the decoder width, the mixture's targets per input times the model length."""
+        return max(2, math.ceil(self.target_ratio * model_length))
+
+    def raw_length(self, model_length: int) -> int:
+        """Raw tokens a row can hold (the width of the rows the loader reads; each row is fed its own
+        `raw_lengths`): decoder-only, the largest single-denoiser need; encoder-decoder, the encoder plus
+        the decoder width, a bound on what a row's examples can need (every denoiser makes at least one
+        input or target position per raw token)."""
+        if model_length < 8:
+            raise UserError(f"ul2: model length must be at least 8, got {model_length}")
+        self.check_sentinels(model_length)
+        return self._raw_length(model_length)
+
+    def _raw_length(self, model_length: int) -> int:
+        """`raw_length` without the checks (the bisection in `model_length` probes longer lengths)."""
+        if self.model_kind == "encdec":
+            return model_length + self.decoder_width(model_length)
+        return max(self.denoiser_raw_length(d, model_length) for d in self.config.denoisers)
 
     def raw_lengths(self, model_length: int, row_index: Tensor, seed: int) -> Tensor:
-        """Each row's own denoiser's need (the row's denoiser is drawn from (seed, row) first, the same
-        draw `__call__` makes), so a row of a short-need denoiser is not fed the longest need."""
+        """Each row's own need: the summed raw lengths of its examples (see `plan`), the same plan
+        `__call__` makes, so no row is fed more than its examples use."""
         self.raw_length(model_length)  # checks the length and the sentinel budget
-        needs = [self.denoiser_raw_length(d, model_length) for d in self.config.denoisers]
-        return torch.tensor(needs, dtype=torch.int64)[self.choose(row_index, seed)]
+        return self.plan(model_length, row_index, seed).length.sum(1)
 
     def model_length(self, raw_length: int) -> int:
         """The model length whose rows need `raw_length` raw tokens (largest m with raw_length(m) <= L)."""
         if raw_length not in self._model_length:
-            m = largest_fitting(raw_length, lambda m: self.raw_length(m), start=8)
+            m = largest_fitting(raw_length, self._raw_length, start=8)
             if m < 8:
                 raise UserError(f"ul2: rows of {raw_length} raw tokens are too short")
+            self.check_sentinels(m)
             self._model_length[raw_length] = m
         return self._model_length[raw_length]
 
@@ -161,105 +269,181 @@ class UL2(Objective):
         m = self.model_length(raw_length)
         if self.model_kind != "encdec":
             return m, 0
-        longest = 0
-        for d in self.config.denoisers:
-            raw = self.denoiser_raw_length(d, m)
-            if d.kind == "S":
-                longest = max(longest, raw)
-            else:
-                longest = max(longest, span_output_lengths(raw, d.noise_density, d.mean_noise_span_length)[1])
-        return m, longest
+        return m, self.decoder_width(m)
 
     def choose(self, row_index: Tensor, seed: int) -> Tensor:
-        """(B,) index of each row's denoiser, a pure function of (seed, global row)."""
+        """(B,) denoiser of each row's first example, a pure function of (seed, global row)."""
         u = RowRandom(seed, row_index).scalar("ul2/denoiser")
         return torch.searchsorted(self.cumulative, u, right=True).clamp(max=len(self.config.denoisers) - 1)
 
+    def plan(self, model_length: int, row_index: Tensor, seed: int) -> Plan:
+        """The examples of every row, from (seed, global row, model length) only.
+
+        Denoisers are drawn i.i.d. by weight (the first is `choose`'s), and an S example's target
+        fraction with them (uniform on [0, 2r], or [2r - 1, 1] for r > 0.5). Decoder-only: one example
+        per row, of its denoiser's own raw length. Encoder-decoder: examples are drawn until the row holds
+        one whose targets per input are at most the decoder's ratio (input-heavy, as R) and one above it
+        (target-heavy, as X at r = 0.5), at most `examples_per_row`; the stop depends only on the draws
+        so far, so each denoiser's share of the examples is its weight (Wald's identity). The lengths
+        then solve the two linear equations "inputs fill the encoder, targets fill the decoder", every
+        input-heavy example at one length and every target-heavy one at another.
+        """
+        m = model_length
+        n_den = len(self.config.denoisers)
+        K = self.config.examples_per_row if self.model_kind == "encdec" else 1
+        rr = RowRandom(seed, row_index)
+        u = rr.uniform64(K, "ul2/denoiser")
+        k = torch.searchsorted(self.cumulative, u.contiguous(), right=True).clamp(max=n_den - 1)
+        r = self.density[k]
+        f = rr.uniform64(K, "ul2/s_fraction")
+        fraction = torch.where(r <= 0.5, 2.0 * r * f, 2.0 * r - 1.0 + (2.0 - 2.0 * r) * f)
+        fraction = torch.where(self.is_s[k], fraction, torch.zeros_like(fraction))
+        B = row_index.numel()
+        if self.model_kind != "encdec":
+            needs = torch.tensor(
+                [self.denoiser_raw_length(d, m) for d in self.config.denoisers], dtype=torch.int64
+            )
+            return Plan(k, fraction, needs[k], torch.ones(B, dtype=torch.int64))
+        a = torch.where(self.is_s[k], 1.0 - fraction, self.in_rate[k])  # inputs per raw token
+        b = torch.where(self.is_s[k], fraction, self.out_rate[k])  # targets per raw token
+        head = 1.0 + (self.mode_ids[k] >= 0).double()  # EOS and mode token
+        D = self.decoder_width(m)
+        heavy_in = b <= self.target_ratio * a
+        i = torch.arange(K)[None, :]
+        both = (heavy_in.long().cumsum(1) > 0) & ((~heavy_in).long().cumsum(1) > 0)
+        first = torch.where(both, i, K).min(1).values
+        count = (first + 1).clamp(max=K) if self.two_sided else torch.ones(B, dtype=torch.int64)
+        valid = i < count[:, None]
+        room_e = m - (head * valid).sum(1)
+        room_d = D - valid.sum(1).double()
+        ga, gb = valid & heavy_in, valid & ~heavy_in
+        a_in, b_in = (a * ga).sum(1), (b * ga).sum(1)
+        a_tg, b_tg = (a * gb).sum(1), (b * gb).sum(1)
+        shortest = max(8.0, m / 16)
+        det = a_in * b_tg - a_tg * b_in
+        s_in = (room_e * b_tg - room_d * a_tg) / det.clamp(min=1e-12)
+        s_tg = (room_d * a_in - room_e * b_in) / det.clamp(min=1e-12)
+        one_sided = (ga.sum(1) == 0) | (gb.sum(1) == 0)
+        # one group only: one length, the longest that fits both sides
+        s_one = torch.minimum(
+            room_e / (a_in + a_tg).clamp(min=1e-12), room_d / (b_in + b_tg).clamp(min=1e-12)
+        )
+        # a length below the shortest example: that group at the shortest, the other fills what is left
+        low_in = ~one_sided & (s_in < shortest)
+        low_tg = ~one_sided & ~low_in & (s_tg < shortest)
+        fill_tg = torch.minimum(
+            (room_e - a_in * shortest) / a_tg.clamp(min=1e-12),
+            (room_d - b_in * shortest) / b_tg.clamp(min=1e-12),
+        )
+        fill_in = torch.minimum(
+            (room_e - a_tg * shortest) / a_in.clamp(min=1e-12),
+            (room_d - b_tg * shortest) / b_in.clamp(min=1e-12),
+        )
+        s_in, s_tg = (
+            torch.where(one_sided, s_one, torch.where(low_in, shortest, torch.where(low_tg, fill_in, s_in))),
+            torch.where(one_sided, s_one, torch.where(low_in, fill_tg, torch.where(low_tg, shortest, s_tg))),
+        )
+        scale = torch.where(heavy_in, s_in[:, None], s_tg[:, None])
+        length = torch.where(valid, scale.clamp(min=1.0).floor().long(), torch.zeros_like(k))
+        return Plan(k, fraction, length, count)
+
     def __call__(self, rows: Tensor, document_ids: Tensor, row_index: Tensor, seed: int) -> Batch:
         B, L = rows.shape
+        device = rows.device
         m = self.model_length(L)
         widths = self.widths(L)
-        choice = self.choose(row_index, seed)
-        used = int((document_ids >= 0).sum())  # minus what the fit leaves out, and the unread row tails
+        plan = self.plan(m, row_index, seed)
+        K = plan.length.size(1)
+        bounds = plan.length.cumsum(1)
+        pos = torch.arange(L, device=device)[None, :].expand(B, L).contiguous()
+        example = torch.searchsorted(bounds, pos, right=True)  # (B, L): example of every raw position
+        real = document_ids >= 0
+        read = real & (example < plan.count[:, None])
+        # every (example, document) part is a document of its own; positions past the plan are not read
+        key = torch.where(
+            read, document_ids * K + example.clamp(max=K - 1), torch.full_like(document_ids, -1)
+        )
+        seg = split_documents(rows, key, self.specials.pad, self.specials.eos)
+        starts = read.clone()
+        starts[:, 1:] &= key[:, 1:] != key[:, :-1]
+        seg_example = example.reshape(-1)[flat_nonzero(starts)]
+        k = plan.denoiser[seg.row, seg_example]
+        is_s = self.is_s[k]
+        if self.model_kind == "decoder" and seg.had_eos is not None and bool((is_s & seg.had_eos).any()):
+            # decoder-only S: the document's own EOS is an ordinary target token (as prefix_lm's)
+            back = is_s & seg.had_eos
+            tokens = seg.tokens.clone()
+            if int(seg.lengths.max()) >= tokens.size(1):
+                tokens = torch.nn.functional.pad(tokens, (0, 1), value=self.specials.pad)
+            idx = back.nonzero().squeeze(1)
+            tokens[idx, seg.lengths[idx]] = self.specials.eos
+            seg = Segments(tokens, seg.lengths + back.long(), seg.row, seg.doc, B, seg.had_eos & ~back)
+        seg.extra = {
+            "density": self.density[k],
+            "mean_span": self.mean_span[k],
+            "mode": self.mode_ids[k],
+            "is_s": is_s,
+            "fraction": plan.fraction[seg.row, seg_example],
+            "denoiser": k,
+        }
+        x = seg.extra
+        span_need_fn = span_need(seg, seed, row_index, x["density"], x["mean_span"], self.config.random_roll)
+        encdec = self.model_kind == "encdec"
+
+        def need(lengths: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
+            head = (x["mode"][index] >= 0).long()
+            n_in, n_tgt = span_need_fn(lengths, index)
+            s_tgt = s_target_lengths(lengths, x["fraction"][index])
+            s_in = lengths - s_tgt
+            if encdec:
+                s_in, s_tgt = s_in + (lengths >= 0).long(), s_tgt + 1
+            s_side = x["is_s"][index]
+            return torch.where(s_side, s_in, n_in) + head, torch.where(s_side, s_tgt, n_tgt)
+
+        # documents fit the widths whole or are cut before corruption: no target token is dropped
+        seg, used = fit_documents(seg, need, widths, self.specials.pad)
+        x = seg.extra
         parts: list[Pieces] = []
         stats: dict[str, float] = {}
-        span_groups: dict[bool, list[Segments]] = {True: [], False: []}  # by "has a mode token"
+        examples = torch.arange(K, device=device)[None, :] < plan.count[:, None]
+        total = max(int(examples.sum()), 1)
+        for j, label in enumerate(self.labels):
+            stats[f"share/{label}"] = float((examples & (plan.denoiser == j)).sum()) / total
+        stats["examples"] = float(examples.sum())
 
         def add(pieces: Pieces, part: dict[str, float]) -> None:
             parts.append(pieces)
-            for key, value in part.items():
-                stats[key] = stats.get(key, 0.0) + value
+            for key_, value in part.items():
+                stats[key_] = stats.get(key_, 0.0) + value
 
-        for k, d in enumerate(self.config.denoisers):
-            stats[f"share/{self.labels[k]}"] = float((choice == k).sum()) / max(B, 1)
-            sel = (choice == k).nonzero().squeeze(1)
-            if sel.numel() == 0:
-                continue
-            raw = self.denoiser_raw_length(d, m)
-            seg = split_documents(  # index_select: ~3x cheaper than rows[sel, :raw]
-                rows[:, :raw].index_select(0, sel),
-                document_ids[:, :raw].index_select(0, sel),
-                self.specials.pad,
-                self._eos(d),
-            )
-            used -= int((document_ids[:, raw:].index_select(0, sel) >= 0).sum())  # past the denoiser's need
-            seg.row = sel[seg.row]  # batch rows from here on
-            seg.n_rows = B
-            mode = self._mode(d)
-            if d.kind == "S":
+        for s_kind in (False, True):
+            for has_mode in (True, False):
+                pick = (x["is_s"] == s_kind) & ((x["mode"] >= 0) == has_mode)
+                if not bool(pick.any()):
+                    continue
+                sub = seg.select(pick.nonzero().squeeze(1))
 
-                def make_s(
-                    sub: Segments, d: Denoiser = d, mode: int | None = mode
+                def make(
+                    part: Segments, s_kind: bool = s_kind, has_mode: bool = has_mode
                 ) -> tuple[Pieces, dict[str, float]]:
-                    rr = sub.random(seed, row_index)
-                    return prefix_pieces(sub, rr, d.noise_density, self.model_kind, self.specials, mode)
+                    px = part.extra
+                    mode = px["mode"] if has_mode else None
+                    if s_kind:
+                        return s_pieces(part, px["fraction"], mode, self.model_kind, self.specials)
+                    rr = part.random(seed, row_index)
+                    return span_pieces(
+                        part, rr, px["density"], px["mean_span"], self.config.random_roll, self.specials, mode
+                    )
 
-                add(*by_length(seg, make_s, self.specials.pad))
-                continue
-            # R and X rows go through one span-corruption call, with per-document parameters
-            n = seg.n
-            seg.extra = {
-                "density": torch.full((n,), d.noise_density, dtype=torch.float64, device=rows.device),
-                "mean_span": torch.full(
-                    (n,), d.mean_noise_span_length, dtype=torch.float64, device=rows.device
-                ),
-                "mode": torch.full((n,), -1 if mode is None else mode, dtype=torch.int64, device=rows.device),
-            }
-            span_groups[mode is not None].append(seg)
-
-        for has_mode, segs in span_groups.items():
-            if not segs:
-                continue
-
-            def make(sub: Segments, has_mode: bool = has_mode) -> tuple[Pieces, dict[str, float]]:
-                rr = sub.random(seed, row_index)
-                x = sub.extra
-                mode = x["mode"] if has_mode else None
-                return span_pieces(
-                    sub, rr, x["density"], x["mean_span"], self.config.random_roll, self.specials, mode
-                )
-
-            # documents fit the widths whole or are cut before corruption: no target token is dropped
-            group = concat_segments(segs, self.specials.pad)
-            x = group.extra
-            base = span_need(group, seed, row_index, x["density"], x["mean_span"], self.config.random_roll)
-
-            def need(
-                lengths: Tensor, index: Tensor, base=base, head: int = int(has_mode)
-            ) -> tuple[Tensor, Tensor]:
-                n_in, n_tgt = base(lengths, index)
-                return n_in + head, n_tgt
-
-            group, group_used = fit_documents(group, need, widths, self.specials.pad)
-            used += group_used - int(sum(int(sg.lengths.sum() + sg.had_eos.sum()) for sg in segs))
-            add(*by_length(group, make, self.specials.pad))
+                add(*by_length(sub, make, self.specials.pad))
         if parts:
             merged = Pieces.merge(parts, self.specials.pad)
         else:
-            empty = torch.zeros(0, 1, dtype=torch.int64, device=rows.device)
-            none = torch.zeros(0, dtype=torch.int64, device=rows.device)
+            empty = torch.zeros(0, 1, dtype=torch.int64, device=device)
+            none = torch.zeros(0, dtype=torch.int64, device=device)
             merged = Pieces(empty, none, empty, none, none, none)
         batch, truncated = layout(merged, self.model_kind, B, widths, self.specials)
         batch.stats = finish_stats(stats, batch, truncated, merged)
+        # fed but unused: past the plan (rows read at a fixed width), and what the fit left out
         batch.stats.update(raw_usage(document_ids, used))
         return batch

@@ -25,7 +25,14 @@ SP = Specials()
 O = SP.first_ordinary
 STOP = O + 1  # the synthetic sentence end
 V = O + 400
-OFF = {"mask": 0.0, "permute_sentences": 0.0, "rotate": 0.0, "insert": 0.0, "whole_words": False}
+OFF = {
+    "mask": 0.0,
+    "permute_sentences": 0.0,
+    "rotate": 0.0,
+    "insert": 0.0,
+    "whole_words": False,
+    "input_ratio": 1.0,  # rows of m - 1 raw tokens, as the noises here do not shorten the input
+}
 
 
 def build(**overrides: Any) -> BartDenoising:
@@ -50,22 +57,25 @@ def rows_with_sentences(seed: int, B: int, L: int) -> tuple[torch.Tensor, torch.
 
 
 def pairs(batch: Batch, rows: torch.Tensor, docs: torch.Tensor) -> list[tuple[list[int], list[int]]]:
-    """(noised source without EOS, original document) for every document; asserts the target is the
-    original plus EOS."""
+    """(noised source without EOS, original document) for every document the batch holds; asserts the
+    target is the original plus EOS, or, for the document a row's fit cut, a prefix of it plus EOS."""
     out = []
     assert batch.decoder_document_ids is not None
+    assert batch.stats["target_tokens_dropped"] == 0 and batch.stats["truncated_tokens"] == 0
     for b in range(rows.size(0)):
-        for d in sorted(set(docs[b].tolist()) - {-1}):
+        held = sorted(set(batch.document_ids[b].tolist()) - {-1})
+        assert held == list(range(len(held)))  # a prefix of the row's documents, in order
+        for d in held:
             original = rows[b][docs[b] == d].tolist()
             if original[-1] == SP.eos:  # its own EOS is not noised: the objective puts it back
                 original = original[:-1]
             src = batch.input_ids[b][batch.document_ids[b] == d].tolist()
             tgt = batch.labels[b][batch.decoder_document_ids[b] == d].tolist()
-            assert tgt == [*original, SP.eos]
-            if src[-1:] != [SP.eos]:  # a source that grew (0-length spans, inserts) past the width
-                assert batch.stats["truncated_tokens"] > 0
-                continue
-            out.append((src[:-1], original))
+            assert tgt[-1] == SP.eos and tgt[:-1] == original[: len(tgt) - 1]
+            if len(tgt) - 1 < len(original):  # cut before noising: only a row's last document
+                assert d == held[-1]
+            assert src[-1:] == [SP.eos]
+            out.append((src[:-1], original[: len(tgt) - 1]))
     return out
 
 
@@ -136,6 +146,54 @@ def test_rotation_is_a_rotation() -> None:
         n = len(original)
         assert len(src) == n
         assert any(src == original[k:] + original[:k] for k in range(1, n))
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), length=st.integers(3, 9))
+def test_rotation_is_never_the_identity(seed: int, length: int) -> None:
+    """rotate = 1: every document of distinct tokens comes back rotated by 1..L-1, never unchanged
+    (fairseq's offsets 1 and len - 1 would return it as it was, see the module docstring)."""
+    obj = build(rotate=1.0)
+    rows = (torch.arange(length) + O + 10).repeat(8, 1)
+    batch = obj(rows, torch.zeros_like(rows), torch.arange(8) + seed, seed)
+    assert batch.stats["rotated_documents"] == 8
+    for src, original in pairs(batch, rows, torch.zeros_like(rows)):
+        assert src != original and sorted(src) == sorted(original)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    m=st.integers(8, 300),
+    multi=st.booleans(),
+    recipe=st.sampled_from(["infilling", "deletion", "masking", "all"]),
+)
+def test_rows_fill_the_encoder_and_keep_every_target(seed: int, m: int, multi: bool, recipe: str) -> None:
+    """Any model length, seed, recipe and packing: documents are kept whole or (a row's last) cut to a
+    prefix before noising, every target is the original (prefix) plus </s>, nothing is dropped or
+    truncated, and the widths are the encoder's m and the decoder's raw + 1."""
+    config: dict[str, Any] = {
+        "infilling": {"mask": 0.3, "input_ratio": 0.8},
+        "deletion": {"mask": 0.3, "replace_length": 0, "input_ratio": 0.75},
+        "masking": {"mask": 0.3, "replace_length": -1, "input_ratio": 1.0},
+        "all": {"mask": 0.3, "permute_sentences": 1.0, "insert": 0.1, "rotate": 0.5, "input_ratio": 0.9},
+    }[recipe]
+    obj = build(**config)
+    L = obj.raw_length(m)
+    rows, docs = rows_with_sentences(seed, 6, L)
+    if multi:  # documents of a few to a few dozen tokens, each closed by EOS inside the row
+        g = torch.Generator().manual_seed(seed)
+        cuts = torch.rand(6, L, generator=g) < 0.08
+        cuts[:, 0] = False
+        docs = torch.where(docs >= 0, cuts.long().cumsum(1), -1)
+        ends = torch.zeros_like(cuts)
+        ends[:, :-1] = (docs[:, 1:] != docs[:, :-1]) & (docs[:, :-1] >= 0)
+        rows = torch.where(ends, SP.eos, rows)
+    batch = obj(rows, docs, torch.arange(6) + seed, seed)
+    assert batch.input_ids.size(1) == obj.model_length(L) <= m and batch.labels.size(1) == L + 1
+    originals = pairs(batch, rows, docs)
+    assert originals or int((docs >= 0).sum()) == 0
+    assert batch.stats["raw_tokens_unused"] <= batch.stats["raw_tokens_fed"]
 
 
 def test_token_masking_keeps_the_length() -> None:
@@ -230,7 +288,12 @@ def test_default_recipe_with_a_tokenizer(tokenizer: Tokenizer, stdlib_texts: lis
     batch = obj(ids, torch.zeros_like(ids), torch.arange(4), 0)
     assert batch.stats["permuted_sentences"] > 0
     assert 0.15 < batch.stats["noise_density"] < 0.45
-    assert batch.labels[:, :200].tolist() == ids.tolist()
+    assert batch.decoder_document_ids is not None
+    for b in range(4):  # the row's document, cut before noising where its noised input would not fit
+        tgt = batch.labels[b][batch.decoder_document_ids[b] >= 0].tolist()
+        assert tgt[-1] == SP.eos and tgt[:-1] == ids[b, : len(tgt) - 1].tolist()
+        assert len(tgt) - 1 >= 0.8 * 200  # one text; the corpus-wide waste is tested in test_lossless
+    assert batch.input_ids.size(1) == obj.model_length(200) and batch.labels.size(1) == 201
 
 
 def test_refusals_are_user_errors() -> None:

@@ -101,6 +101,37 @@ def test_loss_sums_heads_and_reports_head1() -> None:
         obj.loss(ModelOutput(logits=out.logits, mtp_logits=out.mtp_logits[:1]), batch)
 
 
+def test_loss_is_per_position_not_the_sum_of_head_means() -> None:
+    """Reference section 10: L = sum_t sum_k CE_k(t), normalised by the positions (head 1's count).
+    Heads k > 1 have fewer targets on packed rows, so this differs from the sum of per-head means."""
+    obj = mtp(4)
+    rows, docs = packed(7, 4, 33, n_docs=6)
+    batch = obj(rows, docs, torch.arange(4), 0)
+    g = torch.Generator().manual_seed(1)
+    out = ModelOutput(
+        logits=torch.randn(4, 32, 600, generator=g),
+        mtp_logits=[torch.randn(4, 32, 600, generator=g) * 3 for _ in range(3)],
+    )
+    loss = obj.loss(out, batch)
+    heads = [obj.head_loss(out, batch, k) for k in (1, 2, 3, 4)]
+    counts = [int(c) for _, c in heads]
+    assert counts[0] > counts[1] > counts[2] > counts[3]  # documents and row ends take targets away
+    per_position = sum(s for s, _ in heads) / counts[0]
+    assert torch.allclose(loss.loss_sum / loss.n_targets, per_position)
+    labels = batch.mtp_labels
+    assert labels is not None
+    by_hand = sum(  # the paper's double sum, over every position of every row
+        torch.nn.functional.cross_entropy(logits[b, t], labels[b, k, t], reduction="sum")
+        for k, logits in enumerate([out.logits, *out.mtp_logits])
+        for b in range(4)
+        for t in range(32)
+        if int(labels[b, k, t]) != IGNORE
+    )
+    assert torch.allclose(loss.loss_sum, by_hand, rtol=1e-4)
+    mean_sum = sum(s / c for s, c in heads)
+    assert not torch.allclose(loss.loss_sum / loss.n_targets, mean_sum, rtol=1e-3)
+
+
 def test_sequential_backward_matches_summed_loss() -> None:
     """Section 10 invariant: per-head forward+backward accumulated at the trunk == naive summed backward."""
     torch.manual_seed(0)

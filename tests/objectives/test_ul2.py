@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from objtrain import IGNORE
 from objtrain.errors import UserError
-from objtrain.objectives.noise import random_spans_helper
 from objtrain.objectives.registry import build_objective, objective_config, objective_defaults
-from objtrain.objectives.ul2 import UL2
+from objtrain.objectives.ul2 import UL2, s_target_lengths
 from objtrain.specials import Specials
 
 SP = Specials()
@@ -42,27 +44,66 @@ def test_default_table_is_the_papers() -> None:
     assert shares == pytest.approx({"R": 0.4, "X": 0.4, "S": 0.2})
 
 
-def test_raw_length_is_the_largest_denoiser_need() -> None:
-    """Rows hold max over denoisers of the helper's raw length (X(64, .5) at 512 needs the most), each
-    denoiser with one input position spent on the mode token."""
+def test_raw_lengths() -> None:
+    """Decoder-only: rows hold the largest single-denoiser need (X(64, .5) at 512, one input position
+    spent on the mode token), each row fed its own denoiser's need. Encoder-decoder: the encoder is the
+    model length, the decoder the mixture's targets per input times it, and rows hold at most both."""
+    dec = build_objective("ul2", SP, model_kind="decoder")
+    assert dec.raw_length(512) == max(  # type: ignore[attr-defined]
+        dec.denoiser_raw_length(d, 512)  # type: ignore[attr-defined]
+        for d in UL2.Config().denoisers
+    )
+    assert dec.model_length(dec.raw_length(512)) == 512  # type: ignore[attr-defined]
+    needs = dec.raw_lengths(512, torch.arange(100), 0)
+    choice = dec.choose(torch.arange(100), 0)  # type: ignore[attr-defined]
+    table = [dec.denoiser_raw_length(d, 512) for d in UL2.Config().denoisers]  # type: ignore[attr-defined]
+    assert needs.tolist() == [table[int(k)] for k in choice]
     obj = build_objective("ul2", SP)
-    assert obj.raw_length(512) == random_spans_helper(511, 0.5, 64.0)[0]
-    assert obj.model_length(obj.raw_length(512)) == 512  # type: ignore[attr-defined]
-    assert obj.widths(obj.raw_length(512)) == (512, 511)  # type: ignore[attr-defined]
+    ratio = obj.target_ratio  # type: ignore[attr-defined]
+    assert 0.35 < ratio < 0.45  # 40% R (~0.2 targets per input), 40% X, 20% S at r = 0.25
+    D = math.ceil(ratio * 512)
+    assert obj.raw_length(512) == 512 + D
+    assert obj.widths(obj.raw_length(512)) == (512, D)  # type: ignore[attr-defined]
+    need = obj.raw_lengths(512, torch.arange(2000), 0)
+    assert int(need.max()) <= obj.raw_length(512)
+    assert 500 < float(need.double().mean()) < 512 + D
 
 
-def test_denoiser_shares_follow_the_weights() -> None:
+def test_plan_is_per_row_and_fills_both_sides() -> None:
+    """Encoder-decoder rows: a few examples, each row's plan a function of (seed, row) only; the plan's
+    linear estimate of the row's inputs and targets is close to both widths."""
     obj = build_objective("ul2", SP)
-    choice = obj.choose(torch.arange(20_000), 0)  # type: ignore[attr-defined]
-    counts = torch.bincount(choice, minlength=7).double() / 20_000
+    index = torch.arange(3000)
+    plan = obj.plan(512, index, 4)  # type: ignore[attr-defined]
+    part = obj.plan(512, index[1000:1010], 4)  # type: ignore[attr-defined]
+    for name in ("denoiser", "fraction", "length", "count"):
+        assert torch.equal(getattr(plan, name)[1000:1010], getattr(part, name)), name
+    assert torch.equal(plan.denoiser[:, 0], obj.choose(index, 4))  # type: ignore[attr-defined]
+    assert 2.0 <= float(plan.count.double().mean()) <= 4.0
+    assert int(plan.count.max()) <= 8 and bool((plan.length[:, 0] > 0).all())
+    valid = torch.arange(8)[None, :] < plan.count[:, None]
+    assert bool((plan.length[valid] >= 8).all()) and bool((plan.length[~valid] == 0).all())
+
+
+@pytest.mark.parametrize("kind", ["encdec", "decoder"])
+def test_denoiser_shares_follow_the_weights(kind: str) -> None:
+    """Every example's denoiser is drawn by weight; encoder-decoder rows stop drawing on what was drawn
+    only, so the shares of the examples are still the weights (Wald's identity)."""
+    obj = build_objective("ul2", SP, model_kind=kind)  # type: ignore[arg-type]
+    plan = obj.plan(512, torch.arange(20_000), 0)  # type: ignore[attr-defined]
+    valid = torch.arange(plan.denoiser.size(1))[None, :] < plan.count[:, None]
+    counts = torch.bincount(plan.denoiser[valid], minlength=7).double() / int(valid.sum())
     expected = torch.tensor([d.weight for d in UL2.Config().denoisers], dtype=torch.float64)
-    assert float((counts - expected).abs().max()) < 0.015
+    assert float((counts - expected).abs().max()) < 0.01
+    s = plan.fraction[valid & (plan.denoiser == 6)]  # S at r = 0.25: uniform on [0, 0.5]
+    assert float(s.min()) >= 0.0 and float(s.max()) <= 0.5 and abs(float(s.mean()) - 0.25) < 0.01
 
 
 @pytest.mark.parametrize("kind", ["encdec", "decoder"])
 def test_rows_follow_their_denoiser(kind: str) -> None:
-    """Every document's input starts with the row's mode token; R/X rows hold sentinels, S rows none;
-    realised shares are reported in stats; labels never on padding."""
+    """Every document's input starts with a mode token of one of its row's examples; R/X documents of
+    two or more tokens hold sentinels, S documents none; realised shares are reported in stats; labels
+    never on padding."""
     obj = build_objective("ul2", SP, model_kind=kind)  # type: ignore[arg-type]
     L = obj.raw_length(64)
     B = 32
@@ -70,19 +111,23 @@ def test_rows_follow_their_denoiser(kind: str) -> None:
     docs = torch.zeros(B, L, dtype=torch.int64)
     docs[::2, L // 2 :] = 1
     batch = obj(rows, docs, torch.arange(B), 5)
-    choice = obj.choose(torch.arange(B), 5)  # type: ignore[attr-defined]
+    plan = obj.plan(64, torch.arange(B), 5)  # type: ignore[attr-defined]
     denoisers = obj.config.denoisers
     shares = sum(v for k, v in batch.stats.items() if k.startswith("share/"))
     assert shares == pytest.approx(1.0)
+    assert batch.stats["target_tokens_dropped"] == 0
+    seen = set()
     for b in range(B):
-        d = denoisers[int(choice[b])]
-        ids = batch.input_ids[b]
-        starts = torch.ones_like(ids, dtype=torch.bool)
-        starts[1:] = batch.document_ids[b, 1:] != batch.document_ids[b, :-1]
-        starts &= batch.document_ids[b] >= 0
-        assert {MODES[int(t)] for t in ids[starts]} == {d.kind}
-        has_sentinel = bool(SP.is_sentinel(ids).any())
-        assert has_sentinel == (d.kind != "S")
+        kinds = {denoisers[int(plan.denoiser[b, i])].kind for i in range(int(plan.count[b]))}
+        ids, d = batch.input_ids[b], batch.document_ids[b]
+        for doc in sorted(set(d.tolist()) - {-1}):
+            part = ids[d == doc]
+            kind_ = MODES[int(part[0])]
+            assert kind_ in kinds
+            seen.add(kind_)
+            if part.numel() > 4:
+                assert bool(SP.is_sentinel(part).any()) == (kind_ != "S")
+    assert seen == {"R", "X", "S"}
     if kind == "encdec":
         assert batch.decoder_document_ids is not None
         assert bool(((batch.labels != IGNORE) == (batch.decoder_document_ids >= 0)).all())
@@ -90,32 +135,18 @@ def test_rows_follow_their_denoiser(kind: str) -> None:
         assert bool((batch.document_ids[batch.labels != IGNORE] >= 0).all())
 
 
-def test_shorter_denoisers_use_a_prefix_of_the_row() -> None:
-    """An S row only reads the first raw_S tokens: changing the rest of the row changes nothing."""
-    obj = build_objective(
-        "ul2",
-        SP,
-        overrides={
-            "denoisers": [
-                {"kind": "S", "weight": 1.0, "noise_density": 0.25, "mode": "s2s"},
-                {
-                    "kind": "X",
-                    "weight": 0.0,
-                    "mean_noise_span_length": 3.0,
-                    "noise_density": 0.5,
-                    "mode": "nlg",
-                },
-            ]
-        },
-    )
+@pytest.mark.parametrize("kind", ["encdec", "decoder"])
+def test_rows_use_only_their_raw_lengths(kind: str) -> None:
+    """A row only reads the first raw_lengths tokens: changing the rest of the row changes nothing."""
+    obj = build_objective("ul2", SP, model_kind=kind)  # type: ignore[arg-type]
     L = obj.raw_length(32)
-    rows = torch.randint(O, O + 500, (4, L))
-    other = rows.clone()
-    other[:, 31:] = O + 7
-    a = obj(rows, torch.zeros_like(rows), torch.arange(4), 0)
-    b = obj(other, torch.zeros_like(rows), torch.arange(4), 0)
-    assert L > 31 and torch.equal(a.input_ids, b.input_ids) and torch.equal(a.labels, b.labels)
-    assert a.stats["share/S(r=0.25)"] == 1.0
+    need = obj.raw_lengths(32, torch.arange(16), 0)
+    rows = torch.randint(O, O + 500, (16, L))
+    other = torch.where(torch.arange(L)[None, :] >= need[:, None], O + 7, rows)
+    a = obj(rows, torch.zeros_like(rows), torch.arange(16), 0)
+    b = obj(other, torch.zeros_like(rows), torch.arange(16), 0)
+    assert bool((need < L).any())
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.labels, b.labels)
 
 
 def test_batch_composition_does_not_change_a_row() -> None:
@@ -129,6 +160,41 @@ def test_batch_composition_does_not_change_a_row() -> None:
     a, b = obj(rows[:3], docs[:3], idx[:3], 2), obj(rows[3:], docs[3:], idx[3:], 2)
     for name, tensor in whole.tensors().items():
         assert torch.equal(tensor, torch.cat([a.tensors()[name], b.tensors()[name]])), name
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    m=st.integers(8, 600),
+    kind=st.sampled_from(["encdec", "decoder"]),
+    split=st.integers(1, 7),
+    rate=st.sampled_from([0.0, 0.01, 0.2]),
+)
+def test_a_row_does_not_depend_on_its_batch(seed: int, m: int, kind: str, split: int, rate: float) -> None:
+    """Any model length, seed and packing: a batch cut in two gives the same rows (the examples, their
+    lengths and every document's corruption depend on the seed, the global row and its tokens only)."""
+    obj = build_objective("ul2", SP, model_kind=kind)  # type: ignore[arg-type]
+    L = obj.raw_length(m)
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.randint(O, O + 500, (8, L), generator=g)
+    docs = (torch.rand(8, L, generator=g) < rate).long().cumsum(1)
+    idx = torch.arange(8) * 3 + seed
+    need = obj.raw_lengths(m, idx, seed)
+    docs = docs.masked_fill(torch.arange(L)[None, :] >= need[:, None], -1)
+    whole = obj(rows, docs, idx, seed)
+    a = obj(rows[:split], docs[:split], idx[:split], seed)
+    b = obj(rows[split:], docs[split:], idx[split:], seed)
+    for name, tensor in whole.tensors().items():
+        assert torch.equal(tensor, torch.cat([a.tensors()[name], b.tensors()[name]])), name
+    assert whole.stats["target_tokens_dropped"] == 0
+
+
+def test_s_split_keeps_both_parts() -> None:
+    """S: round(1 + t (L - 1)) target tokens, at most L - 1 (the prefix keeps one); a 1-token document
+    is all target, a lone EOS (length 0) has none."""
+    lengths = torch.tensor([0, 1, 2, 2, 3, 10, 10, 10, 101])
+    fraction = torch.tensor([0.3, 0.0, 0.0, 1.0, 0.5, 0.0, 0.25, 1.0, 0.5], dtype=torch.float64)
+    assert s_target_lengths(lengths, fraction).tolist() == [0, 1, 1, 1, 2, 1, 3, 9, 51]
 
 
 def test_sentinel_budget_is_checked() -> None:
@@ -150,7 +216,8 @@ def test_bad_denoisers_are_user_errors() -> None:
 
 @pytest.mark.parametrize("kind", ["encdec", "decoder"])
 def test_empty_and_tiny_documents(kind: str) -> None:
-    """Padding-only rows stay padding; 1-token documents still get a mode token and an EOS."""
+    """Padding-only rows stay padding; 1-token documents still get a mode token and an EOS, and those
+    a short decoder has no room for are left unused, never cut off their targets."""
     obj = build_objective("ul2", SP, model_kind=kind)  # type: ignore[arg-type]
     L = obj.raw_length(16)
     rows = torch.randint(O, O + 500, (6, L))
@@ -158,7 +225,12 @@ def test_empty_and_tiny_documents(kind: str) -> None:
     docs[:3, :4] = torch.tensor([0, 1, 2, 3])
     batch = obj(rows, docs, torch.arange(6), 0)
     assert bool((batch.document_ids[3:] == -1).all()) and bool((batch.labels[3:] == IGNORE).all())
+    assert batch.stats["target_tokens_dropped"] == 0
+    kept = 0
     for b in range(3):
         starts = batch.input_ids[b][:1].tolist()
         assert starts[0] in MODES
-        assert set(batch.document_ids[b].tolist()) - {-1} == {0, 1, 2, 3}
+        held = set(batch.document_ids[b].tolist()) - {-1}
+        assert held == set(range(len(held))) and len(held) >= 2
+        kept += len(held)
+    assert batch.stats["raw_tokens_unused"] == 12 - kept
