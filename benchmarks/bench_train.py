@@ -4,7 +4,7 @@
    block 64, batch 12, 2000 steps, lr 1e-3 -> 1e-4 cosine, warmup 100, beta2 0.99, no dropout; nanoGPT
    reports val loss ~1.88). objtrain trains through `objtrain.training.loop.train`; the peer is a plain
    PyTorch loop over HF `GPT2LMHeadModel` at the same shapes, budget and schedule, reading nanoGPT-style
-   random windows of the same tokens. The two alternate in segments of 500 steps inside one process (the
+   random windows of the same tokens. The two alternate in segments of 100 steps inside one process (the
    peer's segment runs from objtrain's per-step hook, outside objtrain's timed steps), so both see the
    same machine load. Validation loss is per-character cross-entropy on nanoGPT's split (the last 10% of
    the file), every non-overlapping 64-character window, the same rows for both. Target: val <= 1.88 and
@@ -236,7 +236,7 @@ def bench_nanogpt(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         schedule={"kind": "cosine", "warmup": a.warmup, "min_lr_ratio": 0.1},
         budget={"steps": a.steps},
         precision={"dtype": "fp32", "compile": a.compile},
-        validation={"every": a.segment, "rows": valid_rows},
+        validation={"every": a.val_every, "rows": valid_rows},
         seed=0,
         workers=1,
     )
@@ -258,12 +258,13 @@ def bench_nanogpt(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         stamps.append((record["step"], now))
         if record["step"] % a.segment == 0:  # the peer's segment, outside objtrain's step intervals
             peer.run(peer_segment)
-            peer_val[peer.step] = peer.validate(val_batches)
-            print(
-                f"  step {record['step']:5d}  objtrain train {record['loss']:.4f}  "
-                f"peer train {peer.last_loss:.4f} val {peer_val[peer.step]:.4f}  ({load_percent()})",
-                flush=True,
-            )
+            if peer.step % a.val_every == 0 or peer.step >= a.steps:
+                peer_val[peer.step] = peer.validate(val_batches)
+                print(
+                    f"  step {record['step']:5d}  objtrain train {record['loss']:.4f}  "
+                    f"peer train {peer.last_loss:.4f} val {peer_val[peer.step]:.4f}  ({load_percent()})",
+                    flush=True,
+                )
             seg_ours.append([])
         last[0] = time.perf_counter()
 
@@ -665,7 +666,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="+", default=["nanogpt", "overhead", "datawait", "mtp", "gpu"])
     ap.add_argument("--steps", type=int, default=2000, help="nanogpt: optimizer steps")
-    ap.add_argument("--segment", type=int, default=500, help="nanogpt: steps per alternating segment")
+    ap.add_argument(
+        "--segment",
+        type=int,
+        default=100,
+        help="nanogpt: steps per alternating segment (short: both sides see the same machine speed)",
+    )
+    ap.add_argument("--val-every", type=int, default=500, help="nanogpt: validation interval (steps)")
     ap.add_argument(
         "--peer-steps",
         type=int,

@@ -37,9 +37,18 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
     groups = parameter_groups(model, cfg.weight_decay)
-    # foreach on every device: the same implementation on resume, so resumes stay bit-exact.
+    # One fused kernel per step on CPU and CUDA (a few percent of a small model's step on CPU); sharded
+    # (DTensor) parameters and other devices take the multi-tensor path. The choice depends only on the
+    # device and the sharding, so a resumed run uses the same implementation and stays bit-exact.
+    sharded = any(type(p).__name__ == "DTensor" for g in groups for p in g["params"])
+    fused = device.type in ("cpu", "cuda") and not sharded
     return torch.optim.AdamW(
-        groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, foreach=device.type != "mps"
+        groups,
+        lr=cfg.lr,
+        betas=tuple(cfg.betas),
+        eps=cfg.eps,
+        fused=fused or None,
+        foreach=None if fused else device.type != "mps",
     )
 
 
