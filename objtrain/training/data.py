@@ -18,6 +18,7 @@ reads the raw tokens and applies the objective.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -269,18 +270,33 @@ class CorruptedRows(Dataset[tuple[WorkItem, Batch]]):
         return item, batch
 
 
-def _identity(x: Any) -> Any:
-    return x
+def _to_wire(pair: tuple[WorkItem, Batch]) -> tuple[WorkItem, dict[str, Any]]:
+    """A batch as numpy arrays for the trip from a worker: pickled through the pipe, a micro-batch costs
+    ~1.5 ms to receive, against ~5 ms for torch's shared-memory handoff of each tensor (a file
+    descriptor per tensor), which on a small model is several percent of the step."""
+    item, batch = pair
+    fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+    return item, {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in fields.items()}
+
+
+def received(wire: Iterator[tuple[WorkItem, dict[str, Any]]]) -> Iterator[tuple[WorkItem, Batch]]:
+    """The loader's (item, batch) pairs back as tensors (views of the received arrays, no copy)."""
+    for item, fields in wire:
+        yield (
+            item,
+            Batch(**{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in fields.items()}),
+        )
 
 
 def make_loader(dataset: CorruptedRows, sampler: RowSampler, workers: int) -> DataLoader:
-    """Work items through `workers` processes (0 = in this process), a few micro-batches ahead."""
+    """Work items through `workers` processes (0 = in this process), a few micro-batches ahead; iterate it
+    through `received`."""
     return DataLoader(
         dataset,  # type: ignore[arg-type]
         sampler=sampler,
         batch_size=None,
         num_workers=workers,
-        collate_fn=_identity,
+        collate_fn=_to_wire,
         prefetch_factor=4 if workers else None,
         persistent_workers=False,
         # Each iterator draws a base seed from the global RNG unless given a generator: keep the training

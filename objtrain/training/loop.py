@@ -57,6 +57,7 @@ from objtrain.training.data import (
     RowSampler,
     leading_batches,
     make_loader,
+    received,
     validation_batches,
 )
 from objtrain.training.logger import MetricsLog, Progress, TensorBoard
@@ -549,7 +550,7 @@ def _run(
     stopped = ""
     saved: Path | None = plan.resume_from
     _window_start, window_wait = time.perf_counter(), 0.0
-    iterator = iter(loader)
+    iterator = received(iter(loader))
     flag = StopFlag()
 
     def save(at: int) -> Path:
