@@ -23,7 +23,7 @@ from torch import Tensor
 
 from objtrain import IGNORE
 from objtrain.batch import Batch, positions_of
-from objtrain.objectives.base import Objective, raw_usage
+from objtrain.objectives.base import Objective
 
 
 def next_token_labels(
@@ -90,9 +90,12 @@ class CausalLM(Objective):
 
     def __call__(self, rows: Tensor, document_ids: Tensor, row_index: Tensor, seed: int) -> Batch:
         batch = causal_batch(rows.long(), document_ids.long(), self.config.cross_document_targets)
-        batch.stats = {
-            "tokens": float((batch.document_ids >= 0).sum()),
-            "targets": float(batch.n_targets),
-        }
-        batch.stats.update(raw_usage(document_ids, causal_raw_used(document_ids.long(), batch.labels)))
+        tokens = float((batch.document_ids >= 0).sum())
+        batch.stats = {"tokens": tokens, "targets": float(batch.n_targets)}
+        # Every real input is used; of the raw row only the last position can be fed and unused (a target
+        # in the next document, not trained without cross_document_targets): O(B), not another (B, L) pass.
+        T = batch.labels.size(1)
+        last_fed = float((document_ids[:, T] >= 0).sum()) if document_ids.size(1) > T else 0.0
+        last_used = float((batch.labels[:, T - 1] != IGNORE).sum()) if T else 0.0
+        batch.stats.update(raw_tokens_fed=tokens + last_fed, raw_tokens_unused=last_fed - last_used)
         return batch
