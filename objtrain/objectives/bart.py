@@ -450,24 +450,12 @@ class BartDenoising(Objective):
             shrink = torch.minimum(c[k] - 1, c[k] * aim // (noised - 1).clamp(min=1))
             c[k] = torch.where(ok, c[k], shrink)
         keep = accepted >= 1
-        parts = [self._subset(seg, whole), self._prefixes(seg, cut[keep], accepted[keep])]
+        parts = [seg.select(whole), self._prefixes(seg, cut[keep], accepted[keep])]
         kept = concat_segments(parts, self.specials.pad)
         order = torch.argsort(kept.row * (1 << 20) + kept.doc)
-        kept = self._subset(kept, order)
+        kept = kept.select(order)
         used = int(seg.lengths[whole].sum() + had_eos[whole].sum() + accepted[keep].sum())
         return kept, used
-
-    @staticmethod
-    def _subset(seg: Segments, index: Tensor) -> Segments:
-        width = int(seg.lengths[index].max()) if index.numel() else 0
-        return Segments(
-            seg.tokens[:, : max(width, 1)].index_select(0, index),
-            seg.lengths[index],
-            seg.row[index],
-            seg.doc[index],
-            seg.n_rows,
-            None if seg.had_eos is None else seg.had_eos[index],
-        )
 
     def _prefixes(self, seg: Segments, index: Tensor, lengths: Tensor) -> Segments:
         """Documents `index` cut to their first `lengths` tokens (no EOS of their own: it is appended)."""

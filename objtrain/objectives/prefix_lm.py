@@ -33,7 +33,6 @@ from objtrain.objectives.noise import (
     by_length,
     layout,
     prefix_split,
-    prepend_token,
     shift_within,
     split_documents,
 )
@@ -50,8 +49,18 @@ def prefix_pieces(
     specials: Specials,
     mode_token: int | None = None,
 ) -> tuple[Pieces, dict[str, float]]:
-    """Split every segment: inputs = `[mode] x[:n_in]`, targets = `x[n_in:]` (encoder-decoder: + EOS each)."""
+    """Split every segment at a random point (`prefix_split`): see `split_pieces`."""
     n_in = prefix_split(seg.lengths, noise_density, rr, "prefix_lm/split")
+    mode = None if mode_token is None else torch.full_like(seg.lengths, mode_token)
+    return split_pieces(seg, n_in, model_kind, specials, mode)
+
+
+def split_pieces(
+    seg: Segments, n_in: Tensor, model_kind: str, specials: Specials, mode: Tensor | None = None
+) -> tuple[Pieces, dict[str, float]]:
+    """Split every segment after its first `n_in` (N,) tokens: inputs = `[mode] x[:n_in]`, targets =
+    `x[n_in:]` (encoder-decoder: + EOS each); `mode` (N,) a mode token per segment, or None (prefix LM
+    and UL2's S denoiser)."""
     j = torch.arange(seg.width, device=seg.tokens.device)[None, :]
     inputs = seg.tokens.masked_fill(j >= n_in[:, None], specials.pad)
     n_tgt = seg.lengths - n_in
@@ -61,8 +70,9 @@ def prefix_pieces(
         targets, n_tgt_out = append_token(targets, n_tgt, specials.eos, specials.pad)
     else:
         n_in_out, n_tgt_out = n_in, n_tgt
-    if mode_token is not None:
-        inputs, n_in_out = prepend_token(inputs, n_in_out, mode_token)
+    if mode is not None:
+        inputs = torch.cat([mode[:, None].to(inputs.dtype), inputs], dim=1)
+        n_in_out = n_in_out + 1
     stats = {
         "documents": float(seg.n),
         "raw_tokens": float(seg.lengths.sum()),

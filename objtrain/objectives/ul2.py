@@ -57,16 +57,14 @@ from objtrain.objectives.base import Objective, raw_usage
 from objtrain.objectives.noise import (
     Pieces,
     Segments,
-    append_token,
     by_length,
     fit_documents,
     flat_nonzero,
     largest_fitting,
     layout,
-    shift_within,
     split_documents,
 )
-from objtrain.objectives.prefix_lm import check_prefix_density
+from objtrain.objectives.prefix_lm import check_prefix_density, split_pieces
 from objtrain.objectives.rng import RowRandom
 from objtrain.objectives.span import (
     check_span_config,
@@ -121,26 +119,9 @@ def s_pieces(
 ) -> tuple[Pieces, dict[str, float]]:
     """S-denoise every segment: inputs `[mode] x[:n_in]`, targets `x[n_in:]` (encoder-decoder: + EOS
     each), the split from each segment's target fraction; `mode` (N,) mode tokens or None."""
-    n_tgt = s_target_lengths(seg.lengths, fraction)
-    n_in = seg.lengths - n_tgt
-    j = torch.arange(seg.width, device=seg.tokens.device)[None, :]
-    inputs = seg.tokens.masked_fill(j >= n_in[:, None], specials.pad)
-    targets = shift_within(seg.tokens, n_tgt, n_in, specials.pad)
-    if model_kind == "encdec":
-        inputs, n_in_out = append_token(inputs, n_in, specials.eos, specials.pad)
-        targets, n_tgt_out = append_token(targets, n_tgt, specials.eos, specials.pad)
-    else:
-        n_in_out, n_tgt_out = n_in, n_tgt
-    if mode is not None:
-        inputs = torch.cat([mode[:, None], inputs], dim=1)
-        n_in_out = n_in_out + 1
-    stats = {
-        "documents": float(seg.n),
-        "raw_tokens": float(seg.lengths.sum()),
-        "prefix_tokens": float(n_in.sum()),
-        "suffix_tokens": float(n_tgt.sum()),
-    }
-    return Pieces(inputs, n_in_out, targets, n_tgt_out, seg.row, seg.doc), stats
+    return split_pieces(
+        seg, seg.lengths - s_target_lengths(seg.lengths, fraction), model_kind, specials, mode
+    )
 
 
 @dataclass
