@@ -238,7 +238,7 @@ def bench_nanogpt(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         precision={"dtype": "fp32", "compile": a.compile},
         validation={"every": a.val_every, "rows": valid_rows},
         seed=0,
-        workers=1,
+        workers=a.nanogpt_workers,
     )
     peer = NanoGPTPeer(source.documents("train").tokens, info["vocab_size"], a)
     peer_segment = a.peer_steps or a.segment  # fewer: the peer runs for speed only, its loss is not final
@@ -673,6 +673,12 @@ def main() -> None:
         help="nanogpt: steps per alternating segment (short: both sides see the same machine speed)",
     )
     ap.add_argument("--val-every", type=int, default=500, help="nanogpt: validation interval (steps)")
+    ap.add_argument(
+        "--nanogpt-workers",
+        type=int,
+        default=1,
+        help="nanogpt: loader workers (0: corrupt in the training process, as the peer samples its windows)",
+    )
     ap.add_argument(
         "--peer-steps",
         type=int,

@@ -96,7 +96,7 @@ class BudgetConfig:
 @dataclass
 class PrecisionConfig:
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    compile: bool = False  # torch.compile each block (slow first steps on CPU; worth it on GPU)
+    compile: bool = False  # torch.compile the model (slow first steps; sharded and MTP runs: each block)
 
 
 @dataclass

@@ -464,7 +464,11 @@ def _run(
 
     run_model: nn.Module = model
     if cfg.precision.compile:
-        unwrap(model).compile_blocks()  # type: ignore[operator]
+        mtp_split = plan.objective.name == "mtp" and plan.model_cfg.mtp_heads > 1
+        if sharded or mtp_split:  # these run the blocks outside the root forward: compile each block
+            unwrap(model).compile_blocks()  # type: ignore[operator]
+        else:  # the whole forward and loss inputs: inductor also fuses the embedding, masks and head
+            run_model = torch.compile(model)  # type: ignore[assignment]
 
     if "total_steps" in state:
         total = int(state["total_steps"])
