@@ -35,13 +35,6 @@ class LossOutput:
     pair_sum: Tensor | None = None
     n_pairs: Tensor | None = None
 
-    def mean(self) -> Tensor:
-        """This micro-batch's loss on its own: token mean plus pair mean."""
-        out = self.loss_sum / self.n_targets.clamp(min=1)
-        if self.pair_sum is not None and self.n_pairs is not None:
-            out = out + self.pair_sum / self.n_pairs.clamp(min=1)
-        return out
-
     def detach(self) -> LossOutput:
         return LossOutput(
             self.loss_sum.detach(),

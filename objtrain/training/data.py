@@ -201,6 +201,17 @@ class WorkItem:
     after: Position  # the data position once this step's last micro-batch is consumed
 
 
+def row_starts(lengths: np.ndarray, start: int = 0) -> np.ndarray:
+    """Stream offsets of rows of `lengths` raw tokens laid back to back from offset `start`."""
+    return start + np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+
+
+def rows_in_one_pass(offsets: np.ndarray, lengths: np.ndarray, epoch_tokens: int) -> int:
+    """How many leading rows end within one pass over the stream (at least one): a held-out token is never
+    read twice, however small the split."""
+    return max(int((offsets + lengths <= epoch_tokens).sum()), 1)
+
+
 class RowSampler(Sampler[WorkItem]):
     """Yields this rank's work items step by step, from a `Position`; runs in the training process."""
 
@@ -241,7 +252,7 @@ class RowSampler(Sampler[WorkItem]):
             rows = np.arange(position.rows, position.rows + self.global_batch, dtype=np.int64)
             lengths = self.objective.raw_lengths(self.model_length, torch.from_numpy(rows), self.seed)
             lengths = lengths.numpy().astype(np.int64)
-            offsets = position.offset + np.concatenate(([0], np.cumsum(lengths)[:-1]))
+            offsets = row_starts(lengths, position.offset)
             after = Position(position.rows + self.global_batch, int(position.offset + lengths.sum()))
             mb, W = self.micro_batch, self.world_size
             for m in range(self.accumulation):
@@ -353,12 +364,11 @@ def leading_batches(
     within_epoch: bool = True,
 ) -> list[Batch]:
     """Rows 0..rows-1 of `stream`, each of the length the objective needs, corrupted under `seed`, in batches
-    of `micro` rows. With `within_epoch`, only the rows that fit in one pass (at least one): a held-out token
-    is never read twice, however small the split."""
+    of `micro` rows. With `within_epoch`, only the rows that fit in one pass (`rows_in_one_pass`)."""
     index = np.arange(rows, dtype=np.int64)
     lengths = objective.raw_lengths(model_length, torch.from_numpy(index), seed).numpy().astype(np.int64)
-    offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
-    n = max(int((offsets + lengths <= stream.epoch_tokens).sum()), 1) if within_epoch else rows
+    offsets = row_starts(lengths)
+    n = rows_in_one_pass(offsets, lengths, stream.epoch_tokens) if within_epoch else rows
     width = objective.raw_length(model_length)
     return [
         read_batch(

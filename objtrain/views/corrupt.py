@@ -32,7 +32,14 @@ from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.objectives.base import Objective
 from objtrain.specials import FIXED_PIECES, N_FIXED, Specials
-from objtrain.training.data import DataSource, Documents, DocumentStream, read_batch
+from objtrain.training.data import (
+    DataSource,
+    Documents,
+    DocumentStream,
+    read_batch,
+    row_starts,
+    rows_in_one_pass,
+)
 
 # ---------------------------------------------------------------------------------------------------
 # Sources -> raw rows
@@ -186,11 +193,11 @@ def read_rows(
         stream = data.stream("train", 0, shuffle=False)
     if packed_lengths is not None:  # packed row i starts where rows < i end in the stream of packed rows
         n = len(packed_lengths)
-        offsets = np.concatenate(([0], np.cumsum(packed_lengths)[:-1])).astype(np.int64)
+        offsets = row_starts(packed_lengths)
         lengths = np.minimum(need[:n], packed_lengths)
     else:
-        offsets = np.concatenate(([0], np.cumsum(need)[:-1])).astype(np.int64)
-        n = max(int((offsets + need <= stream.epoch_tokens).sum()), 1)  # never read a token twice
+        offsets = row_starts(need)
+        n = rows_in_one_pass(offsets, need, stream.epoch_tokens)
         lengths = np.minimum(need[:n], stream.epoch_tokens)
         if stream.epoch_tokens < width:  # a source shorter than one row: one row exactly as long as it
             width = stream.epoch_tokens

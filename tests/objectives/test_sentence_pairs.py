@@ -218,9 +218,9 @@ def test_loss_is_mlm_mean_plus_pair_mean(tokenizer: Tokenizer, documents: list[l
     loss = obj.loss(out, batch)
     mlm = F.cross_entropy(out.logits.reshape(-1, tokenizer.vocab_size), batch.labels.reshape(-1))
     seq = F.cross_entropy(out.seq_logits, batch.seq_labels)
-    assert torch.allclose(loss.mean(), mlm + seq)
-    assert torch.allclose(loss.loss_sum / loss.n_targets, mlm)  # each term over its own count
     assert loss.pair_sum is not None and loss.n_pairs is not None
+    assert torch.allclose(loss.loss_sum / loss.n_targets + loss.pair_sum / loss.n_pairs, mlm + seq)
+    assert torch.allclose(loss.loss_sum / loss.n_targets, mlm)  # each term over its own count
     assert torch.allclose(loss.pair_sum / loss.n_pairs, seq) and int(loss.n_pairs) == batch.n_pairs
     assert torch.allclose(loss.metrics["mlm_loss"], mlm) and torch.allclose(loss.metrics["seq_loss"], seq)
     accuracy = (out.seq_logits.argmax(-1) == batch.seq_labels).float().mean()
