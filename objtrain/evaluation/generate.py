@@ -137,46 +137,47 @@ def generate_speculative(
         raise UserError("the prompt is empty: give at least one token")
     stats = stats if stats is not None else SpeculativeStats()
     device = model.embed.weight.device
-    caches = model.new_cache(1, len(prompt) + max_new_tokens + n)
-    heads = model.step(
-        torch.tensor([prompt], device=device),
-        torch.arange(len(prompt), device=device)[None],
-        caches,
-        n_heads=n,
+    heads = model.stacked_heads()  # the n head layers as one batched block: a step costs ~ trunk + 1 layer
+    caches = model.new_stacked_cache(1, len(prompt) + max_new_tokens + n)
+    hidden = model.step_stacked(
+        torch.tensor([prompt], device=device), torch.arange(len(prompt), device=device)[None], caches, heads
     )
-    last = torch.stack([h[0, -1] for h in heads]).argmax(dim=-1)  # (n,): next token, then n-1 drafts
-    token, drafts = last[:1], last[1:]
+    table = model.unembed(hidden[:, 0, -1]).argmax(dim=-1).tolist()  # n heads' picks at the last slot
+    token, drafts = table[0], table[1:]  # the next token, then n-1 drafts
+    slots = torch.arange(n, device=device)
     produced = 0
     while True:
-        if int(token) in stop_ids:
+        if token in stop_ids:
             return
-        yield int(token)
+        yield token
         produced += 1
         if produced >= max_new_tokens:
             return
         # verify: feed [token, d_1 .. d_{n-1}]; head 1's argmax at slot i is the true next token there
         start = caches[0].length
-        x = torch.cat([token, drafts])[None]  # (1, n)
-        hidden = model.step_hidden(x, torch.arange(start, start + n, device=device)[None], caches, n_heads=n)
-        verified = model.unembed(hidden[0][0]).argmax(dim=-1)  # (n,): head 1's next token at every slot
-        agree = (verified[:-1] == drafts).long()  # draft i is right iff it equals head 1 at slot i
-        m = int(agree.cumprod(0).sum())  # accepted drafts
+        x = torch.tensor([[token, *drafts]], device=device)  # (1, n)
+        hidden = model.step_stacked(x, (start + slots)[None], caches, heads)[:, 0]  # (n heads, n slots, D)
+        # every head's pick at every slot in one unembedding and one transfer: head 1's row verifies,
+        # the other heads' column at the last kept slot drafts the next step
+        table = model.unembed(hidden).argmax(dim=-1).tolist()  # (n heads, n slots)
+        verified = table[0]
+        m = 0  # accepted drafts: draft i is right iff it equals head 1's pick at slot i
+        while m < n - 1 and drafts[m] == verified[m]:
+            m += 1
         stats.forwards += 1
         stats.drafted += n - 1
         stats.accepted += m
         stats.tokens += m + 1
         for cache in caches:
             cache.length = start + m + 1  # keep [token, d_1 .. d_m]; drop the rejected tail
-        for d in drafts[:m].tolist():
+        for d in drafts[:m]:
             if d in stop_ids:
                 return
             yield d
             produced += 1
             if produced >= max_new_tokens:
                 return
-        # new drafts: heads 2..n at the last kept slot only (one small matmul, not n x n unembeddings)
-        token = verified[m : m + 1]
-        drafts = model.unembed(torch.stack([h[0, m] for h in hidden[1:]])).argmax(dim=-1)  # (n-1,)
+        token, drafts = verified[m], [row[m] for row in table[1:]]
 
 
 def encode_input(

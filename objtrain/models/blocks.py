@@ -236,3 +236,47 @@ class Block(nn.Module):
     def run(self, x: Tensor, ctx: Context, memory: Tensor | None = None) -> Tensor:
         """Training-time forward from a `Context`."""
         return self(x, ctx.cos, ctx.sin, ctx.mask, ctx.is_causal, memory, ctx.cross_mask)
+
+
+class StackedBlocks:
+    """Several pre-norm self-attention blocks that read the same input, run as one batch (inference only).
+
+    Self-speculative decoding runs every MTP head on the trunk's output at each step. As n separate
+    blocks that costs n blocks' worth of small kernels, which dominate decoding at small widths; here
+    each matmul is one `bmm` over the n stacked weights and attention one SDPA call over n x B rows, so
+    the n heads cost about one block. The weights are a snapshot taken at construction (build it for a
+    generation, after training); the arithmetic is `Block.forward`'s, head by head.
+    """
+
+    def __init__(self, blocks: list[Block]) -> None:
+        if any(b.cross is not None for b in blocks):
+            raise ValueError("StackedBlocks takes self-attention blocks only")
+        with torch.no_grad():
+            self.norm1 = torch.stack([b.norm1.weight for b in blocks])[:, None]  # (n, 1, D)
+            self.qkv = torch.stack([b.attn.qkv.weight.T for b in blocks])  # (n, D, 3D)
+            self.proj = torch.stack([b.attn.proj.weight.T for b in blocks])  # (n, D, D)
+            self.norm2 = torch.stack([b.norm2.weight for b in blocks])[:, None]
+            self.w13 = torch.stack([b.mlp.w13.weight.T for b in blocks])  # (n, D, 2F)
+            self.w2 = torch.stack([b.mlp.w2.weight.T for b in blocks])  # (n, F, D)
+        self.n = len(blocks)
+        self.n_head = blocks[0].attn.n_head
+        self.eps = blocks[0].norm1.eps
+
+    def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
+        return F.rms_norm(x, (x.size(-1),), None, self.eps) * weight
+
+    def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache: KVCache) -> Tensor:
+        """x (B, t, D) -> (n, B, t, D); `cache` holds the n blocks as n x B rows (block-major)."""
+        B, t, D = x.shape
+        n, H = self.n, self.n_head
+        flat = x.reshape(1, B * t, D)
+        qkv = torch.bmm(self._norm(flat, self.norm1), self.qkv).view(n * B, t, 3 * D)
+        rows_cos, rows_sin = cos.repeat(n, 1, 1, 1), sin.repeat(n, 1, 1, 1)
+        qk = apply_rope(qkv[..., : 2 * D].unflatten(-1, (2 * H, -1)), rows_cos, rows_sin)
+        q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)  # (nB, H, t, K)
+        v = qkv[..., 2 * D :].unflatten(-1, (H, -1)).transpose(1, 2)
+        k, v = cache.append(k, v)
+        y = attend(q, k, v, mask, is_causal=False).transpose(1, 2).reshape(n, B * t, D)
+        h = flat + torch.bmm(y, self.proj)  # (n, Bt, D)
+        gate, up = torch.bmm(self._norm(h, self.norm2), self.w13).chunk(2, dim=-1)
+        return (h + torch.bmm(F.silu(gate) * up, self.w2)).view(n, B, t, D)

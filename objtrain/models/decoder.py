@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from objtrain.batch import Batch, ModelOutput
 from objtrain.models.attention import causal_chunk_mask
 from objtrain.models.base import TrunkOutput, ZooModel, make_block
-from objtrain.models.blocks import Block, KVCache, Rotary
+from objtrain.models.blocks import Block, KVCache, Rotary, StackedBlocks
 from objtrain.models.config import ModelConfig
 from objtrain.models.heads import TiedLMHead
 
@@ -77,18 +77,41 @@ class Decoder(ZooModel):
         self, ids: Tensor, positions: Tensor, caches: list[KVCache], n_heads: int = 1
     ) -> list[Tensor]:
         """As `step`, but each head's normed hidden state (B, t, D): unembed only the positions needed."""
-        t = ids.size(1)
-        cos, sin = self.rotary(positions)
-        mask = causal_chunk_mask(t, caches[0].length + t, ids.device)
-        x = self.embed(ids)
+        x, cos, sin, mask = self._step_trunk(ids, positions, caches)
         n_trunk = len(self.blocks) - 1
-        for block, cache in zip(self.blocks[:-1], caches, strict=False):
-            x = block(x, cos, sin, mask, False, cache=cache)
         out = []
         for k in range(n_heads):
             h = self.head_layers[k](x, cos, sin, mask, False, cache=caches[n_trunk + k])
             out.append(self.lm_head.norm(h))
         return out
+
+    def stacked_heads(self) -> StackedBlocks:
+        """All n heads' layers as one batched block, for self-speculative decoding (a weight snapshot)."""
+        return StackedBlocks(self.head_layers)
+
+    def new_stacked_cache(self, batch: int, max_len: int) -> list[KVCache]:
+        """Caches for `step_stacked`: one per trunk block, then one for all n heads (n x batch rows)."""
+        like, cfg = self.embed.weight, self.config
+        caches = [KVCache(batch, cfg.n_head, max_len, cfg.head_dim, like) for _ in self.blocks[:-1]]
+        return [*caches, KVCache(cfg.mtp_heads * batch, cfg.n_head, max_len, cfg.head_dim, like)]
+
+    def step_stacked(
+        self, ids: Tensor, positions: Tensor, caches: list[KVCache], heads: StackedBlocks
+    ) -> Tensor:
+        """As `step_hidden` with every head, through `heads`: normed hidden states (n, B, t, D)."""
+        x, cos, sin, mask = self._step_trunk(ids, positions, caches)
+        return self.lm_head.norm(heads(x, cos, sin, mask, caches[-1]))
+
+    def _step_trunk(
+        self, ids: Tensor, positions: Tensor, caches: list[KVCache]
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """The trunk's output (B, t, D) for new tokens, with the rotary angles and mask the heads reuse."""
+        cos, sin = self.rotary(positions)
+        mask = causal_chunk_mask(ids.size(1), caches[0].length + ids.size(1), ids.device)
+        x = self.embed(ids)
+        for block, cache in zip(self.blocks[:-1], caches, strict=False):
+            x = block(x, cos, sin, mask, False, cache=cache)
+        return x, cos, sin, mask
 
     def unembed(self, hidden: Tensor) -> Tensor:
         """Normed hidden (..., D) -> logits (..., V) with the tied embedding."""

@@ -44,6 +44,25 @@ def test_encdec_kv_cache_equals_recomputation() -> None:
         assert sampling.greedy or len(set(cached)) > 2
 
 
+def test_stacked_heads_equal_each_head_layer() -> None:
+    """The batched n-head block gives every head's hidden states, prompt chunk and single steps alike."""
+    model = tiny_model("decoder", mtp_heads=3).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # distinct norm gains per head, so a mixed-up head would show
+            p.add_(0.05 * torch.randn_like(p))
+    heads = model.stacked_heads()
+    ids = torch.tensor([[*PROMPT, 40, 41, 42]])
+    split = [(0, 4), (4, 5), (5, 9)]
+    caches, stacked_caches = model.new_cache(1, 9), model.new_stacked_cache(1, 9)
+    for a, b in split:
+        pos = torch.arange(a, b)[None]
+        each = torch.stack(model.step_hidden(ids[:, a:b], pos, caches, n_heads=3))  # (3, 1, t, D)
+        together = model.step_stacked(ids[:, a:b], pos, stacked_caches, heads)
+        assert together.shape == each.shape
+        assert torch.allclose(together, each, atol=1e-5)
+        assert not torch.allclose(each[1], each[2], atol=1e-3)  # the heads really differ
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_speculative_greedy_equals_greedy(n: int) -> None:
     model = tiny_model("decoder", mtp_heads=n)
