@@ -33,6 +33,11 @@ ModelKind = Literal["decoder", "encoder", "encdec"]
 MODEL_KINDS: tuple[ModelKind, ...] = ("decoder", "encoder", "encdec")
 
 
+def single_document_rows(document_ids: Tensor) -> bool:
+    """True when each row (B, T) is one document with no padding (attention needs no mask)."""
+    return bool(((document_ids == document_ids[:, :1]) & (document_ids >= 0)).all())
+
+
 @dataclass
 class Batch:
     input_ids: Tensor  # (B, T) int64: decoder-only input, or encoder input
@@ -51,6 +56,12 @@ class Batch:
     # The loss's unit count where it is not the labelled tokens (contrastive: one per pair of views), so
     # the loop's global normaliser matches `LossOutput.n_targets`; None = count the labels.
     target_count: int | None = None
+    # Whether every row is one whole document without padding, on the encoder (or decoder-only) side and on
+    # the decoder side: attention then takes SDPA's mask-free path. Set eagerly by `mark_layout` (the loader
+    # does, off the step), so a compiled forward never reads tensor values to decide (a graph break);
+    # None = not known, the model checks the ids itself.
+    single_document: bool | None = None
+    decoder_single_document: bool | None = None
 
     @property
     def is_encdec(self) -> bool:
@@ -66,6 +77,13 @@ class Batch:
     def n_pairs(self) -> int:
         """Rows with a sequence-level label (NSP/SOP pairs), the pair term's unit."""
         return 0 if self.seq_labels is None else int((self.seq_labels != IGNORE).sum())
+
+    def mark_layout(self) -> Batch:
+        """Fill `single_document` / `decoder_single_document` from the document ids; returns self."""
+        self.single_document = single_document_rows(self.document_ids)
+        if self.decoder_document_ids is not None:
+            self.decoder_single_document = single_document_rows(self.decoder_document_ids)
+        return self
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         moved = {

@@ -9,8 +9,8 @@ Padding has document id -1, so pads see only pads: no softmax row is ever empty.
 exactly one document and no padding, the mask is dropped and SDPA's own causal / full path is used
 (`is_causal=True` or no mask), which is the common case for plain CLM on unpacked rows.
 
-The fast-path test reads tensor values, so it runs eagerly outside the compiled blocks (models compile
-per block, see `compile_blocks`), and the blocks themselves see only tensors and a bool.
+The fast-path test reads tensor values. The loader makes it once per batch (`Batch.mark_layout`), so a
+compiled forward sees a Python bool and traces as one graph; a batch without the flag is checked here.
 """
 
 from __future__ import annotations
@@ -18,12 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from objtrain.batch import AttentionKind
-
-
-def single_document_rows(document_ids: Tensor) -> bool:
-    """True when each row (B, T) is one document with no padding (the SDPA fast path applies)."""
-    return bool(((document_ids == document_ids[:, :1]) & (document_ids >= 0)).all())
+from objtrain.batch import AttentionKind, single_document_rows
 
 
 def self_attention_mask(
@@ -43,25 +38,37 @@ def self_attention_mask(
 
 
 def self_attention_spec(
-    document_ids: Tensor, attention: AttentionKind, prefix_mask: Tensor | None = None
+    document_ids: Tensor,
+    attention: AttentionKind,
+    prefix_mask: Tensor | None = None,
+    single_document: bool | None = None,
 ) -> tuple[Tensor | None, bool]:
-    """(mask or None, is_causal) for `attend`: no mask on the one-document-per-row fast path."""
-    if attention != "prefix" and single_document_rows(document_ids):
+    """(mask or None, is_causal) for `attend`: no mask on the one-document-per-row fast path.
+    `single_document` is `Batch.single_document` when known (then no tensor value is read here)."""
+    if single_document is None:
+        single_document = single_document_rows(document_ids)
+    if attention != "prefix" and single_document:
         return None, attention == "causal"
     return self_attention_mask(document_ids, attention, prefix_mask), False
 
 
-def cross_attention_mask(decoder_document_ids: Tensor, encoder_document_ids: Tensor) -> Tensor | None:
+def cross_attention_mask(
+    decoder_document_ids: Tensor, encoder_document_ids: Tensor, single_documents: bool | None = None
+) -> Tensor | None:
     """(B, S) decoder x (B, T) encoder document ids -> allowed (B, 1, S, T) bool, or None if all may see all.
 
     Decoder position s sees encoder positions of its own document. A decoder position whose document has
     no encoder tokens (only possible for padding) sees every encoder position instead of none, so its
-    softmax row is not empty; no real position ever reads a padded decoder position's output.
+    softmax row is not empty; no real position ever reads a padded decoder position's output. So when both
+    sides' rows are one document each (`single_documents`, from `Batch.mark_layout` when known), every
+    decoder position sees all of its row's encoder positions, whatever the ids: no mask.
     """
-    if single_document_rows(decoder_document_ids) and single_document_rows(encoder_document_ids):
-        same = bool((decoder_document_ids[:, 0] == encoder_document_ids[:, 0]).all())
-        if same:
-            return None
+    if single_documents is None:
+        single_documents = single_document_rows(decoder_document_ids) and single_document_rows(
+            encoder_document_ids
+        )
+    if single_documents:
+        return None
     allowed = decoder_document_ids[:, :, None] == encoder_document_ids[:, None, :]  # (B, S, T)
     allowed = allowed | ~allowed.any(dim=-1, keepdim=True)
     return allowed[:, None]

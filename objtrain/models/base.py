@@ -45,11 +45,16 @@ class ZooModel(nn.Module):
         return self.heads(self.trunk(batch))
 
     def context(
-        self, positions: Tensor, document_ids: Tensor, attention: Any, prefix_mask: Tensor | None = None
+        self,
+        positions: Tensor,
+        document_ids: Tensor,
+        attention: Any,
+        prefix_mask: Tensor | None = None,
+        single_document: bool | None = None,
     ) -> Context:
-        """Rotary angles and the self-attention mask for one stack, built once per forward (eagerly)."""
+        """Rotary angles and the self-attention mask for one stack, built once per forward."""
         cos, sin = self.rotary(positions)
-        mask, is_causal = self_attention_spec(document_ids, attention, prefix_mask)
+        mask, is_causal = self_attention_spec(document_ids, attention, prefix_mask, single_document)
         return Context(cos, sin, mask, is_causal)
 
     def compile_blocks(self, **kwargs: Any) -> None:

@@ -39,7 +39,9 @@ class Decoder(ZooModel):
         return [self.blocks[-1], *self.mtp]  # type: ignore[list-item]
 
     def trunk(self, batch: Batch) -> TrunkOutput:
-        ctx = self.context(batch.positions, batch.document_ids, batch.attention, batch.prefix_mask)
+        ctx = self.context(
+            batch.positions, batch.document_ids, batch.attention, batch.prefix_mask, batch.single_document
+        )
         x = self.drop(self.embed(batch.input_ids))  # (B, T, D)
         for block in self.blocks[:-1]:
             x = block.run(x, ctx)

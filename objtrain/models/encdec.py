@@ -44,9 +44,10 @@ class EncoderDecoder(ZooModel):
         document_ids: Tensor,
         attention: AttentionKind = "bidirectional",
         prefix_mask: Tensor | None = None,
+        single_document: bool | None = None,
     ) -> Tensor:
         """Encoder input (B, T) -> normed memory (B, T, D)."""
-        ctx = self.context(positions, document_ids, attention, prefix_mask)
+        ctx = self.context(positions, document_ids, attention, prefix_mask, single_document)
         x = self.drop(self.embed(input_ids))
         for block in self.encoder:
             x = block.run(x, ctx)
@@ -55,15 +56,22 @@ class EncoderDecoder(ZooModel):
     def trunk(self, batch: Batch) -> TrunkOutput:
         assert batch.decoder_input_ids is not None, "an encoder-decoder model needs decoder_input_ids"
         memory = self.encode(
-            batch.input_ids, batch.positions, batch.document_ids, batch.attention, batch.prefix_mask
+            batch.input_ids,
+            batch.positions,
+            batch.document_ids,
+            batch.attention,
+            batch.prefix_mask,
+            batch.single_document,
         )
         dec_ids = batch.decoder_input_ids  # (B, S)
         dec_docs = batch.decoder_document_ids
         if dec_docs is None:
             dec_docs = torch.zeros_like(dec_ids)
         dec_pos = batch.decoder_positions if batch.decoder_positions is not None else positions_of(dec_docs)
-        ctx = self.context(dec_pos, dec_docs, "causal")
-        ctx.cross_mask = cross_attention_mask(dec_docs, batch.document_ids)
+        ctx = self.context(dec_pos, dec_docs, "causal", single_document=batch.decoder_single_document)
+        known = batch.single_document is not None and batch.decoder_single_document is not None
+        both = bool(batch.single_document and batch.decoder_single_document) if known else None
+        ctx.cross_mask = cross_attention_mask(dec_docs, batch.document_ids, both)
         x = self.drop(self.embed(dec_ids))
         for block in self.decoder:
             x = block.run(x, ctx, memory)

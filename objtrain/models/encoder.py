@@ -35,7 +35,9 @@ class Encoder(ZooModel):
         self._init()
 
     def trunk(self, batch: Batch) -> TrunkOutput:
-        ctx = self.context(batch.positions, batch.document_ids, batch.attention, batch.prefix_mask)
+        ctx = self.context(
+            batch.positions, batch.document_ids, batch.attention, batch.prefix_mask, batch.single_document
+        )
         x = self.embed(batch.input_ids)  # (B, T, D)
         if self.segment is not None and batch.segment_ids is not None:
             x = x + self.segment(batch.segment_ids)

@@ -351,7 +351,7 @@ def read_batch(
         extra["donors"] = stream.rows(at, np.full(len(rows), need, dtype=np.int64), need)
     batch = objective(tokens, document_ids, torch.from_numpy(rows), seed, **extra)
     batch.stats["raw_tokens_fed"] = float(np.sum(lengths))
-    return batch
+    return batch.mark_layout()
 
 
 def leading_batches(

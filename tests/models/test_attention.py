@@ -44,6 +44,26 @@ def test_fast_path_only_for_one_document_per_row() -> None:
     assert self_attention_spec(padded, "causal")[0] is not None
 
 
+@pytest.mark.parametrize("kind", ["decoder", "encoder", "encdec"])
+@pytest.mark.parametrize("doc_rows", [[[0] * 12] * 2, PACKED], ids=["one-document", "packed"])
+def test_marked_layout_gives_the_same_outputs_and_one_graph(kind: str, doc_rows: list[list[int]]) -> None:
+    """`Batch.mark_layout` only moves the fast-path test out of the forward: same outputs, and with it the
+    whole forward traces without a graph break (fullgraph=True fails on any)."""
+    attention = "bidirectional" if kind == "encoder" else "causal"
+    model = tiny_model(kind)
+    batch = make_batch(doc_rows, attention, decoder_doc_rows=doc_rows if kind == "encdec" else None)
+    marked = make_batch(doc_rows, attention, decoder_doc_rows=doc_rows if kind == "encdec" else None)
+    assert marked.mark_layout() is marked
+    assert marked.single_document == (doc_rows[0] == [0] * 12)
+    assert kind != "encdec" or marked.decoder_single_document == marked.single_document
+    assert (marked.decoder_single_document is None) == (kind != "encdec")
+    with torch.no_grad():
+        assert torch.equal(model(batch).logits, model(marked).logits)
+        torch._dynamo.reset()
+        traced = torch.compile(model, backend="eager", fullgraph=True)
+        assert torch.allclose(traced(marked).logits, model(marked).logits, atol=1e-6)
+
+
 @pytest.mark.parametrize("doc_rows", [[[0] * 12] * 2, PACKED], ids=["one-document", "packed"])
 def test_future_tokens_never_change_causal_outputs(doc_rows: list[list[int]]) -> None:
     model = tiny_model("decoder", mtp_heads=3)
@@ -95,7 +115,7 @@ def test_prefix_positions_see_each_other_and_targets_stay_causal() -> None:
     assert not torch.allclose(changed.logits[0, 4:6], out.logits[0, 4:6])
 
 
-def reference_cross(dec_docs: torch.Tensor, enc_docs: torch.Tensor) -> torch.Tensor:
+def reference_cross(dec_docs: torch.Tensor, enc_docs: torch.Tensor, _: bool | None = None) -> torch.Tensor:
     B, S = dec_docs.shape
     T = enc_docs.size(1)
     out = torch.zeros(B, 1, S, T, dtype=torch.bool)
@@ -160,7 +180,9 @@ def test_sdpa_path_equals_naive_attention(
 
     fast_logits, fast_grads = logits_and_grads()
 
-    def naive_spec(docs: torch.Tensor, att: str, prefix: torch.Tensor | None) -> tuple[torch.Tensor, bool]:
+    def naive_spec(
+        docs: torch.Tensor, att: str, prefix: torch.Tensor | None, single: bool | None = None
+    ) -> tuple[torch.Tensor, bool]:
         return reference_mask(docs, att, prefix), False
 
     monkeypatch.setattr(base_module, "self_attention_spec", naive_spec)
