@@ -48,7 +48,9 @@ by its chunk number, so nothing depends on the other rows of a batch):
    and the negative of the pair whose split is at s reads B from the first donor sentence start at or
    after min(s, width - len(next)) (that position itself when no sentence starts after it): the
    negatives of one row read their B's at different places of one donor text, spread as their pairs
-   are over the row, so one donor of a row's width serves them all.
+   are over the row, so one donor of a row's width serves them all. Either way, a B whose document
+   would end before len(next) tokens starts instead at the first sentence of the next document when
+   that has more room (short documents would otherwise leave short B's and padding).
    `stats["label_1_fraction"]`, `stats["same_document_negatives"]` and `stats["donor_negatives"]`
    report what was realised; a pair left without any source for B (rare) keeps its actual next, label 0.
    SOP: label 1 swaps A and next; SOP needs one document only.
@@ -469,7 +471,13 @@ class NextSentencePrediction(_SentencePairs):
             k = (u * n).long()
             q = own.nth_start(torch.where(k < before, k, after_skip + k - before)).clamp(max=L - 1)
             limit = own.run_end(q)
+            # Its document ends too soon: the next document's first sentence, if a candidate with more room.
+            q2 = own.next_start(limit)
+            limit2 = own.run_end(q2.clamp(max=L - 1))
+            limit2 = torch.where(q2 < start, torch.minimum(limit2, start), limit2)
             limit = torch.where(q < start, torch.minimum(limit, start), limit)
+            better = (q2 < L) & ((q2 >= skip) | (q2 < start)) & (limit - q < want) & (limit2 - q2 > limit - q)
+            q, limit = torch.where(better, q2, q), torch.where(better, limit2, limit)
             end = own.end_near(q, want, limit)
             has = n > 0
             from_donor = torch.zeros_like(has)
@@ -482,7 +490,13 @@ class NextSentencePrediction(_SentencePairs):
             inside = (anchor < W) & (_gather(donor.doc, anchor) >= 0)  # else: the anchor's own token
             q = torch.where(q < W, q, torch.where(inside, anchor, W))
             has = q < W
-            end = donor.end_near(q, want, donor.run_end(q.clamp(max=W - 1)))
+            limit = donor.run_end(q.clamp(max=W - 1))
+            # Its document ends too soon: the next document's first sentence, if it has more room.
+            q2 = donor.next_start(limit)
+            limit2 = donor.run_end(q2.clamp(max=W - 1))
+            better = (q2 < W) & (limit - q < want) & (limit2 - q2 > limit - q)
+            q, limit = torch.where(better, q2, q), torch.where(better, limit2, limit)
+            end = donor.end_near(q, want, limit)
             from_donor = has
         negative = stratified(self.config.random_next_rate, chunks.valid, rr, "nsp/random") & has
         length = torch.where(negative, end - q, want)
