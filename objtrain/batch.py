@@ -50,7 +50,9 @@ class Batch:
     decoder_input_ids: Tensor | None = None  # (B, S) int64, encoder-decoder only
     decoder_positions: Tensor | None = None  # (B, S) int64
     decoder_document_ids: Tensor | None = None  # (B, S) int64, -1 = padding
-    seq_labels: Tensor | None = None  # (B,) int64 sequence-level label (NSP/SOP: 1 = random/swapped)
+    # (B, T) int64 sequence-level labels at the positions whose pooled output they label (NSP/SOP: each
+    # packed pair's [CLS]; 1 = random/swapped), IGNORE elsewhere
+    seq_labels: Tensor | None = None
     mtp_labels: Tensor | None = None  # (B, n, T) int64: head k-1 predicts offset k; [:, 0] == labels
     stats: dict[str, float] = field(default_factory=dict)  # what the corruption realised (for --stats)
     # The loss's unit count where it is not the labelled tokens (contrastive: one per pair of views), so
@@ -75,7 +77,7 @@ class Batch:
 
     @property
     def n_pairs(self) -> int:
-        """Rows with a sequence-level label (NSP/SOP pairs), the pair term's unit."""
+        """Sequence-level labels (NSP/SOP: every pair of every row), the pair term's unit."""
         return 0 if self.seq_labels is None else int((self.seq_labels != IGNORE).sum())
 
     def mark_layout(self) -> Batch:
@@ -107,7 +109,7 @@ class ModelOutput:
     logits: Tensor  # (B, T, V) or (B, S, V) for encoder-decoder: next-token / masked-token logits
     hidden: Tensor | None = None  # (B, T, D) final hidden states (after the final norm)
     mtp_logits: list[Tensor] | None = None  # n-1 tensors (B, T, V): offsets 2..n (offset 1 is `logits`)
-    seq_logits: Tensor | None = None  # (B, C) from the pooled first position (NSP/SOP, classification)
+    seq_logits: Tensor | None = None  # (B, T, C) pooled head at every position (read where seq_labels are)
     pooled: Tensor | None = None  # (B, D) encoder: mean of `hidden` over each row's real tokens (id >= 0)
 
 

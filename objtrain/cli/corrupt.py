@@ -218,8 +218,8 @@ def print_row(console: Console, view: shown.RowView, raw: shown.RawRows) -> None
         f"[bold]row {view.row_index}[/]  original {len(view.original)} · input {len(view.input)} · "
         f"targets {len(view.targets)}"
     )
-    if view.seq_label is not None:
-        head += f" · sequence label {view.seq_label}"
+    if view.seq_labels is not None:
+        head += f" · pair labels {' '.join(map(str, view.seq_labels)) or 'none'}"
     if console.is_terminal:
         console.rule(head, align="left")
     else:  # piped: a plain heading, not a rule as wide as the unwrapped console

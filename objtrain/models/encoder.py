@@ -1,7 +1,7 @@
 """Bidirectional encoder (BERT family, with the decoder's blocks): MLM head, segments, pooled head.
 
     ids (B, T) [+ segment embedding] -> blocks -> RMSNorm -> E^T -> token logits (B, T, V)
-                                                         \\-> tanh(dense(h[:, 0])) -> seq logits (B, C)
+                                                         \\-> tanh(dense(h)) -> seq logits (B, T, C)
                                                          \\-> mean over real tokens -> pooled (B, D)
 
 The attention pattern still comes from the batch (normally bidirectional, always within documents).

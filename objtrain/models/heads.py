@@ -3,7 +3,8 @@
 - LM head: final RMSNorm, then the transposed token embedding (tied weights, stored once).
 - MTP heads (reference section 10; Gloeckle et al. 2024): n heads on a shared trunk, each one
   transformer layer; all share the final norm and the unembedding. Head 1 is the next-token head.
-- Pooled head (BERT): tanh(dense(hidden[:, 0])) -> linear classifier, for NSP/SOP and classification.
+- Pooled head (BERT): tanh(dense(hidden)) -> linear classifier at every position, for NSP/SOP (read at
+  each packed pair's [CLS]) and classification (read at position 0).
 """
 
 from __future__ import annotations
@@ -38,7 +39,11 @@ def mean_pool(hidden: Tensor, document_ids: Tensor) -> Tensor:
 
 
 class Pooler(nn.Module):
-    """BERT pooler + classifier: tanh(W h_0 + b) -> (B, C) logits."""
+    """BERT pooler + classifier at every position: tanh(W h_t + b) -> (B, T, C) logits.
+
+    BERT pools the first position; rows that pack several pairs have a [CLS] per pair, so the head runs
+    at every position and the loss reads it where the batch puts a label: one extra D x D layer per
+    position (under a tenth of one block's cost) and no data-dependent shapes for compiled models."""
 
     def __init__(self, d_model: int, n_classes: int) -> None:
         super().__init__()
@@ -46,5 +51,4 @@ class Pooler(nn.Module):
         self.classifier = nn.Linear(d_model, n_classes)
 
     def forward(self, hidden: Tensor) -> Tensor:
-        pooled = self.dense(hidden[:, 0]).tanh()  # (B, D) from the first position
-        return self.classifier(pooled)
+        return self.classifier(self.dense(hidden).tanh())

@@ -1,42 +1,67 @@
 """Sentence-pair objectives: BERT next-sentence prediction (reference section 3) and ALBERT sentence-order
-prediction (section 4), each with MLM on the pair (section 2), as BERT and ALBERT train them.
+prediction (section 4), each with MLM on the pairs (section 2), several pairs packed per row.
 
-Layout (T model positions, raw length T): `[CLS] A [SEP] B [SEP]` then padding; `segment_ids` are 0 for
-[CLS], A and the first [SEP], 1 for B and the last [SEP] (and 0 on padding); the pair is one document.
-`seq_labels`: 1 = random next (NSP) / swapped (SOP), 0 = actual next in order (BERT's convention; the
-flipped-label pitfall of section 3). A row with no two adjacent tokens of one document cannot make a
-pair: it gets `[CLS] [SEP] [SEP]` and `seq_labels = IGNORE`.
+Layout (T model positions, raw length T): pairs back to back, `[CLS] A1 [SEP] B1 [SEP] [CLS] A2 [SEP] B2
+[SEP] ...`, then padding (at most 4 positions unless the row runs out of text). Each pair is its own
+document (`document_ids` 0, 1, ... in row order), so attention never crosses pairs and `positions` restart
+at every [CLS]; `segment_ids` are 0 for [CLS], A and the first [SEP], 1 for B and the last [SEP] (and 0 on
+padding). `seq_labels` (B, T) holds each pair's label at its [CLS] position and IGNORE everywhere else
+(the model's pooled head runs at every position; the loss reads it at the [CLS] positions, so a row's
+pairs each get BERT's pooled-[CLS] classification). 1 = random next (NSP) / swapped (SOP), 0 = actual next
+in order (BERT's convention; the flipped-label pitfall of section 3). `Batch.n_pairs` counts the labelled
+[CLS] positions, so the pair loss is a mean over every pair of the step.
 
-How a row becomes a pair, vectorised over the batch (all draws from the row's own random streams):
-1. Sentences come from `sentences.sentence_ids`; special tokens (EOS) are not content.
-2. The split point s is a random sentence start inside the row's longest document run (a token of the
-   same document before it): a pair is one document's text, and the longest run fills it best. A row
-   with no such boundary (a 1-sentence chunk) is split at a random token position inside that run
-   instead: the reference's recommendation, used by both NSP and SOP, where BERT and ALBERT would draw a
-   random document (albert#234).
-   A = the document's tokens before s, next = its tokens from s on.
-3. NSP negatives: with probability `random_next_rate`, B starts at a random sentence start away from A.
-   With `same_document_negatives` (default), B comes from a *different* document of the same raw row,
-   or, in a row holding a single document (long documents, or a one-document corpus such as
-   tinyshakespeare), from a sentence start strictly after the next one, so at least one sentence is
-   skipped and label 1 stays true ("B does not follow A"); BERT would draw from the same document and
-   could return the actual next sentence (NVIDIA/DeepLearningExamples#421). Without it, B is drawn as
-   BERT does, from another place of the corpus: the loader hands each row *donor* text (`donor_length`)
-   read at a place drawn from (seed, row) that never overlaps the row, and B starts at its first sentence
-   start (its first token when it holds none): a random sentence of the corpus. So the share of label 1
-   is `random_next_rate` whatever the packing, and a row's pair depends on its own index only, never on
-   the rows that share its batch. `stats["label_1_fraction"]`, `stats["same_document_negatives"]` and
-   `stats["donor_negatives"]` report what was realised.
-   SOP: with probability `swap_rate`, A and next are swapped (label 1); SOP needs one document only.
-   Padding: a pair is the text of one document, so a row whose longest run is short, a B whose document
-   ends early, the sentences a same-document negative skips and `short_seq_prob` (about 5% alone) leave
-   padding, as BERT's instances do at document ends; the other documents of a multi-document row are
-   not used.
-4. Length: the pair gets T - 3 tokens, or with probability `short_seq_prob` a uniform target in
-   [2, T - 3] (BERT's short_seq_prob). The longer of A and B is shortened first, as BERT's
-   truncate_seq_pair, and each part's removed tokens are split at random between its front and back
-   (BERT flips a coin per token; a uniform split here), so truncation leaves no ordering cue.
-5. MLM (the `mlm` keys, MaskedLM's) masks the pair; [CLS]/[SEP] are special and never selected.
+How a row becomes pairs, vectorised over the batch (all draws from the row's own random streams, per pair
+by its chunk number, so nothing depends on the other rows of a batch):
+1. Sentences are those of `sentences.sentence_ids` (a sentence starts after the last of a run of sentence
+   enders, and at every document change); special tokens (EOS) are not content.
+2. Chunks: every document run of the raw row is cut into chunks of about `pair_length` tokens (at most
+   (T - 6) / 2, so a full row holds two pairs or more): a cut is placed every `pair_length` tokens from
+   the run's start and moved forward to the next sentence start when one comes within half a chunk, so
+   chunks hold whole sentences as BERT's do. With probability `short_seq_prob` a chunk's length is
+   instead uniform in [2, pair_length] (BERT's short_seq_prob; drawn for the first 2 T / pair_length + 4
+   chunks of a run, more than a row holds unless most are short): a short pair simply leaves room for the
+   next one instead of padding. Every document run of a multi-document row gives its own chunks, so the
+   other documents of a row are used rather than thrown away. A chunk of one token cannot make a pair
+   and is skipped.
+3. Each chunk becomes a pair: the split s is a random sentence start strictly inside it (a chunk with
+   none, a 1-sentence chunk, is split at a random token instead: the reference's recommendation, used by
+   both NSP and SOP, where BERT and ALBERT would draw a random document, albert#234). A = the chunk
+   before s, next = the chunk from s on.
+4. Labels are stratified over the pairs of a row: pair k (k-th chunk able to make a pair) has label 1
+   when floor((k + 1) r + u) > floor(k r + u), u uniform per row, r the rate. Every pair is label 1 with
+   probability r, and a row's share is r within one pair, so the share of a few hundred rows is r to
+   within a percent. The model cannot use the pattern: it never sees across pairs, and positions
+   restart at every [CLS].
+5. NSP negatives (label 1): B is text that does not follow A. It starts at a sentence start and ends at
+   the sentence boundary nearest to len(next) tokens later (or at its document's end), so it is about
+   as long as the actual next and ends as the actual next does (a chunk ends at a sentence boundary):
+   neither its length nor a mid-sentence ending tells a negative apart, and the layout keeps its
+   length. With `same_document_negatives` (default), B starts at a random sentence start of the same raw
+   row (another document of it, or A's) that lies before A (B then stops at A's start at the latest) or
+   at or after the sentence start following s, so at least one sentence is skipped and label 1 stays
+   true in rows holding a single document (long documents, or a one-document corpus such as
+   tinyshakespeare); BERT would draw from the same document and could return the actual next
+   (NVIDIA/DeepLearningExamples#421). Starts with room for the whole B are preferred. Without it, B is
+   drawn as BERT does, from another place of the corpus: the loader hands each row *donor* text
+   (`donor_length`: one row's width) read at a place drawn from (seed, row) that never overlaps the row,
+   and the negative of the pair whose split is at s reads B from the first donor sentence start at or
+   after min(s, width - len(next)) (that position itself when no sentence starts after it): the
+   negatives of one row read their B's at different places of one donor text, spread as their pairs
+   are over the row, so one donor of a row's width serves them all. Either way, a B whose document
+   would end before len(next) tokens starts instead at the first sentence of the next document when
+   that has more room (short documents would otherwise leave short B's and padding).
+   `stats["label_1_fraction"]`, `stats["same_document_negatives"]` and `stats["donor_negatives"]`
+   report what was realised; a pair left without any source for B (rare) keeps its actual next, label 0.
+   SOP: label 1 swaps A and next; SOP needs one document only.
+6. Layout: the pairs are laid out in order, each taking len(A) + len(B) + 3 positions. The first pair
+   that does not fit is shortened to the room left as BERT's truncate_seq_pair shortens a pair (the
+   longer of A and B first), A from its front and B from its back, so a positive B still starts right
+   after A; the pairs after it are dropped. So a row pads only when it holds less text than it has
+   positions (the end of the data, or negatives whose B ends early). `raw_tokens_unused` counts the raw
+   positions shown nowhere: what the cut and dropped pairs leave (about 3 tokens per pair, as the raw
+   row is T tokens too), the EOS, and the actual next of every NSP negative.
+7. MLM (the `mlm` keys, MaskedLM's) masks the pairs; [CLS]/[SEP] are special and never selected.
 
 Loss: MLM mean + sentence-pair mean, an unweighted sum as BERT's run_pretraining.py; each mean is over
 the whole optimizer step (all micro-batches and ranks), through `LossOutput.pair_sum`.
@@ -51,54 +76,75 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from objtrain import IGNORE
-from objtrain.batch import Batch, ModelOutput, positions_of, runs_of
+from objtrain.batch import Batch, ModelOutput
 from objtrain.errors import UserError
 from objtrain.objectives.base import LossOutput, Objective, raw_usage, token_loss
-from objtrain.objectives.mlm import MaskedLMConfig, below, mask_tokens, resolve_vocab_size, word_starts
+from objtrain.objectives.mlm import MaskedLMConfig, mask_tokens, resolve_vocab_size, word_starts
 from objtrain.objectives.rng import RowRandom
-from objtrain.objectives.sentences import sentence_end_table, sentence_ids
+from objtrain.objectives.sentences import lookup, sentence_end_table
 from objtrain.specials import Specials
-
-_MIN_KEY = torch.iinfo(torch.int64).min
-
-
-def pick(candidates: Tensor, rr: RowRandom, stream: str) -> Tensor:
-    """(B,) a uniformly random position among the True ones of (B, L) `candidates` (0 where none)."""
-    keys = rr.bits(candidates.size(1), stream).masked_fill(~candidates, _MIN_KEY)
-    return keys.argmax(dim=1)
-
-
-def pick_where(candidates: Tensor, need: Tensor, rr: RowRandom, stream: str) -> Tensor:
-    """`pick` for the rows where `need` (B,) holds, 0 elsewhere: a row's pick depends only on its own
-    global index, so hashing only the needed rows gives the same numbers."""
-    if bool(need.all()):
-        return pick(candidates, rr, stream)
-    out = torch.zeros(candidates.size(0), dtype=torch.int64, device=candidates.device)
-    sel = need.nonzero().squeeze(1)
-    if sel.numel():
-        sub = RowRandom(rr.seed, rr.rows[sel])
-        out[sel] = pick(candidates.index_select(0, sel), sub, stream)
-    return out
 
 
 @dataclass
 class Text:
-    """Sentence structure of raw rows (B, L): document of each position (-1 on specials and padding),
-    sentence starts (never position 0), and the end of each position's document run."""
+    """Sentence structure of raw rows (B, L), looked up at a few points per row rather than stored per
+    position: the document of each position (-1 on specials and padding), the start of each position's
+    run of one document id, the inclusive count of sentence starts (never position 0) up to each position
+    and the count before each position ((B, L + 1)), and the inclusive count of run starts; `searchsorted`
+    on a count finds the n-th start. Several lookups share one gather (the calls below are few and small,
+    so their number, not their size, is the cost)."""
 
     doc: Tensor
-    starts: Tensor
     run_start: Tensor
-    run_end: Tensor
+    count: Tensor
+    before: Tensor
+    run_count: Tensor
+
+    def nth_start(self, rank: Tensor) -> Tensor:
+        """(B, P) position of the sentence start with 0-based `rank` in its row (L where none)."""
+        return torch.searchsorted(self.count, rank + 1)
+
+    def next_start(self, at: Tensor) -> Tensor:
+        """(B, P) the first sentence start at or after `at` (0..L; L where none)."""
+        return self.nth_start(self.before.gather(1, at))
+
+    def run_end(self, at: Tensor) -> Tensor:
+        """(B, P) the end of the run holding position `at` (0..L-1)."""
+        return torch.searchsorted(self.run_count, self.run_count.gather(1, at) + 1)
+
+    def end_near(self, start: Tensor, want: Tensor, limit: Tensor) -> Tensor:
+        """(B, P) end of a passage read from `start` for about `want` tokens: the sentence boundary nearest
+        to start + want, or `limit` (its document's end) when that comes first. Ending where a sentence
+        ends, as the actual next does, leaves no "B stops mid-sentence" cue to tell negatives apart."""
+        L = self.doc.size(1)
+        target = start + want
+        at = target.clamp(0, L - 1)
+        # Starts before `at` + 1 and before `at`: the last start at or before it and the first at or after.
+        n_incl, n_excl = self.before.gather(1, torch.cat([at + 1, at], dim=1)).chunk(2, dim=1)
+        before, after = self.nth_start(torch.cat([n_incl - 1, n_excl], dim=1)).chunk(2, dim=1)
+        after = torch.minimum(after, limit)
+        use_before = (n_incl > 0) & (before > start) & (target - before <= after - target)
+        end = torch.where(use_before, before, after)
+        return torch.where(target >= limit, limit, end)
 
 
 def text_structure(rows: Tensor, document_ids: Tensor, specials: Specials, end_table: Tensor) -> Text:
+    """Sentence starts as `sentences.sentence_ids` draws them (after the last of a run of sentence enders,
+    and at every document change), without the running index."""
+    B, L = rows.shape
     doc = torch.where(specials.is_special(rows) | (document_ids < 0), -1, document_ids)
-    sid = sentence_ids(rows, doc, end_table.to(rows.device))
-    starts = torch.zeros_like(rows, dtype=torch.bool)
-    starts[:, 1:] = (sid[:, 1:] != sid[:, :-1]) & (doc[:, 1:] >= 0)
-    _, _, run_start, run_length = runs_of(doc)
-    return Text(doc, starts, run_start, run_start + run_length)
+    change = torch.ones_like(rows, dtype=torch.bool)
+    change[:, 1:] = doc[:, 1:] != doc[:, :-1]
+    ends = lookup(end_table.to(rows.device), rows)
+    starts = change.clone()
+    starts[:, 1:] |= ends[:, :-1] & ~ends[:, 1:]
+    starts &= doc >= 0
+    starts[:, 0] = False
+    idx = torch.arange(L, device=rows.device).expand(B, L)
+    run_start = torch.where(change, idx, 0).cummax(1).values
+    count = starts.cumsum(1)
+    before = torch.cat([torch.zeros_like(count[:, :1]), count], dim=1)
+    return Text(doc, run_start, count, before, change.cumsum(1))
 
 
 def truncated_lengths(a: Tensor, b: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
@@ -108,22 +154,98 @@ def truncated_lengths(a: Tensor, b: Tensor, target: Tensor) -> tuple[Tensor, Ten
     return a_new, torch.minimum(b, target - a_new)
 
 
+def stratified(rate: float, valid: Tensor, rr: RowRandom, stream: str) -> Tensor:
+    """(B, P) bool: label 1 for the valid pairs by systematic sampling along the row (module doc, step 4)."""
+    k = (valid.long().cumsum(1) - 1).double()
+    u = rr.scalar(stream)[:, None]
+    return valid & (torch.floor((k + 1) * rate + u) > torch.floor(k * rate + u))
+
+
 @dataclass
-class Pair:
-    """Source ranges of the two segments in the raw rows, per row (B,)."""
+class Chunks:
+    """The pairs a row's chunks make, per (row, chunk) (B, P), in raw-row coordinates."""
+
+    start: Tensor  # first position of the chunk (= A's start)
+    split: Tensor  # A = [start, split), the actual next = [split, end)
+    end: Tensor
+    valid: Tensor  # bool: the chunk holds two tokens or more
+    sentence_split: Tensor  # bool: split at a sentence start (else at a token)
+
+
+def chunk_rows(own: Text, pair_length: int, short_seq_prob: float, rr: RowRandom) -> Chunks:
+    """Cut the document runs of raw rows into chunks and split each (module doc, steps 2 and 3)."""
+    doc = own.doc
+    B, L = doc.shape
+    device = doc.device
+    real = doc >= 0
+    idx = torch.arange(L, device=device).expand(B, L)
+    # Chunk lengths from each run's start: the first 2 ceil(L / K) + 4 chunks are K long or, with
+    # short_seq_prob, uniform in [2, K] (one draw decides both); ceil(L / K) more of K follow, so the grid
+    # covers any row (only a run of many short chunks gets to them).
+    K = pair_length
+    u = rr.uniform64(2 * -(-L // K) + 4, "pairs/length")
+    drawn = torch.where(u < short_seq_prob, 2 + (u * ((K - 1) / max(short_seq_prob, 1e-300))).long(), K)
+    length = torch.cat([drawn.clamp(max=K), torch.full((B, -(-L // K)), K, device=device)], dim=1)
+    grid = torch.zeros(B, L + 1, dtype=torch.bool, device=device)
+    grid.scatter_(1, length.cumsum(1).clamp(max=L), True)
+    on_grid = (grid.gather(1, idx - own.run_start) & real).cumsum(1)
+    G = int(on_grid[:, -1].max()) if L else 0
+    g = torch.searchsorted(on_grid, torch.arange(1, G + 1, device=device).repeat(B, 1))  # L where none
+    # Moved forward to the next sentence start of the same run within half a chunk, else kept.
+    nxt = own.next_start(g)
+    snap = (nxt < own.run_end(g.clamp(max=L - 1))) & (nxt <= g + max(K // 2, 1))
+    is_start = torch.cat([(idx == own.run_start) & real, torch.zeros_like(real[:, :1])], dim=1)
+    count = is_start.scatter_(1, torch.where(snap, nxt, g), True)[:, :L].cumsum(1)
+    P = max(int(count[:, -1].max()) if L else 0, 1)
+    start = torch.searchsorted(count, torch.arange(1, P + 1, device=device).repeat(B, 1))  # L where none
+    following = torch.cat([start[:, 1:], torch.full_like(start[:, :1], L)], dim=1)
+    end = torch.minimum(following, own.run_end(start.clamp(max=L - 1)))
+    size = end - start  # <= 0 for chunks a row does not have
+    valid = size >= 2
+    # Split: a random sentence start strictly inside the chunk, else a random token.
+    u = rr.uniform64(P, "pairs/split")
+    first, last = own.before.gather(1, torch.cat([(start + 1).clamp(max=L), end.clamp(0, L)], 1)).chunk(2, 1)
+    inner = last - first
+    at_sentence = valid & (inner > 0)
+    by_sentence = own.nth_start(first + (u * inner.clamp(min=0)).long())
+    by_token = start + 1 + (u * (size - 1).clamp(min=0)).long()
+    split = torch.where(at_sentence, by_sentence, torch.where(valid, by_token, start))
+    return Chunks(start, split, end, valid, at_sentence)
+
+
+@dataclass
+class Second:
+    """What follows A in each pair (B, P): where it is read and how long it is, the label, whether the two
+    parts are swapped, whether it is read from the donor text, and flags to count in the stats."""
+
+    start: Tensor
+    length: Tensor
+    label: Tensor  # bool
+    swap: Tensor  # bool
+    from_donor: Tensor  # bool
+    flags: dict[str, Tensor]
+
+
+@dataclass
+class Pairs:
+    """The pairs of each row as laid out (B, P), P = the most chunks in a row of the batch: the raw ranges
+    of the first and second segment shown (the second in the donor text where `from_donor`), the model
+    position of each pair's [CLS], whether the pair is in the row at all, and its label."""
 
     first_start: Tensor
     first_len: Tensor
     second_start: Tensor
     second_len: Tensor
-    label: Tensor  # int64, IGNORE where no pair could be made
-    from_donor: Tensor  # bool: the second segment is read from the row's donor text (NSP negatives)
-    sentence_split: Tensor  # bool: split at a sentence boundary (else at a token)
-    flags: dict[str, Tensor]  # (B,) bool per objective-specific statistic
+    at: Tensor
+    placed: Tensor  # bool
+    label: Tensor  # bool: 1 = random next (NSP) / swapped (SOP)
+    from_donor: Tensor  # bool
+    sentence_split: Tensor  # bool: A and the actual next were split at a sentence start
+    flags: dict[str, Tensor]  # bool per objective-specific statistic
 
 
 class _SentencePairs(Objective):
-    """Shared chunking, layout, MLM and loss of NSP and SOP; subclasses choose the label."""
+    """Shared chunking, layout, MLM and loss of NSP and SOP; subclasses choose what follows A."""
 
     model_kinds = ("encoder",)
     attention = "bidirectional"
@@ -132,64 +254,55 @@ class _SentencePairs(Objective):
         specials, tokenizer = self.specials, self.tokenizer
         if tokenizer is None:
             raise UserError(f"{self.name}: needs the tokenizer (to find sentence ends)")
+        c = self.config
+        if c.pair_length < 2:
+            raise UserError(f"{self.name}: pair_length must be at least 2, got {c.pair_length}")
+        if not 0.0 <= c.short_seq_prob <= 1.0:
+            raise UserError(f"{self.name}: short_seq_prob must be in [0, 1], got {c.short_seq_prob}")
         self.mlm_config: MaskedLMConfig = self.config.mlm
         self.vocab_size = resolve_vocab_size(self.mlm_config, specials, tokenizer, self.name)
         self.end_table = sentence_end_table(tokenizer)
         self.word_tables = tokenizer.word_boundary_tables if self.mlm_config.whole_word else None
 
-    def choose(
-        self, split: Tensor, own: Text, rr: RowRandom, donor: Text | None
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Tensor], Tensor]:
-        """Given the split (B,): B's start and end, the label, whether to swap, (B,) bool flags to count in
-        the stats, and whether B is read from the donor text."""
+    def choose(self, chunks: Chunks, own: Text, rr: RowRandom, donor: Text | None) -> Second:
         raise NotImplementedError
+
+    def chunk_length(self, width: int) -> int:
+        """Chunk length for rows of `width`: `pair_length`, but small enough for two pairs per row."""
+        return max(2, min(self.config.pair_length, (width - 6) // 2))
 
     def make_pairs(
         self, rows: Tensor, document_ids: Tensor, rr: RowRandom, donors: tuple[Tensor, Tensor] | None = None
-    ) -> Pair:
+    ) -> Pairs:
+        """Chunks, labels, second segments and layout of raw rows (B, L) (module doc, steps 2 to 6)."""
         L = rows.size(1)
         own = text_structure(rows, document_ids, self.specials, self.end_table)
-        doc, starts = own.doc, own.starts
-        inside = torch.zeros_like(rows, dtype=torch.bool)  # a token of the same document precedes
-        inside[:, 1:] = (doc[:, 1:] == doc[:, :-1]) & (doc[:, 1:] >= 0)
-        # The pair comes from the row's longest document run: a pair is one document's text, so the most
-        # text to fill it (least padding) is there.
-        run_length = torch.where(doc >= 0, own.run_end - own.run_start, 0)
-        inside &= run_length == run_length.max(dim=1, keepdim=True).values
-        at_sentence = (inside & starts).any(dim=1)
-        valid = inside.any(dim=1)
-        split = torch.where(
-            at_sentence,
-            pick_where(inside & starts, at_sentence, rr, "pairs/split"),
-            pick_where(inside, ~at_sentence, rr, "pairs/token_split"),
-        )
+        chunks = chunk_rows(own, self.chunk_length(L), self.config.short_seq_prob, rr)
         donor = None
         if donors is not None:
             donor = text_structure(donors[0].long(), donors[1].long(), self.specials, self.end_table)
-        a0 = own.run_start.gather(1, split[:, None])[:, 0]
-        b0, b1, label, swap, flags, from_donor = self.choose(split, own, rr, donor)
-        a, b = split - a0, b1 - b0
+        second = self.choose(chunks, own, rr, donor)
 
-        budget = L - 3
-        short = below(rr.bits(1, "pairs/short")[:, 0], self.config.short_seq_prob)
-        short_target = rr.integers(1, budget + 1, "pairs/short_target", low=2)[:, 0]
-        target = torch.where(short, short_target, budget)
-        a_len, b_len = truncated_lengths(a, b, target)
-        cut = rr.uniform64(2, "pairs/cut")
-        a_from = a0 + torch.floor(cut[:, 0] * (a - a_len + 1).double()).long()
-        b_from = b0 + torch.floor(cut[:, 1] * (b - b_len + 1).double()).long()
-
-        zero = torch.zeros_like(a_len)
-        a_len, b_len = torch.where(valid, a_len, zero), torch.where(valid, b_len, zero)
-        return Pair(
-            first_start=torch.where(swap, b_from, a_from),
-            first_len=torch.where(swap, b_len, a_len),
-            second_start=torch.where(swap, a_from, b_from),
-            second_len=torch.where(swap, a_len, b_len),
-            label=torch.where(valid, label, IGNORE),
-            from_donor=from_donor & valid,
-            sentence_split=at_sentence,
-            flags=flags,
+        # Layout (module doc, step 6): exclusive cumulative footprints; the first pair past the end is cut.
+        a, b = chunks.split - chunks.start, second.length
+        footprint = torch.where(chunks.valid, a + b + 3, 0)
+        at = footprint.cumsum(1) - footprint
+        room = L - at - 3
+        placed = chunks.valid & (room >= 2)
+        a, b = truncated_lengths(a, b, torch.minimum(room, a + b).clamp(min=0))
+        a_from = chunks.split - a
+        swap = second.swap
+        return Pairs(
+            first_start=torch.where(swap, second.start, a_from),
+            first_len=torch.where(swap, b, a),
+            second_start=torch.where(swap, a_from, second.start),
+            second_len=torch.where(swap, a, b),
+            at=at,
+            placed=placed,
+            label=second.label & placed,
+            from_donor=second.from_donor & ~swap & placed,
+            sentence_split=chunks.sentence_split,
+            flags={name: flag & placed for name, flag in second.flags.items()},
         )
 
     def __call__(
@@ -201,7 +314,7 @@ class _SentencePairs(Objective):
         donors: tuple[Tensor, Tensor] | None = None,
     ) -> Batch:
         rows, document_ids = rows.long(), document_ids.long()
-        B, L = rows.shape
+        L = rows.size(1)
         if L < 5:
             raise UserError(f"{self.name}: rows of {L} tokens cannot hold [CLS] A [SEP] B [SEP]")
         if self.donor_length(L) and donors is None:
@@ -210,67 +323,107 @@ class _SentencePairs(Objective):
                 "corpus: read rows through the data loader, which hands each row its donor text"
             )
         rr = RowRandom(seed, row_index)
-        pair = self.make_pairs(rows, document_ids, rr, donors)
-        sp = self.specials
-        j = torch.arange(L, device=rows.device)[None, :]
-        l0, l1 = pair.first_len[:, None], pair.second_len[:, None]
-        sep0, sep1 = 1 + l0, 2 + l0 + l1
-        in_first = (j >= 1) & (j < sep0)
-        in_second = (j > sep0) & (j < sep1)
-        src = torch.where(
-            in_first, pair.first_start[:, None] + j - 1, pair.second_start[:, None] + j - sep0 - 1
-        )
-        src = torch.where(in_first | in_second, src, 0).clamp(0, L - 1)
-        text = rows.gather(1, src)
-        if donors is not None and bool(pair.from_donor.any()):  # NSP negatives read B from the donor text
-            from_donor = donors[0].long().gather(1, src.clamp(max=donors[0].size(1) - 1))
-            text = torch.where(in_second & pair.from_donor[:, None], from_donor, text)
-        tokens = torch.where(in_first | in_second, text, sp.pad)
-        tokens = torch.where((j == sep0) | (j == sep1), sp.sep, tokens)
-        tokens[:, 0] = sp.cls
-        real = j <= sep1
-        docs = torch.where(real, 0, -1).expand(B, L)
-        segments = ((j > sep0) & real).long()
+        pairs = self.make_pairs(rows, document_ids, rr, donors)
+        tokens, docs, positions, segments, seq_labels, used = self.render(rows, pairs, donors)
 
-        starts = None
+        word = None
         if self.word_tables is not None:
             begins, ends = (t.to(rows.device) for t in self.word_tables)
-            starts = word_starts(tokens, docs, begins, ends)
-        inputs, labels, stats = mask_tokens(tokens, docs, self.mlm_config, sp, self.vocab_size, rr, starts)
-        valid = pair.label != IGNORE
-        n_valid = int(valid.sum())
-        stats.update(
-            pairs=float(n_valid),
-            label_1=float((pair.label == 1).sum()),
-            label_1_fraction=float((pair.label == 1).sum()) / max(n_valid, 1),
-            sentence_splits=float((pair.sentence_split & valid).sum()),
-            token_splits=float((~pair.sentence_split & valid).sum()),
+            word = word_starts(tokens, docs, begins, ends)
+        inputs, labels, stats = mask_tokens(
+            tokens, docs, self.mlm_config, self.specials, self.vocab_size, rr, word
         )
-        stats.update({name: float((flag & valid).sum()) for name, flag in pair.flags.items()})
-        own_text = pair.first_len + torch.where(pair.from_donor, 0, pair.second_len)  # donor B: not own text
-        stats.update(raw_usage(document_ids, float(own_text.sum())))
+        n_pairs = int(pairs.placed.sum())
+        n_one = int(pairs.label.sum())
+        stats.update(
+            pairs=float(n_pairs),
+            label_1=float(n_one),
+            label_1_fraction=n_one / max(n_pairs, 1),
+            sentence_splits=float((pairs.sentence_split & pairs.placed).sum()),
+            token_splits=float((~pairs.sentence_split & pairs.placed).sum()),
+            target_tokens_dropped=0.0,  # MLM targets are chosen after the layout: none is ever cut
+        )
+        stats.update({name: float(flag.sum()) for name, flag in pairs.flags.items()})
+        stats.update(raw_usage(document_ids, used))
         return Batch(
             input_ids=inputs,
             labels=labels,
-            positions=positions_of(docs),
-            document_ids=docs.contiguous(),
+            positions=positions,
+            document_ids=docs,
             attention="bidirectional",
             segment_ids=segments,
-            seq_labels=pair.label,
+            seq_labels=seq_labels,
             stats=stats,
         )
 
+    def render(
+        self, rows: Tensor, pairs: Pairs, donors: tuple[Tensor, Tensor] | None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, float]:
+        """Model rows (B, T) from the laid-out pairs: tokens, document ids, positions, segment ids, sequence
+        labels, and the number of raw positions shown.
+
+        Each pair is five stretches ([CLS], first, [SEP], second, [SEP]), each a run of consecutive source
+        positions in `rows | donor text | [CLS] [SEP]`: a scatter of the stretch numbers at their first
+        position and a cumulative max tell every model position its stretch, and a handful of gathers
+        from (B, 5P) tables give the rest, so the cost is a few passes over the row, not one per field."""
+        B, L = rows.shape
+        P = pairs.at.size(1)
+        device = rows.device
+        W = 0 if donors is None else donors[0].size(1)
+        sp = self.specials
+        l0, l1, at = pairs.first_len, pairs.second_len, pairs.at
+        second = torch.where(pairs.from_donor, L + pairs.second_start, pairs.second_start)
+        cls_at, sep_at = L + W, L + W + 1
+        # (B, P, 5) first model position and first source position of each stretch.
+        begin = torch.stack([at, at + 1, at + 1 + l0, at + 2 + l0, at + 2 + l0 + l1], dim=2)
+        source = torch.stack(
+            [
+                torch.full_like(at, cls_at),
+                pairs.first_start,
+                torch.full_like(at, sep_at),
+                second,
+                torch.full_like(at, sep_at),
+            ],
+            dim=2,
+        )
+        placed = pairs.placed[:, :, None].expand(B, P, 5)
+        number = torch.arange(5 * P, device=device).view(1, P, 5).expand(B, P, 5)
+        stretch = torch.full((B, L + 1), -1, dtype=torch.long, device=device)
+        stretch.scatter_(1, torch.where(placed, begin, L).reshape(B, -1), number.reshape(B, -1))
+        stretch = stretch[:, :L].cummax(1).values.clamp(min=0)  # every pair is placed before padding
+        j = torch.arange(L, device=device).expand(B, L)
+        total = torch.where(pairs.placed, l0 + l1 + 3, 0).sum(1, keepdim=True)
+        real = j < total
+        code = (source - begin).reshape(B, -1).gather(1, stretch) + j
+        parts = [rows] if donors is None else [rows, donors[0].long()]
+        specials = torch.tensor([[sp.cls, sp.sep, sp.pad]], dtype=torch.long, device=device).expand(B, 3)
+        code = torch.where(real, code, sep_at + 1)
+        tokens = torch.cat([*parts, specials], dim=1).gather(1, code)
+        rank = pairs.placed.long().cumsum(1) - 1  # pair number among the placed ones
+        docs = torch.where(real, rank[:, :, None].expand(B, P, 5).reshape(B, -1).gather(1, stretch), -1)
+        pair_at = at[:, :, None].expand(B, P, 5).reshape(B, -1).gather(1, stretch)
+        positions = j - torch.where(real, pair_at, total)  # padding is one more run, from 0
+        half = torch.tensor([0, 0, 0, 1, 1], device=device).expand(B, P, 5)
+        segments = half.reshape(B, -1).gather(1, stretch) * real
+        label = torch.where(pairs.label, 1, 0)
+        label = torch.stack([label, *[torch.full_like(label, IGNORE)] * 4], dim=2).reshape(B, -1)
+        seq_labels = torch.where(real, label.gather(1, stretch), IGNORE)
+        shown = torch.zeros(B, L + 1, dtype=torch.bool, device=device)
+        shown.scatter_(1, torch.where(code < L, code, L), True)  # own raw positions shown (not donor text)
+        return tokens, docs, positions, segments, seq_labels, float(shown[:, :L].sum())
+
     def loss(self, output: ModelOutput, batch: Batch) -> LossOutput:
-        """MLM summed CE over the masked tokens plus the pair CE summed over the labelled rows, each to be
-        normalised by its own count (BERT: mean MLM + mean NSP; `LossOutput.pair_sum`)."""
+        """MLM summed CE over the masked tokens plus the pair CE summed over the labelled [CLS] positions,
+        each to be normalised by its own count (BERT: mean MLM + mean NSP; `LossOutput.pair_sum`)."""
         mlm = token_loss(output.logits, batch.labels)
         assert output.seq_logits is not None and batch.seq_labels is not None
-        seq_sum = F.cross_entropy(
-            output.seq_logits.float(), batch.seq_labels, ignore_index=IGNORE, reduction="sum"
-        )
-        n_seq = (batch.seq_labels != IGNORE).sum()
+        seq_logits = output.seq_logits.reshape(-1, output.seq_logits.size(-1))
+        seq_labels = batch.seq_labels.reshape(-1)
+        seq_sum = F.cross_entropy(seq_logits.float(), seq_labels, ignore_index=IGNORE, reduction="sum")
+        labelled = seq_labels != IGNORE
+        n_seq = labelled.sum()
         n_mlm = mlm.n_targets
-        correct = (output.seq_logits.argmax(dim=-1) == batch.seq_labels) & (batch.seq_labels != IGNORE)
+        correct = (seq_logits.argmax(dim=-1) == seq_labels) & labelled
         metrics = {
             "mlm_loss": mlm.loss_sum.detach() / n_mlm.clamp(min=1),
             "seq_loss": seq_sum.detach() / n_seq.clamp(min=1),
@@ -279,56 +432,87 @@ class _SentencePairs(Objective):
         return LossOutput(mlm.loss_sum, n_mlm, metrics, pair_sum=seq_sum, n_pairs=n_seq)
 
 
+def _gather(values: Tensor, at: Tensor) -> Tensor:
+    """values (B, L) read at (B, P) positions `at` (clamped into the row)."""
+    return values.gather(1, at.clamp(0, values.size(1) - 1))
+
+
 class NextSentencePrediction(_SentencePairs):
-    """BERT NSP + MLM: is B the text that follows A (0) or from another document (1)?"""
+    """BERT NSP + MLM: is B the text that follows A (0) or text from elsewhere (1)?"""
 
     name = "nsp"
 
     @dataclass
     class Config:
         random_next_rate: float = 0.5  # share of pairs whose B is not the actual next (BERT: 0.5)
-        same_document_negatives: bool = True  # rows of one document: B = a later, non-adjacent passage
+        same_document_negatives: bool = True  # B from the same row (before A, or after a skipped sentence)
         short_seq_prob: float = 0.1  # share of pairs with a shorter random length (BERT: 0.1)
-        mlm: MaskedLMConfig = field(default_factory=MaskedLMConfig)  # masking of the pair (section 2)
+        pair_length: int = 128  # text tokens of a pair (A + B); a row holds about T / (pair_length + 3)
+        mlm: MaskedLMConfig = field(default_factory=MaskedLMConfig)  # masking of the pairs (section 2)
 
     def donor_length(self, width: int) -> int:
         return 0 if self.config.same_document_negatives else width
 
-    def choose(
-        self, split: Tensor, own: Text, rr: RowRandom, donor: Text | None
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Tensor], Tensor]:
-        doc, starts = own.doc, own.starts
-        idx = torch.arange(doc.size(1), device=doc.device)[None, :]
-        d = doc.gather(1, split[:, None])
+    def choose(self, chunks: Chunks, own: Text, rr: RowRandom, donor: Text | None) -> Second:
+        L = own.doc.size(1)
+        want = chunks.end - chunks.split  # the actual next's length: a negative B as long keeps the layout
+        u = rr.uniform64(want.size(1), "nsp/random_start")
         if donor is None:
-            candidates = starts & (doc != d)  # sentence starts of other documents of the row
-            has_other = candidates.any(dim=1)
-            # Else later sentence starts of A's document: the split is itself a sentence start, so the
-            # skipped text [split, q) holds at least one whole sentence.
-            later = starts & (doc == d) & (idx > split[:, None])
-            candidates = torch.where(has_other[:, None], candidates, later)
+            # Sentence starts before A, or at or after the sentence start following the split (at least
+            # one sentence skipped); those with room for the whole B first.
+            start = chunks.start
+            skip = own.next_start((chunks.split + 1).clamp(max=L))
+            bounds = torch.cat([start - want + 1, L - want + 1, start, skip], dim=1).clamp(0, L)
+            roomy_before, roomy_end, before_a, after_skip = own.before.gather(1, bounds).chunk(4, dim=1)
+            roomy_after = (roomy_end - after_skip).clamp(min=0)
+            use_roomy = (roomy_before + roomy_after) > 0
+            before = torch.where(use_roomy, roomy_before, before_a)
+            n = before + torch.where(use_roomy, roomy_after, own.before[:, L:] - after_skip)
+            k = (u * n).long()
+            q = own.nth_start(torch.where(k < before, k, after_skip + k - before)).clamp(max=L - 1)
+            limit = own.run_end(q)
+            # Its document ends too soon: the next document's first sentence, if a candidate with more room.
+            q2 = own.next_start(limit)
+            limit2 = own.run_end(q2.clamp(max=L - 1))
+            limit2 = torch.where(q2 < start, torch.minimum(limit2, start), limit2)
+            limit = torch.where(q < start, torch.minimum(limit, start), limit)
+            better = (q2 < L) & ((q2 >= skip) | (q2 < start)) & (limit - q < want) & (limit2 - q2 > limit - q)
+            q, limit = torch.where(better, q2, q), torch.where(better, limit2, limit)
+            end = own.end_near(q, want, limit)
+            has = n > 0
+            from_donor = torch.zeros_like(has)
         else:
-            # BERT's negatives: B from another place of the corpus. The donor text already starts at a random
-            # place, so B starts at its first sentence start (its first real token when it holds none): a
-            # random sentence of the corpus, with the most donor text after it to fill the pair.
-            first = lambda m: m & (m.cumsum(dim=1) == 1)  # noqa: E731 - the first True of each row
-            has_start = donor.starts.any(dim=1, keepdim=True)
-            candidates = torch.where(has_start, first(donor.starts), first(donor.doc >= 0))
-        random = below(rr.bits(1, "nsp/random")[:, 0], self.config.random_next_rate) & candidates.any(dim=1)
-        q = pick_where(candidates, random, rr, "nsp/random_start")  # only used where `random`
-        b0 = torch.where(random, q, split)
-        from_donor = random & (donor is not None)
-        own_end = own.run_end.gather(1, b0[:, None])[:, 0]
-        b1 = (
-            own_end
-            if donor is None
-            else torch.where(from_donor, donor.run_end.gather(1, b0[:, None])[:, 0], own_end)
-        )
+            # BERT's negatives: B from another place of the corpus, read where the pair's split is in the row
+            # (so a row's negatives read different donor text), from the first sentence start there.
+            W = donor.doc.size(1)
+            anchor = torch.minimum(chunks.split, W - want).clamp(0, W)
+            q = donor.next_start(anchor)
+            inside = (anchor < W) & (_gather(donor.doc, anchor) >= 0)  # else: the anchor's own token
+            q = torch.where(q < W, q, torch.where(inside, anchor, W))
+            has = q < W
+            limit = donor.run_end(q.clamp(max=W - 1))
+            # Its document ends too soon: the next document's first sentence, if it has more room.
+            q2 = donor.next_start(limit)
+            limit2 = donor.run_end(q2.clamp(max=W - 1))
+            better = (q2 < W) & (limit - q < want) & (limit2 - q2 > limit - q)
+            q, limit = torch.where(better, q2, q), torch.where(better, limit2, limit)
+            end = donor.end_near(q, want, limit)
+            from_donor = has
+        negative = stratified(self.config.random_next_rate, chunks.valid, rr, "nsp/random") & has
+        length = torch.where(negative, end - q, want)
+        same_document = _gather(own.doc, q) == _gather(own.doc, chunks.start)
         flags = {
-            "same_document_negatives": random & ~from_donor & (doc.gather(1, b0[:, None])[:, 0] == d[:, 0])
+            "same_document_negatives": negative & ~from_donor & same_document,
+            "donor_negatives": negative & from_donor,
         }
-        flags["donor_negatives"] = from_donor
-        return b0, b1, random.long(), torch.zeros_like(random), flags, from_donor
+        return Second(
+            start=torch.where(negative, q, chunks.split),
+            length=length,
+            label=negative,
+            swap=torch.zeros_like(negative),
+            from_donor=negative & from_donor,
+            flags=flags,
+        )
 
 
 class SentenceOrderPrediction(_SentencePairs):
@@ -340,11 +524,9 @@ class SentenceOrderPrediction(_SentencePairs):
     class Config:
         swap_rate: float = 0.5  # share of pairs shown in swapped order (ALBERT: 0.5)
         short_seq_prob: float = 0.1  # share of pairs with a shorter random length (ALBERT: 0.1)
-        mlm: MaskedLMConfig = field(default_factory=MaskedLMConfig)  # masking of the pair (section 2)
+        pair_length: int = 128  # text tokens of a pair (A + B); a row holds about T / (pair_length + 3)
+        mlm: MaskedLMConfig = field(default_factory=MaskedLMConfig)  # masking of the pairs (section 2)
 
-    def choose(
-        self, split: Tensor, own: Text, rr: RowRandom, donor: Text | None
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Tensor], Tensor]:
-        swap = below(rr.bits(1, "sop/swap")[:, 0], self.config.swap_rate)
-        b1 = own.run_end.gather(1, split[:, None])[:, 0]
-        return split, b1, swap.long(), swap, {}, torch.zeros_like(swap)
+    def choose(self, chunks: Chunks, own: Text, rr: RowRandom, donor: Text | None) -> Second:
+        swap = stratified(self.config.swap_rate, chunks.valid, rr, "sop/swap")
+        return Second(chunks.split, chunks.end - chunks.split, swap, swap, torch.zeros_like(swap), {})

@@ -392,7 +392,7 @@ class RowView:
     encdec: bool
     aligned: bool = True  # False: the input rearranges the original; cells hold the input only
     decoder_input: list[int] = field(default_factory=list)
-    seq_label: int | None = None
+    seq_labels: list[int] | None = None  # one sequence label per pair, in row order (NSP/SOP)
     stats: dict[str, float] = field(default_factory=dict)
 
 
@@ -463,7 +463,8 @@ def align_row(batch: Batch, b: int, raw: RawRows, raw_b: int) -> RowView:
     if encdec:
         view.decoder_input = batch.decoder_input_ids[b][dec_real].tolist()  # type: ignore[index]
     if batch.seq_labels is not None:
-        view.seq_label = int(batch.seq_labels[b])
+        labelled = batch.seq_labels[b]
+        view.seq_labels = labelled[labelled != IGNORE].tolist()
     view.stats = row_stats(view, specials)
     return view
 
@@ -546,8 +547,8 @@ def row_record(objective: Objective, view: RowView, batch: Batch, b: int, raw: R
     if view.encdec:
         record["decoder_input"] = view.decoder_input
         record["attention"]["decoder_document_ids"] = batch.decoder_document_ids[b].tolist()  # type: ignore[index]
-    if view.seq_label is not None:
-        record["seq_label"] = view.seq_label
+    if view.seq_labels is not None:
+        record["seq_labels"] = view.seq_labels
     if batch.segment_ids is not None:
         record["segment_ids"] = batch.segment_ids[b].tolist()
     return record

@@ -200,7 +200,7 @@ def test_encoder_segments_and_pooled_head() -> None:
     model = tiny_model("encoder")
     batch = make_batch([[0] * 8] * 3, "bidirectional")
     out = model(batch)
-    assert out.seq_logits is not None and out.seq_logits.shape == (3, 2)
+    assert out.seq_logits is not None and out.seq_logits.shape == (3, 8, 2)  # pooled head at every position
     batch.segment_ids = torch.ones_like(batch.input_ids)
     assert not torch.allclose(model(batch).logits, out.logits)  # segment embeddings are used
 

@@ -329,7 +329,7 @@ def test_loss_is_finite_and_counts_targets(case: tuple, tokenizer: Tokenizer) ->
     mtp = None
     if batch.mtp_labels is not None:
         mtp = [torch.randn(B, S, V, requires_grad=True) for _ in range(batch.mtp_labels.size(1) - 1)]
-    seq = torch.randn(B, 2, requires_grad=True) if batch.seq_labels is not None else None
+    seq = torch.randn(B, S, 2, requires_grad=True) if batch.seq_labels is not None else None  # per position
     pooled = torch.randn(B, 16, requires_grad=True)
     out = objective.loss(ModelOutput(logits=logits, mtp_logits=mtp, seq_logits=seq, pooled=pooled), batch)
     assert torch.isfinite(out.loss_sum)

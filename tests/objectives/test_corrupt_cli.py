@@ -225,6 +225,18 @@ def test_jsonl_rows_are_complete_reproducible_and_keyed_by_row(corpus: dict) -> 
     assert [r["original"] for r in other] == [r["original"] for r in rows]
 
 
+def test_sentence_pair_rows_show_one_label_per_pair(corpus: dict) -> None:
+    """NSP rows pack several pairs: JSONL lists their labels in row order, one per [CLS], and the text view
+    names them in the row's heading."""
+    rows = jsonl(str(corpus["store"]), "--objective", "nsp", "--n", "3", "--seq-len", "128")
+    for row in rows:
+        cls = [i for i, piece in enumerate(row["input_pieces"]) if piece == "<cls>"]
+        assert len(row["seq_labels"]) == len(cls) >= 2 and set(row["seq_labels"]) <= {0, 1}
+        assert [row["attention"]["document_ids"][i] for i in cls] == list(range(len(cls)))
+    out = invoke(str(corpus["store"]), "--objective", "sop", "--n", "1", "--seq-len", "128")
+    assert "pair labels" in out
+
+
 def test_overrides_reach_the_objective(corpus: dict) -> None:
     none = jsonl(str(corpus["store"]), "--objective", "mlm", "selection_rate=0.0", "--seq-len", "64")
     assert all(r["target"] == [] for r in none)

@@ -1,4 +1,5 @@
-"""NSP and SOP (reference sections 3 and 4): layout, label meaning and balance, single-document rows."""
+"""NSP and SOP (reference sections 3 and 4): pairs packed per row, layout, label meaning and balance,
+single-document rows, padding, attention kept inside each pair."""
 
 from __future__ import annotations
 
@@ -10,20 +11,17 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import Tensor
 
 from objtrain import IGNORE
 from objtrain.batch import Batch, ModelOutput
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
+from objtrain.models import build_model, model_config
 from objtrain.objectives.mlm import MaskedLMConfig
 from objtrain.objectives.registry import build_objective, objective_defaults
 from objtrain.objectives.rng import RowRandom
-from objtrain.objectives.sentence_pairs import (
-    NextSentencePrediction,
-    SentenceOrderPrediction,
-    pick,
-    pick_where,
-)
+from objtrain.objectives.sentence_pairs import NextSentencePrediction, Pairs, SentenceOrderPrediction
 from objtrain.objectives.sentences import sentence_end_table, sentence_ids
 from objtrain.specials import Specials
 from objtrain.training.data import Documents, DocumentStream, donor_offsets, leading_batches, read_batch
@@ -68,107 +66,120 @@ def build(cls, tokenizer: Tokenizer, mlm: MaskedLMConfig = NO_MLM, **kw):
     return cls(cls.Config(mlm=mlm, **kw), SP, tokenizer)
 
 
-def check_layout(batch, rows: torch.Tensor, T: int) -> None:
-    """[CLS] A [SEP] B [SEP] pad..., segment ids switch once, A and B non-empty, pairs fit T."""
-    for b in range(rows.size(0)):
-        ids = batch.input_ids[b].tolist()
-        n = int((batch.document_ids[b] >= 0).sum())
-        assert n <= T and batch.document_ids[b, :n].eq(0).all() and batch.document_ids[b, n:].eq(-1).all()
-        assert ids[0] == SP.cls and ids[n - 1] == SP.sep and ids[1 : n - 1].count(SP.sep) == 1
-        sep0 = ids.index(SP.sep)
-        seg = batch.segment_ids[b, :n].tolist()
-        assert seg == [0] * (sep0 + 1) + [1] * (n - sep0 - 1)
-        if int(batch.seq_labels[b]) == IGNORE:
-            assert n == 3
-        else:
-            assert sep0 >= 2 and n - sep0 >= 3  # A and B non-empty
-            assert int(batch.seq_labels[b]) in (0, 1)
+def single_document(documents: list[list[int]], B: int, L: int, start: int = 0) -> tuple[Tensor, Tensor]:
+    """Rows of one document each (the EOS inside are then sentence ends, not document ends)."""
+    rows, _ = pack_rows(documents, B, L, start)
+    return rows, torch.zeros_like(rows)
 
 
-@settings(max_examples=12, deadline=None)
-@given(seed=st.integers(0, 1000), L=st.sampled_from([5, 9, 32, 128]), sop=st.booleans())
-def test_pairs_come_from_the_right_places(
-    tokenizer: Tokenizer, documents: list[list[int]], seed: int, L: int, sop: bool
+def check_pairs(obj, batch: Batch, rows: Tensor, docs: Tensor, pairs: Pairs, donors=None) -> None:
+    """Every pair is `[CLS] A [SEP] B [SEP]` with its own document id, segment ids 0 then 1, positions from
+    0, its label on its [CLS] only; A and B are non-empty runs of one document each, shown as they are in
+    the raw row (B in the donor text for donor negatives); after the last pair, only padding."""
+    B = rows.size(0)
+    sid = sentence_ids(rows, torch.where(SP.is_special(rows), -1, docs), sentence_end_table(obj.tokenizer))
+    for b in range(B):
+        ids, dids = batch.input_ids[b].tolist(), batch.document_ids[b].tolist()
+        end = 0
+        for k, p in enumerate(torch.nonzero(pairs.placed[b]).flatten().tolist()):
+            at, l0, l1 = (int(v[b, p]) for v in (pairs.at, pairs.first_len, pairs.second_len))
+            s0, s1 = int(pairs.first_start[b, p]), int(pairs.second_start[b, p])
+            assert at == end and l0 >= 1 and l1 >= 1
+            n = l0 + l1 + 3
+            end = at + n
+            assert ids[at] == SP.cls and ids[at + 1 + l0] == SP.sep and ids[at + n - 1] == SP.sep
+            assert dids[at:end] == [k] * n
+            assert batch.positions[b, at:end].tolist() == list(range(n))
+            assert batch.segment_ids[b, at:end].tolist() == [0] * (l0 + 2) + [1] * (l1 + 1)
+            label = int(batch.seq_labels[b, at])
+            assert label == int(pairs.label[b, p]) and label in (0, 1)
+            assert (batch.seq_labels[b, at + 1 : end] == IGNORE).all()
+            first = rows[b, s0 : s0 + l0]
+            source = donors[0][b] if bool(pairs.from_donor[b, p]) else rows[b]
+            source_docs = donors[1][b] if bool(pairs.from_donor[b, p]) else docs[b]
+            second = source[s1 : s1 + l1]
+            assert ids[at + 1 : at + 1 + l0] == first.tolist()
+            assert ids[at + 2 + l0 : end - 1] == second.tolist()
+            for seg, seg_docs in ((first, docs[b, s0 : s0 + l0]), (second, source_docs[s1 : s1 + l1])):
+                assert not SP.is_special(seg).any() and (seg_docs == seg_docs[0]).all() and seg_docs[0] >= 0
+            same_doc = not bool(pairs.from_donor[b, p]) and int(docs[b, s0]) == int(docs[b, s1])
+            if label == 0:  # the actual next: B starts right where A ends
+                assert same_doc and s0 + l0 == s1
+            elif obj.name == "sop":  # the same two segments, swapped
+                assert same_doc and s1 + l1 == s0
+            elif same_doc:  # NSP: a passage of A's document that does not follow A
+                if s1 >= s0 + l0:  # later, with at least one sentence skipped
+                    assert s1 > s0 + l0
+                    if bool(pairs.sentence_split[b, p]):
+                        assert int(sid[b, s1]) - int(sid[b, s0 + l0]) >= 1
+                else:  # before A, ending where A starts at the latest
+                    assert s1 + l1 <= s0
+        assert (batch.document_ids[b, end:] == -1).all() and (batch.seq_labels[b, end:] == IGNORE).all()
+        assert (batch.input_ids[b, end:] == SP.pad).all()
+    assert batch.n_pairs == int(pairs.placed.sum()) == batch.stats["pairs"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    L=st.sampled_from([5, 9, 17, 32, 64, 128, 300]),
+    name=st.sampled_from(["nsp", "sop", "nsp-donor"]),
+    single=st.booleans(),
+    short=st.sampled_from([0.0, 0.1, 1.0]),
+)
+def test_pairs_are_well_formed_and_come_from_the_right_places(
+    tokenizer: Tokenizer, documents: list[list[int]], seed: int, L: int, name: str, single: bool, short: float
 ) -> None:
     """Label meaning (the flipped-convention pitfall, PaddleNLP#6364): 0 = A then its actual continuation;
-    NSP 1 = B from another document, or a later passage of A's with text skipped in between; SOP 1 = the
-    same two segments, swapped."""
-    cls = SentenceOrderPrediction if sop else NextSentencePrediction
-    obj = build(cls, tokenizer)
-    rows, docs = pack_rows(documents, 6, L, start=seed)
-    batch = obj(rows, docs, torch.arange(6), seed)
-    check_layout(batch, rows, L)
-    pair = obj.make_pairs(rows, docs, RowRandom(seed, torch.arange(6)))
-    for b in range(6):
-        label = int(batch.seq_labels[b])
-        if label == IGNORE:
-            continue
-        s0, l0, s1, l1 = (
-            int(v[b]) for v in (pair.first_start, pair.first_len, pair.second_start, pair.second_len)
-        )
-        assert batch.input_ids[b, 1 : 1 + l0].tolist() == rows[b, s0 : s0 + l0].tolist()
-        assert batch.input_ids[b, 2 + l0 : 2 + l0 + l1].tolist() == rows[b, s1 : s1 + l1].tolist()
-        d0, d1 = docs[b, s0], docs[b, s1]
-        assert bool((docs[b, s0 : s0 + l0] == d0).all() and (docs[b, s1 : s1 + l1] == d1).all())
-        if label == 0:
-            assert d0 == d1 and s0 + l0 <= s1
-        elif sop:
-            assert d0 == d1 and s1 + l1 <= s0
-        else:
-            assert d0 != d1 or s0 + l0 < s1
+    NSP 1 = B from another document, the donor text, or a passage of A's document that does not follow
+    it; SOP 1 = the same two segments, swapped. Single- and multi-document rows, any length."""
+    cls = SentenceOrderPrediction if name == "sop" else NextSentencePrediction
+    extra = {"same_document_negatives": False} if name == "nsp-donor" else {}
+    obj = build(cls, tokenizer, short_seq_prob=short, **extra)
+    rows, docs = (single_document if single else pack_rows)(documents, 6, L, start=seed)
+    donors = pack_rows(documents, 6, L, start=seed + 500) if name == "nsp-donor" else None
+    index = torch.arange(6) + seed
+    batch = obj(rows, docs, index, seed, donors=donors)
+    pairs = obj.make_pairs(rows, docs, RowRandom(seed, index), donors)
+    check_pairs(obj, batch, rows, docs, pairs, donors)
+    if L >= 32:
+        assert batch.n_pairs >= 6  # every row of text makes pairs
 
 
-def test_label_balance(tokenizer: Tokenizer, documents: list[list[int]]) -> None:
-    """About 50/50 labels; NSP negatives exist only in rows holding a second document."""
-    rows, docs = pack_rows(documents, 600, 128)
-    several = docs.max(dim=1).values > 0
-    assert int(several.sum()) > 300
-    nsp = build(NextSentencePrediction, tokenizer)(rows, docs, torch.arange(600), 0)
-    assert nsp.stats["pairs"] == 600 and nsp.stats["sentence_splits"] == 600
-    assert abs(float(nsp.seq_labels.float().mean()) - 0.5) < 0.06
-    assert nsp.stats["same_document_negatives"] <= int(nsp.seq_labels[~several].sum())
-    assert nsp.stats["label_1"] == int(nsp.seq_labels.sum())
-    sop = build(SentenceOrderPrediction, tokenizer)(rows, docs, torch.arange(600), 0)
-    assert abs(sop.stats["label_1_fraction"] - 0.5) < 0.06
+def test_label_share_and_several_pairs_per_row(tokenizer: Tokenizer, documents: list[list[int]]) -> None:
+    """Label 1 at the configured rate within a pair per row (stratified), single- or multi-document rows;
+    NSP negatives of single-document rows are passages of the same document."""
+    for single in (False, True):
+        rows, docs = (single_document if single else pack_rows)(documents, 300, 256)
+        for rate in (0.5, 0.3):
+            obj = build(NextSentencePrediction, tokenizer, random_next_rate=rate)
+            nsp = obj(rows, docs, torch.arange(300), 0)
+            assert nsp.stats["pairs"] >= 2 * 300 and nsp.stats["label_1"] == int((nsp.seq_labels == 1).sum())
+            assert abs(nsp.stats["label_1_fraction"] - rate) <= 0.02
+            if single:
+                assert nsp.stats["same_document_negatives"] == nsp.stats["label_1"]
+        sop = build(SentenceOrderPrediction, tokenizer)(rows, docs, torch.arange(300), 0)
+        assert abs(sop.stats["label_1_fraction"] - 0.5) <= 0.02
+        per_row = (sop.seq_labels != IGNORE).sum(1)
+        assert bool((per_row >= 2).all())
+        ones = (sop.seq_labels == 1).sum(1)
+        assert bool(((ones - per_row * 0.5).abs() <= 1).all())  # stratified: within one pair per row
 
 
-def test_single_document_rows_never_get_a_wrong_label(
-    tokenizer: Tokenizer, documents: list[list[int]]
-) -> None:
-    """Pitfall 15.5 and section 3 (NVIDIA/DeepLearningExamples#421, BERT-pytorch#110): with one document a
-    "random" B can be the actual next. objtrain's negative is then a later passage with at least one
-    sentence skipped (label 1 stays true), or, with same_document_negatives off, a passage of another row
-    (BERT's random document), so the share of label 1 holds on single-document rows too."""
-    rows, _ = pack_rows(documents, 200, 96)
-    docs = torch.zeros_like(rows)  # the EOS inside the row are then sentence ends, not document ends
+def test_negatives_look_like_positives(tokenizer: Tokenizer, documents: list[list[int]]) -> None:
+    """A negative B is about as long as an actual next and ends at a sentence boundary as often, so neither
+    its length nor its ending gives the label away."""
+    rows, docs = single_document(documents, 300, 256)
     obj = build(NextSentencePrediction, tokenizer)
-    nsp = obj(rows, docs, torch.arange(200), 0)
-    assert nsp.stats["pairs"] == 200
-    assert nsp.stats["same_document_negatives"] == nsp.stats["label_1"]
-    assert abs(nsp.stats["label_1_fraction"] - 0.5) < 0.12
-    pair = obj.make_pairs(rows, docs, RowRandom(0, torch.arange(200)))
-    sid = sentence_ids(rows, docs, sentence_end_table(tokenizer))
-    for b in torch.nonzero(nsp.seq_labels == 1).flatten().tolist():
-        a_end, b_start = int(pair.first_start[b] + pair.first_len[b]), int(pair.second_start[b])
-        assert a_end < b_start
-        between = sid[b, a_end - 1 : b_start + 1]  # from A's last token to B's first
-        assert int(between[-1]) - int(between[0]) >= 2  # a whole sentence lies in between
-    donors = (rows.roll(1, dims=0), docs.roll(1, dims=0))  # stand-in donor text: other stretches of source
-    off = build(NextSentencePrediction, tokenizer, same_document_negatives=False, mlm=NO_MLM)(
-        rows, docs, torch.arange(200), 0, donors=donors
-    )
-    assert off.stats["pairs"] == 200 and off.stats["label_1"] > 0
-    assert off.stats["donor_negatives"] == off.stats["label_1"]  # every negative is donor text
-    for b in torch.nonzero(off.seq_labels == 1).flatten().tolist():
-        real = off.input_ids[b] != SP.pad
-        sep = torch.nonzero(off.input_ids[b] == SP.sep).flatten().tolist()
-        second = off.input_ids[b, sep[0] + 1 : sep[1]].tolist()
-        assert bool(real.any()) and second
-        row = donors[0][b].tolist()
-        assert any(row[i : i + len(second)] == second for i in range(len(row) - len(second) + 1))
-    assert abs(off.stats["label_1_fraction"] - 0.5) < 0.12
-    sop = build(SentenceOrderPrediction, tokenizer)(rows, docs, torch.arange(200), 0)
-    assert abs(sop.stats["label_1_fraction"] - 0.5) < 0.12
+    pairs = obj.make_pairs(rows, docs, RowRandom(0, torch.arange(300)))
+    ends = sentence_end_table(tokenizer)[rows]
+    last = (pairs.second_start + pairs.second_len - 1).clamp(0, 255)
+    at_end = ends.gather(1, last)
+    full = pairs.placed & (pairs.at + pairs.first_len + pairs.second_len + 3 < 256 - 3)  # not the cut pair
+    neg, pos = full & pairs.label, full & ~pairs.label
+    mean = lambda x, m: float(x[m].double().mean())  # noqa: E731
+    assert abs(mean(pairs.second_len, neg) / mean(pairs.second_len, pos) - 1) < 0.15
+    assert abs(mean(at_end, neg) - mean(at_end, pos)) < 0.1
 
 
 def test_one_sentence_rows_split_at_a_token(tokenizer: Tokenizer) -> None:
@@ -179,23 +190,26 @@ def test_one_sentence_rows_split_at_a_token(tokenizer: Tokenizer) -> None:
     rows = torch.tensor(plain)[torch.randint(0, len(plain), (100, 40), generator=g)]
     docs = torch.zeros_like(rows)
     for cls in (NextSentencePrediction, SentenceOrderPrediction):
-        batch = build(cls, tokenizer)(rows, docs, torch.arange(100), 1)
-        assert batch.stats["token_splits"] == 100 and batch.stats["pairs"] == 100
-        check_layout(batch, rows, 40)
+        obj = build(cls, tokenizer)
+        batch = obj(rows, docs, torch.arange(100), 1)
+        assert batch.stats["token_splits"] == batch.stats["pairs"] >= 100
+        check_pairs(obj, batch, rows, docs, obj.make_pairs(rows, docs, RowRandom(1, torch.arange(100))))
 
 
 def test_degenerate_and_long_rows(tokenizer: Tokenizer, documents: list[list[int]]) -> None:
     obj = build(NextSentencePrediction, tokenizer)
     rows = torch.tensor([[SP.pad] * 8, [300, SP.eos, 301, SP.eos, SP.pad, SP.pad, SP.pad, SP.pad]])
     docs = torch.tensor([[-1] * 8, [0, 0, 1, 1, -1, -1, -1, -1]])
-    batch = obj(rows, docs, torch.arange(2), 0)
-    assert batch.seq_labels.tolist() == [IGNORE, IGNORE]
-    assert batch.input_ids[:, :3].tolist() == [[SP.cls, SP.sep, SP.sep]] * 2
+    batch = obj(rows, docs, torch.arange(2), 0)  # no two adjacent tokens of one document: no pair
+    assert batch.n_pairs == 0 and (batch.document_ids == -1).all() and (batch.input_ids == SP.pad).all()
     rows, docs = pack_rows(documents, 2, 2048)
     batch = obj(rows, docs, torch.arange(2), 0)
-    check_layout(batch, rows, 2048)
+    check_pairs(obj, batch, rows, docs, obj.make_pairs(rows, docs, RowRandom(0, torch.arange(2))))
+    assert float((batch.document_ids < 0).float().mean()) <= 0.05
     with pytest.raises(UserError, match="cannot hold"):
         obj(rows[:, :4], docs[:, :4], torch.arange(2), 0)
+    with pytest.raises(UserError, match="pair_length"):
+        build(NextSentencePrediction, tokenizer, pair_length=1)
 
 
 def test_mlm_on_the_pair(tokenizer: Tokenizer, documents: list[list[int]]) -> None:
@@ -214,16 +228,18 @@ def test_loss_is_mlm_mean_plus_pair_mean(tokenizer: Tokenizer, documents: list[l
     obj = build(NextSentencePrediction, tokenizer, mlm=MaskedLMConfig())
     rows, docs = pack_rows(documents, 8, 64)
     batch = obj(rows, docs, torch.arange(8), 0)
-    out = ModelOutput(logits=torch.randn(8, 64, tokenizer.vocab_size), seq_logits=torch.randn(8, 2))
+    out = ModelOutput(logits=torch.randn(8, 64, tokenizer.vocab_size), seq_logits=torch.randn(8, 64, 2))
     loss = obj.loss(out, batch)
     mlm = F.cross_entropy(out.logits.reshape(-1, tokenizer.vocab_size), batch.labels.reshape(-1))
-    seq = F.cross_entropy(out.seq_logits, batch.seq_labels)
+    cls = batch.seq_labels != IGNORE  # one label per pair, at its [CLS]
+    assert torch.equal(cls, batch.input_ids == SP.cls) and batch.n_pairs == int(cls.sum()) > 8
+    seq = F.cross_entropy(out.seq_logits[cls], batch.seq_labels[cls])
     assert loss.pair_sum is not None and loss.n_pairs is not None
     assert torch.allclose(loss.loss_sum / loss.n_targets + loss.pair_sum / loss.n_pairs, mlm + seq)
     assert torch.allclose(loss.loss_sum / loss.n_targets, mlm)  # each term over its own count
     assert torch.allclose(loss.pair_sum / loss.n_pairs, seq) and int(loss.n_pairs) == batch.n_pairs
     assert torch.allclose(loss.metrics["mlm_loss"], mlm) and torch.allclose(loss.metrics["seq_loss"], seq)
-    accuracy = (out.seq_logits.argmax(-1) == batch.seq_labels).float().mean()
+    accuracy = (out.seq_logits[cls].argmax(-1) == batch.seq_labels[cls]).float().mean()
     assert torch.allclose(loss.metrics["seq_accuracy"], accuracy)
 
 
@@ -242,17 +258,6 @@ def test_batch_size_independent_and_yaml(tokenizer: Tokenizer, documents: list[l
             cls(cls.Config(), SP)
 
 
-def test_pick_where_matches_pick_on_the_needed_rows() -> None:
-    g = torch.Generator().manual_seed(1)
-    candidates = torch.rand(6, 30, generator=g) < 0.2
-    candidates[:, 0] = True
-    need = torch.tensor([True, False, True, True, False, False])
-    rr = RowRandom(3, torch.arange(6) * 7)
-    full = pick(candidates, rr, "s")
-    assert torch.equal(pick_where(candidates, need, rr, "s"), torch.where(need, full, 0))
-    assert torch.equal(pick_where(candidates, torch.ones(6, dtype=torch.bool), rr, "s"), full)
-
-
 def long_document_stream(tokenizer: Tokenizer, stdlib_texts: list[str]) -> DocumentStream:
     """A corpus of one document (tinyshakespeare-like): every row holds a single document."""
     ids = np.asarray([t for text in stdlib_texts[:40] for t in tokenizer.encode(text)], dtype=np.int64)
@@ -267,7 +272,8 @@ def test_nsp_donor_negatives_whatever_the_packing(tokenizer: Tokenizer, stdlib_t
     assert obj.donor_length(128) == 128
     batches = leading_batches(stream, obj, 128, 1536, 256, seed=5, within_epoch=False)
     labels = torch.cat([b.seq_labels for b in batches])
-    assert bool((labels != IGNORE).all())
+    assert bool(((labels != IGNORE).sum(1) >= 2).all())  # several pairs in every row
+    labels = labels[labels != IGNORE]
     assert abs(float((labels == 1).float().mean()) - 0.5) <= 0.03
     assert sum(b.stats["donor_negatives"] for b in batches) == int((labels == 1).sum())
     rows = np.arange(1536)
@@ -307,3 +313,49 @@ def test_nsp_without_donor_text_is_refused(tokenizer: Tokenizer, documents: list
     obj = build(NextSentencePrediction, tokenizer, same_document_negatives=False)
     with pytest.raises(UserError, match="donor text"):
         obj(rows, docs, torch.arange(4), 0)
+
+
+def stdlib_stream(tokenizer: Tokenizer, stdlib_texts: list[str]) -> DocumentStream:
+    """The sample modules as documents, several thousand tokens each (most rows hold one document)."""
+    docs = [tokenizer.encode(text) for text in stdlib_texts]
+    ids = np.asarray([t for d in docs for t in d], dtype=np.int64)
+    return DocumentStream(Documents(ids, np.cumsum([0] + [len(d) for d in docs])), SP.eos, SP.pad, seed=1)
+
+
+@pytest.mark.parametrize("name", ["nsp", "nsp-donor", "sop"])
+def test_padding_on_realistic_rows(tokenizer: Tokenizer, stdlib_texts: list[str], name: str) -> None:
+    """Rows of 568 read as training reads them: at most 5% padding of the positions, the label share at
+    the rate, no target dropped, and what the pairs leave unused reported."""
+    overrides = {"same_document_negatives": False} if name == "nsp-donor" else {}
+    obj = build_objective(name[:3], SP, tokenizer=tokenizer, overrides=overrides)
+    batches = leading_batches(stdlib_stream(tokenizer, stdlib_texts), obj, 568, 96, 48, seed=2)
+    positions = sum(b.document_ids.numel() for b in batches)
+    padding = sum(float((b.document_ids < 0).sum()) for b in batches) / positions
+    assert padding <= 0.05
+    labels = torch.cat([b.seq_labels[b.seq_labels != IGNORE] for b in batches])
+    assert len(labels) >= 4 * 96 and abs(float(labels.float().mean()) - 0.5) <= 0.03
+    for b in batches:
+        assert b.stats["target_tokens_dropped"] == 0
+        assert 0 <= b.stats["raw_tokens_unused"] <= b.stats["raw_tokens_fed"]
+
+
+def test_no_attention_across_pairs(tokenizer: Tokenizer, documents: list[list[int]]) -> None:
+    """Each pair is its own document: changing the tokens of one pair leaves the encoder's outputs (and the
+    pooled head) of every other pair of the row unchanged, and changes its own."""
+    obj = build(SentenceOrderPrediction, tokenizer)
+    rows, docs = pack_rows(documents, 2, 128)
+    batch = obj(rows, docs, torch.arange(2), 0)
+    torch.manual_seed(0)
+    cfg = model_config("encoder", "debug", {"n_segments": 2, "n_classes": 2}, vocab_size=tokenizer.vocab_size)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        before = model(batch)
+        second = batch.document_ids == 1
+        changed = Batch(**{**batch.__dict__, "input_ids": batch.input_ids.clone()})
+        changed.input_ids[second & ~SP.is_special(batch.input_ids)] = SP.first_ordinary + 7
+        after = model(changed)
+    assert bool(second.any(dim=1).all())
+    others = ~second
+    assert torch.allclose(before.hidden[others], after.hidden[others], atol=1e-6)
+    assert torch.allclose(before.seq_logits[others], after.seq_logits[others], atol=1e-6)
+    assert not torch.allclose(before.hidden[second], after.hidden[second], atol=1e-3)
