@@ -28,6 +28,7 @@ class TrunkOutput:
     ctx: Context
     memory: Tensor | None = None  # encdec: normed encoder output (B, T_enc, D)
     document_ids: Tensor | None = None  # encoder: the batch's document ids, for pooling over real tokens
+    pair_labels: bool = False  # encoder: the batch has sequence-level labels, so run the pooled head
 
 
 class ZooModel(nn.Module):

@@ -44,10 +44,11 @@ class Encoder(ZooModel):
         x = self.drop(x)
         for block in self.blocks:
             x = block.run(x, ctx)
-        return TrunkOutput(x, ctx, document_ids=batch.document_ids)
+        return TrunkOutput(x, ctx, document_ids=batch.document_ids, pair_labels=batch.seq_labels is not None)
 
     def heads(self, trunk: TrunkOutput) -> ModelOutput:
         hidden, logits = self.lm_head(trunk.hidden, self.embed.weight)
-        seq_logits = self.pooler(hidden) if self.pooler is not None else None
+        # the pooled head runs at every position, so only for batches with pair labels (NSP/SOP), not MLM's
+        seq_logits = self.pooler(hidden) if self.pooler is not None and trunk.pair_labels else None
         pooled = mean_pool(hidden, trunk.document_ids) if trunk.document_ids is not None else None
         return ModelOutput(logits=logits, hidden=hidden, seq_logits=seq_logits, pooled=pooled)

@@ -199,6 +199,8 @@ def test_sdpa_path_equals_naive_attention(
 def test_encoder_segments_and_pooled_head() -> None:
     model = tiny_model("encoder")
     batch = make_batch([[0] * 8] * 3, "bidirectional")
+    assert model(batch).seq_logits is None  # no pair labels (MLM): the pooled head is not run
+    batch.seq_labels = torch.full_like(batch.input_ids, -100)
     out = model(batch)
     assert out.seq_logits is not None and out.seq_logits.shape == (3, 8, 2)  # pooled head at every position
     batch.segment_ids = torch.ones_like(batch.input_ids)
