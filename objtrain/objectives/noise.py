@@ -848,26 +848,19 @@ def fit_documents(
     if cut.numel():
         room_a = widths[0] - (ca - a)[cut]
         room_b = limit_b - (cb - b)[cut]
-        lo = torch.zeros_like(cut)  # fits (nothing)
-        hi = seg.lengths[cut].clone()  # does not fit
-        while bool((hi - lo > 1).any()):
-            mid = (lo + hi) // 2
-            ma, mb = need(mid, cut)
-            if widths[1] == 0:
-                ma, mb = ma + mb, torch.zeros_like(mb)
-            ok = (ma <= room_a) & (mb <= room_b) & (mid > 0)
-            lo = torch.where(ok, mid, lo)
-            hi = torch.where(ok, hi, mid)
-        new_len[cut] = lo
+        new_len[cut] = _longest_fitting_prefix(
+            need, cut, seg.lengths[cut], a[cut], b[cut], room_a, room_b, widths[1] == 0
+        )
     keep = (new_len > 0) | fits  # a lone EOS (length 0) that fits is kept
     cut_docs = first_fail & keep
     used = int(new_len.sum() + (had_eos & fits).sum())
-    j = torch.arange(seg.width, device=seg.tokens.device)[None, :]
-    tokens = seg.tokens.masked_fill(j >= new_len[:, None], pad)
     k = keep.nonzero().squeeze(1)
+    kept_len = new_len[k]
+    j = torch.arange(seg.width, device=seg.tokens.device)[None, :]
+    tokens = seg.tokens.index_select(0, k).masked_fill_(j >= kept_len[:, None], pad)  # one copy
     out = Segments(
-        tokens.index_select(0, k),
-        new_len[k],
+        tokens,
+        kept_len,
         seg.row[k],
         seg.doc[k],
         seg.n_rows,
@@ -875,3 +868,60 @@ def fit_documents(
         {key: value[k] for key, value in seg.extra.items()},
     )
     return out, used
+
+
+_WINDOW = 16  # candidates each side of the guessed cut: one rounded count off moves it ~1/rate tokens
+
+
+def _longest_fitting_prefix(
+    need: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
+    index: Tensor,
+    full: Tensor,
+    full_a: Tensor,
+    full_b: Tensor,
+    room_a: Tensor,
+    room_b: Tensor,
+    one_sequence: bool,
+) -> Tensor:
+    """(k,) longest prefix length in [0, full) of documents `index` whose `need` fits (room_a, room_b):
+    what bisection over [0, full) finds, `need` being non-decreasing in the length.
+
+    Bisection costs ~log2(full) calls of `need`; here one call tests a window of candidates around the
+    proportional guess, and only documents whose boundary lies outside their
+    window (rare) fall back to bisection."""
+
+    def fits(lengths: Tensor, at: Tensor, ra: Tensor, rb: Tensor) -> Tensor:
+        ma, mb = need(lengths, at)
+        if one_sequence:
+            ma, mb = ma + mb, torch.zeros_like(mb)
+        return (ma <= ra) & (mb <= rb) & (lengths > 0)
+
+    # proportional to the room left after the EOS, which every prefix needs whatever its length
+    guess = full * (room_a - 1).clamp(min=0) // (full_a - 1).clamp(min=1)
+    if not one_sequence:
+        guess = torch.minimum(guess, full * (room_b - 1).clamp(min=0) // (full_b - 1).clamp(min=1))
+    top = (full - 1).clamp(min=1)
+    offsets = torch.arange(-_WINDOW, _WINDOW + 1, device=full.device)[None, :]
+    cand = torch.minimum(torch.maximum(guess[:, None] + offsets, torch.ones_like(offsets)), top[:, None])
+    n = cand.size(1)
+    ok = fits(
+        cand.reshape(-1),
+        index.repeat_interleave(n),
+        room_a.repeat_interleave(n),
+        room_b.repeat_interleave(n),
+    ).view(-1, n)
+    # the window decides when its low end fits (or is 1) and its high end does not (or is full - 1)
+    decided = (ok[:, 0] | (cand[:, 0] == 1)) & (~ok[:, -1] | (cand[:, -1] == top))
+    best = torch.where(ok, cand, torch.zeros_like(cand)).max(1).values
+    best = torch.where(full <= 1, torch.zeros_like(best), best)
+    rest = (~decided & (full > 1)).nonzero().squeeze(1)
+    if rest.numel():
+        lo = torch.zeros_like(rest)  # fits (nothing)
+        hi = full[rest].clone()  # does not fit
+        while bool((hi - lo > 1).any()):
+            mid = (lo + hi) // 2
+            ok_mid = fits(mid, index[rest], room_a[rest], room_b[rest])
+            lo = torch.where(ok_mid, mid, lo)
+            hi = torch.where(ok_mid, hi, mid)
+        best[rest] = lo
+    return best
