@@ -284,23 +284,6 @@ def by_length(
     return Pieces.merge(parts, pad), stats
 
 
-def concat_segments(parts: list[Segments], pad: int = 0) -> Segments:
-    """Stack segments from several row groups of one batch (their `row`s index the same batch)."""
-    if len(parts) == 1:
-        return parts[0]
-    keys = parts[0].extra.keys()
-    flags = [p.had_eos if p.had_eos is not None else torch.zeros_like(p.row, dtype=torch.bool) for p in parts]
-    return Segments(
-        pad_cat([p.tokens for p in parts], pad),
-        torch.cat([p.lengths for p in parts]),
-        torch.cat([p.row for p in parts]),
-        torch.cat([p.doc for p in parts]),
-        parts[0].n_rows,
-        torch.cat(flags),
-        {key: torch.cat([p.extra[key] for p in parts]) for key in keys},
-    )
-
-
 # --------------------------------------------------------------------------------------------------
 # Mask makers: (lengths (N,), width) -> (N, width) bool noise mask, False beyond each length
 
@@ -617,6 +600,19 @@ class Pieces:
     target_lengths: Tensor  # (N,)
     row: Tensor  # (N,) batch row, non-decreasing
     doc: Tensor  # (N,) document rank inside the row
+    counts: dict[str, Tensor] = field(default_factory=dict)  # (N,) per-piece stats (BART), summed later
+
+    def select(self, index: Tensor) -> Pieces:
+        """The pieces `index`, in that order."""
+        return Pieces(
+            self.inputs.index_select(0, index),
+            self.input_lengths[index],
+            self.targets.index_select(0, index),
+            self.target_lengths[index],
+            self.row[index],
+            self.doc[index],
+            {key: value[index] for key, value in self.counts.items()},
+        )
 
     @staticmethod
     def merge(parts: list[Pieces], pad: int) -> Pieces:
@@ -631,6 +627,7 @@ class Pieces:
             torch.cat([p.target_lengths for p in parts])[order],
             row[order],
             doc[order],
+            {key: torch.cat([p.counts[key] for p in parts])[order] for key in parts[0].counts},
         )
 
 
