@@ -654,29 +654,31 @@ def pack_segments(
     """
     device = lengths.device
     W = fields[0][0].size(1)
-    j = torch.arange(W, device=device)[None, :]
     if row.numel() == n_rows and bool((row == torch.arange(n_rows, device=device)).all()):
         return _pack_one_per_row(doc, lengths, fields, width)
     start = _offsets(row, lengths, n_rows)
     # a segment's position j lands at column start + j: kept iff j < min(length, width - start), so
-    # the truncated count and the kept mask come from per-segment limits, not (N, W) reductions
+    # the truncated count and the kept positions come from per-segment limits, not (N, W) reductions
     real = lengths.clamp(max=W)
     kept = torch.minimum(real, width - start).clamp(min=0)
     truncated = int((real - kept).sum())
     size = n_rows * width
-    dest = (row * width + start)[:, None] + j
-    flat = torch.where(j < kept[:, None], dest, size).view(-1)  # dropped -> one spare slot
+    # only the kept positions are moved: pieces are padded to the batch's widest, often 4x the text
+    total = int(kept.sum())
+    seg_of = torch.repeat_interleave(torch.arange(kept.numel(), device=device), kept, output_size=total)
+    j = torch.arange(total, device=device) - (kept.cumsum(0) - kept)[seg_of]  # position in its segment
+    src = seg_of * W + j
+    dest = (row * width + start)[seg_of] + j
     outs = []
     for values, fill in fields:
-        out = torch.full((size + 1,), fill, dtype=values.dtype, device=device)
-        out.scatter_(0, flat, values.reshape(-1))
-        outs.append(out[:size].view(n_rows, width))
-    docs = torch.full((size + 1,), -1, dtype=torch.int64, device=device)
-    docs.scatter_(0, flat, doc[:, None].expand(-1, W).reshape(-1))
-    docs = docs[:size].view(n_rows, width)
-    pos = torch.zeros(size + 1, dtype=torch.int64, device=device)
-    pos.scatter_(0, flat, j.expand(lengths.numel(), -1).reshape(-1))
-    return outs, docs, pos[:size].view(n_rows, width), truncated
+        out = torch.full((size,), fill, dtype=values.dtype, device=device)
+        out.scatter_(0, dest, values.reshape(-1).index_select(0, src))
+        outs.append(out.view(n_rows, width))
+    docs = torch.full((size,), -1, dtype=torch.int64, device=device)
+    docs.scatter_(0, dest, doc[seg_of])
+    pos = torch.zeros(size, dtype=torch.int64, device=device)
+    pos.scatter_(0, dest, j)
+    return outs, docs.view(n_rows, width), pos.view(n_rows, width), truncated
 
 
 def _pack_one_per_row(
