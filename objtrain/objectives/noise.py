@@ -663,22 +663,38 @@ def pack_segments(
     kept = torch.minimum(real, width - start).clamp(min=0)
     truncated = int((real - kept).sum())
     size = n_rows * width
-    # only the kept positions are moved: pieces are padded to the batch's widest, often 4x the text
     total = int(kept.sum())
-    seg_of = torch.repeat_interleave(torch.arange(kept.numel(), device=device), kept, output_size=total)
-    j = torch.arange(total, device=device) - (kept.cumsum(0) - kept)[seg_of]  # position in its segment
-    src = seg_of * W + j
-    dest = (row * width + start)[seg_of] + j
+    if kept.numel() * W > 2 * total:
+        # mostly padding (UL2's merged pieces are ~4x wider than their text): move the kept positions only
+        seg_of = torch.repeat_interleave(torch.arange(kept.numel(), device=device), kept, output_size=total)
+        j = torch.arange(total, device=device) - (kept.cumsum(0) - kept)[seg_of]  # position in its segment
+        src = seg_of * W + j
+        dest = (row * width + start)[seg_of] + j
+        outs = []
+        for values, fill in fields:
+            out = torch.full((size,), fill, dtype=values.dtype, device=device)
+            out.scatter_(0, dest, values.reshape(-1).index_select(0, src))
+            outs.append(out.view(n_rows, width))
+        docs = torch.full((size,), -1, dtype=torch.int64, device=device)
+        docs.scatter_(0, dest, doc[seg_of])
+        pos = torch.zeros(size, dtype=torch.int64, device=device)
+        pos.scatter_(0, dest, j)
+        return outs, docs.view(n_rows, width), pos.view(n_rows, width), truncated
+    # mostly text: scatter every cell, dropped ones to a spare slot (fewer ops)
+    j = torch.arange(W, device=device)[None, :]
+    dest = (row * width + start)[:, None] + j
+    flat = torch.where(j < kept[:, None], dest, size).view(-1)
     outs = []
     for values, fill in fields:
-        out = torch.full((size,), fill, dtype=values.dtype, device=device)
-        out.scatter_(0, dest, values.reshape(-1).index_select(0, src))
-        outs.append(out.view(n_rows, width))
-    docs = torch.full((size,), -1, dtype=torch.int64, device=device)
-    docs.scatter_(0, dest, doc[seg_of])
-    pos = torch.zeros(size, dtype=torch.int64, device=device)
-    pos.scatter_(0, dest, j)
-    return outs, docs.view(n_rows, width), pos.view(n_rows, width), truncated
+        out = torch.full((size + 1,), fill, dtype=values.dtype, device=device)
+        out.scatter_(0, flat, values.reshape(-1))
+        outs.append(out[:size].view(n_rows, width))
+    docs = torch.full((size + 1,), -1, dtype=torch.int64, device=device)
+    docs.scatter_(0, flat, doc[:, None].expand(-1, W).reshape(-1))
+    docs = docs[:size].view(n_rows, width)
+    pos = torch.zeros(size + 1, dtype=torch.int64, device=device)
+    pos.scatter_(0, flat, j.expand(lengths.numel(), -1).reshape(-1))
+    return outs, docs, pos[:size].view(n_rows, width), truncated
 
 
 def _pack_one_per_row(
