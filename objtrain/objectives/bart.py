@@ -67,6 +67,7 @@ from objtrain.objectives.noise import (
     compact,
     encdec_batch,
     largest_fitting,
+    smallest,
     split_documents,
 )
 from objtrain.objectives.rng import RowRandom
@@ -94,7 +95,7 @@ def poisson_cdf(lam: float, k_max: int = 128) -> Tensor:
 
 def _rank(keys: Tensor) -> Tensor:
     """(N, W) rank of every key inside its row (0 = smallest)."""
-    order = keys.argsort(dim=1)
+    order = smallest(keys, keys.size(1))
     return torch.empty_like(order).scatter_(
         1, order, torch.arange(keys.size(1)).expand_as(order).contiguous()
     )
@@ -125,8 +126,8 @@ def permute_sentences(
     n_perm = torch.ceil(n_sent.double() * ratio).long()
     keys = rr.bits(S, "bart/permute/choose").masked_fill(~valid, _INT64_MAX)
     chosen = (_rank(keys) < n_perm[:, None]) & valid
-    slots = torch.where(chosen, s, S + s).argsort(dim=1)  # chosen slots ascending, then the rest
-    order = rr.bits(S, "bart/permute/order").masked_fill(~chosen, _INT64_MAX).argsort(dim=1)
+    slots = smallest(torch.where(chosen, s, S + s), S)  # chosen slots ascending, then the rest
+    order = smallest(rr.bits(S, "bart/permute/order").masked_fill(~chosen, _INT64_MAX), S)
     i = torch.arange(S)[None, :]
     source = torch.where(i < n_perm[:, None], order, slots)  # sentence that goes to slots[i]
     src_of_slot = torch.empty_like(slots).scatter_(1, slots, source)
@@ -285,10 +286,7 @@ class BartDenoising(Objective):
         w = torch.arange(Wn)[None, :]
         keys = rr.bits(Wn, "bart/starts").masked_fill(w >= n_words[:, None], _INT64_MAX)
         k = max(int(n_spans.max()), 1)
-        if 4 * k <= Wn:  # the k smallest keys: a partial top-k, not a full sort
-            first = torch.topk(keys, k, dim=1, largest=False, sorted=True).indices
-        else:
-            first = keys.argsort(dim=1)[:, :k]
+        first = smallest(keys, k)
         valid = torch.arange(k)[None, :] < n_spans[:, None]
         where = torch.where(valid, first, Wn)  # invalid picks land in a spare column
         chosen = torch.zeros(N, Wn + 1, dtype=torch.bool).scatter_(1, where, valid)[:, :Wn]
@@ -337,7 +335,7 @@ class BartDenoising(Objective):
         n_random = torch.ceil(n_ins.double() * self.config.mask_random).long()
         k = int(n_ins.max())
         if 4 * k <= W2:  # only ranks below n_ins matter: a partial top-k instead of ranking every key
-            lowest = torch.topk(keys, k, dim=1, largest=False, sorted=True).indices  # rank r at [:, r]
+            lowest = smallest(keys, k)  # rank r at [:, r]
             r = torch.arange(k)[None, :]
             flags = torch.zeros(N, W2 + 1, dtype=torch.bool)
             inserted = flags.scatter(1, torch.where(r < n_ins[:, None], lowest, W2), True)[:, :W2]

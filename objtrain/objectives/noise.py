@@ -309,18 +309,34 @@ def sort_keys(rr: RowRandom, n: int, stream: str) -> Tensor:
     return (keys << 31) | torch.arange(n, device=bits.device)
 
 
+def smallest(keys: Tensor, k: int) -> Tensor:
+    """(N, k) int64 columns of the k smallest keys of every row, ascending by key: `torch.topk(keys, k,
+    largest=False, sorted=True).indices`. Keys must be distinct except for ties no caller reads (the
+    INT64_MAX that fills invalid columns). On CPU numpy's argpartition and a sort of the k picked:
+    ~2x faster than topk and ~8x faster than torch's argsort on a (150, 570) grid."""
+    W = keys.size(1)
+    k = min(k, W)
+    if keys.device.type != "cpu":
+        return torch.topk(keys, k, dim=1, largest=False, sorted=True).indices
+    kn = keys.numpy()
+    if 0 < k < W:
+        part = np.argpartition(kn, k - 1, axis=1)[:, :k]
+        order = np.argsort(np.take_along_axis(kn, part, axis=1), axis=1)
+        picked = np.take_along_axis(part, order, axis=1)
+    else:
+        picked = np.argsort(kn, axis=1)[:, :k]
+    return torch.from_numpy(picked.astype(np.int64, copy=False))
+
+
 def _segment_by_keys(keys: Tensor, n_items: Tensor, n_segments: Tensor) -> Tensor:
     """Core of `random_segmentation`: the n_segments-1 gaps with the smallest `keys` (invalid gaps
     hold INT64_MAX) become boundaries; returns the (M, K) part sizes."""
-    M, gaps = keys.shape
+    M = keys.size(0)
     device = keys.device
     k_max = max(int(n_segments.max()) if M else 1, 1)
     if k_max == 1:
         return n_items[:, None].clone()
-    if 4 * (k_max - 1) <= gaps:  # a partial top-k is cheaper than a full sort
-        picked = torch.topk(keys, k_max - 1, dim=1, largest=False, sorted=True).indices
-    else:
-        picked = keys.argsort(dim=1)[:, : k_max - 1]
+    picked = smallest(keys, k_max - 1)
     used = torch.arange(k_max - 1, device=device)[None, :] < (n_segments - 1)[:, None]
     cuts = torch.where(used, picked + 1, n_items[:, None]).sort(dim=1).values  # item index starting a part
     zero = torch.zeros(M, 1, dtype=torch.int64, device=device)
@@ -839,38 +855,44 @@ def fit_documents(
     space to the longest prefix whose outputs fit, and later documents are left out, so corruption never
     loses a target token: what does not fit is raw text left unused, and padding is the only slack.
     Returns the kept segments and the raw tokens they use (EOS tokens included).
+
+    The (N,) bookkeeping is numpy: a few dozen ops on ~100 numbers, each ~5x cheaper than a torch op.
     """
     if seg.n == 0:
         return seg, 0
-    idx = torch.arange(seg.n, device=seg.lengths.device)
-    a, b = need(seg.lengths, idx)
-    if widths[1] == 0:
-        a, b, limit_b = a + b, torch.zeros_like(b), 0
+    device = seg.lengths.device
+    a_t, b_t = need(seg.lengths, torch.arange(seg.n, device=device))
+    a, b = a_t.cpu().numpy(), b_t.cpu().numpy()
+    one_sequence = widths[1] == 0
+    if one_sequence:
+        a, b, limit_b = a + b, np.zeros_like(b), 0
     else:
         limit_b = widths[1]
-    ca, cb = _cumsum_in_rows(a, seg.row), _cumsum_in_rows(b, seg.row)
+    row = seg.row.cpu().numpy()
+    first_in_row = np.ones(seg.n, dtype=bool)
+    first_in_row[1:] = row[1:] != row[:-1]
+    ca, cb = _cumsum_in_runs(a, first_in_row), _cumsum_in_runs(b, first_in_row)
     fits = (ca <= widths[0]) & (cb <= limit_b)
-    had_eos = seg.had_eos if seg.had_eos is not None else torch.zeros_like(fits)
-    if bool(fits.all()):
-        return seg, int(seg.lengths.sum() + had_eos.sum())
-    first_in_row = torch.ones_like(fits)
-    first_in_row[1:] = seg.row[1:] != seg.row[:-1]
-    prev_fits = first_in_row.clone()
+    lengths = seg.lengths.cpu().numpy()
+    had_eos = seg.had_eos.cpu().numpy() if seg.had_eos is not None else np.zeros(seg.n, dtype=bool)
+    if fits.all():
+        return seg, int(lengths.sum() + had_eos.sum())
+    prev_fits = first_in_row.copy()
     prev_fits[1:] |= fits[:-1]
     first_fail = ~fits & prev_fits  # fits is a prefix of each row's documents
-    new_len = torch.where(fits, seg.lengths, torch.zeros_like(seg.lengths))
-    cut = first_fail.nonzero().squeeze(1)
-    if cut.numel():
+    new_len = np.where(fits, lengths, 0)
+    cut = np.flatnonzero(first_fail)
+    if cut.size:
         room_a = widths[0] - (ca - a)[cut]
         room_b = limit_b - (cb - b)[cut]
         new_len[cut] = _longest_fitting_prefix(
-            need, cut, seg.lengths[cut], a[cut], b[cut], room_a, room_b, widths[1] == 0
+            need, cut, lengths[cut], a[cut], b[cut], room_a, room_b, one_sequence, device
         )
     keep = (new_len > 0) | fits  # a lone EOS (length 0) that fits is kept
     cut_docs = first_fail & keep
     used = int(new_len.sum() + (had_eos & fits).sum())
-    k = keep.nonzero().squeeze(1)
-    kept_len = new_len[k]
+    k = torch.from_numpy(np.flatnonzero(keep)).to(device)
+    kept_len = torch.from_numpy(new_len[keep]).to(device)
     j = torch.arange(seg.width, device=seg.tokens.device)[None, :]
     tokens = seg.tokens.index_select(0, k).masked_fill_(j >= kept_len[:, None], pad)  # one copy
     out = Segments(
@@ -879,10 +901,16 @@ def fit_documents(
         seg.row[k],
         seg.doc[k],
         seg.n_rows,
-        (had_eos & ~cut_docs)[k],
+        torch.from_numpy((had_eos & ~cut_docs)[keep]).to(device),
         {key: value[k] for key, value in seg.extra.items()},
     )
     return out, used
+
+
+def _cumsum_in_runs(values: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Inclusive cumulative sum of (N,) non-negative values within runs that start where `first`."""
+    total = np.cumsum(values)
+    return total - np.maximum.accumulate(np.where(first, total - values, 0))
 
 
 _WINDOW = 16  # candidates each side of the guessed cut: one rounded count off moves it ~1/rate tokens
@@ -890,53 +918,51 @@ _WINDOW = 16  # candidates each side of the guessed cut: one rounded count off m
 
 def _longest_fitting_prefix(
     need: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
-    index: Tensor,
-    full: Tensor,
-    full_a: Tensor,
-    full_b: Tensor,
-    room_a: Tensor,
-    room_b: Tensor,
+    index: np.ndarray,
+    full: np.ndarray,
+    full_a: np.ndarray,
+    full_b: np.ndarray,
+    room_a: np.ndarray,
+    room_b: np.ndarray,
     one_sequence: bool,
-) -> Tensor:
+    device: torch.device,
+) -> np.ndarray:
     """(k,) longest prefix length in [0, full) of documents `index` whose `need` fits (room_a, room_b):
     what bisection over [0, full) finds, `need` being non-decreasing in the length.
 
     Bisection costs ~log2(full) calls of `need`; here one call tests a window of candidates around the
-    proportional guess, and only documents whose boundary lies outside their
-    window (rare) fall back to bisection."""
+    proportional guess, and only documents whose boundary lies outside their window (rare) fall back
+    to bisection."""
 
-    def fits(lengths: Tensor, at: Tensor, ra: Tensor, rb: Tensor) -> Tensor:
-        ma, mb = need(lengths, at)
+    def fits(lengths: np.ndarray, at: np.ndarray, ra: np.ndarray, rb: np.ndarray) -> np.ndarray:
+        ma_t, mb_t = need(torch.from_numpy(lengths).to(device), torch.from_numpy(at).to(device))
+        ma, mb = ma_t.cpu().numpy(), mb_t.cpu().numpy()
         if one_sequence:
-            ma, mb = ma + mb, torch.zeros_like(mb)
+            ma, mb = ma + mb, np.zeros_like(mb)
         return (ma <= ra) & (mb <= rb) & (lengths > 0)
 
     # proportional to the room left after the EOS, which every prefix needs whatever its length
-    guess = full * (room_a - 1).clamp(min=0) // (full_a - 1).clamp(min=1)
+    guess = full * (room_a - 1).clip(min=0) // (full_a - 1).clip(min=1)
     if not one_sequence:
-        guess = torch.minimum(guess, full * (room_b - 1).clamp(min=0) // (full_b - 1).clamp(min=1))
-    top = (full - 1).clamp(min=1)
-    offsets = torch.arange(-_WINDOW, _WINDOW + 1, device=full.device)[None, :]
-    cand = torch.minimum(torch.maximum(guess[:, None] + offsets, torch.ones_like(offsets)), top[:, None])
-    n = cand.size(1)
-    ok = fits(
-        cand.reshape(-1),
-        index.repeat_interleave(n),
-        room_a.repeat_interleave(n),
-        room_b.repeat_interleave(n),
-    ).view(-1, n)
+        guess = np.minimum(guess, full * (room_b - 1).clip(min=0) // (full_b - 1).clip(min=1))
+    top = (full - 1).clip(min=1)
+    cand = np.minimum(np.maximum(guess[:, None] + np.arange(-_WINDOW, _WINDOW + 1)[None, :], 1), top[:, None])
+    n = cand.shape[1]
+    ok = fits(cand.reshape(-1), np.repeat(index, n), np.repeat(room_a, n), np.repeat(room_b, n)).reshape(
+        -1, n
+    )
     # the window decides when its low end fits (or is 1) and its high end does not (or is full - 1)
     decided = (ok[:, 0] | (cand[:, 0] == 1)) & (~ok[:, -1] | (cand[:, -1] == top))
-    best = torch.where(ok, cand, torch.zeros_like(cand)).max(1).values
-    best = torch.where(full <= 1, torch.zeros_like(best), best)
-    rest = (~decided & (full > 1)).nonzero().squeeze(1)
-    if rest.numel():
-        lo = torch.zeros_like(rest)  # fits (nothing)
-        hi = full[rest].clone()  # does not fit
-        while bool((hi - lo > 1).any()):
+    best = np.where(ok, cand, 0).max(1)
+    best = np.where(full <= 1, 0, best)
+    rest = np.flatnonzero(~decided & (full > 1))
+    if rest.size:
+        lo = np.zeros_like(rest)  # fits (nothing)
+        hi = full[rest].copy()  # does not fit
+        while (hi - lo > 1).any():
             mid = (lo + hi) // 2
             ok_mid = fits(mid, index[rest], room_a[rest], room_b[rest])
-            lo = torch.where(ok_mid, mid, lo)
-            hi = torch.where(ok_mid, hi, mid)
+            lo = np.where(ok_mid, mid, lo)
+            hi = np.where(ok_mid, hi, mid)
         best[rest] = lo
     return best
