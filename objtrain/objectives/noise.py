@@ -288,14 +288,31 @@ def by_length(
 # Mask makers: (lengths (N,), width) -> (N, width) bool noise mask, False beyond each length
 
 
+def as_numpy(value: float | Tensor) -> float | np.ndarray:
+    return value.cpu().numpy() if isinstance(value, Tensor) else value
+
+
+def span_counts_np(
+    lengths: np.ndarray, noise_density: float | np.ndarray, mean_span: float | np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """span_counts over (N,) int64 lengths; density and mean span may be (N,) float64 arrays (UL2).
+    numpy: a dozen ops on ~100 values, where each torch op costs more than its work."""
+    lp = np.maximum(lengths, 2)
+    n_noise = np.minimum(
+        np.maximum(np.round(lp.astype(np.float64) * noise_density).astype(np.int64), 1), lp - 1
+    )
+    n_spans = np.minimum(
+        np.maximum(np.round(n_noise.astype(np.float64) / mean_span).astype(np.int64), 1), lp - n_noise
+    )
+    return n_noise, n_spans
+
+
 def _span_counts_batched(
     lengths: Tensor, noise_density: float | Tensor, mean_span: float | Tensor
 ) -> tuple[Tensor, Tensor]:
-    """span_counts over (N,) lengths; density and mean span may be (N,) float64 tensors (UL2)."""
-    lp = lengths.clamp(min=2)
-    n_noise = torch.minimum(torch.round(lp.double() * noise_density).long().clamp(min=1), lp - 1)
-    n_spans = torch.minimum(torch.round(n_noise.double() / mean_span).long().clamp(min=1), lp - n_noise)
-    return n_noise, n_spans
+    """`span_counts_np` on tensors: density and mean span may be (N,) float64 tensors (UL2)."""
+    n_noise, n_spans = span_counts_np(lengths.cpu().numpy(), as_numpy(noise_density), as_numpy(mean_span))
+    return torch.from_numpy(n_noise).to(lengths.device), torch.from_numpy(n_spans).to(lengths.device)
 
 
 def sort_keys(rr: RowRandom, n: int, stream: str) -> Tensor:
@@ -820,15 +837,15 @@ def layout(
 
 
 def span_lengths_batched(
-    lengths: Tensor, noise_density: float | Tensor, mean_span: float | Tensor, extra: int = 0
-) -> tuple[Tensor, Tensor]:
+    lengths: np.ndarray, noise_density: float | np.ndarray, mean_span: float | np.ndarray, extra: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """(inputs, targets) lengths, EOS included, of span corruption of (N,) documents: `span_output_lengths`
     per document (a lone EOS, length 0, is EOS on both sides). `extra` is added to both sides of every
     document that gets noise (one more span when `random_roll` wraps a span around the end)."""
-    n_noise, n_spans = _span_counts_batched(lengths, noise_density, mean_span)
+    n_noise, n_spans = span_counts_np(lengths, noise_density, mean_span)
     has = lengths >= 2
-    n_noise = torch.where(has, n_noise, 0)
-    n_spans = torch.where(has, n_spans + extra, 0)
+    n_noise = np.where(has, n_noise, 0)
+    n_spans = np.where(has, n_spans + extra, 0)
     return lengths - n_noise + n_spans + 1, n_noise + n_spans + 1
 
 
@@ -843,17 +860,18 @@ def _cumsum_in_rows(values: Tensor, row: Tensor) -> Tensor:
 
 def fit_documents(
     seg: Segments,
-    need: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
+    need: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]],
     widths: tuple[int, int],
     pad: int = 0,
 ) -> tuple[Segments, int]:
     """Keep each row's documents, in order, while their corrupted lengths fit the row's widths.
 
     `need(lengths, index)` gives (inputs, targets) lengths of documents `index` cut to `lengths` (the
-    per-document formula, EOS included); widths are (encoder, decoder), or (width, 0) when inputs and
-    targets share one sequence. The first document of a row that does not fit whole is cut in *raw*
-    space to the longest prefix whose outputs fit, and later documents are left out, so corruption never
-    loses a target token: what does not fit is raw text left unused, and padding is the only slack.
+    per-document formula, EOS included; (k,) int64 numpy arrays in and out); widths are (encoder,
+    decoder), or (width, 0) when inputs and targets share one sequence. The first document of a row that
+    does not fit whole is cut in *raw* space to the longest prefix whose outputs fit, and later documents
+    are left out, so corruption never loses a target token: what does not fit is raw text left unused,
+    and padding is the only slack.
     Returns the kept segments and the raw tokens they use (EOS tokens included).
 
     The (N,) bookkeeping is numpy: a few dozen ops on ~100 numbers, each ~5x cheaper than a torch op.
@@ -861,8 +879,8 @@ def fit_documents(
     if seg.n == 0:
         return seg, 0
     device = seg.lengths.device
-    a_t, b_t = need(seg.lengths, torch.arange(seg.n, device=device))
-    a, b = a_t.cpu().numpy(), b_t.cpu().numpy()
+    lengths = seg.lengths.cpu().numpy()
+    a, b = need(lengths, np.arange(seg.n))
     one_sequence = widths[1] == 0
     if one_sequence:
         a, b, limit_b = a + b, np.zeros_like(b), 0
@@ -873,7 +891,6 @@ def fit_documents(
     first_in_row[1:] = row[1:] != row[:-1]
     ca, cb = _cumsum_in_runs(a, first_in_row), _cumsum_in_runs(b, first_in_row)
     fits = (ca <= widths[0]) & (cb <= limit_b)
-    lengths = seg.lengths.cpu().numpy()
     had_eos = seg.had_eos.cpu().numpy() if seg.had_eos is not None else np.zeros(seg.n, dtype=bool)
     if fits.all():
         return seg, int(lengths.sum() + had_eos.sum())
@@ -886,7 +903,7 @@ def fit_documents(
         room_a = widths[0] - (ca - a)[cut]
         room_b = limit_b - (cb - b)[cut]
         new_len[cut] = _longest_fitting_prefix(
-            need, cut, lengths[cut], a[cut], b[cut], room_a, room_b, one_sequence, device
+            need, cut, lengths[cut], a[cut], b[cut], room_a, room_b, one_sequence
         )
     keep = (new_len > 0) | fits  # a lone EOS (length 0) that fits is kept
     cut_docs = first_fail & keep
@@ -917,7 +934,7 @@ _WINDOW = 16  # candidates each side of the guessed cut: one rounded count off m
 
 
 def _longest_fitting_prefix(
-    need: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
+    need: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]],
     index: np.ndarray,
     full: np.ndarray,
     full_a: np.ndarray,
@@ -925,7 +942,6 @@ def _longest_fitting_prefix(
     room_a: np.ndarray,
     room_b: np.ndarray,
     one_sequence: bool,
-    device: torch.device,
 ) -> np.ndarray:
     """(k,) longest prefix length in [0, full) of documents `index` whose `need` fits (room_a, room_b):
     what bisection over [0, full) finds, `need` being non-decreasing in the length.
@@ -935,8 +951,7 @@ def _longest_fitting_prefix(
     to bisection."""
 
     def fits(lengths: np.ndarray, at: np.ndarray, ra: np.ndarray, rb: np.ndarray) -> np.ndarray:
-        ma_t, mb_t = need(torch.from_numpy(lengths).to(device), torch.from_numpy(at).to(device))
-        ma, mb = ma_t.cpu().numpy(), mb_t.cpu().numpy()
+        ma, mb = need(lengths, at)
         if one_sequence:
             ma, mb = ma + mb, np.zeros_like(mb)
         return (ma <= ra) & (mb <= rb) & (lengths > 0)

@@ -48,6 +48,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -105,13 +106,19 @@ def denoiser_label(d: Denoiser) -> str:
     return f"{d.kind}(mu={d.mean_noise_span_length:g},r={d.noise_density:g})"
 
 
-def s_target_lengths(lengths: Tensor, fraction: Tensor) -> Tensor:
+def s_target_lengths_np(lengths: np.ndarray, fraction: np.ndarray) -> np.ndarray:
     """(N,) target length of S-denoised documents with target fractions `fraction` (llm-foundry's
     `round(1 + u (L - 1))`), capped so the prefix keeps a token: both parts non-empty for L >= 2, a
     1-token document is all target, an empty one (a lone EOS) has none."""
-    n = torch.round(1.0 + fraction * (lengths - 1).clamp(min=0).double()).long()
-    n = torch.minimum(n, (lengths - 1).clamp(min=1))
-    return torch.where(lengths >= 1, n, torch.zeros_like(n))
+    n = np.round(1.0 + fraction * np.maximum(lengths - 1, 0).astype(np.float64)).astype(np.int64)
+    n = np.minimum(n, np.maximum(lengths - 1, 1))
+    return np.where(lengths >= 1, n, 0)
+
+
+def s_target_lengths(lengths: Tensor, fraction: Tensor) -> Tensor:
+    """`s_target_lengths_np` on tensors."""
+    n = s_target_lengths_np(lengths.cpu().numpy(), fraction.cpu().numpy())
+    return torch.from_numpy(n).to(lengths.device)
 
 
 def s_pieces(
@@ -370,16 +377,18 @@ class UL2(Objective):
         x = seg.extra
         span_need_fn = span_need(seg, seed, row_index, x["density"], x["mean_span"], self.config.random_roll)
         encdec = self.model_kind == "encdec"
+        has_mode = (x["mode"] >= 0).long().cpu().numpy()
+        fraction = x["fraction"].cpu().numpy()
+        is_s_np = x["is_s"].cpu().numpy()
 
-        def need(lengths: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
-            head = (x["mode"][index] >= 0).long()
+        def need(lengths: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             n_in, n_tgt = span_need_fn(lengths, index)
-            s_tgt = s_target_lengths(lengths, x["fraction"][index])
+            s_tgt = s_target_lengths_np(lengths, fraction[index])
             s_in = lengths - s_tgt
             if encdec:
-                s_in, s_tgt = s_in + (lengths >= 0).long(), s_tgt + 1
-            s_side = x["is_s"][index]
-            return torch.where(s_side, s_in, n_in) + head, torch.where(s_side, s_tgt, n_tgt)
+                s_in, s_tgt = s_in + (lengths >= 0), s_tgt + 1
+            s_side = is_s_np[index]
+            return np.where(s_side, s_in, n_in) + has_mode[index], np.where(s_side, s_tgt, n_tgt)
 
         # documents fit the widths whole or are cut before corruption: no target token is dropped
         seg, used = fit_documents(seg, need, widths, self.specials.pad)
