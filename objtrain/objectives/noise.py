@@ -612,13 +612,6 @@ def shift_within(seqs: Tensor, lengths: Tensor, shift: Tensor, fill: int) -> Ten
     return seqs.gather(1, src).masked_fill(j >= lengths[:, None], fill)
 
 
-def pad_cat(parts: list[Tensor], fill: int) -> Tensor:
-    """Concatenate (N_i, W_i) tensors along rows, right-padding to the widest."""
-    width = max([p.size(1) for p in parts] + [1])
-    padded = [torch.nn.functional.pad(p, (0, width - p.size(1)), value=fill) for p in parts]
-    return torch.cat(padded, dim=0)
-
-
 # --------------------------------------------------------------------------------------------------
 # Layout: per-document (inputs, targets) -> a packed Batch for an encoder-decoder or a decoder
 
@@ -653,10 +646,22 @@ class Pieces:
         row = torch.cat([p.row for p in parts])
         doc = torch.cat([p.doc for p in parts])
         order = torch.argsort(row * _DOC_STRIDE + doc)
+        slot = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+
+        def stack(fields: list[Tensor]) -> Tensor:
+            """The fields right-padded to the widest and stacked in (row, document) order: one fill and one
+            copy per part."""
+            out = fields[0].new_full((order.numel(), max([f.size(1) for f in fields] + [1])), pad)
+            lo = 0
+            for f in fields:
+                out[:, : f.size(1)].index_copy_(0, slot[lo : lo + f.size(0)], f)
+                lo += f.size(0)
+            return out
+
         return Pieces(
-            pad_cat([p.inputs for p in parts], pad).index_select(0, order),
+            stack([p.inputs for p in parts]),
             torch.cat([p.input_lengths for p in parts])[order],
-            pad_cat([p.targets for p in parts], pad).index_select(0, order),
+            stack([p.targets for p in parts]),
             torch.cat([p.target_lengths for p in parts])[order],
             row[order],
             doc[order],
