@@ -254,12 +254,15 @@ def by_length(
     """
     if seg.n == 0:
         return make(seg)
-    binned = torch.ceil(torch.log2(seg.lengths.clamp(min=16).double())).long()
-    bins = binned.unique()  # ascending
-    if bins.numel() == 1:
+    lengths = seg.lengths.cpu().numpy()  # numpy: a handful of ops on (N,) values
+    binned = np.frexp(np.maximum(lengths, 16) - 1)[1]  # ceil(log2(length)), exactly
+    bins, which = np.unique(binned, return_inverse=True)  # ascending
+    if bins.size == 1:
         return make(seg)
-    counts = [int((binned == b).sum()) for b in bins.tolist()]
-    widest = [int(seg.lengths[binned == b].max()) for b in bins.tolist()]
+    counts = np.bincount(which).tolist()
+    widest = np.zeros(bins.size, dtype=np.int64)
+    np.maximum.at(widest, which, lengths)
+    widest = widest.tolist()
     n = len(counts)
     best = [0.0] + [float("inf")] * n  # best[i]: cost of bins[:i]; a group covers bins[j:i]
     cut = [0] * (n + 1)
@@ -276,7 +279,7 @@ def by_length(
         return make(seg)
     parts, stats = [], {}
     for j, i in reversed(bounds):
-        idx = ((binned >= bins[j]) & (binned <= bins[i - 1])).nonzero().squeeze(1)
+        idx = torch.from_numpy(np.flatnonzero((which >= j) & (which <= i - 1))).to(seg.lengths.device)
         pieces, part = make(seg.select(idx))  # trimmed to the group's widest segment
         parts.append(pieces)
         for key, value in part.items():
