@@ -705,8 +705,9 @@ def pack_segments(
     truncated = int((real - kept).sum())
     size = n_rows * width
     total = int(kept.sum())
-    if kept.numel() * W > 2 * total:
-        # mostly padding (UL2's merged pieces are ~4x wider than their text): move the kept positions only
+    if kept.numel() * W > 3 * total:
+        # mostly padding (UL2 encoder-decoder pieces are 4-10x wider than their text): move the kept
+        # positions only; below ~3x the dense scatter, fewer ops, is faster (measured)
         seg_of = torch.repeat_interleave(torch.arange(kept.numel(), device=device), kept, output_size=total)
         j = torch.arange(total, device=device) - (kept.cumsum(0) - kept)[seg_of]  # position in its segment
         src = seg_of * W + j
