@@ -917,9 +917,13 @@ def fit_documents(
     keep = (new_len > 0) | fits  # a lone EOS (length 0) that fits is kept
     cut_docs = first_fail & keep
     used = int(new_len.sum() + (had_eos & fits).sum())
-    k = torch.from_numpy(np.flatnonzero(keep)).to(device)
-    kept_len = torch.from_numpy(new_len[keep]).to(device)
     j = torch.arange(seg.width, device=seg.tokens.device)[None, :]
+    flags = torch.from_numpy((had_eos & ~cut_docs)[keep]).to(device)
+    kept_len = torch.from_numpy(new_len[keep]).to(device)
+    if keep.all():  # only cuts, nothing left out: no rows to select
+        tokens = seg.tokens.masked_fill(j >= kept_len[:, None], pad)
+        return Segments(tokens, kept_len, seg.row, seg.doc, seg.n_rows, flags, dict(seg.extra)), used
+    k = torch.from_numpy(np.flatnonzero(keep)).to(device)
     tokens = seg.tokens.index_select(0, k).masked_fill_(j >= kept_len[:, None], pad)  # one copy
     out = Segments(
         tokens,
@@ -927,7 +931,7 @@ def fit_documents(
         seg.row[k],
         seg.doc[k],
         seg.n_rows,
-        torch.from_numpy((had_eos & ~cut_docs)[keep]).to(device),
+        flags,
         {key: value[k] for key, value in seg.extra.items()},
     )
     return out, used

@@ -159,9 +159,10 @@ def finish_stats(
 ) -> dict[str, float]:
     out = dict(stats)
     out["truncated_tokens"] = float(truncated)
-    out["target_tokens"] = float(batch.n_targets)
+    n_targets = batch.n_targets  # a pass over the labels: once
+    out["target_tokens"] = float(n_targets)
     if pieces is not None:  # targets the corruption made that the batch does not hold
-        out["target_tokens_dropped"] = float(int(pieces.target_lengths.sum()) - batch.n_targets)
+        out["target_tokens_dropped"] = float(int(pieces.target_lengths.sum()) - n_targets)
     if "spans" in out:
         out["mean_span_length"] = out["noise_tokens"] / out["spans"] if out["spans"] else 0.0
     if out.get("raw_tokens") and "noise_tokens" in out:
