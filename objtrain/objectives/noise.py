@@ -358,7 +358,11 @@ def _segment_by_keys(keys: Tensor, n_items: Tensor, n_segments: Tensor) -> Tenso
         return n_items[:, None].clone()
     picked = smallest(keys, k_max - 1)
     used = torch.arange(k_max - 1, device=device)[None, :] < (n_segments - 1)[:, None]
-    cuts = torch.where(used, picked + 1, n_items[:, None]).sort(dim=1).values  # item index starting a part
+    cuts = torch.where(used, picked + 1, n_items[:, None])  # item index starting a part, sorted below
+    if cuts.device.type == "cpu":  # numpy's sort: ~5x faster than torch's on CPU; sorted values are unique
+        cuts = torch.from_numpy(np.sort(cuts.numpy(), axis=1))
+    else:
+        cuts = cuts.sort(dim=1).values
     zero = torch.zeros(M, 1, dtype=torch.int64, device=device)
     bounds = torch.cat([zero, cuts, n_items[:, None]], dim=1)
     return bounds[:, 1:] - bounds[:, :-1]
