@@ -52,6 +52,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -268,7 +269,10 @@ class BartDenoising(Objective):
         if c.mask_length == "span-poisson":
             K = k_max + 16
             u = rr.uniform64(K, "bart/poisson")
-            span = torch.searchsorted(self.cdf, u.contiguous()).clamp(max=self.cdf.numel() - 1)
+            # numpy's searchsorted: ~10x cheaper than torch's on a (N, K) grid (BART runs on CPU)
+            span = torch.from_numpy(np.searchsorted(self.cdf.numpy(), u.numpy())).clamp(
+                max=self.cdf.numel() - 1
+            )
             total = span.cumsum(1)
             before = total - span
             used = before < n_mask[:, None]
