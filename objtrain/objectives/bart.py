@@ -52,6 +52,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -65,9 +66,9 @@ from objtrain.objectives.noise import (
     append_token,
     by_length,
     compact,
-    concat_segments,
     encdec_batch,
     largest_fitting,
+    smallest,
     split_documents,
 )
 from objtrain.objectives.rng import RowRandom
@@ -95,7 +96,7 @@ def poisson_cdf(lam: float, k_max: int = 128) -> Tensor:
 
 def _rank(keys: Tensor) -> Tensor:
     """(N, W) rank of every key inside its row (0 = smallest)."""
-    order = keys.argsort(dim=1)
+    order = smallest(keys, keys.size(1))
     return torch.empty_like(order).scatter_(
         1, order, torch.arange(keys.size(1)).expand_as(order).contiguous()
     )
@@ -126,8 +127,8 @@ def permute_sentences(
     n_perm = torch.ceil(n_sent.double() * ratio).long()
     keys = rr.bits(S, "bart/permute/choose").masked_fill(~valid, _INT64_MAX)
     chosen = (_rank(keys) < n_perm[:, None]) & valid
-    slots = torch.where(chosen, s, S + s).argsort(dim=1)  # chosen slots ascending, then the rest
-    order = rr.bits(S, "bart/permute/order").masked_fill(~chosen, _INT64_MAX).argsort(dim=1)
+    slots = smallest(torch.where(chosen, s, S + s), S)  # chosen slots ascending, then the rest
+    order = smallest(rr.bits(S, "bart/permute/order").masked_fill(~chosen, _INT64_MAX), S)
     i = torch.arange(S)[None, :]
     source = torch.where(i < n_perm[:, None], order, slots)  # sentence that goes to slots[i]
     src_of_slot = torch.empty_like(slots).scatter_(1, slots, source)
@@ -251,8 +252,10 @@ class BartDenoising(Objective):
             out[r, c] = low + torch.floor(u * (max(self.vocab_size, low + 1) - low)).to(torch.int64)
         return out
 
-    def _mask(self, tokens: Tensor, lengths: Tensor, rr: RowRandom) -> tuple[Tensor, Tensor, Tensor, dict]:
-        """Masking / deletion / infilling. Returns (tokens, lengths, zero-length span count, stats)."""
+    def _mask(
+        self, tokens: Tensor, lengths: Tensor, rr: RowRandom
+    ) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor]]:
+        """Masking / deletion / infilling. Returns (tokens, lengths, zero-length span count, (N,) counts)."""
         c = self.config
         N, W = tokens.shape
         j = torch.arange(W)[None, :]
@@ -266,7 +269,10 @@ class BartDenoising(Objective):
         if c.mask_length == "span-poisson":
             K = k_max + 16
             u = rr.uniform64(K, "bart/poisson")
-            span = torch.searchsorted(self.cdf, u.contiguous()).clamp(max=self.cdf.numel() - 1)
+            # numpy's searchsorted: ~10x cheaper than torch's on a (N, K) grid (BART runs on CPU)
+            span = torch.from_numpy(np.searchsorted(self.cdf.numpy(), u.numpy())).clamp(
+                max=self.cdf.numel() - 1
+            )
             total = span.cumsum(1)
             before = total - span
             used = before < n_mask[:, None]
@@ -284,10 +290,7 @@ class BartDenoising(Objective):
         w = torch.arange(Wn)[None, :]
         keys = rr.bits(Wn, "bart/starts").masked_fill(w >= n_words[:, None], _INT64_MAX)
         k = max(int(n_spans.max()), 1)
-        if 4 * k <= Wn:  # the k smallest keys: a partial top-k, not a full sort
-            first = torch.topk(keys, k, dim=1, largest=False, sorted=True).indices
-        else:
-            first = keys.argsort(dim=1)[:, :k]
+        first = smallest(keys, k)
         valid = torch.arange(k)[None, :] < n_spans[:, None]
         where = torch.where(valid, first, Wn)  # invalid picks land in a spare column
         chosen = torch.zeros(N, Wn + 1, dtype=torch.bool).scatter_(1, where, valid)[:, :Wn]
@@ -311,13 +314,11 @@ class BartDenoising(Objective):
         token_random = run_random.gather(1, run) & covered
         replacement = self._mask_or_random(rr, token_random, "bart/random_ids")
         stats = {
-            "noise_tokens": float(covered.sum()),
-            "spans": float(run_start.sum()),
-            "random_replacements": float(
-                (token_random & (run_start if c.replace_length == 1 else covered)).sum()
-            )
+            "noise_tokens": covered.sum(1),
+            "spans": run_start.sum(1),
+            "random_replacements": (token_random & (run_start if c.replace_length == 1 else covered)).sum(1)
             if c.replace_length != 0
-            else 0.0,
+            else torch.zeros_like(lengths),
         }
         if c.replace_length == -1:
             return torch.where(covered, replacement, tokens), lengths, inserts, stats
@@ -338,7 +339,7 @@ class BartDenoising(Objective):
         n_random = torch.ceil(n_ins.double() * self.config.mask_random).long()
         k = int(n_ins.max())
         if 4 * k <= W2:  # only ranks below n_ins matter: a partial top-k instead of ranking every key
-            lowest = torch.topk(keys, k, dim=1, largest=False, sorted=True).indices  # rank r at [:, r]
+            lowest = smallest(keys, k)  # rank r at [:, r]
             r = torch.arange(k)[None, :]
             flags = torch.zeros(N, W2 + 1, dtype=torch.bool)
             inserted = flags.scatter(1, torch.where(r < n_ins[:, None], lowest, W2), True)[:, :W2]
@@ -369,16 +370,17 @@ class BartDenoising(Objective):
         )
         return out, rotated
 
-    def noise(self, seg: Segments, rr: RowRandom) -> tuple[Tensor, Tensor, dict[str, float]]:
-        """(N, W') noised documents (no EOS yet), their lengths, and stats."""
+    def noise(self, seg: Segments, rr: RowRandom) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """(N, W') noised documents (no EOS yet), their lengths, and (N,) per-document stat counts
+        (summed over the documents a batch keeps, see `BartDenoising.fit`)."""
         c = self.config
         tokens, lengths = seg.tokens, seg.lengths
-        stats: dict[str, float] = {"documents": float(seg.n), "raw_tokens": float(lengths.sum())}
+        stats: dict[str, Tensor] = {"documents": torch.ones_like(lengths), "raw_tokens": lengths}
         if seg.n == 0:
             return tokens, lengths, stats
         if c.permute_sentences > 0 and self.sentence_ends is not None:
             tokens, n_perm = permute_sentences(tokens, lengths, self.sentence_ends, c.permute_sentences, rr)
-            stats["permuted_sentences"] = float(n_perm.sum())
+            stats["permuted_sentences"] = n_perm
         inserts = torch.zeros_like(lengths)
         if c.mask > 0:
             tokens, lengths, inserts, mask_stats = self._mask(tokens, lengths, rr)
@@ -386,22 +388,23 @@ class BartDenoising(Objective):
         n_ins = inserts + torch.ceil(lengths.double() * c.insert).long()
         if int(n_ins.sum()) > 0:
             tokens, lengths = self._insert(tokens, lengths, n_ins, rr)
-        stats["inserted_tokens"] = float(n_ins.sum())
+        stats["inserted_tokens"] = n_ins
         if c.rotate > 0:
             tokens, rotated = self._rotate(tokens, lengths, rr)
-            stats["rotated_documents"] = float(rotated.sum())
+            stats["rotated_documents"] = rotated.long()
         return tokens, lengths, stats
 
-    def pieces(self, seg: Segments, rr: RowRandom) -> tuple[Pieces, dict[str, float]]:
-        """Encoder input = noised document + EOS; target = the document + EOS."""
-        noised, n_noised, stats = self.noise(seg, rr)
+    def pieces(self, seg: Segments, rr: RowRandom) -> Pieces:
+        """Encoder input = noised document + EOS; target = the document + EOS; the noise's stats as
+        per-document `counts`."""
+        noised, n_noised, counts = self.noise(seg, rr)
         inputs, n_in = append_token(noised, n_noised, self.specials.eos, self.specials.pad)
         targets, n_tgt = append_token(seg.tokens, seg.lengths, self.specials.eos, self.specials.pad)
-        return Pieces(inputs, n_in, targets, n_tgt, seg.row, seg.doc), stats
+        return Pieces(inputs, n_in, targets, n_tgt, seg.row, seg.doc, counts)
 
     def fit(
         self, seg: Segments, pieces: Pieces, widths: tuple[int, int], seed: int, row_index: Tensor
-    ) -> tuple[Segments, int]:
+    ) -> tuple[Pieces, int]:
         """The documents of each row, in order, whose noised inputs (EOS included) fit the encoder width
         and whose originals plus EOS fit the decoder width (several documents cut by row ends, which have
         no EOS of their own, can need a few more target positions than raw tokens); the first that does
@@ -412,8 +415,9 @@ class BartDenoising(Objective):
         ratio predicts, then up to seven retries, each scaled by the overshoot and aimed a little lower;
         a document no prefix of which fits is left out, and so are the later documents of the row. What
         is left out is raw text the batch does not use (`stats["raw_tokens_unused"]`); no target token is
-        ever dropped. Returns the kept segments (whole, or cut to their prefix) and the raw tokens they
-        use (EOS tokens included).
+        ever dropped. Returns the pieces of the kept documents (whole ones from `pieces`, cut ones from the
+        accepted candidate: a document's noise depends only on its tokens and key, so noising them again
+        would give the same) and the raw tokens they use (EOS tokens included).
         """
         width, target_width = widths
         had_eos = seg.had_eos if seg.had_eos is not None else torch.zeros_like(seg.lengths, dtype=torch.bool)
@@ -423,7 +427,7 @@ class BartDenoising(Objective):
         before_t = _cumsum_in_rows(n_tgt, seg.row) - n_tgt
         fits = (before + n_in <= width) & (before_t + n_tgt <= target_width)
         if bool(fits.all()):
-            return seg, int(seg.lengths.sum() + had_eos.sum())
+            return pieces, int(seg.lengths.sum() + had_eos.sum())
         first_fail = ~fits & (before < width) & (before_t < target_width)
         first_fail &= torch.cat([torch.ones(1, dtype=torch.bool), (seg.row[1:] != seg.row[:-1]) | fits[:-1]])
         whole = fits.nonzero().squeeze(1)
@@ -435,27 +439,25 @@ class BartDenoising(Objective):
         c = torch.minimum(c, seg.lengths[cut] - 1)
         accepted = torch.zeros_like(c)
         todo = torch.ones_like(c, dtype=torch.bool)
+        parts = [pieces.select(whole)]
         for attempt in range(8):
             todo &= c >= 1
             if not bool(todo.any()):
                 break
             k = todo.nonzero().squeeze(1)
             sub = self._prefixes(seg, cut[k], c[k])
-            noised = self.pieces(sub, sub.random(seed, row_index))[0].input_lengths
+            candidate = self.pieces(sub, sub.random(seed, row_index))
+            noised = candidate.input_lengths
             ok = noised <= room[k]
+            parts.append(candidate.select(ok.nonzero().squeeze(1)))
             accepted[k[ok]] = c[k[ok]]
             todo[k[ok]] = False
             # scale by the overshoot, aiming a little lower each retry (a prefix is a new noise draw)
             aim = ((room[k] - 1).double() * (1.0 - 0.02 * (attempt + 1))).long()
             shrink = torch.minimum(c[k] - 1, c[k] * aim // (noised - 1).clamp(min=1))
             c[k] = torch.where(ok, c[k], shrink)
-        keep = accepted >= 1
-        parts = [seg.select(whole), self._prefixes(seg, cut[keep], accepted[keep])]
-        kept = concat_segments(parts, self.specials.pad)
-        order = torch.argsort(kept.row * (1 << 20) + kept.doc)
-        kept = kept.select(order)
-        used = int(seg.lengths[whole].sum() + had_eos[whole].sum() + accepted[keep].sum())
-        return kept, used
+        used = int(seg.lengths[whole].sum() + had_eos[whole].sum() + accepted.sum())
+        return Pieces.merge(parts, self.specials.pad), used
 
     def _prefixes(self, seg: Segments, index: Tensor, lengths: Tensor) -> Segments:
         """Documents `index` cut to their first `lengths` tokens (no EOS of their own: it is appended)."""
@@ -471,12 +473,14 @@ class BartDenoising(Objective):
         enc_w, dec_w = self.widths(rows.size(1))
 
         def make(sub: Segments) -> tuple[Pieces, dict[str, float]]:
-            return self.pieces(sub, sub.random(seed, row_index))
+            return self.pieces(sub, sub.random(seed, row_index)), {}
 
-        pieces, stats = by_length(seg, make, self.specials.pad)
-        kept, used = self.fit(seg, pieces, (enc_w, dec_w), seed, row_index)
-        if kept is not seg:  # the pieces and stats of what the batch holds
-            pieces, stats = by_length(kept, make, self.specials.pad)
+        pieces, _ = by_length(seg, make, self.specials.pad)
+        pieces, used = self.fit(seg, pieces, (enc_w, dec_w), seed, row_index)
+        if pieces.row.numel():  # the stats of the documents the batch holds
+            stats = {key: float(value.sum()) for key, value in pieces.counts.items()}
+        else:
+            stats = {"documents": 0.0, "raw_tokens": 0.0}
         batch, truncated = encdec_batch(pieces, seg.n_rows, enc_w, dec_w, self.specials)
         batch.stats = finish_stats(stats, batch, truncated, pieces)
         batch.stats.update(raw_usage(document_ids, used))

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
-import torch
+import numpy as np
 from torch import Tensor
 
 from objtrain.batch import Batch
@@ -39,6 +39,7 @@ from objtrain.objectives.base import Objective, raw_usage
 from objtrain.objectives.noise import (
     Pieces,
     Segments,
+    as_numpy,
     by_length,
     fit_documents,
     largest_fitting,
@@ -96,29 +97,32 @@ def span_need(
     noise_density: float | Tensor,
     mean_span: float | Tensor,
     random_roll: bool,
-) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]:
+) -> Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """`need(lengths, index)` for `fit_documents`: T5's per-document lengths, plus the sentinel a rolled
     mask adds when its rotation wraps a span. A whole document's wrap is known exactly (its mask is
     drawn here as `span_pieces` will draw it); a cut one is budgeted the extra sentinel. Density and
     mean span may be (N,) per segment (UL2)."""
 
-    def per(value: float | Tensor, index: Tensor) -> float | Tensor:
-        return value[index] if isinstance(value, Tensor) else value
+    density, mean = as_numpy(noise_density), as_numpy(mean_span)
+
+    def per(value: float | np.ndarray, index: np.ndarray) -> float | np.ndarray:
+        return value[index] if isinstance(value, np.ndarray) else value
 
     if not random_roll:
-        return lambda lengths, index: span_lengths_batched(
-            lengths, per(noise_density, index), per(mean_span, index)
-        )
+        return lambda lengths, index: span_lengths_batched(lengths, per(density, index), per(mean, index))
+    if seg.n == 0:  # nothing to fit
+        return lambda lengths, index: (lengths + 1, lengths + 1)
     mask = random_spans_noise_mask(
         seg.lengths, seg.width, noise_density, mean_span, seg.random(seed, row_index), "span/mask", True
     )
     last = (seg.lengths - 1).clamp(min=0)[:, None]
-    wraps = (mask[:, 0] & mask.gather(1, last)[:, 0]).long()
+    wraps = (mask[:, 0] & mask.gather(1, last)[:, 0]).long().cpu().numpy()
+    seg_lengths = seg.lengths.cpu().numpy()
 
-    def need(lengths: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
-        whole = lengths == seg.lengths[index]
-        extra = torch.where(whole, wraps[index], 1) * (lengths >= 2)
-        n_in, n_tgt = span_lengths_batched(lengths, per(noise_density, index), per(mean_span, index))
+    def need(lengths: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        whole = lengths == seg_lengths[index]
+        extra = np.where(whole, wraps[index], 1) * (lengths >= 2)
+        n_in, n_tgt = span_lengths_batched(lengths, per(density, index), per(mean, index))
         return n_in + extra, n_tgt + extra
 
     return need
@@ -155,9 +159,10 @@ def finish_stats(
 ) -> dict[str, float]:
     out = dict(stats)
     out["truncated_tokens"] = float(truncated)
-    out["target_tokens"] = float(batch.n_targets)
+    n_targets = batch.n_targets  # a pass over the labels: once
+    out["target_tokens"] = float(n_targets)
     if pieces is not None:  # targets the corruption made that the batch does not hold
-        out["target_tokens_dropped"] = float(int(pieces.target_lengths.sum()) - batch.n_targets)
+        out["target_tokens_dropped"] = float(int(pieces.target_lengths.sum()) - n_targets)
     if "spans" in out:
         out["mean_span_length"] = out["noise_tokens"] / out["spans"] if out["spans"] else 0.0
     if out.get("raw_tokens") and "noise_tokens" in out:

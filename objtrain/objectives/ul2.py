@@ -48,6 +48,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -105,13 +106,19 @@ def denoiser_label(d: Denoiser) -> str:
     return f"{d.kind}(mu={d.mean_noise_span_length:g},r={d.noise_density:g})"
 
 
-def s_target_lengths(lengths: Tensor, fraction: Tensor) -> Tensor:
+def s_target_lengths_np(lengths: np.ndarray, fraction: np.ndarray) -> np.ndarray:
     """(N,) target length of S-denoised documents with target fractions `fraction` (llm-foundry's
     `round(1 + u (L - 1))`), capped so the prefix keeps a token: both parts non-empty for L >= 2, a
     1-token document is all target, an empty one (a lone EOS) has none."""
-    n = torch.round(1.0 + fraction * (lengths - 1).clamp(min=0).double()).long()
-    n = torch.minimum(n, (lengths - 1).clamp(min=1))
-    return torch.where(lengths >= 1, n, torch.zeros_like(n))
+    n = np.round(1.0 + fraction * np.maximum(lengths - 1, 0).astype(np.float64)).astype(np.int64)
+    n = np.minimum(n, np.maximum(lengths - 1, 1))
+    return np.where(lengths >= 1, n, 0)
+
+
+def s_target_lengths(lengths: Tensor, fraction: Tensor) -> Tensor:
+    """`s_target_lengths_np` on tensors."""
+    n = s_target_lengths_np(lengths.cpu().numpy(), fraction.cpu().numpy())
+    return torch.from_numpy(n).to(lengths.device)
 
 
 def s_pieces(
@@ -269,64 +276,75 @@ class UL2(Objective):
         then solve the two linear equations "inputs fill the encoder, targets fill the decoder", every
         input-heavy example at one length and every target-heavy one at another.
         """
+        # numpy: ~60 ops on (B, K) values, each far cheaper than a torch op; the float sums stay torch's
+        # (its reduction order), so the lengths are bit for bit those of the tensor arithmetic
         m = model_length
         n_den = len(self.config.denoisers)
         K = self.config.examples_per_row if self.model_kind == "encdec" else 1
         rr = RowRandom(seed, row_index)
-        u = rr.uniform64(K, "ul2/denoiser")
-        k = torch.searchsorted(self.cumulative, u.contiguous(), right=True).clamp(max=n_den - 1)
-        r = self.density[k]
-        f = rr.uniform64(K, "ul2/s_fraction")
-        fraction = torch.where(r <= 0.5, 2.0 * r * f, 2.0 * r - 1.0 + (2.0 - 2.0 * r) * f)
-        fraction = torch.where(self.is_s[k], fraction, torch.zeros_like(fraction))
+        u = rr.uniform64(K, "ul2/denoiser").numpy()
+        k = np.minimum(np.searchsorted(self.cumulative.numpy(), u, side="right"), n_den - 1)
+        is_s = self.is_s.numpy()[k]
+        r = self.density.numpy()[k]
+        f = rr.uniform64(K, "ul2/s_fraction").numpy()
+        fraction = np.where(r <= 0.5, 2.0 * r * f, 2.0 * r - 1.0 + (2.0 - 2.0 * r) * f)
+        fraction = np.where(is_s, fraction, 0.0)
         B = row_index.numel()
         if self.model_kind != "encdec":
-            needs = torch.tensor(
-                [self.denoiser_raw_length(d, m) for d in self.config.denoisers], dtype=torch.int64
+            needs = np.array([self.denoiser_raw_length(d, m) for d in self.config.denoisers], dtype=np.int64)
+            return Plan(
+                torch.from_numpy(k),
+                torch.from_numpy(fraction),
+                torch.from_numpy(needs[k]),
+                torch.ones(B, dtype=torch.int64),
             )
-            return Plan(k, fraction, needs[k], torch.ones(B, dtype=torch.int64))
-        a = torch.where(self.is_s[k], 1.0 - fraction, self.in_rate[k])  # inputs per raw token
-        b = torch.where(self.is_s[k], fraction, self.out_rate[k])  # targets per raw token
-        head = 1.0 + (self.mode_ids[k] >= 0).double()  # EOS and mode token
+        a = np.where(is_s, 1.0 - fraction, self.in_rate.numpy()[k])  # inputs per raw token
+        b = np.where(is_s, fraction, self.out_rate.numpy()[k])  # targets per raw token
+        head = 1.0 + (self.mode_ids.numpy()[k] >= 0)  # EOS and mode token
         D = self.decoder_width(m)
         heavy_in = b <= self.target_ratio * a
-        i = torch.arange(K)[None, :]
-        both = (heavy_in.long().cumsum(1) > 0) & ((~heavy_in).long().cumsum(1) > 0)
-        first = torch.where(both, i, K).min(1).values
-        count = (first + 1).clamp(max=K) if self.two_sided else torch.ones(B, dtype=torch.int64)
+        i = np.arange(K)[None, :]
+        both = (np.cumsum(heavy_in, 1) > 0) & (np.cumsum(~heavy_in, 1) > 0)
+        first = np.where(both, i, K).min(1)
+        count = np.minimum(first + 1, K) if self.two_sided else np.ones(B, dtype=np.int64)
         valid = i < count[:, None]
-        room_e = m - (head * valid).sum(1)
-        room_d = D - valid.sum(1).double()
+
+        def row_sum(x: np.ndarray) -> np.ndarray:
+            return torch.from_numpy(x).sum(1).numpy()
+
+        room_e = m - row_sum(head * valid)
+        room_d = D - valid.sum(1).astype(np.float64)
         ga, gb = valid & heavy_in, valid & ~heavy_in
-        a_in, b_in = (a * ga).sum(1), (b * ga).sum(1)
-        a_tg, b_tg = (a * gb).sum(1), (b * gb).sum(1)
+        a_in, b_in = row_sum(a * ga), row_sum(b * ga)
+        a_tg, b_tg = row_sum(a * gb), row_sum(b * gb)
         shortest = max(8.0, m / 16)
-        det = a_in * b_tg - a_tg * b_in
-        s_in = (room_e * b_tg - room_d * a_tg) / det.clamp(min=1e-12)
-        s_tg = (room_d * a_in - room_e * b_in) / det.clamp(min=1e-12)
+        det = np.maximum(a_in * b_tg - a_tg * b_in, 1e-12)
+        s_in = (room_e * b_tg - room_d * a_tg) / det
+        s_tg = (room_d * a_in - room_e * b_in) / det
         one_sided = (ga.sum(1) == 0) | (gb.sum(1) == 0)
+        tiny = 1e-12
         # one group only: one length, the longest that fits both sides
-        s_one = torch.minimum(
-            room_e / (a_in + a_tg).clamp(min=1e-12), room_d / (b_in + b_tg).clamp(min=1e-12)
-        )
+        s_one = np.minimum(room_e / np.maximum(a_in + a_tg, tiny), room_d / np.maximum(b_in + b_tg, tiny))
         # a length below the shortest example: that group at the shortest, the other fills what is left
         low_in = ~one_sided & (s_in < shortest)
         low_tg = ~one_sided & ~low_in & (s_tg < shortest)
-        fill_tg = torch.minimum(
-            (room_e - a_in * shortest) / a_tg.clamp(min=1e-12),
-            (room_d - b_in * shortest) / b_tg.clamp(min=1e-12),
+        fill_tg = np.minimum(
+            (room_e - a_in * shortest) / np.maximum(a_tg, tiny),
+            (room_d - b_in * shortest) / np.maximum(b_tg, tiny),
         )
-        fill_in = torch.minimum(
-            (room_e - a_tg * shortest) / a_in.clamp(min=1e-12),
-            (room_d - b_tg * shortest) / b_in.clamp(min=1e-12),
+        fill_in = np.minimum(
+            (room_e - a_tg * shortest) / np.maximum(a_in, tiny),
+            (room_d - b_tg * shortest) / np.maximum(b_in, tiny),
         )
         s_in, s_tg = (
-            torch.where(one_sided, s_one, torch.where(low_in, shortest, torch.where(low_tg, fill_in, s_in))),
-            torch.where(one_sided, s_one, torch.where(low_in, fill_tg, torch.where(low_tg, shortest, s_tg))),
+            np.where(one_sided, s_one, np.where(low_in, shortest, np.where(low_tg, fill_in, s_in))),
+            np.where(one_sided, s_one, np.where(low_in, fill_tg, np.where(low_tg, shortest, s_tg))),
         )
-        scale = torch.where(heavy_in, s_in[:, None], s_tg[:, None])
-        length = torch.where(valid, scale.clamp(min=1.0).floor().long(), torch.zeros_like(k))
-        return Plan(k, fraction, length, count)
+        scale = np.where(heavy_in, s_in[:, None], s_tg[:, None])
+        length = np.where(valid, np.floor(np.maximum(scale, 1.0)).astype(np.int64), 0)
+        return Plan(
+            torch.from_numpy(k), torch.from_numpy(fraction), torch.from_numpy(length), torch.from_numpy(count)
+        )
 
     def __call__(self, rows: Tensor, document_ids: Tensor, row_index: Tensor, seed: int) -> Batch:
         B, L = rows.shape
@@ -336,8 +354,11 @@ class UL2(Objective):
         plan = self.plan(m, row_index, seed)
         K = plan.length.size(1)
         bounds = plan.length.cumsum(1)
-        pos = torch.arange(L, device=device)[None, :].expand(B, L).contiguous()
-        example = torch.searchsorted(bounds, pos, right=True)  # (B, L): example of every raw position
+        # (B, L) example of every raw position: how many example ends lie at or before it (a cumsum of
+        # marks at the ends, cheaper than a searchsorted per position)
+        marks = torch.zeros(B, L + 1, dtype=torch.int64, device=device)
+        marks.scatter_add_(1, bounds.clamp(max=L), torch.ones_like(bounds))
+        example = marks[:, :L].cumsum(1)
         real = document_ids >= 0
         read = real & (example < plan.count[:, None])
         # every (example, document) part is a document of its own; positions past the plan are not read
@@ -370,16 +391,18 @@ class UL2(Objective):
         x = seg.extra
         span_need_fn = span_need(seg, seed, row_index, x["density"], x["mean_span"], self.config.random_roll)
         encdec = self.model_kind == "encdec"
+        has_mode = (x["mode"] >= 0).long().cpu().numpy()
+        fraction = x["fraction"].cpu().numpy()
+        is_s_np = x["is_s"].cpu().numpy()
 
-        def need(lengths: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
-            head = (x["mode"][index] >= 0).long()
+        def need(lengths: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             n_in, n_tgt = span_need_fn(lengths, index)
-            s_tgt = s_target_lengths(lengths, x["fraction"][index])
+            s_tgt = s_target_lengths_np(lengths, fraction[index])
             s_in = lengths - s_tgt
             if encdec:
-                s_in, s_tgt = s_in + (lengths >= 0).long(), s_tgt + 1
-            s_side = x["is_s"][index]
-            return torch.where(s_side, s_in, n_in) + head, torch.where(s_side, s_tgt, n_tgt)
+                s_in, s_tgt = s_in + (lengths >= 0), s_tgt + 1
+            s_side = is_s_np[index]
+            return np.where(s_side, s_in, n_in) + has_mode[index], np.where(s_side, s_tgt, n_tgt)
 
         # documents fit the widths whole or are cut before corruption: no target token is dropped
         seg, used = fit_documents(seg, need, widths, self.specials.pad)
@@ -387,10 +410,11 @@ class UL2(Objective):
         parts: list[Pieces] = []
         stats: dict[str, float] = {}
         examples = torch.arange(K, device=device)[None, :] < plan.count[:, None]
-        total = max(int(examples.sum()), 1)
-        for j, label in enumerate(self.labels):
-            stats[f"share/{label}"] = float((examples & (plan.denoiser == j)).sum()) / total
-        stats["examples"] = float(examples.sum())
+        per_denoiser = torch.bincount(plan.denoiser[examples], minlength=len(self.labels)).tolist()
+        n_examples = sum(per_denoiser)
+        for label, count in zip(self.labels, per_denoiser, strict=True):
+            stats[f"share/{label}"] = float(count) / max(n_examples, 1)
+        stats["examples"] = float(n_examples)
 
         def add(pieces: Pieces, part: dict[str, float]) -> None:
             parts.append(pieces)

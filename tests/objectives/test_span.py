@@ -243,6 +243,15 @@ def test_short_documents() -> None:
     assert bool((batch.document_ids[1] == -1).all()) and bool((batch.labels[1] == IGNORE).all())
 
 
+@pytest.mark.parametrize("kind", ["encdec", "decoder"])
+def test_rolled_masks_on_an_empty_batch(kind: str) -> None:
+    """No rows (as the mixture probes its widths with) give an empty batch, not an index error."""
+    obj = build_objective("span", SP, model_kind=kind, overrides={"random_roll": True})
+    rows = torch.zeros(0, obj.raw_length(64), dtype=torch.int64)
+    batch = obj(rows, rows.clone(), torch.arange(0), 0)
+    assert batch.input_ids.shape[0] == 0 and batch.n_targets == 0
+
+
 def test_very_long_rows() -> None:
     obj = build_objective("span", SP)
     L = obj.raw_length(4096)
