@@ -8,6 +8,8 @@ Self-speculative decoding (Gloeckle et al. 2024 section 3.2; blockwise parallel 
 2018): the heads 2..n at the last verified position draft the next n-1 tokens; one forward over
 [verified token, drafts] lets head 1 check every draft at once. The longest agreeing prefix is kept plus
 head 1's own next token, so each forward yields 1..n tokens, and greedy output equals plain greedy.
+The n head layers run as one batched block (`StackedBlocks`), so a step over n slots costs about the
+trunk plus one layer, against the trunk plus head 1 of a plain greedy step.
 """
 
 from __future__ import annotations
