@@ -159,10 +159,7 @@ def generate_speculative(
         start = caches[0].length
         x = torch.tensor([[token, *drafts]], device=device)  # (1, n)
         hidden = model.step_stacked(x, (start + slots)[None], caches, heads)[:, 0]  # (n heads, n slots, D)
-        # every head's pick at every slot in one unembedding and one transfer: head 1's row verifies,
-        # the other heads' column at the last kept slot drafts the next step
-        table = model.unembed(hidden).argmax(dim=-1).tolist()  # (n heads, n slots)
-        verified = table[0]
+        verified = model.unembed(hidden[0]).argmax(dim=-1).tolist()  # head 1's next token at every slot
         m = 0  # accepted drafts: draft i is right iff it equals head 1's pick at slot i
         while m < n - 1 and drafts[m] == verified[m]:
             m += 1
@@ -179,7 +176,8 @@ def generate_speculative(
             produced += 1
             if produced >= max_new_tokens:
                 return
-        token, drafts = verified[m], [row[m] for row in table[1:]]
+        # new drafts: heads 2..n at the last kept slot only (n-1 rows unembedded, not n x n)
+        token, drafts = verified[m], model.unembed(hidden[1:, m]).argmax(dim=-1).tolist()
 
 
 def encode_input(

@@ -270,11 +270,12 @@ class StackedBlocks:
         B, t, D = x.shape
         n, H = self.n, self.n_head
         flat = x.reshape(1, B * t, D)
-        qkv = torch.bmm(self._norm(flat, self.norm1), self.qkv).view(n * B, t, 3 * D)
-        rows_cos, rows_sin = cos.repeat(n, 1, 1, 1), sin.repeat(n, 1, 1, 1)
-        qk = apply_rope(qkv[..., : 2 * D].unflatten(-1, (2 * H, -1)), rows_cos, rows_sin)
+        qkv = torch.bmm(self._norm(flat, self.norm1), self.qkv).view(n, B, t, 3 * D)
+        qk = apply_rope(qkv[..., : 2 * D].unflatten(-1, (2 * H, -1)), cos, sin).flatten(
+            0, 1
+        )  # (nB, t, 2H, K)
         q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)  # (nB, H, t, K)
-        v = qkv[..., 2 * D :].unflatten(-1, (H, -1)).transpose(1, 2)
+        v = qkv[..., 2 * D :].flatten(0, 1).unflatten(-1, (H, -1)).transpose(1, 2)
         k, v = cache.append(k, v)
         y = attend(q, k, v, mask, is_causal=False).transpose(1, 2).reshape(n, B * t, D)
         h = flat + torch.bmm(y, self.proj)  # (n, Bt, D)
