@@ -594,14 +594,15 @@ def span_inputs_targets(
     if mode_token is not None:
         inputs[:, 0] = mode_token
     before = mask.cumsum(1).add_(n_starts)  # output position of each noise token, plus one
-    tgt_w = 2 * W + 2
+    # sized from the lengths (EOS at n_tgt, a spare column after it), not 2W + 2: a smaller fill
+    top = int(before[:, -1].max()) + 1 if N else 1
+    tgt_w = top + 1
     targets = torch.full((N, tgt_w), specials.pad, dtype=tokens.dtype, device=device)
     targets.scatter_(1, torch.where(starts, before - 2, tgt_w - 1), sentinels)
     pos = before.sub_(1)
     targets.scatter_(1, torch.where(mask, pos, tgt_w - 1), tokens)
     n_tgt = pos[:, -1] + 1
     targets.scatter_(1, n_tgt[:, None], specials.eos)
-    top = int(n_tgt.max()) + 1 if N else 1
     return inputs[:, : in_w - 1], n_in + 1, targets[:, :top], n_tgt + 1
 
 

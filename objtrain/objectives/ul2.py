@@ -126,9 +126,14 @@ def s_pieces(
 ) -> tuple[Pieces, dict[str, float]]:
     """S-denoise every segment: inputs `[mode] x[:n_in]`, targets `x[n_in:]` (encoder-decoder: + EOS
     each), the split from each segment's target fraction; `mode` (N,) mode tokens or None."""
-    return split_pieces(
+    pieces, stats = split_pieces(
         seg, seg.lengths - s_target_lengths(seg.lengths, fraction), model_kind, specials, mode
     )
+    # both sides trimmed to their longest (views): a merge with span pieces is then no wider than needed
+    n = pieces.row.numel()
+    pieces.inputs = pieces.inputs[:, : max(int(pieces.input_lengths.max()) if n else 0, 1)]
+    pieces.targets = pieces.targets[:, : max(int(pieces.target_lengths.max()) if n else 0, 1)]
+    return pieces, stats
 
 
 @dataclass
