@@ -352,13 +352,23 @@ def smallest(keys: Tensor, k: int) -> Tensor:
 
 def _segment_by_keys(keys: Tensor, n_items: Tensor, n_segments: Tensor) -> Tensor:
     """Core of `random_segmentation`: the n_segments-1 gaps with the smallest `keys` (invalid gaps
-    hold INT64_MAX) become boundaries; returns the (M, K) part sizes."""
+    hold INT64_MAX) become boundaries; returns the (M, K) part sizes. Valid keys are distinct and hold
+    their gap index in their low 31 bits (`sort_keys`, `random_spans_noise_mask`)."""
     M = keys.size(0)
     device = keys.device
     k_max = max(int(n_segments.max()) if M else 1, 1)
     if k_max == 1:
         return n_items[:, None].clone()
-    picked = smallest(keys, k_max - 1)
+    if keys.device.type == "cpu":
+        # `smallest` from the key values: numpy's partition of values is ~2x cheaper than argpartition,
+        # and the low bits give the gap back (INT64_MAX fills land only in unused columns)
+        kn = keys.numpy()
+        k = min(k_max - 1, kn.shape[1])
+        low = np.partition(kn, k - 1, axis=1)[:, :k] if k < kn.shape[1] else kn
+        low = np.sort(low, axis=1)[:, : k_max - 1]
+        picked = torch.from_numpy(low & 0x7FFFFFFF)
+    else:
+        picked = smallest(keys, k_max - 1)
     used = torch.arange(k_max - 1, device=device)[None, :] < (n_segments - 1)[:, None]
     cuts = torch.where(used, picked + 1, n_items[:, None])  # item index starting a part, sorted below
     if cuts.device.type == "cpu":  # numpy's sort: ~5x faster than torch's on CPU; sorted values are unique
