@@ -184,11 +184,19 @@ def split_documents(
     by the row end has none) is split off: it is never noised and the objective appends the EOS itself,
     so a document ends with exactly one EOS either way.
     """
+    return split_documents_at(rows, document_ids, pad_id, eos_id)[0]
+
+
+def split_documents_at(
+    rows: Tensor, document_ids: Tensor, pad_id: int = 0, eos_id: int | None = None
+) -> tuple[Segments, Tensor]:
+    """`split_documents`, and the (N,) start of every document in the flattened rows (row * L + column),
+    which callers would otherwise find again."""
     B, L = rows.shape
     device = rows.device
     change = document_ids[:, 1:] != document_ids[:, :-1]  # (B, L-1): a document ends / starts here
     if B and L and not bool(change.any()) and bool((document_ids[:, 0] >= 0).all()):
-        return _one_document_per_row(rows, pad_id, eos_id)
+        return _one_document_per_row(rows, pad_id, eos_id), torch.arange(B, device=device) * L
     valid = document_ids >= 0
     starts = valid.clone()
     starts[:, 1:] &= change
@@ -197,7 +205,8 @@ def split_documents(
     if n == 0:
         empty = torch.zeros(0, dtype=torch.int64, device=device)
         flags = torch.zeros(0, dtype=torch.bool, device=device)
-        return Segments(torch.zeros(0, 0, dtype=torch.int64, device=device), empty, empty, empty, B, flags)
+        seg = Segments(torch.zeros(0, 0, dtype=torch.int64, device=device), empty, empty, empty, B, flags)
+        return seg, empty
     ends = valid
     ends[:, :-1] &= change
     flat_ends = flat_nonzero(ends)
@@ -221,7 +230,7 @@ def split_documents(
     row = torch.div(flat_starts, L, rounding_mode="floor")
     per_row = starts.sum(1)
     doc = torch.arange(n, device=device) - (per_row.cumsum(0) - per_row)[row]
-    return Segments(tokens, lengths, row, doc, B, had_eos)
+    return Segments(tokens, lengths, row, doc, B, had_eos), flat_starts
 
 
 def _one_document_per_row(rows: Tensor, pad_id: int, eos_id: int | None) -> Segments:
@@ -937,11 +946,20 @@ def fit_documents(
     j = torch.arange(seg.width, device=seg.tokens.device)[None, :]
     flags = torch.from_numpy((had_eos & ~cut_docs)[keep]).to(device)
     kept_len = torch.from_numpy(new_len[keep]).to(device)
+
+    def pad_cut(tokens: Tensor) -> Tensor:
+        """Pad the cut documents past their new lengths (whole ones are padded already)."""
+        c = torch.from_numpy(np.flatnonzero(cut_docs[keep])).to(device)
+        if c.numel():
+            short = tokens.index_select(0, c).masked_fill_(j >= kept_len[c][:, None], pad)
+            tokens.index_copy_(0, c, short)
+        return tokens
+
     if keep.all():  # only cuts, nothing left out: no rows to select
-        tokens = seg.tokens.masked_fill(j >= kept_len[:, None], pad)
+        tokens = pad_cut(seg.tokens.clone())
         return Segments(tokens, kept_len, seg.row, seg.doc, seg.n_rows, flags, dict(seg.extra)), used
     k = torch.from_numpy(np.flatnonzero(keep)).to(device)
-    tokens = seg.tokens.index_select(0, k).masked_fill_(j >= kept_len[:, None], pad)  # one copy
+    tokens = pad_cut(seg.tokens.index_select(0, k))  # one copy
     out = Segments(
         tokens,
         kept_len,
