@@ -802,12 +802,13 @@ def encdec_batch(
     starts = _offsets(p.row, p.input_lengths, n_rows)
     tgt_len = torch.where(starts < enc_width, p.target_lengths, torch.zeros_like(p.target_lengths))
     dropped = int((p.target_lengths - tgt_len).sum())
-    N = p.targets.size(0)
-    start = torch.full((N, 1), specials.pad, dtype=torch.int64, device=p.targets.device)
-    dec_in = torch.cat([start, p.targets[:, :-1]], dim=1) if p.targets.size(1) else start[:, :0]
-    (dec, labels), dec_docs, dec_pos, cut_out = pack_segments(
-        p.row, p.doc, tgt_len, [(dec_in, specials.pad), (p.targets, IGNORE)], n_rows, dec_width
+    (labels,), dec_docs, dec_pos, cut_out = pack_segments(
+        p.row, p.doc, tgt_len, [(p.targets, IGNORE)], n_rows, dec_width
     )
+    # decoder inputs: the packed targets one column right inside each document, the start id (pad) at
+    # its first position (one small shift, not a second shifted copy of every piece to pack)
+    dec = torch.full_like(labels, specials.pad)
+    dec[:, 1:] = torch.where(dec_pos[:, 1:] > 0, labels[:, :-1], specials.pad)
     batch = Batch(
         input_ids=enc,
         labels=labels,
