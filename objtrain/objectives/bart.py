@@ -78,6 +78,11 @@ from objtrain.objectives.span import finish_stats
 _INT64_MAX = (1 << 63) - 1
 
 
+def _unit64(bits: Tensor) -> Tensor:
+    """int64 random bits as `RowRandom.uniform64` turns them into a float64 in [0, 1)."""
+    return ((bits >> 11) & ((1 << 53) - 1)).to(torch.float64) * (1.0 / (1 << 53))
+
+
 def poisson_cdf(lam: float, k_max: int = 128) -> Tensor:
     """(K,) float64 CDF of Poisson(lam) truncated as fairseq truncates it (k <= 128, pmf >= 1e-7)."""
     pmf = []
@@ -246,8 +251,7 @@ class BartDenoising(Objective):
         out = torch.full(random.shape, self.specials.mask, dtype=torch.int64)
         r, c = random.nonzero(as_tuple=True)
         if r.numel():
-            bits = RowRandom(rr.seed, rr.rows[r]).bits_at(c[:, None], stream)[:, 0]
-            u = ((bits >> 11) & ((1 << 53) - 1)).to(torch.float64) * (1.0 / (1 << 53))  # uniform64
+            u = _unit64(RowRandom(rr.seed, rr.rows[r]).bits_at(c[:, None], stream)[:, 0])
             low = self.specials.first_ordinary
             out[r, c] = low + torch.floor(u * (max(self.vocab_size, low + 1) - low)).to(torch.int64)
         return out
@@ -301,7 +305,11 @@ class BartDenoising(Objective):
         diff.scatter_add_(1, w.expand(N, -1), chosen.long())
         diff.scatter_add_(1, torch.where(chosen, stop, Wn), -chosen.long())
         covered_w = diff.cumsum(1)[:, :Wn] > 0
-        random_w = chosen & (rr.uniform64(Wn, "bart/mask_random") < c.mask_random)
+        # the random flag is read at the chosen words only: `uniform64(Wn, ...)` there, not the whole grid
+        u = _unit64(rr.bits_at(first, "bart/mask_random"))
+        random_w = torch.zeros(N, Wn + 1, dtype=torch.bool).scatter_(1, where, valid & (u < c.mask_random))[
+            :, :Wn
+        ]
         word_idx = word_of.clamp(0, Wn - 1)
         covered = covered_w.gather(1, word_idx) & inside
         run_start = covered.clone()
@@ -330,29 +338,40 @@ class BartDenoising(Objective):
         return out, n, inserts, stats
 
     def _insert(self, tokens: Tensor, lengths: Tensor, n_ins: Tensor, rr: RowRandom) -> tuple[Tensor, Tensor]:
-        """Insert n_ins[i] tokens at uniform random positions: <mask>, random for ceil(n * mask_random)."""
+        """Insert n_ins[i] tokens at uniform random positions: <mask>, random for ceil(n * mask_random).
+
+        Only the rows that insert anything are drawn and rebuilt (often a third of them insert nothing:
+        the default recipe inserts only for zero-length spans); the others are padded copies."""
         N, W = tokens.shape
         W2 = W + max(int(n_ins.max()), 0)
         new_len = lengths + n_ins
+        sel = (n_ins > 0).nonzero().squeeze(1)
+        M = sel.numel()
+        rs = RowRandom(rr.seed, rr.rows[sel]) if M < N else rr
+        ins, lens = (n_ins[sel], new_len[sel]) if M < N else (n_ins, new_len)
         j = torch.arange(W2)[None, :]
-        keys = rr.bits(W2, "bart/insert/where").masked_fill(j >= new_len[:, None], _INT64_MAX)
-        n_random = torch.ceil(n_ins.double() * self.config.mask_random).long()
-        k = int(n_ins.max())
+        keys = rs.bits(W2, "bart/insert/where").masked_fill(j >= lens[:, None], _INT64_MAX)
+        n_random = torch.ceil(ins.double() * self.config.mask_random).long()
+        k = int(ins.max())
         if 4 * k <= W2:  # only ranks below n_ins matter: a partial top-k instead of ranking every key
             lowest = smallest(keys, k)  # rank r at [:, r]
             r = torch.arange(k)[None, :]
-            flags = torch.zeros(N, W2 + 1, dtype=torch.bool)
-            inserted = flags.scatter(1, torch.where(r < n_ins[:, None], lowest, W2), True)[:, :W2]
+            flags = torch.zeros(M, W2 + 1, dtype=torch.bool)
+            inserted = flags.scatter(1, torch.where(r < ins[:, None], lowest, W2), True)[:, :W2]
             is_random = flags.scatter_(1, torch.where(r < n_random[:, None], lowest, W2), True)[:, :W2]
         else:
             rank = _rank(keys)
-            inserted = rank < n_ins[:, None]
+            inserted = rank < ins[:, None]
             is_random = rank < n_random[:, None]
-        new = self._mask_or_random(rr, is_random, "bart/insert/ids")
+        new = self._mask_or_random(rs, is_random, "bart/insert/ids")
         src = ((~inserted).long().cumsum(1) - 1).clamp(0, max(W - 1, 0))
-        old = tokens.gather(1, src) if W else torch.zeros(N, W2, dtype=torch.int64)
-        out = torch.where(inserted, new, old).masked_fill(j >= new_len[:, None], self.specials.pad)
-        return out, new_len
+        rows = tokens.index_select(0, sel) if M < N else tokens
+        old = rows.gather(1, src) if W else torch.zeros(M, W2, dtype=torch.int64)
+        out = torch.where(inserted, new, old)
+        if M < N:
+            full = torch.nn.functional.pad(tokens, (0, W2 - W), value=self.specials.pad)
+            out = full.index_copy_(0, sel, out)
+        return out.masked_fill_(j >= new_len[:, None], self.specials.pad), new_len
 
     def _rotate(self, tokens: Tensor, lengths: Tensor, rr: RowRandom) -> tuple[Tensor, Tensor]:
         """With probability `rotate`, start the document at a uniform offset in [1, L-1].

@@ -60,10 +60,9 @@ from objtrain.objectives.noise import (
     Segments,
     by_length,
     fit_documents,
-    flat_nonzero,
     largest_fitting,
     layout,
-    split_documents,
+    split_documents_at,
 )
 from objtrain.objectives.prefix_lm import check_prefix_density, split_pieces
 from objtrain.objectives.rng import RowRandom
@@ -126,9 +125,14 @@ def s_pieces(
 ) -> tuple[Pieces, dict[str, float]]:
     """S-denoise every segment: inputs `[mode] x[:n_in]`, targets `x[n_in:]` (encoder-decoder: + EOS
     each), the split from each segment's target fraction; `mode` (N,) mode tokens or None."""
-    return split_pieces(
+    pieces, stats = split_pieces(
         seg, seg.lengths - s_target_lengths(seg.lengths, fraction), model_kind, specials, mode
     )
+    # both sides trimmed to their longest (views): a merge with span pieces is then no wider than needed
+    n = pieces.row.numel()
+    pieces.inputs = pieces.inputs[:, : max(int(pieces.input_lengths.max()) if n else 0, 1)]
+    pieces.targets = pieces.targets[:, : max(int(pieces.target_lengths.max()) if n else 0, 1)]
+    return pieces, stats
 
 
 @dataclass
@@ -365,10 +369,8 @@ class UL2(Objective):
         key = torch.where(
             read, document_ids * K + example.clamp(max=K - 1), torch.full_like(document_ids, -1)
         )
-        seg = split_documents(rows, key, self.specials.pad, self.specials.eos)
-        starts = read.clone()
-        starts[:, 1:] &= key[:, 1:] != key[:, :-1]
-        seg_example = example.reshape(-1)[flat_nonzero(starts)]
+        seg, flat_start = split_documents_at(rows, key, self.specials.pad, self.specials.eos)
+        seg_example = example.reshape(-1)[flat_start]
         k = plan.denoiser[seg.row, seg_example]
         is_s = self.is_s[k]
         if self.model_kind == "decoder" and seg.had_eos is not None and bool((is_s & seg.had_eos).any()):
