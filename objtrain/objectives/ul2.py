@@ -393,7 +393,7 @@ class UL2(Objective):
         x = seg.extra
         span_need_fn = span_need(seg, seed, row_index, x["density"], x["mean_span"], self.config.random_roll)
         encdec = self.model_kind == "encdec"
-        has_mode = (x["mode"] >= 0).long().cpu().numpy()
+        mode_tokens = (x["mode"] >= 0).long().cpu().numpy()  # 1 where the example gets a mode token
         fraction = x["fraction"].cpu().numpy()
         is_s_np = x["is_s"].cpu().numpy()
 
@@ -404,7 +404,7 @@ class UL2(Objective):
             if encdec:
                 s_in, s_tgt = s_in + (lengths >= 0), s_tgt + 1
             s_side = is_s_np[index]
-            return np.where(s_side, s_in, n_in) + has_mode[index], np.where(s_side, s_tgt, n_tgt)
+            return np.where(s_side, s_in, n_in) + mode_tokens[index], np.where(s_side, s_tgt, n_tgt)
 
         # documents fit the widths whole or are cut before corruption: no target token is dropped
         seg, used = fit_documents(seg, need, widths, self.specials.pad)
