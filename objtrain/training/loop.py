@@ -284,18 +284,19 @@ def forward_backward(
     scaler: Any,
     sequential: bool = True,
     pair_scale: float = 0.0,
+    loss_of: Callable[[Batch], LossOutput] | None = None,
 ) -> LossOutput:
     """One micro-batch: forward, `loss_sum * scale + pair_sum * pair_scale` backward. Returns the detached
     `LossOutput` (sums and counts, for the step's global normalisation).
 
     MTP uses the sequential per-head backward unless `sequential` is off (a sharded model must go through
-    its root forward, which the trunk/heads split bypasses)."""
+    its root forward, which the trunk/heads split bypasses). `loss_of`, when given, is the forward and the
+    loss as one (compiled) function."""
     plain = unwrap(model)
     if sequential and objective.name == "mtp" and getattr(plain.config, "mtp_heads", 1) > 1:
         return _mtp_forward_backward(plain, batch, scale, device, dtype, scaler)
     with autocast(device, dtype):
-        out = model(batch)
-        lo = objective.loss(out, batch)
+        lo = loss_of(batch) if loss_of is not None else objective.loss(model(batch), batch)
     loss = lo.loss_sum * scale
     if lo.pair_sum is not None:
         loss = loss + lo.pair_sum * pair_scale
@@ -462,13 +463,13 @@ def _run(
     if scaler is not None and state.get("scaler"):
         scaler.load_state_dict(state["scaler"])
 
-    run_model: nn.Module = model
+    loss_of: Callable[[Batch], LossOutput] | None = None
     if cfg.precision.compile:
         mtp_split = plan.objective.name == "mtp" and plan.model_cfg.mtp_heads > 1
         if sharded or mtp_split:  # these run the blocks outside the root forward: compile each block
             unwrap(model).compile_blocks()  # type: ignore[operator]
-        else:  # the whole forward and loss inputs: inductor also fuses the embedding, masks and head
-            run_model = torch.compile(model)  # type: ignore[assignment]
+        else:  # the forward and the loss as one graph: inductor also fuses the head with the cross-entropy
+            loss_of = torch.compile(lambda batch: plan.objective.loss(model(batch), batch))
 
     if "total_steps" in state:
         total = int(state["total_steps"])
@@ -620,7 +621,7 @@ def _run(
             metric_sums: dict[str, float] = {}
             for batch in batches:
                 lo = forward_backward(
-                    run_model,
+                    model,
                     plan.objective,
                     batch,
                     scale,
@@ -629,6 +630,7 @@ def _run(
                     scaler,
                     not sharded,
                     pair_scale,
+                    loss_of,
                 )
                 totals[0] += lo.loss_sum.double()
                 totals[1] += lo.n_targets.double()

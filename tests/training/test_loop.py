@@ -270,3 +270,21 @@ def test_bf16_autocast_and_a_seconds_budget(train_store: Path, tmp_path: Path, s
     state = json.loads((result.checkpoint / "state.json").read_text())  # type: ignore[operator]
     assert state["dtype"] == "bf16" and state["total_steps"] == result.total_steps
     assert all(isinstance(r["loss"], float) for r in records(tmp_path / "run") if "loss" in r)
+
+
+def test_compiled_forward_and_loss_train_as_eager(train_store: Path, tmp_path: Path, small_config) -> None:
+    """`--compile` runs the forward and the objective's loss as one compiled function: same losses as eager
+    (NSP: a pair term and per-position pooled logits go through it too)."""
+    losses = {}
+    for compiled in (False, True):
+        cfg = small_config(
+            train_store,
+            objective={"name": "nsp"},
+            model={"kind": "encoder"},
+            budget={"steps": 3},
+            precision={"compile": compiled},
+        )
+        train(cfg, tmp_path / f"c{compiled}", show_progress=False)
+        losses[compiled] = [r["loss"] for r in records(tmp_path / f"c{compiled}") if "loss" in r]
+    assert len(losses[True]) == 3
+    assert losses[True] == pytest.approx(losses[False], rel=1e-4)
