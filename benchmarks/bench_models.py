@@ -129,34 +129,16 @@ def our_loss(kind: str, model: nn.Module, d: dict[str, Tensor]) -> Tensor:
     ids = d["ids"]
     B, T = ids.shape
     pos = torch.arange(T).expand(B, T)
-    docs = torch.zeros_like(ids)
-    if kind == "decoder":
-        batch = Batch(ids, d["labels"], pos, docs, "causal", single_document=True)
-    elif kind == "encoder":
-        batch = Batch(
-            ids,
-            d["labels"],
-            pos,
-            docs,
-            "bidirectional",
-            segment_ids=torch.zeros_like(ids),
-            single_document=True,
-        )
-    else:
-        dec = d["dec"]
-        S = dec.size(1)
-        batch = Batch(
-            ids,
-            d["labels"],
-            pos,
-            docs,
-            "bidirectional",
-            decoder_input_ids=dec,
-            decoder_positions=torch.arange(S).expand(B, S),
-            decoder_document_ids=torch.zeros_like(dec),
-            single_document=True,
-            decoder_single_document=True,
-        )
+    attention = "causal" if kind == "decoder" else "bidirectional"
+    batch = Batch(ids, d["labels"], pos, torch.zeros_like(ids), attention, single_document=True)
+    if kind == "encoder":
+        batch.segment_ids = torch.zeros_like(ids)
+    elif kind == "encdec":
+        S = d["dec"].size(1)
+        batch.decoder_input_ids = d["dec"]
+        batch.decoder_positions = torch.arange(S).expand(B, S)
+        batch.decoder_document_ids = torch.zeros_like(d["dec"])
+        batch.decoder_single_document = True
     logits = model(batch).logits
     return F.cross_entropy(logits.flatten(0, 1).float(), batch.labels.flatten(), ignore_index=IGNORE)
 
