@@ -271,9 +271,8 @@ class StackedBlocks:
         n, H = self.n, self.n_head
         flat = x.reshape(1, B * t, D)
         qkv = torch.bmm(self._norm(flat, self.norm1), self.qkv).view(n, B, t, 3 * D)
-        qk = apply_rope(qkv[..., : 2 * D].unflatten(-1, (2 * H, -1)), cos, sin).flatten(
-            0, 1
-        )  # (nB, t, 2H, K)
+        # the angles (B, t, 1, K/2) broadcast over the n heads; then heads and rows share one axis
+        qk = apply_rope(qkv[..., : 2 * D].unflatten(-1, (2 * H, -1)), cos, sin).flatten(0, 1)
         q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)  # (nB, H, t, K)
         v = qkv[..., 2 * D :].flatten(0, 1).unflatten(-1, (H, -1)).transpose(1, 2)
         k, v = cache.append(k, v)
