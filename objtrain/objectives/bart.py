@@ -1,11 +1,11 @@
 """BART denoising (reference section 8; fairseq fairseq/data/denoising_dataset.py `DenoisingDataset`).
 
-Per document, in fairseq's order: sentence permutation, masking (token masking / deletion / text
-infilling, chosen by `replace_length`), insertion, rotation; the encoder reads the noised document plus
-EOS and the decoder reconstructs the original document plus EOS (loss on every target token).
+Per document: masking / deletion / text infilling (chosen by `replace_length`) and insertion, sentence
+permutation, rotation; the encoder reads the noised document plus EOS and the decoder reconstructs the
+original document plus EOS (loss on every target token).
 
 Worked example, text infilling (`replace_length: 1`), document `a b c d e f`, one span over `c d`
-and one zero-length span before `f`:  encoder `a b <mask> e <mask> f </s>`, decoder `a b c d e f </s>`.
+and one zero-length span at `f`:  encoder `a b <mask> e <mask> f </s>`, decoder `a b c d e f </s>`.
 
 Defaults are the BART paper's recipe (§2.2, §5.1): mask 0.3 of the words as Poisson(lambda = 3) spans,
 one `<mask>` per span (`replace_length: 1`), 0-length spans insert a `<mask>`, all sentences permuted;
@@ -13,7 +13,27 @@ one `<mask>` per span (`replace_length: 1`), 0-length spans insert a `<mask>`, a
 3.0 as the paper states; fairseq#1899 and mBART use 3.5. The fairseq task's own defaults (mask 0,
 rotate 0.5, replace_length 0) are not used: every field here is explicit.
 
-Differences from fairseq, on purpose:
+Every draw is keyed by (seed, row, document, position in the document), so the noise of a document's
+first c tokens is the noise of the whole document restricted to them. That is what lets a row be fitted
+by a prefix sum: the documents of a row are noised once, whole, and the row keeps the longest prefix of
+its raw text whose noised inputs (EOS included) fit the encoder and whose originals plus EOS fit the
+decoder; the document cut there is exactly what noising the cut document alone would give (tested).
+No target token is dropped and no input truncated; the raw text after the cut is left unused
+(`stats["raw_tokens_unused"]`) and padding is the only slack. fairseq's draws are not prefix-stable,
+and a fit that re-noised candidate prefixes cost twice the noise itself, so these differ on purpose:
+- span starts: each word starts a span with probability mask / E[span length] (lengths Poisson(lambda)
+  truncated as fairseq, or 1 word), not exactly ceil(mask * words) words' worth of spans from a budget;
+  the expected masked share is the same (`stats["noise_density"]`), its count varies by document;
+- masking runs before the permutation, over the original order (fairseq masks the permuted text): a
+  span over a sentence end runs into the sentence that follows it in the document, and the permutation
+  then moves the noised sentences, each still one contiguous block;
+- a zero-length span inserts its `<mask>` before the word it starts at (fairseq: a random position),
+  and `insert` inserts one before each token with probability `insert` (fairseq: ceil(len * insert)
+  random slots); replacements and insertions are random ordinary ids with probability `mask_random`
+  each (fairseq: exactly ceil(n * mask_random) of the insertions).
+Permutation and rotation keep fairseq's counts, drawn for the document as the row holds it.
+
+Other differences from fairseq, on purpose:
 - no BOS in the encoder input: T5-style layout (decoder start id 0); nothing at the document edges is
   protected except the appended EOS;
 - random replacements are drawn from ordinary tokens only (ids >= specials.first_ordinary), never
@@ -24,26 +44,22 @@ Differences from fairseq, on purpose:
   permutation without either is refused, not silently skipped (fairseq#3803).
 
 A document's trailing EOS (packed stores end documents with one) is kept out of the noise and is the
-appended EOS. The transform runs on CPU tensors (the data-loader side).
+appended EOS. The transform runs on CPU tensors (the data-loader side), over the (B, L) rows as they
+come: no per-document padding.
 
-Rotation: the offset is uniform on [1, L-1] over the document's L tokens (EOS excluded), so a rotated
-document is never the identity. fairseq draws `randint(1, len - 1)` inclusive over `BOS doc EOS` and
-builds `BOS x[offset:-1] x[1:offset] EOS`: its two end offsets (1 and len - 1) both return the document
-unchanged, so a "rotated" document is silently unrotated with probability 2 / (L + 1) (a third of the
-time for 5-token documents). Here `rotate` is the probability that a document of 2+ tokens really is
-rotated, and `stats["rotated_documents"]` counts documents that changed.
+Rotation: the offset is uniform on [1, L-1] over the document's L noised tokens (EOS excluded), so a
+rotated document is never the identity. fairseq draws `randint(1, len - 1)` inclusive over `BOS doc EOS`
+and builds `BOS x[offset:-1] x[1:offset] EOS`: its two end offsets (1 and len - 1) both return the
+document unchanged, so a "rotated" document is silently unrotated with probability 2 / (L + 1) (a third
+of the time for 5-token documents). Here `rotate` is the probability that a document of 2+ tokens really
+is rotated, and `stats["rotated_documents"]` counts documents that changed.
 
 Row lengths: text infilling shortens the input (about 0.77 encoder tokens per raw token for the default
 recipe on code, `input_ratio`), while the decoder reconstructs the whole original. So a row of model
 length m holds raw = (m - 1) / input_ratio tokens: the encoder is m wide and the decoder raw + 1 (the
-encoder-decoder model has no reason for equal widths). A noised length depends on the text (word
-starts, sentence ends), so the documents of a row are fitted after noising: those whose noised inputs
-fit m are kept, the first that does not is cut *before* noising to a prefix whose noised input fits
-(found by noising candidate prefixes, see `BartDenoising.fit`), and the rest of the row is raw text left
-unused (`stats["raw_tokens_unused"]`). No target token is dropped and no input is truncated; padding
-(a few percent) is the only slack. `input_ratio` only trades padding against unused raw text: set it to
-`corrupt --stats`'s measured input/original length for another corpus or recipe (e.g. 1.0 + insert for
-token masking).
+encoder-decoder model has no reason for equal widths). `input_ratio` only trades padding against unused
+raw text: set it to `corrupt --stats`'s measured input/original length for another corpus or recipe
+(e.g. 1.0 + insert for token masking).
 """
 
 from __future__ import annotations
@@ -56,21 +72,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from objtrain import IGNORE
 from objtrain.batch import Batch
 from objtrain.errors import UserError
 from objtrain.objectives.base import Objective, raw_usage
-from objtrain.objectives.noise import (
-    Pieces,
-    Segments,
-    _cumsum_in_rows,
-    append_token,
-    by_length,
-    compact,
-    encdec_batch,
-    largest_fitting,
-    smallest,
-    split_documents,
-)
+from objtrain.objectives.noise import _DOC_STRIDE, flat_nonzero, largest_fitting, smallest
 from objtrain.objectives.rng import RowRandom
 from objtrain.objectives.sentences import lookup, sentence_end_table, sentence_ids
 from objtrain.objectives.span import finish_stats
@@ -107,47 +113,42 @@ def _rank(keys: Tensor) -> Tensor:
     )
 
 
-def permute_sentences(
-    tokens: Tensor, lengths: Tensor, ends: Tensor, ratio: float, rr: RowRandom
-) -> tuple[Tensor, Tensor]:
-    """Shuffle ceil(n_sentences * ratio) randomly chosen sentences among their own slots.
-
-    tokens (N, W), `ends` the (V',) sentence-end table. Returns (tokens, permuted sentence count (N,)).
-    """
-    N, W = tokens.shape
-    if N == 0 or W == 0:
-        return tokens, torch.zeros(N, dtype=torch.int64)
-    j = torch.arange(W)[None, :]
-    inside = j < lengths[:, None]
-    docs = torch.where(inside, 0, -1)
-    table = ends
-    top = int(tokens.max()) + 1
-    if top > table.numel():
-        table = torch.cat([table, torch.zeros(top - table.numel(), dtype=torch.bool)])
-    sid = sentence_ids(tokens, docs, table)  # (N, W): 0.. per row, padding after the last
-    n_sent = sid.gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0] + 1
-    S = int(n_sent.max())
+def permutation_slots(n_sent: Tensor, keys_choose: Tensor, keys_order: Tensor, ratio: float) -> Tensor:
+    """(D, S) slot of every sentence after shuffling ceil(n_sent * ratio) randomly chosen sentences among
+    their own slots (fairseq `permute_sentences`); sentences past a document's n_sent stay put."""
+    D, S = keys_choose.shape
     s = torch.arange(S)[None, :]
     valid = s < n_sent[:, None]
     n_perm = torch.ceil(n_sent.double() * ratio).long()
-    keys = rr.bits(S, "bart/permute/choose").masked_fill(~valid, _INT64_MAX)
-    chosen = (_rank(keys) < n_perm[:, None]) & valid
+    chosen = (_rank(keys_choose.masked_fill(~valid, _INT64_MAX)) < n_perm[:, None]) & valid
     slots = smallest(torch.where(chosen, s, S + s), S)  # chosen slots ascending, then the rest
-    order = smallest(rr.bits(S, "bart/permute/order").masked_fill(~chosen, _INT64_MAX), S)
-    i = torch.arange(S)[None, :]
-    source = torch.where(i < n_perm[:, None], order, slots)  # sentence that goes to slots[i]
+    order = smallest(keys_order.masked_fill(~chosen, _INT64_MAX), S)
+    source = torch.where(s < n_perm[:, None], order, slots)  # sentence that goes to slots[i]
     src_of_slot = torch.empty_like(slots).scatter_(1, slots, source)
-    slot_of_src = torch.empty_like(slots).scatter_(1, src_of_slot, s.expand(N, S).contiguous())
-    sid_c = sid.clamp(max=S - 1)
-    sent_len = torch.zeros(N, S, dtype=torch.int64).scatter_add_(1, sid_c, inside.long())
-    old_start = sent_len.cumsum(1) - sent_len
-    new_len = sent_len.gather(1, src_of_slot)
-    new_start = new_len.cumsum(1) - new_len
-    offset = j - old_start.gather(1, sid_c)
-    pos = new_start.gather(1, slot_of_src.gather(1, sid_c)) + offset
-    out = torch.zeros(N, W + 1, dtype=tokens.dtype)
-    out.scatter_(1, torch.where(inside, pos, W), tokens)
-    return out[:, :W], torch.where(n_sent > 1, n_perm, 0)
+    return torch.empty_like(slots).scatter_(1, src_of_slot, s.expand(D, S).contiguous())
+
+
+def _spans(starts: Tensor, lengths: Tensor, n_rows: int, width: int) -> Tensor:
+    """(n_rows, width) bool: columns covered by [start, start + length) intervals (flat starts)."""
+    diff = torch.zeros(n_rows * (width + 1), dtype=torch.int64)
+    row = torch.div(starts, width, rounding_mode="floor")
+    diff.index_add_(0, starts + row, torch.ones_like(starts))
+    diff.index_add_(0, starts + row + lengths, torch.full_like(starts, -1))
+    return diff.view(n_rows, width + 1).cumsum(1)[:, :width] > 0
+
+
+def _ranges(starts: Tensor, lengths: Tensor, index: Tensor, n_rows: int, width: int) -> tuple[Tensor, Tensor]:
+    """Label the columns of [start, start + length) ranges (flat starts, ascending, disjoint, non-empty):
+    (n_rows, width) range index (-1 outside every range) and position inside the range (0 outside)."""
+    if not starts.numel():
+        return torch.full((n_rows, width), -1), torch.zeros(n_rows, width, dtype=torch.int64)
+    marks = torch.zeros(n_rows * width, dtype=torch.int64)
+    marks.index_copy_(0, starts, torch.arange(1, starts.numel() + 1))
+    latest = marks.view(n_rows, width).cummax(1).values  # 1 + the last range started at or before
+    which = (latest - 1).clamp(min=0)
+    offset = torch.arange(n_rows * width).view(n_rows, width) - starts.take(which)
+    inside = (latest > 0) & (offset < lengths.take(which))
+    return torch.where(inside, index.take(which), -1), torch.where(inside, offset, 0)
 
 
 class BartDenoising(Objective):
@@ -159,14 +160,14 @@ class BartDenoising(Objective):
 
     @dataclass
     class Config:
-        mask: float = 0.3  # fraction of words to corrupt (BART paper: 0.3)
+        mask: float = 0.3  # expected fraction of words to corrupt (BART paper: 0.3)
         mask_random: float = 0.1  # share of replacements that are random ordinary tokens (fairseq#1899)
         replace_length: int = 1  # -1: mask every token; 0: delete spans; 1: one <mask> per span (infilling)
         mask_length: Literal["span-poisson", "word"] = "span-poisson"  # span lengths: Poisson, or 1 word
         poisson_lambda: float = 3.0  # mean span length in words (paper: 3; fairseq#1899 / mBART: 3.5)
         whole_words: bool = True  # spans cover whole words (word starts from the tokenizer), as fairseq
         permute_sentences: float = 1.0  # fraction of sentences shuffled (BART paper: all)
-        insert: float = 0.0  # extra <mask>/random tokens inserted, as a fraction of the length
+        insert: float = 0.0  # probability of an extra <mask>/random token before each token
         rotate: float = 0.0  # probability of rotating the document to a random start
         sentence_end_ids: list[int] = field(default_factory=list)  # sentence enders; [] = from tokenizer
         vocab_size: int = 0  # random replacements draw from [first_ordinary, V); 0 = tokenizer's size
@@ -234,273 +235,332 @@ class BartDenoising(Objective):
 
     # ----------------------------------------------------------------------------------------------
 
-    def _word_starts(self, tokens: Tensor, inside: Tensor) -> Tensor:
+    def span_start_rate(self) -> float:
+        """Probability that a word starts a span: mask / E[span length], so the expected share of words
+        the spans cover (before overlaps merge) is `mask`, as fairseq's budget of ceil(mask * words).
+        At most 1: a recipe asking for more than one span per word gets one per word."""
+        c = self.config
+        if c.mask_length == "word":
+            return min(c.mask, 1.0)
+        pmf = torch.diff(self.cdf, prepend=torch.zeros(1, dtype=torch.float64))
+        mean = float((pmf * torch.arange(pmf.numel(), dtype=torch.float64)).sum())
+        return min(c.mask / mean, 1.0)
+
+    def _word_starts(self, rows: Tensor, text: Tensor, first: Tensor) -> Tensor:
+        """(B, L) bool: text tokens that start a word (every document's first token does)."""
         if self.word_tables is None:
-            return inside.clone()
+            return text
         begins, ends = self.word_tables
-        V = begins.numel()
-        t = tokens.clamp(max=V - 1)
+        t = rows.clamp(max=begins.numel() - 1)
         starts = lookup(begins, t)
         starts[:, 1:] |= lookup(ends, t[:, :-1])
-        starts[:, 0] = True
-        return starts & inside
-
-    def _mask_or_random(self, rr: RowRandom, random: Tensor, stream: str) -> Tensor:
-        """(N, W) `<mask>`, with a random ordinary id where `random` holds: `rr.integers(W, V, stream,
-        low=first_ordinary)` read there, hashing only those (few) positions, not the whole grid."""
-        out = torch.full(random.shape, self.specials.mask, dtype=torch.int64)
-        r, c = random.nonzero(as_tuple=True)
-        if r.numel():
-            u = _unit64(RowRandom(rr.seed, rr.rows[r]).bits_at(c[:, None], stream)[:, 0])
-            low = self.specials.first_ordinary
-            out[r, c] = low + torch.floor(u * (max(self.vocab_size, low + 1) - low)).to(torch.int64)
-        return out
-
-    def _mask(
-        self, tokens: Tensor, lengths: Tensor, rr: RowRandom
-    ) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor]]:
-        """Masking / deletion / infilling. Returns (tokens, lengths, zero-length span count, (N,) counts)."""
-        c = self.config
-        N, W = tokens.shape
-        j = torch.arange(W)[None, :]
-        inside = j < lengths[:, None]
-        ws = self._word_starts(tokens, inside)
-        word_of = ws.long().cumsum(1) - 1  # (N, W) word index of every token
-        n_words = ws.sum(1)
-        n_mask = torch.ceil(n_words.double() * c.mask).long()  # fairseq: math.ceil(n_words * p)
-        Wn = max(int(n_words.max()), 1)
-        k_max = max(int(n_mask.max()), 1)
-        if c.mask_length == "span-poisson":
-            K = k_max + 16
-            u = rr.uniform64(K, "bart/poisson")
-            # numpy's searchsorted: ~10x cheaper than torch's on a (N, K) grid (BART runs on CPU)
-            span = torch.from_numpy(np.searchsorted(self.cdf.numpy(), u.numpy())).clamp(
-                max=self.cdf.numel() - 1
-            )
-            total = span.cumsum(1)
-            before = total - span
-            used = before < n_mask[:, None]
-            span = torch.minimum(span, n_mask[:, None] - before).clamp(min=0)
-            short = (n_mask - total[:, -1]).clamp(min=0)  # only if K draws fell short: extend the last
-            span[:, -1] += short
-            used[:, -1] |= short > 0
-        else:
-            K = k_max
-            span = torch.ones(N, K, dtype=torch.int64)
-            used = torch.arange(K)[None, :] < n_mask[:, None]
-        inserts = (used & (span == 0)).sum(1)
-        lengths_nz, n_spans = compact(span, used & (span > 0), 0)
-        # span starts: n_spans distinct words, uniformly (fairseq: randperm over word starts)
-        w = torch.arange(Wn)[None, :]
-        keys = rr.bits(Wn, "bart/starts").masked_fill(w >= n_words[:, None], _INT64_MAX)
-        k = max(int(n_spans.max()), 1)
-        first = smallest(keys, k)
-        valid = torch.arange(k)[None, :] < n_spans[:, None]
-        where = torch.where(valid, first, Wn)  # invalid picks land in a spare column
-        chosen = torch.zeros(N, Wn + 1, dtype=torch.bool).scatter_(1, where, valid)[:, :Wn]
-        span_len = torch.where(valid, lengths_nz[:, :k], 0)
-        span_w = torch.zeros(N, Wn + 1, dtype=torch.int64).scatter_(1, where, span_len)[:, :Wn]
-        stop = torch.minimum(w + span_w, n_words[:, None])
-        diff = torch.zeros(N, Wn + 1, dtype=torch.int64)
-        diff.scatter_add_(1, w.expand(N, -1), chosen.long())
-        diff.scatter_add_(1, torch.where(chosen, stop, Wn), -chosen.long())
-        covered_w = diff.cumsum(1)[:, :Wn] > 0
-        # the random flag is read at the chosen words only: `uniform64(Wn, ...)` there, not the whole grid
-        u = _unit64(rr.bits_at(first, "bart/mask_random"))
-        random_w = torch.zeros(N, Wn + 1, dtype=torch.bool).scatter_(1, where, valid & (u < c.mask_random))[
-            :, :Wn
-        ]
-        word_idx = word_of.clamp(0, Wn - 1)
-        covered = covered_w.gather(1, word_idx) & inside
-        run_start = covered.clone()
-        run_start[:, 1:] &= ~covered[:, :-1]
-        run = run_start.long().cumsum(1)  # run number of every token (1-based inside runs)
-        start_random = random_w.gather(1, word_idx) & run_start
-        run_random = torch.zeros(N, W + 1, dtype=torch.bool).scatter_(
-            1, torch.where(run_start, run, 0), start_random
-        )
-        token_random = run_random.gather(1, run) & covered
-        replacement = self._mask_or_random(rr, token_random, "bart/random_ids")
-        stats = {
-            "noise_tokens": covered.sum(1),
-            "spans": run_start.sum(1),
-            "random_replacements": (token_random & (run_start if c.replace_length == 1 else covered)).sum(1)
-            if c.replace_length != 0
-            else torch.zeros_like(lengths),
-        }
-        if c.replace_length == -1:
-            return torch.where(covered, replacement, tokens), lengths, inserts, stats
-        if c.replace_length == 0:
-            out, n = compact(tokens, inside & ~covered, self.specials.pad)
-            return out, n, inserts, stats
-        values = torch.where(run_start, replacement, tokens)
-        out, n = compact(values, inside & (~covered | run_start), self.specials.pad)
-        return out, n, inserts, stats
-
-    def _insert(self, tokens: Tensor, lengths: Tensor, n_ins: Tensor, rr: RowRandom) -> tuple[Tensor, Tensor]:
-        """Insert n_ins[i] tokens at uniform random positions: <mask>, random for ceil(n * mask_random).
-
-        Only the rows that insert anything are drawn and rebuilt (often a third of them insert nothing:
-        the default recipe inserts only for zero-length spans); the others are padded copies."""
-        N, W = tokens.shape
-        W2 = W + max(int(n_ins.max()), 0)
-        new_len = lengths + n_ins
-        sel = (n_ins > 0).nonzero().squeeze(1)
-        M = sel.numel()
-        rs = RowRandom(rr.seed, rr.rows[sel]) if M < N else rr
-        ins, lens = (n_ins[sel], new_len[sel]) if M < N else (n_ins, new_len)
-        j = torch.arange(W2)[None, :]
-        keys = rs.bits(W2, "bart/insert/where").masked_fill(j >= lens[:, None], _INT64_MAX)
-        n_random = torch.ceil(ins.double() * self.config.mask_random).long()
-        k = int(ins.max())
-        if 4 * k <= W2:  # only ranks below n_ins matter: a partial top-k instead of ranking every key
-            lowest = smallest(keys, k)  # rank r at [:, r]
-            r = torch.arange(k)[None, :]
-            flags = torch.zeros(M, W2 + 1, dtype=torch.bool)
-            inserted = flags.scatter(1, torch.where(r < ins[:, None], lowest, W2), True)[:, :W2]
-            is_random = flags.scatter_(1, torch.where(r < n_random[:, None], lowest, W2), True)[:, :W2]
-        else:
-            rank = _rank(keys)
-            inserted = rank < ins[:, None]
-            is_random = rank < n_random[:, None]
-        new = self._mask_or_random(rs, is_random, "bart/insert/ids")
-        src = ((~inserted).long().cumsum(1) - 1).clamp(0, max(W - 1, 0))
-        rows = tokens.index_select(0, sel) if M < N else tokens
-        old = rows.gather(1, src) if W else torch.zeros(M, W2, dtype=torch.int64)
-        out = torch.where(inserted, new, old)
-        if M < N:
-            full = torch.nn.functional.pad(tokens, (0, W2 - W), value=self.specials.pad)
-            out = full.index_copy_(0, sel, out)
-        return out.masked_fill_(j >= new_len[:, None], self.specials.pad), new_len
-
-    def _rotate(self, tokens: Tensor, lengths: Tensor, rr: RowRandom) -> tuple[Tensor, Tensor]:
-        """With probability `rotate`, start the document at a uniform offset in [1, L-1].
-
-        Never the identity, unlike fairseq, whose offsets 1 and len - 1 (of `BOS doc EOS`) both give the
-        document back unchanged: see the module docstring."""
-        W = tokens.size(1)
-        rotated = (rr.scalar("bart/rotate") < self.config.rotate) & (lengths >= 2)
-        offset = rr.integers(1, (lengths - 1).clamp(min=1), "bart/rotate/offset", low=1)[:, 0]
-        offset = torch.where(rotated, offset, 0)
-        j = torch.arange(W)[None, :]
-        src = (j + offset[:, None]) % lengths.clamp(min=1)[:, None]
-        out = tokens.gather(1, src.clamp(max=max(W - 1, 0))).masked_fill(
-            j >= lengths[:, None], self.specials.pad
-        )
-        return out, rotated
-
-    def noise(self, seg: Segments, rr: RowRandom) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        """(N, W') noised documents (no EOS yet), their lengths, and (N,) per-document stat counts
-        (summed over the documents a batch keeps, see `BartDenoising.fit`)."""
-        c = self.config
-        tokens, lengths = seg.tokens, seg.lengths
-        stats: dict[str, Tensor] = {"documents": torch.ones_like(lengths), "raw_tokens": lengths}
-        if seg.n == 0:
-            return tokens, lengths, stats
-        if c.permute_sentences > 0 and self.sentence_ends is not None:
-            tokens, n_perm = permute_sentences(tokens, lengths, self.sentence_ends, c.permute_sentences, rr)
-            stats["permuted_sentences"] = n_perm
-        inserts = torch.zeros_like(lengths)
-        if c.mask > 0:
-            tokens, lengths, inserts, mask_stats = self._mask(tokens, lengths, rr)
-            stats.update(mask_stats)
-        n_ins = inserts + torch.ceil(lengths.double() * c.insert).long()
-        if int(n_ins.sum()) > 0:
-            tokens, lengths = self._insert(tokens, lengths, n_ins, rr)
-        stats["inserted_tokens"] = n_ins
-        if c.rotate > 0:
-            tokens, rotated = self._rotate(tokens, lengths, rr)
-            stats["rotated_documents"] = rotated.long()
-        return tokens, lengths, stats
-
-    def pieces(self, seg: Segments, rr: RowRandom) -> Pieces:
-        """Encoder input = noised document + EOS; target = the document + EOS; the noise's stats as
-        per-document `counts`."""
-        noised, n_noised, counts = self.noise(seg, rr)
-        inputs, n_in = append_token(noised, n_noised, self.specials.eos, self.specials.pad)
-        targets, n_tgt = append_token(seg.tokens, seg.lengths, self.specials.eos, self.specials.pad)
-        return Pieces(inputs, n_in, targets, n_tgt, seg.row, seg.doc, counts)
-
-    def fit(
-        self, seg: Segments, pieces: Pieces, widths: tuple[int, int], seed: int, row_index: Tensor
-    ) -> tuple[Pieces, int]:
-        """The documents of each row, in order, whose noised inputs (EOS included) fit the encoder width
-        and whose originals plus EOS fit the decoder width (several documents cut by row ends, which have
-        no EOS of their own, can need a few more target positions than raw tokens); the first that does
-        not is cut *before* noising to a prefix that fits.
-
-        A noised length depends on the tokens (word starts, sentences), so the cut is found by noising
-        candidate prefixes, keyed like the document itself: first the prefix the document's own noised
-        ratio predicts, then up to seven retries, each scaled by the overshoot and aimed a little lower;
-        a document no prefix of which fits is left out, and so are the later documents of the row. What
-        is left out is raw text the batch does not use (`stats["raw_tokens_unused"]`); no target token is
-        ever dropped. Returns the pieces of the kept documents (whole ones from `pieces`, cut ones from the
-        accepted candidate: a document's noise depends only on its tokens and key, so noising them again
-        would give the same) and the raw tokens they use (EOS tokens included).
-        """
-        width, target_width = widths
-        had_eos = seg.had_eos if seg.had_eos is not None else torch.zeros_like(seg.lengths, dtype=torch.bool)
-        n_in = pieces.input_lengths
-        n_tgt = pieces.target_lengths  # the document plus EOS
-        before = _cumsum_in_rows(n_in, seg.row) - n_in
-        before_t = _cumsum_in_rows(n_tgt, seg.row) - n_tgt
-        fits = (before + n_in <= width) & (before_t + n_tgt <= target_width)
-        if bool(fits.all()):
-            return pieces, int(seg.lengths.sum() + had_eos.sum())
-        first_fail = ~fits & (before < width) & (before_t < target_width)
-        first_fail &= torch.cat([torch.ones(1, dtype=torch.bool), (seg.row[1:] != seg.row[:-1]) | fits[:-1]])
-        whole = fits.nonzero().squeeze(1)
-        cut = first_fail.nonzero().squeeze(1)
-        room = width - before[cut]
-        length = torch.minimum(seg.lengths[cut], target_width - before_t[cut] - 1)  # the decoder's room
-        # the prefix the document's own ratio predicts, then shrink by the overshoot
-        c = torch.minimum(length, (room - 1) * seg.lengths[cut] // (n_in[cut] - 1).clamp(min=1))
-        c = torch.minimum(c, seg.lengths[cut] - 1)
-        accepted = torch.zeros_like(c)
-        todo = torch.ones_like(c, dtype=torch.bool)
-        parts = [pieces.select(whole)]
-        for attempt in range(8):
-            todo &= c >= 1
-            if not bool(todo.any()):
-                break
-            k = todo.nonzero().squeeze(1)
-            sub = self._prefixes(seg, cut[k], c[k])
-            candidate = self.pieces(sub, sub.random(seed, row_index))
-            noised = candidate.input_lengths
-            ok = noised <= room[k]
-            parts.append(candidate.select(ok.nonzero().squeeze(1)))
-            accepted[k[ok]] = c[k[ok]]
-            todo[k[ok]] = False
-            # scale by the overshoot, aiming a little lower each retry (a prefix is a new noise draw)
-            aim = ((room[k] - 1).double() * (1.0 - 0.02 * (attempt + 1))).long()
-            shrink = torch.minimum(c[k] - 1, c[k] * aim // (noised - 1).clamp(min=1))
-            c[k] = torch.where(ok, c[k], shrink)
-        used = int(seg.lengths[whole].sum() + had_eos[whole].sum() + accepted.sum())
-        return Pieces.merge(parts, self.specials.pad), used
-
-    def _prefixes(self, seg: Segments, index: Tensor, lengths: Tensor) -> Segments:
-        """Documents `index` cut to their first `lengths` tokens (no EOS of their own: it is appended)."""
-        width = max(int(lengths.max()) if lengths.numel() else 0, 1)
-        tokens = seg.tokens[:, :width].index_select(0, index)
-        j = torch.arange(width)[None, :]
-        tokens = tokens.masked_fill(j >= lengths[:, None], self.specials.pad)
-        flags = torch.zeros_like(lengths, dtype=torch.bool)
-        return Segments(tokens, lengths, seg.row[index], seg.doc[index], seg.n_rows, flags)
+        return (starts | first) & text
 
     def __call__(self, rows: Tensor, document_ids: Tensor, row_index: Tensor, seed: int) -> Batch:
-        seg = split_documents(rows, document_ids, self.specials.pad, self.specials.eos)
-        enc_w, dec_w = self.widths(rows.size(1))
+        c, sp = self.config, self.specials
+        B, L = rows.shape
+        enc_w, dec_w = self.widths(L)
+        rows, document_ids = rows.long(), document_ids.long()
+        j = torch.arange(L)[None, :]
+        valid = document_ids >= 0
+        first = valid.clone()  # a document's first token
+        first[:, 1:] &= document_ids[:, 1:] != document_ids[:, :-1]
+        last = valid.clone()
+        last[:, :-1] &= document_ids[:, :-1] != document_ids[:, 1:]
+        text = valid & ~(last & (rows == sp.eos))  # a document's trailing EOS is not noised: it is put back
+        rank = first.long().cumsum(1) - 1  # the document's rank in its row
+        pos = j - torch.where(first, j, 0).cummax(1).values  # position inside the document
+        doc_start = flat_nonzero(first)  # (D,) flat position of every document's first token
+        D = doc_start.numel()
+        if D == 0:
+            return self._padding_batch(B, enc_w, dec_w, document_ids)
+        doc = (first.view(-1).long().cumsum(0) - 1).clamp(min=0).view(B, L)  # document of every token
+        # every draw is keyed like `Segments.random`: (seed, global row, document rank), position
+        docs = Draws(
+            seed,
+            row_index.long()[torch.div(doc_start, L, rounding_mode="floor")] * _DOC_STRIDE
+            + rank.take(doc_start),
+            doc,
+            pos,
+        )
+        stats: dict[str, Tensor] = {}
 
-        def make(sub: Segments) -> tuple[Pieces, dict[str, float]]:
-            return self.pieces(sub, sub.random(seed, row_index)), {}
+        # masking, deletion or infilling, and insertion: per original token, the items it becomes (inserted
+        # tokens before it, then itself unless deleted) and the value it is written as
+        value, survive = rows, text
+        inserts: list[tuple[Tensor, Tensor]] = []  # (flat positions, values), inserted before the token
+        if c.mask > 0:
+            value, survive, zero_spans = self._mask(docs, rows, text, first, doc_start, stats)
+            inserts.append(zero_spans)
+        if c.insert > 0:
+            at = flat_nonzero(text)
+            at = at[docs.uniform(at, "bart/insert/where") < c.insert]
+            inserts.append((at, self._insert_values(docs, at, "bart/insert/random")))
+        n_items = survive.long()
+        for at, _ in inserts:
+            n_items.view(-1).index_add_(0, at, torch.ones_like(at))
 
-        pieces, _ = by_length(seg, make, self.specials.pad)
-        pieces, used = self.fit(seg, pieces, (enc_w, dec_w), seed, row_index)
-        if pieces.row.numel():  # the stats of the documents the batch holds
-            stats = {key: float(value.sum()) for key, value in pieces.counts.items()}
-        else:
-            stats = {"documents": 0.0, "raw_tokens": 0.0}
-        batch, truncated = encdec_batch(pieces, seg.n_rows, enc_w, dec_w, self.specials)
-        batch.stats = finish_stats(stats, batch, truncated, pieces)
-        batch.stats.update(raw_usage(document_ids, used))
+        # the row keeps the longest prefix of its raw text whose inputs and targets, each document closed
+        # by its EOS, fit the widths: the item counts are prefix-stable, so this is a prefix sum
+        items_through = n_items.cumsum(1)
+        text_through = text.long().cumsum(1)
+        kept = valid & (items_through + rank < enc_w) & (text_through + rank < dec_w)
+        keep = kept & text
+        doc_kept = kept.take(doc_start)  # (D,)
+        kept_items = torch.where(keep, n_items, 0)
+        n_in = torch.zeros(D, dtype=torch.int64).index_add_(0, doc.view(-1), kept_items.view(-1))
+        n_txt = torch.zeros(D, dtype=torch.int64).index_add_(0, doc.view(-1), keep.view(-1).long())
+        col = items_through - n_items + rank  # encoder column of the token's first item, in order
+
+        if c.permute_sentences > 0 and self.sentence_ends is not None:
+            col = col + self._permute(docs, rows, document_ids, keep, kept_items, doc_start, stats)
+            stats["permuted_sentences"] = torch.where(doc_kept, stats["permuted_sentences"], 0)
+        doc_row = torch.div(doc_start, L, rounding_mode="floor")
+        enc_len = torch.where(doc_kept, n_in + 1, 0)
+        enc_start = _exclusive_in_rows(enc_len, doc_row)  # column of each document's first item
+        rotate: tuple[Tensor, Tensor, Tensor] | None = None
+        if c.rotate > 0:
+            rr = RowRandom(seed, docs.keys)
+            rotated = (rr.scalar("bart/rotate") < c.rotate) & (n_in >= 2) & doc_kept
+            drawn = rr.integers(1, (n_in - 1).clamp(min=1), "bart/rotate/offset", low=1)[:, 0]
+            stats["rotated_documents"] = rotated
+            start = enc_start.take(doc)
+            rotate = (
+                start,
+                (enc_start + torch.where(rotated, drawn, 0)).take(doc),
+                n_in.clamp(min=1).take(doc),
+            )
+
+        # lay the kept documents side by side: encoder = noised items then EOS, decoder = original then EOS
+        spare = B * enc_w  # where the items of tokens not kept are written
+        row_base = torch.arange(B)[:, None] * enc_w
+        enc = torch.full((spare + 1,), sp.pad, dtype=torch.int64)
+        enc_docs = torch.full((spare + 1,), -1, dtype=torch.int64)
+
+        def write(where: Tensor, present: Tensor, values: Tensor) -> None:
+            if rotate is not None:  # rotate inside the document: start + (column - start - offset) mod n
+                start, shifted, modulus = rotate
+                where = (where - shifted).remainder(modulus) + start
+            dest = torch.where(present, where + row_base, spare).view(-1)
+            enc.scatter_(0, dest, values.view(-1))
+            enc_docs.scatter_(0, dest, rank.view(-1))
+
+        before = torch.zeros_like(n_items)  # items already written before each token
+        for at, values in inserts:
+            present = torch.zeros(B * L, dtype=torch.bool).index_fill_(0, at, True).view(B, L)
+            write(col + before, present & keep, torch.zeros_like(rows).view(-1).index_copy_(0, at, values))
+            before = before + present.long()
+        write(col + before, survive & keep, value)
+        docs_kept = flat_nonzero(doc_kept)
+        eos_at = (doc_row * enc_w + enc_start + n_in).take(docs_kept)
+        enc.index_fill_(0, eos_at, sp.eos)
+        enc_docs.index_copy_(0, eos_at, rank.take(doc_start.take(docs_kept)))
+        enc_docs = enc_docs[:spare].view(B, enc_w)
+        c_enc = torch.arange(enc_w)[None, :]
+        is_start = torch.zeros(spare, dtype=torch.bool)
+        is_start.index_fill_(0, (doc_row * enc_w + enc_start).take(docs_kept), True)
+        enc_pos = c_enc - torch.where(is_start.view(B, enc_w), c_enc, 0).cummax(1).values
+        enc_pos = torch.where(enc_docs >= 0, enc_pos, 0)
+
+        dec_spare = B * dec_w
+        dest = torch.where(keep, torch.arange(B)[:, None] * dec_w + text_through - 1 + rank, dec_spare).view(
+            -1
+        )
+        labels = torch.full((dec_spare + 1,), IGNORE, dtype=torch.int64).scatter_(0, dest, rows.view(-1))
+        dec_docs = torch.full((dec_spare + 1,), -1, dtype=torch.int64).scatter_(0, dest, rank.view(-1))
+        dec_pos = torch.zeros(dec_spare + 1, dtype=torch.int64).scatter_(0, dest, pos.view(-1))
+        dec_len = torch.where(doc_kept, n_txt + 1, 0)
+        eos_at = (doc_row * dec_w + _exclusive_in_rows(dec_len, doc_row) + n_txt).take(docs_kept)
+        labels.index_fill_(0, eos_at, sp.eos)
+        dec_docs.index_copy_(0, eos_at, rank.take(doc_start.take(docs_kept)))
+        dec_pos.index_copy_(0, eos_at, n_txt.take(docs_kept))
+        labels = labels[:dec_spare].view(B, dec_w)
+        dec_pos = dec_pos[:dec_spare].view(B, dec_w)
+        dec = torch.full_like(labels, sp.pad)  # the targets one column right inside each document
+        dec[:, 1:] = torch.where(dec_pos[:, 1:] > 0, labels[:, :-1], sp.pad)
+        batch = Batch(
+            input_ids=enc[:spare].view(B, enc_w),
+            labels=labels,
+            positions=enc_pos,
+            document_ids=enc_docs,
+            attention="bidirectional",
+            decoder_input_ids=dec,
+            decoder_positions=dec_pos,
+            decoder_document_ids=dec_docs[:dec_spare].view(B, dec_w),
+        )
+
+        n_docs = int(docs_kept.numel())
+        totals = {"documents": float(n_docs), "raw_tokens": float(n_txt.sum())}
+        if n_docs:
+            totals["inserted_tokens"] = float(int(kept_items.sum()) - int((survive & keep).sum()))
+            for name, counts in stats.items():
+                per_token = counts.dim() == 2
+                totals[name] = float((counts & keep).sum() if per_token else counts[doc_kept].sum())
+        out = finish_stats(totals, batch, 0)
+        out["target_tokens_dropped"] = float(int(dec_len.sum()) - out["target_tokens"])
+        out.update(raw_usage(document_ids, int(kept.sum())))
+        batch.stats = out
         return batch
+
+    def _padding_batch(self, B: int, enc_w: int, dec_w: int, document_ids: Tensor) -> Batch:
+        """The batch of rows that hold no document."""
+        pad = self.specials.pad
+        batch = Batch(
+            input_ids=torch.full((B, enc_w), pad),
+            labels=torch.full((B, dec_w), IGNORE),
+            positions=torch.zeros(B, enc_w, dtype=torch.int64),
+            document_ids=torch.full((B, enc_w), -1),
+            attention="bidirectional",
+            decoder_input_ids=torch.full((B, dec_w), pad),
+            decoder_positions=torch.zeros(B, dec_w, dtype=torch.int64),
+            decoder_document_ids=torch.full((B, dec_w), -1),
+        )
+        batch.stats = finish_stats({"documents": 0.0, "raw_tokens": 0.0}, batch, 0)
+        batch.stats["target_tokens_dropped"] = 0.0
+        batch.stats.update(raw_usage(document_ids, 0))
+        return batch
+
+    def _mask(
+        self,
+        docs: Draws,
+        rows: Tensor,
+        text: Tensor,
+        first: Tensor,
+        doc_start: Tensor,
+        stats: dict[str, Tensor],
+    ) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor]]:
+        """Spans over whole words: (B, L) values and survivors, the zero-length spans' inserts (flat
+        positions, values), and the per-token counts in `stats`."""
+        c, sp = self.config, self.specials
+        B, L = rows.shape
+        ws = self._word_starts(rows, text, first)
+        word = ws.long().cumsum(1) - 1  # (B, L) word index in the row
+        # one past a document's last word: the next document's first word, or the row's word count
+        doc_row = torch.div(doc_start, L, rounding_mode="floor")
+        words_end = (word[:, -1] + 1).take(doc_row)
+        same_row = doc_row[1:] == doc_row[:-1]
+        words_end[:-1] = torch.where(same_row, word.take(doc_start[1:]), words_end[:-1])
+        at = flat_nonzero(ws)
+        at = at[docs.uniform(at, "bart/starts") < self.span_start_rate()]  # span starts
+        if c.mask_length == "span-poisson":
+            # numpy's searchsorted: ~10x cheaper than torch's (BART runs on CPU)
+            u = docs.uniform(at, "bart/poisson").numpy()
+            n_words = torch.from_numpy(np.searchsorted(self.cdf.numpy(), u)).clamp(max=self.cdf.numel() - 1)
+        else:
+            n_words = torch.ones_like(at)
+        zero = n_words == 0  # a zero-length span inserts a <mask> before its word
+        real = at[~zero]
+        w0 = word.take(real)
+        w1 = torch.minimum(w0 + n_words[~zero], words_end.take(docs.doc.take(real)))
+        row = torch.div(real, L, rounding_mode="floor")
+        covered = _spans(row * L + w0, w1 - w0, B, L).gather(1, word.clamp(min=0)) & text
+        run_start = covered.clone()
+        run_start[:, 1:] &= ~covered[:, :-1]
+        run_start |= covered & first
+        token_random = torch.zeros(B, L, dtype=torch.bool)
+        if c.replace_length != 0 and c.mask_random > 0:
+            at_run = flat_nonzero(run_start)
+            token_random.view(-1).index_fill_(
+                0, at_run[docs.uniform(at_run, "bart/mask_random") < c.mask_random], True
+            )
+            if c.replace_length == -1:  # every token of a run takes its run's flag
+                run = run_start.long().cumsum(1)
+                flag = torch.zeros(B, L + 1, dtype=torch.bool).scatter_(1, run * run_start, token_random)
+                token_random = flag.gather(1, run) & covered
+        replaced = covered if c.replace_length == -1 else run_start
+        value = torch.where(replaced, sp.mask, rows)
+        if bool(token_random.any()):
+            at_random = flat_nonzero(token_random)
+            value.view(-1).index_copy_(0, at_random, self._random_ids(docs, at_random, "bart/random_ids"))
+        if c.replace_length == 0:
+            survive = text & ~covered
+        elif c.replace_length == 1:
+            survive = text & (~covered | run_start)
+        else:
+            survive = text
+        stats["noise_tokens"] = covered
+        stats["spans"] = run_start
+        stats["random_replacements"] = token_random & replaced
+        at_zero = at[zero]
+        return value, survive, (at_zero, self._insert_values(docs, at_zero, "bart/mask_random"))
+
+    def _insert_values(self, docs: Draws, at: Tensor, random_stream: str) -> Tensor:
+        """Values of tokens inserted before flat positions `at`: <mask>, or with probability `mask_random`
+        a random ordinary id (the flag read from `random_stream`)."""
+        values = torch.full_like(at, self.specials.mask)
+        if self.config.mask_random > 0 and self.config.replace_length != 0 and at.numel():
+            is_random = docs.uniform(at, random_stream) < self.config.mask_random
+            values[is_random] = self._random_ids(docs, at[is_random], random_stream + "/ids")
+        return values
+
+    def _random_ids(self, docs: Draws, at: Tensor, stream: str) -> Tensor:
+        """Random ordinary ids in [first_ordinary, vocab_size) at flat positions `at`."""
+        low = self.specials.first_ordinary
+        u = docs.uniform(at, stream)
+        return low + torch.floor(u * (max(self.vocab_size, low + 1) - low)).to(torch.int64)
+
+    def _permute(
+        self,
+        docs: Draws,
+        rows: Tensor,
+        document_ids: Tensor,
+        keep: Tensor,
+        kept_items: Tensor,
+        doc_start: Tensor,
+        stats: dict[str, Tensor],
+    ) -> Tensor:
+        """Sentence permutation of the kept text: (B, L) how far each token's items move with their
+        sentence; `stats["permuted_sentences"]` per document."""
+        D = doc_start.numel()
+        doc = docs.doc
+        table = self.sentence_ends
+        assert table is not None
+        top = int(rows.max()) + 1
+        if top > table.numel():
+            table = torch.cat([table, torch.zeros(top - table.numel(), dtype=torch.bool)])
+        sid = sentence_ids(rows, torch.where(keep, document_ids, -1), table)
+        local = torch.where(keep, sid - sid.take(doc_start).take(doc), 0)  # sentence inside its document
+        n_sent = torch.zeros(D, dtype=torch.int64).scatter_reduce_(
+            0, doc.view(-1), (local + 1).view(-1), "amax"
+        )
+        S = max(int(n_sent.max()), 1)
+        cell = doc * S + local
+        sent_len = torch.zeros(D * S, dtype=torch.int64).index_add_(0, cell.view(-1), kept_items.view(-1))
+        sent_len = sent_len.view(D, S)
+        rr = RowRandom(docs.seed, docs.keys)
+        choose, order = rr.bits(S, "bart/permute/choose"), rr.bits(S, "bart/permute/order")
+        slot = permutation_slots(n_sent, choose, order, self.config.permute_sentences)
+        new_len = torch.zeros_like(sent_len).scatter_(1, slot, sent_len)
+        moved = (new_len.cumsum(1) - new_len).gather(1, slot) - (sent_len.cumsum(1) - sent_len)  # (D, S)
+        n_perm = torch.ceil(n_sent.double() * self.config.permute_sentences).long()
+        stats["permuted_sentences"] = torch.where(n_sent > 1, n_perm, 0)
+        return moved.view(-1).take(cell)
+
+
+@dataclass
+class Draws:
+    """Random numbers for the tokens of a batch of rows, keyed per document: (seed, document key) with
+    the token's position in its document, as `Segments.random` keys a document's (N, W) grid."""
+
+    seed: int
+    keys: Tensor  # (D,) document keys
+    doc: Tensor  # (B, L) document of every token
+    pos: Tensor  # (B, L) position of every token in its document
+
+    def uniform(self, at: Tensor, stream: str) -> Tensor:
+        """(M,) float64 in [0, 1) at flat token positions `at`."""
+        if not at.numel():
+            return torch.zeros(0, dtype=torch.float64)
+        bits = RowRandom(self.seed, self.keys).bits_of(self.doc.take(at), self.pos.take(at), stream)
+        return _unit64(bits)
+
+
+def _exclusive_in_rows(lengths: Tensor, row: Tensor) -> Tensor:
+    """(D,) sum of the earlier `lengths` of the same row (entries sorted by row)."""
+    total = lengths.cumsum(0) - lengths
+    if not row.numel():
+        return total
+    row_first = torch.ones_like(row, dtype=torch.bool)
+    row_first[1:] = row[1:] != row[:-1]
+    base = torch.where(row_first, total, 0).cummax(0).values
+    return total - base

@@ -123,6 +123,15 @@ class RowRandom:
         base = self._base(stream)
         return _finalise(base[:, None] + positions.to(torch.int64) * _POS)
 
+    def bits_of(self, which: Tensor, positions: Tensor, stream: str) -> Tensor:
+        """(M,) int64: `bits_at` of row `which[i]` at `positions[i]`, for scattered (row, position) pairs:
+        each row's key is hashed once, not once per pair."""
+        if self.rows.device.type == "cpu":
+            z = positions.to(torch.int64).contiguous().numpy().view(np.uint64) * _U(_POS & _MASK64)
+            z += self._base_np(stream)[which.numpy()] + _U(_GOLDEN & _MASK64)
+            return torch.from_numpy(_finalise_np(z).view(np.int64))
+        return _finalise(self._base(stream)[which] + positions.to(torch.int64) * _POS)
+
     def uniform(self, n: int, stream: str) -> Tensor:
         """(B, n) float32 in [0, 1), 24 bits of resolution."""
         if self.rows.device.type == "cpu":  # the top 24 bits are final before the last xor-shift

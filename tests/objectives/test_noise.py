@@ -216,7 +216,7 @@ def test_split_documents_as_many_documents_as_rows_but_not_one_per_row() -> None
 
 def test_row_random_cpu_path_matches_the_int64_reference() -> None:
     """The numpy uint64 hash of CPU grids gives the bits of the int64 torch formulation (used on other
-    devices), and bits_at reads the grid at the given positions."""
+    devices), and bits_at / bits_of read the grid at the given positions."""
     rows = torch.tensor([0, 5, 2**40 + 3])
     rr = RowRandom(11, rows)
     base = rng._finalise(rows * rng._ROW + rng.stream_key(11, "s"))
@@ -226,6 +226,8 @@ def test_row_random_cpu_path_matches_the_int64_reference() -> None:
     assert torch.equal(rr.uniform64(9, "s"), rng._shr(ref, 11).double() / (1 << 53))
     at = torch.tensor([[8, 0], [3, 3], [1, 7]])
     assert torch.equal(rr.bits_at(at, "s"), ref.gather(1, at))
+    which, where = torch.tensor([2, 0, 2, 1]), torch.tensor([4, 4, 0, 8])
+    assert torch.equal(rr.bits_of(which, where, "s"), ref[which, where])
 
 
 def test_iid_mask_rate_and_lengths() -> None:
