@@ -155,14 +155,22 @@ def span_widths(
 
 
 def finish_stats(
-    stats: dict[str, float], batch: Batch, truncated: int, pieces: Pieces | None = None
+    stats: dict[str, float],
+    batch: Batch,
+    truncated: int,
+    pieces: Pieces | None = None,
+    targets_made: int | None = None,
 ) -> dict[str, float]:
+    """The summary stats of a batch; `targets_made` (or the `pieces`' target lengths) counts the targets
+    the corruption made, for `target_tokens_dropped`."""
     out = dict(stats)
     out["truncated_tokens"] = float(truncated)
     n_targets = batch.n_targets  # a pass over the labels: once
     out["target_tokens"] = float(n_targets)
-    if pieces is not None:  # targets the corruption made that the batch does not hold
-        out["target_tokens_dropped"] = float(int(pieces.target_lengths.sum()) - n_targets)
+    if pieces is not None:
+        targets_made = int(pieces.target_lengths.sum())
+    if targets_made is not None:  # targets the corruption made that the batch does not hold
+        out["target_tokens_dropped"] = float(targets_made - n_targets)
     if "spans" in out:
         out["mean_span_length"] = out["noise_tokens"] / out["spans"] if out["spans"] else 0.0
     if out.get("raw_tokens") and "noise_tokens" in out:
