@@ -135,7 +135,7 @@ def flat_nonzero(mask: Tensor) -> Tensor:
 class Segments:
     """Every document of a (B, L) batch of rows as a padded (N, W) batch, in (row, position) order."""
 
-    tokens: Tensor  # (N, W) int64, padded with pad
+    tokens: Tensor  # (N, W) int64, padded with pad; (N, 0) when the caller reads the rows itself
     lengths: Tensor  # (N,) int64, >= 1
     row: Tensor  # (N,) int64: the batch row the document came from
     doc: Tensor  # (N,) int64: rank of the document inside its row (0, 1, ...)
@@ -193,14 +193,19 @@ def split_documents(
 
 
 def split_documents_at(
-    rows: Tensor, document_ids: Tensor, pad_id: int = 0, eos_id: int | None = None
+    rows: Tensor,
+    document_ids: Tensor,
+    pad_id: int = 0,
+    eos_id: int | None = None,
+    with_tokens: bool = True,
 ) -> tuple[Segments, Tensor]:
     """`split_documents`, and the (N,) start of every document in the flattened rows (row * L + column),
-    which callers would otherwise find again."""
+    which callers would otherwise find again. Without `with_tokens` the segments' tokens are (N, 0), for
+    callers that read each document from the rows at its start (no padded copy)."""
     B, L = rows.shape
     device = rows.device
     change = document_ids[:, 1:] != document_ids[:, :-1]  # (B, L-1): a document ends / starts here
-    if B and L and not bool(change.any()) and bool((document_ids[:, 0] >= 0).all()):
+    if B and L and not bool(change.any()) and bool((document_ids[:, 0] >= 0).all()) and with_tokens:
         return _one_document_per_row(rows, pad_id, eos_id), torch.arange(B, device=device) * L
     valid = document_ids >= 0
     starts = valid.clone()
@@ -222,13 +227,15 @@ def split_documents_at(
         full_lengths, lengths = lengths, lengths - had_eos.long()
     else:
         full_lengths = lengths
-    width = int(full_lengths.max())
-    j = torch.arange(width, device=device)
-    if eos_id is None and n == B and bool((lengths == L).all()):  # one whole document per row
+    if not with_tokens:
+        tokens = rows.new_zeros(n, 0)
+    elif eos_id is None and n == B and bool((lengths == L).all()):  # one whole document per row
         tokens = rows
     else:
         # windows of the flat rows at every start (a strided view, then one row gather: ~3x cheaper than a
         # gather of n * width single elements); what runs past a document is masked to pad below
+        width = int(full_lengths.max())
+        j = torch.arange(width, device=device)
         flat = torch.nn.functional.pad(rows.reshape(-1), (0, width))
         tokens = flat.unfold(0, width, 1).index_select(0, flat_starts)
         tokens.masked_fill_(j[None, :] >= lengths[:, None], pad_id)
@@ -858,7 +865,8 @@ def encdec_batch(
     return batch, cut_in + cut_out + dropped
 
 
-def _exclusive_cumsum(values: np.ndarray) -> np.ndarray:
+def exclusive_cumsum(values: np.ndarray) -> np.ndarray:
+    """(N,) sums of the values before each: where each of N pieces held end to end starts."""
     return np.cumsum(values) - values
 
 
@@ -877,14 +885,14 @@ def pack_flat(
     width), each segment's start column, and the truncated count. Only real tokens move, no (N, W) grid.
     numpy, as the callers' (N,) bookkeeping."""
     n = lengths.size
-    start = _exclusive_cumsum(lengths)
+    start = exclusive_cumsum(lengths)
     if n:  # start column inside the row (segments sorted by row)
         per_row = np.bincount(row, minlength=n_rows)
-        start = start - start[_exclusive_cumsum(per_row)[row]]
+        start = start - start[exclusive_cumsum(per_row)[row]]
     kept = np.clip(np.minimum(lengths, width - start), 0, None)
     truncated = int((lengths - kept).sum())
     seg_of = np.repeat(np.arange(n), kept)
-    j = np.arange(seg_of.size) - _exclusive_cumsum(kept)[seg_of]  # position in its segment
+    j = np.arange(seg_of.size) - exclusive_cumsum(kept)[seg_of]  # position in its segment
     dest = (row * width + start)[seg_of] + j
     size = n_rows * width
     values = np.full(size, fill, dtype=flat.dtype)
@@ -912,13 +920,13 @@ def encdec_batch_flat(
     """`encdec_batch` of pieces held as two flat sequences, every piece's inputs (targets) end to end
     in (row, document) order: the same Batch and truncated count, without padded (N, W) pieces."""
     enc, enc_docs, enc_pos, starts, cut_in = pack_flat(
-        row, doc, input_lengths, inputs, _exclusive_cumsum(input_lengths), n_rows, enc_width, specials.pad
+        row, doc, input_lengths, inputs, exclusive_cumsum(input_lengths), n_rows, enc_width, specials.pad
     )
     # a piece whose encoder part is cut away entirely loses its decoder part (see `encdec_batch`)
     tgt_len = np.where(starts < enc_width, target_lengths, 0)
     dropped = int((target_lengths - tgt_len).sum())
     labels, dec_docs, dec_pos, _, cut_out = pack_flat(
-        row, doc, tgt_len, targets, _exclusive_cumsum(target_lengths), n_rows, dec_width, IGNORE
+        row, doc, tgt_len, targets, exclusive_cumsum(target_lengths), n_rows, dec_width, IGNORE
     )
     dec = np.full_like(labels, specials.pad)
     dec[:, 1:] = np.where(dec_pos[:, 1:] > 0, labels[:, :-1], specials.pad)

@@ -62,6 +62,7 @@ from objtrain.objectives.noise import (
     check_sentinels,
     document_random,
     encdec_batch_flat,
+    exclusive_cumsum,
     fit_documents,
     largest_fitting,
     layout,
@@ -378,7 +379,11 @@ class UL2(Objective):
         key = torch.where(
             read, document_ids * K + example.clamp(max=K - 1), torch.full_like(document_ids, -1)
         )
-        seg, flat_start = split_documents_at(rows, key, self.specials.pad, self.specials.eos)
+        # the flat layout reads every document from the rows at its start: no padded copy of the tokens
+        flat = self.model_kind == "encdec" and self.flat_layout and device.type == "cpu"
+        seg, flat_start = split_documents_at(
+            rows, key, self.specials.pad, self.specials.eos, with_tokens=not flat
+        )
         seg_example = example.reshape(-1)[flat_start]
         k = plan.denoiser[seg.row, seg_example]
         is_s = self.is_s[k]
@@ -399,6 +404,8 @@ class UL2(Objective):
             "fraction": plan.fraction[seg.row, seg_example],
             "denoiser": k,
         }
+        if flat:
+            seg.extra["start"] = flat_start
         x = seg.extra
         span_need_fn = span_need(seg, seed, row_index, x["density"], x["mean_span"], self.config.random_roll)
         encdec = self.model_kind == "encdec"
@@ -426,8 +433,8 @@ class UL2(Objective):
             stats[f"share/{label}"] = float(count) / max(n_examples, 1)
         stats["examples"] = float(n_examples)
 
-        if encdec and self.flat_layout and device.type == "cpu":
-            batch, truncated, made = self._encdec_flat(seg, seed, row_index, widths, stats)
+        if flat:
+            batch, truncated, made = self._encdec_flat(seg, rows, seed, row_index, widths, stats)
         else:
             batch, truncated, made = self._padded_layout(seg, seed, row_index, widths, stats)
         batch.stats = finish_stats(stats, batch, truncated, targets_made=made)
@@ -480,7 +487,13 @@ class UL2(Objective):
         return batch, truncated, int(merged.target_lengths.sum())
 
     def _encdec_flat(
-        self, seg: Segments, seed: int, row_index: Tensor, widths: tuple[int, int], stats: dict[str, float]
+        self,
+        seg: Segments,
+        rows: Tensor,
+        seed: int,
+        row_index: Tensor,
+        widths: tuple[int, int],
+        stats: dict[str, float],
     ) -> tuple[Batch, int, int]:
         """Encoder-decoder corruption and layout of the fitted segments over their real tokens only, on
         CPU: what `s_pieces` and `span_pieces`, `Pieces.merge` and `encdec_batch` make, bit for bit,
@@ -494,10 +507,11 @@ class UL2(Objective):
         is_s = x["is_s"].numpy()
         mode = x["mode"].numpy()
         head = (mode >= 0).astype(np.int64)
-        # every real token, segment after segment: numpy over ~40k values (a few dozen ops)
-        tokens = seg.tokens.numpy()[np.arange(seg.width)[None, :] < lengths[:, None]]
+        # every real token, segment after segment, read from the rows at the segment's start (`flat_start`
+        # in `extra`): numpy over ~40k values (a few dozen ops)
         seg_of = np.repeat(np.arange(n), lengths)
-        pos = np.arange(tokens.size) - _exclusive_cumsum(lengths)[seg_of]
+        pos = np.arange(seg_of.size) - exclusive_cumsum(lengths)[seg_of]
+        tokens = rows.reshape(-1).numpy()[x["start"].numpy()[seg_of] + pos]
         # a token is noise when it is a target: S, past the prefix; R/X, under its span mask
         n_prefix = lengths - s_target_lengths_np(lengths, x["fraction"].numpy())
         noise = pos >= np.where(is_s, n_prefix, lengths)[seg_of]
@@ -505,7 +519,7 @@ class UL2(Objective):
         if span.size:
             # R/X masks from their span boundaries: a boundary flips noise on or off, and a segment that
             # ends inside noise flips it back at its end, so the flat parity starts every segment kept
-            first = _exclusive_cumsum(lengths)
+            first = exclusive_cumsum(lengths)
             flips, offset = [], np.zeros(n, dtype=np.int64)
             for group in length_groups(lengths[span]):  # keys padded to the group's longest only
                 idx = span[group]
@@ -528,16 +542,16 @@ class UL2(Objective):
         at = np.flatnonzero(start)
         spans = np.bincount(seg_of[at], minlength=n)
         check_sentinels(torch.from_numpy(spans), sp, "span corruption")
-        sentinels = sp.sentinel_base - (np.arange(at.size) - _exclusive_cumsum(spans)[seg_of[at]])
+        sentinels = sp.sentinel_base - (np.arange(at.size) - exclusive_cumsum(spans)[seg_of[at]])
         # inputs `[mode] kept S0 kept S1 ... </s>`: every kept token, a span's first token as its sentinel
         values = tokens.copy()
         values[at] = sentinels
         kept = np.flatnonzero(~noise | start)
         n_body = np.bincount(seg_of[kept], minlength=n)
         n_in = n_body + head + 1
-        in_start = _exclusive_cumsum(n_in)
-        inputs = np.empty(int(n_in.sum()), dtype=np.int64)
-        shift = in_start - _exclusive_cumsum(n_body) + head
+        in_start = exclusive_cumsum(n_in)
+        inputs = np.empty(int(n_in.sum()), dtype=tokens.dtype)
+        shift = in_start - exclusive_cumsum(n_body) + head
         inputs[np.arange(kept.size) + shift[seg_of[kept]]] = values[kept]
         inputs[in_start[head > 0]] = mode[head > 0]
         inputs[in_start + n_in - 1] = sp.eos
@@ -546,7 +560,7 @@ class UL2(Objective):
         noisy = np.flatnonzero(noise)
         n_noise = np.bincount(seg_of[noisy], minlength=n)
         n_tgt = n_noise + spans + 1
-        targets = np.empty(int(n_tgt.sum()), dtype=np.int64)
+        targets = np.empty(int(n_tgt.sum()), dtype=tokens.dtype)
         slot = np.arange(noisy.size) + np.cumsum(start)[noisy] + seg_of[noisy]
         targets[slot] = tokens[noisy]
         targets[slot[start[noisy]] - 1] = sentinels
@@ -579,7 +593,3 @@ class UL2(Objective):
             seg.row.numpy(), seg.doc.numpy(), inputs, n_in, targets, n_tgt, seg.n_rows, *widths, sp
         )
         return batch, truncated, int(n_tgt.sum())
-
-
-def _exclusive_cumsum(values: np.ndarray) -> np.ndarray:
-    return np.cumsum(values) - values
