@@ -135,7 +135,7 @@ def flat_nonzero(mask: Tensor) -> Tensor:
 class Segments:
     """Every document of a (B, L) batch of rows as a padded (N, W) batch, in (row, position) order."""
 
-    tokens: Tensor  # (N, W) int64, padded with pad
+    tokens: Tensor  # (N, W) int64, padded with pad; (N, 0) when the caller reads the rows itself
     lengths: Tensor  # (N,) int64, >= 1
     row: Tensor  # (N,) int64: the batch row the document came from
     doc: Tensor  # (N,) int64: rank of the document inside its row (0, 1, ...)
@@ -172,7 +172,12 @@ class Segments:
     def random(self, seed: int, row_index: Tensor) -> RowRandom:
         """Randomness keyed on (seed, global row, document rank): a document's noise does not depend on
         the batch it is read in."""
-        return RowRandom(seed, row_index[self.row] * _DOC_STRIDE + self.doc)
+        return document_random(seed, row_index, self.row, self.doc)
+
+
+def document_random(seed: int, row_index: Tensor, row: Tensor, doc: Tensor) -> RowRandom:
+    """`Segments.random` of the documents (row, doc) (N,): keyed on (seed, global row, document rank)."""
+    return RowRandom(seed, row_index[row] * _DOC_STRIDE + doc)
 
 
 def split_documents(
@@ -188,14 +193,19 @@ def split_documents(
 
 
 def split_documents_at(
-    rows: Tensor, document_ids: Tensor, pad_id: int = 0, eos_id: int | None = None
+    rows: Tensor,
+    document_ids: Tensor,
+    pad_id: int = 0,
+    eos_id: int | None = None,
+    with_tokens: bool = True,
 ) -> tuple[Segments, Tensor]:
     """`split_documents`, and the (N,) start of every document in the flattened rows (row * L + column),
-    which callers would otherwise find again."""
+    which callers would otherwise find again. Without `with_tokens` the segments' tokens are (N, 0), for
+    callers that read each document from the rows at its start (no padded copy)."""
     B, L = rows.shape
     device = rows.device
     change = document_ids[:, 1:] != document_ids[:, :-1]  # (B, L-1): a document ends / starts here
-    if B and L and not bool(change.any()) and bool((document_ids[:, 0] >= 0).all()):
+    if B and L and not bool(change.any()) and bool((document_ids[:, 0] >= 0).all()) and with_tokens:
         return _one_document_per_row(rows, pad_id, eos_id), torch.arange(B, device=device) * L
     valid = document_ids >= 0
     starts = valid.clone()
@@ -217,13 +227,15 @@ def split_documents_at(
         full_lengths, lengths = lengths, lengths - had_eos.long()
     else:
         full_lengths = lengths
-    width = int(full_lengths.max())
-    j = torch.arange(width, device=device)
-    if eos_id is None and n == B and bool((lengths == L).all()):  # one whole document per row
+    if not with_tokens:
+        tokens = rows.new_zeros(n, 0)
+    elif eos_id is None and n == B and bool((lengths == L).all()):  # one whole document per row
         tokens = rows
     else:
         # windows of the flat rows at every start (a strided view, then one row gather: ~3x cheaper than a
         # gather of n * width single elements); what runs past a document is masked to pad below
+        width = int(full_lengths.max())
+        j = torch.arange(width, device=device)
         flat = torch.nn.functional.pad(rows.reshape(-1), (0, width))
         tokens = flat.unfold(0, width, 1).index_select(0, flat_starts)
         tokens.masked_fill_(j[None, :] >= lengths[:, None], pad_id)
@@ -265,11 +277,26 @@ def by_length(
     """
     if seg.n == 0:
         return make(seg)
-    lengths = seg.lengths.cpu().numpy()  # numpy: a handful of ops on (N,) values
+    groups = length_groups(seg.lengths.cpu().numpy())
+    if len(groups) == 1:
+        return make(seg)
+    parts, stats = [], {}
+    for group in groups:
+        idx = torch.from_numpy(group).to(seg.lengths.device)
+        pieces, part = make(seg.select(idx))  # trimmed to the group's widest segment
+        parts.append(pieces)
+        for key, value in part.items():
+            stats[key] = stats.get(key, 0.0) + value
+    return Pieces.merge(parts, pad), stats
+
+
+def length_groups(lengths: np.ndarray) -> list[np.ndarray]:
+    """`by_length`'s groups of (N,) lengths: ascending index arrays, shortest lengths first (one group
+    holding everything when splitting would not pay). numpy: a handful of ops on (N,) values."""
     binned = np.frexp(np.maximum(lengths, 16) - 1)[1]  # ceil(log2(length)), exactly
     bins, which = np.unique(binned, return_inverse=True)  # ascending
-    if bins.size == 1:
-        return make(seg)
+    if bins.size <= 1:
+        return [np.arange(lengths.size)]
     counts = np.bincount(which).tolist()
     widest = np.zeros(bins.size, dtype=np.int64)
     np.maximum.at(widest, which, lengths)
@@ -287,15 +314,8 @@ def by_length(
         bounds.append((cut[i], i))
         i = cut[i]
     if len(bounds) == 1:
-        return make(seg)
-    parts, stats = [], {}
-    for j, i in reversed(bounds):
-        idx = torch.from_numpy(np.flatnonzero((which >= j) & (which <= i - 1))).to(seg.lengths.device)
-        pieces, part = make(seg.select(idx))  # trimmed to the group's widest segment
-        parts.append(pieces)
-        for key, value in part.items():
-            stats[key] = stats.get(key, 0.0) + value
-    return Pieces.merge(parts, pad), stats
+        return [np.arange(lengths.size)]
+    return [np.flatnonzero((which >= j) & (which <= i - 1)) for j, i in reversed(bounds)]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -415,13 +435,42 @@ def random_spans_noise_mask(
 
     Reference section 5 (t5 random_spans_noise_mask). Without roll the first token is kept and the last
     is noise; `random_roll` rotates each mask by a uniform offset (t5#905: short inputs are otherwise
-    only corrupted at the tail). The keep and noise segmentations share one draw per gap (its high and
-    low 32 bits) and one top-k over 2N rows: fewer, larger tensor ops.
+    only corrupted at the tail). The spans are `random_span_ends`'.
     """
     N = lengths.numel()
     device = lengths.device
     if N == 0:
         return torch.zeros(0, width, dtype=torch.bool, device=device)
+    span_ends = random_span_ends(lengths, noise_density, mean_noise_span_length, rr, stream)
+    buf = max(width, 2) + 1
+    marks = torch.zeros(N, buf, dtype=torch.int64, device=device).scatter_add_(
+        1, span_ends.clamp(max=buf - 1), torch.ones_like(span_ends)
+    )
+    j = torch.arange(width, device=device)[None, :]
+    mask = (marks.cumsum(1)[:, :width] & 1).bool() & (j < lengths[:, None])
+    if random_roll:
+        offset = roll_offsets(lengths, rr, stream)
+        src = (j - offset) % lengths.clamp(min=1)[:, None]
+        mask = mask.gather(1, src.clamp(max=width - 1)) & (j < lengths[:, None])
+    return mask
+
+
+def random_span_ends(
+    lengths: Tensor,
+    noise_density: float | Tensor,
+    mean_noise_span_length: float | Tensor,
+    rr: RowRandom,
+    stream: str = "spans",
+) -> Tensor:
+    """(N, 2k - 1) int64 boundaries of `random_spans_noise_mask` before its roll, ascending: where
+    keep 1, noise 1, keep 2, ... end; the mask is noise where an odd number of them lie at or before a
+    position. Unused spans pile up at max(L, 2), past the document.
+
+    The keep and noise segmentations share one draw per gap (its high and low 32 bits) and one top-k
+    over 2N rows: fewer, larger tensor ops.
+    """
+    N = lengths.numel()
+    device = lengths.device
     lp = lengths.clamp(min=2)
     n_noise, n_spans = _span_counts_batched(lengths, noise_density, mean_noise_span_length)
     n_items = torch.cat([lp - n_noise, n_noise])  # (2N,): kept tokens, then noise tokens
@@ -438,18 +487,12 @@ def random_spans_noise_mask(
     sizes = _segment_by_keys(keys, n_items, torch.cat([n_spans, n_spans]))
     k = sizes.size(1)
     interleaved = torch.stack([sizes[:N], sizes[N:]], dim=2).reshape(N, 2 * k)
-    span_ends = interleaved.cumsum(1)[:, :-1]  # where span i+1 starts; unused spans pile up at L'
-    buf = max(width, 2) + 1
-    marks = torch.zeros(N, buf, dtype=torch.int64, device=device).scatter_add_(
-        1, span_ends.clamp(max=buf - 1), torch.ones_like(span_ends)
-    )
-    j = torch.arange(width, device=device)[None, :]
-    mask = (marks.cumsum(1)[:, :width] & 1).bool() & (j < lengths[:, None])
-    if random_roll:
-        offset = rr.integers(1, lengths.clamp(min=1), stream + "/roll")  # (N, 1) in [0, L)
-        src = (j - offset) % lengths.clamp(min=1)[:, None]
-        mask = mask.gather(1, src.clamp(max=width - 1)) & (j < lengths[:, None])
-    return mask
+    return interleaved.cumsum(1)[:, :-1]
+
+
+def roll_offsets(lengths: Tensor, rr: RowRandom, stream: str = "spans") -> Tensor:
+    """(N, 1) int64 in [0, L): the rotation `random_spans_noise_mask` applies with `random_roll`."""
+    return rr.integers(1, lengths.clamp(min=1), stream + "/roll")
 
 
 def iid_noise_mask(
@@ -818,6 +861,84 @@ def encdec_batch(
         decoder_input_ids=dec,
         decoder_positions=dec_pos,
         decoder_document_ids=dec_docs,
+    )
+    return batch, cut_in + cut_out + dropped
+
+
+def exclusive_cumsum(values: np.ndarray) -> np.ndarray:
+    """(N,) sums of the values before each: where each of N pieces held end to end starts."""
+    return np.cumsum(values) - values
+
+
+def pack_flat(
+    row: np.ndarray,
+    doc: np.ndarray,
+    lengths: np.ndarray,
+    flat: np.ndarray,
+    flat_start: np.ndarray,
+    n_rows: int,
+    width: int,
+    fill: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """`pack_segments` of one field for segments held end to end in `flat` (segment i's tokens from
+    `flat_start[i]`, its first `lengths[i]` laid out): values, document ids and positions (n_rows,
+    width), each segment's start column, and the truncated count. Only real tokens move, no (N, W) grid.
+    numpy, as the callers' (N,) bookkeeping."""
+    n = lengths.size
+    start = exclusive_cumsum(lengths)
+    if n:  # start column inside the row (segments sorted by row)
+        per_row = np.bincount(row, minlength=n_rows)
+        start = start - start[exclusive_cumsum(per_row)[row]]
+    kept = np.clip(np.minimum(lengths, width - start), 0, None)
+    truncated = int((lengths - kept).sum())
+    seg_of = np.repeat(np.arange(n), kept)
+    j = np.arange(seg_of.size) - exclusive_cumsum(kept)[seg_of]  # position in its segment
+    dest = (row * width + start)[seg_of] + j
+    size = n_rows * width
+    values = np.full(size, fill, dtype=flat.dtype)
+    values[dest] = flat[flat_start[seg_of] + j]
+    docs = np.full(size, -1, dtype=np.int64)
+    docs[dest] = doc[seg_of]
+    positions = np.zeros(size, dtype=np.int64)
+    positions[dest] = j
+    shape = (n_rows, width)
+    return values.reshape(shape), docs.reshape(shape), positions.reshape(shape), start, truncated
+
+
+def encdec_batch_flat(
+    row: np.ndarray,
+    doc: np.ndarray,
+    inputs: np.ndarray,
+    input_lengths: np.ndarray,
+    targets: np.ndarray,
+    target_lengths: np.ndarray,
+    n_rows: int,
+    enc_width: int,
+    dec_width: int,
+    specials: Specials,
+) -> tuple[Batch, int]:
+    """`encdec_batch` of pieces held as two flat sequences, every piece's inputs (targets) end to end
+    in (row, document) order: the same Batch and truncated count, without padded (N, W) pieces."""
+    enc, enc_docs, enc_pos, starts, cut_in = pack_flat(
+        row, doc, input_lengths, inputs, exclusive_cumsum(input_lengths), n_rows, enc_width, specials.pad
+    )
+    # a piece whose encoder part is cut away entirely loses its decoder part (see `encdec_batch`)
+    tgt_len = np.where(starts < enc_width, target_lengths, 0)
+    dropped = int((target_lengths - tgt_len).sum())
+    labels, dec_docs, dec_pos, _, cut_out = pack_flat(
+        row, doc, tgt_len, targets, exclusive_cumsum(target_lengths), n_rows, dec_width, IGNORE
+    )
+    dec = np.full_like(labels, specials.pad)
+    dec[:, 1:] = np.where(dec_pos[:, 1:] > 0, labels[:, :-1], specials.pad)
+    batch = Batch(
+        input_ids=torch.from_numpy(enc),
+        labels=torch.from_numpy(labels),
+        positions=torch.from_numpy(enc_pos),
+        document_ids=torch.from_numpy(enc_docs),
+        attention="bidirectional",
+        decoder_input_ids=torch.from_numpy(dec),
+        decoder_positions=torch.from_numpy(dec_pos),
+        decoder_document_ids=torch.from_numpy(dec_docs),
     )
     return batch, cut_in + cut_out + dropped
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from objtrain.batch import Batch
@@ -44,8 +45,10 @@ from objtrain.objectives.noise import (
     fit_documents,
     largest_fitting,
     layout,
+    random_span_ends,
     random_spans_helper,
     random_spans_noise_mask,
+    roll_offsets,
     span_counts,
     span_inputs_targets,
     span_lengths_batched,
@@ -112,11 +115,18 @@ def span_need(
         return lambda lengths, index: span_lengths_batched(lengths, per(density, index), per(mean, index))
     if seg.n == 0:  # nothing to fit
         return lambda lengths, index: (lengths + 1, lengths + 1)
-    mask = random_spans_noise_mask(
-        seg.lengths, seg.width, noise_density, mean_span, seg.random(seed, row_index), "span/mask", True
-    )
-    last = (seg.lengths - 1).clamp(min=0)[:, None]
-    wraps = (mask[:, 0] & mask.gather(1, last)[:, 0]).long().cpu().numpy()
+    # the rolled mask at the first and last token only, from the span boundaries: no (N, W) mask
+    rr = seg.random(seed, row_index)
+    ends = random_span_ends(seg.lengths, noise_density, mean_span, rr, "span/mask")
+    offset = roll_offsets(seg.lengths, rr, "span/mask")[:, 0]
+
+    def noise_at(p: Tensor) -> Tensor:
+        """Rolled noise at (N,) positions p: the unrolled mask (odd boundaries at or before) at p - offset."""
+        q = (p - offset) % seg.lengths.clamp(min=1)
+        return ((ends <= q[:, None]).sum(1) % 2 == 1) & (p < seg.lengths)
+
+    wrapped = noise_at(torch.zeros_like(offset)) & noise_at((seg.lengths - 1).clamp(min=0))
+    wraps = wrapped.long().cpu().numpy()
     seg_lengths = seg.lengths.cpu().numpy()
 
     def need(lengths: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -155,14 +165,22 @@ def span_widths(
 
 
 def finish_stats(
-    stats: dict[str, float], batch: Batch, truncated: int, pieces: Pieces | None = None
+    stats: dict[str, float],
+    batch: Batch,
+    truncated: int,
+    pieces: Pieces | None = None,
+    targets_made: int | None = None,
 ) -> dict[str, float]:
+    """The summary stats of a batch; `targets_made` (or the `pieces`' target lengths) counts the targets
+    the corruption made, for `target_tokens_dropped`."""
     out = dict(stats)
     out["truncated_tokens"] = float(truncated)
     n_targets = batch.n_targets  # a pass over the labels: once
     out["target_tokens"] = float(n_targets)
-    if pieces is not None:  # targets the corruption made that the batch does not hold
-        out["target_tokens_dropped"] = float(int(pieces.target_lengths.sum()) - n_targets)
+    if pieces is not None:
+        targets_made = int(pieces.target_lengths.sum())
+    if targets_made is not None:  # targets the corruption made that the batch does not hold
+        out["target_tokens_dropped"] = float(targets_made - n_targets)
     if "spans" in out:
         out["mean_span_length"] = out["noise_tokens"] / out["spans"] if out["spans"] else 0.0
     if out.get("raw_tokens") and "noise_tokens" in out:

@@ -59,9 +59,16 @@ from objtrain.objectives.noise import (
     Pieces,
     Segments,
     by_length,
+    check_sentinels,
+    document_random,
+    encdec_batch_flat,
+    exclusive_cumsum,
     fit_documents,
     largest_fitting,
     layout,
+    length_groups,
+    random_span_ends,
+    roll_offsets,
     split_documents_at,
 )
 from objtrain.objectives.prefix_lm import check_prefix_density, split_pieces
@@ -151,6 +158,9 @@ class UL2(Objective):
     name = "ul2"
     model_kinds = ("encdec", "decoder")
     attention = "bidirectional"
+    # encoder-decoder on CPU: corrupt and lay out the real tokens only (`_encdec_flat`); off, or on other
+    # devices, padded pieces (`_padded_layout`), the same batch
+    flat_layout = True
 
     @dataclass
     class Config:
@@ -369,7 +379,11 @@ class UL2(Objective):
         key = torch.where(
             read, document_ids * K + example.clamp(max=K - 1), torch.full_like(document_ids, -1)
         )
-        seg, flat_start = split_documents_at(rows, key, self.specials.pad, self.specials.eos)
+        # the flat layout reads every document from the rows at its start: no padded copy of the tokens
+        flat = self.model_kind == "encdec" and self.flat_layout and device.type == "cpu"
+        seg, flat_start = split_documents_at(
+            rows, key, self.specials.pad, self.specials.eos, with_tokens=not flat
+        )
         seg_example = example.reshape(-1)[flat_start]
         k = plan.denoiser[seg.row, seg_example]
         is_s = self.is_s[k]
@@ -390,6 +404,8 @@ class UL2(Objective):
             "fraction": plan.fraction[seg.row, seg_example],
             "denoiser": k,
         }
+        if flat:
+            seg.extra["start"] = flat_start
         x = seg.extra
         span_need_fn = span_need(seg, seed, row_index, x["density"], x["mean_span"], self.config.random_roll)
         encdec = self.model_kind == "encdec"
@@ -409,7 +425,6 @@ class UL2(Objective):
         # documents fit the widths whole or are cut before corruption: no target token is dropped
         seg, used = fit_documents(seg, need, widths, self.specials.pad)
         x = seg.extra
-        parts: list[Pieces] = []
         stats: dict[str, float] = {}
         examples = torch.arange(K, device=device)[None, :] < plan.count[:, None]
         per_denoiser = torch.bincount(plan.denoiser[examples], minlength=len(self.labels)).tolist()
@@ -417,6 +432,24 @@ class UL2(Objective):
         for label, count in zip(self.labels, per_denoiser, strict=True):
             stats[f"share/{label}"] = float(count) / max(n_examples, 1)
         stats["examples"] = float(n_examples)
+
+        if flat:
+            batch, truncated, made = self._encdec_flat(seg, rows, seed, row_index, widths, stats)
+        else:
+            batch, truncated, made = self._padded_layout(seg, seed, row_index, widths, stats)
+        batch.stats = finish_stats(stats, batch, truncated, targets_made=made)
+        # fed but unused: past the plan (rows read at a fixed width), and what the fit left out
+        batch.stats.update(raw_usage(document_ids, used))
+        return batch
+
+    def _padded_layout(
+        self, seg: Segments, seed: int, row_index: Tensor, widths: tuple[int, int], stats: dict[str, float]
+    ) -> tuple[Batch, int, int]:
+        """Corrupt the fitted segments as padded pieces, one group per (kind, has mode) and length, and lay
+        them out. Adds the corruption stats to `stats`; returns the batch, the truncated count and the
+        targets made."""
+        x = seg.extra
+        parts: list[Pieces] = []
 
         def add(pieces: Pieces, part: dict[str, float]) -> None:
             parts.append(pieces)
@@ -446,11 +479,117 @@ class UL2(Objective):
         if parts:
             merged = Pieces.merge(parts, self.specials.pad)
         else:
+            device = seg.lengths.device
             empty = torch.zeros(0, 1, dtype=torch.int64, device=device)
             none = torch.zeros(0, dtype=torch.int64, device=device)
             merged = Pieces(empty, none, empty, none, none, none)
-        batch, truncated = layout(merged, self.model_kind, B, widths, self.specials)
-        batch.stats = finish_stats(stats, batch, truncated, merged)
-        # fed but unused: past the plan (rows read at a fixed width), and what the fit left out
-        batch.stats.update(raw_usage(document_ids, used))
-        return batch
+        batch, truncated = layout(merged, self.model_kind, seg.n_rows, widths, self.specials)
+        return batch, truncated, int(merged.target_lengths.sum())
+
+    def _encdec_flat(
+        self,
+        seg: Segments,
+        rows: Tensor,
+        seed: int,
+        row_index: Tensor,
+        widths: tuple[int, int],
+        stats: dict[str, float],
+    ) -> tuple[Batch, int, int]:
+        """Encoder-decoder corruption and layout of the fitted segments over their real tokens only, on
+        CPU: what `s_pieces` and `span_pieces`, `Pieces.merge` and `encdec_batch` make, bit for bit,
+        without the padded (N, W) pieces (a row's S and span examples differ in length by ~2x, and its
+        longest part sets every piece's width). Adds the corruption stats to `stats`; returns the batch,
+        the truncated count and the targets made."""
+        sp = self.specials
+        x = seg.extra
+        lengths = seg.lengths.numpy()
+        n = lengths.size
+        is_s = x["is_s"].numpy()
+        mode = x["mode"].numpy()
+        head = (mode >= 0).astype(np.int64)
+        # every real token, segment after segment, read from the rows at the segment's start (`flat_start`
+        # in `extra`): numpy over ~40k values (a few dozen ops)
+        seg_of = np.repeat(np.arange(n), lengths)
+        pos = np.arange(seg_of.size) - exclusive_cumsum(lengths)[seg_of]
+        tokens = rows.reshape(-1).numpy()[x["start"].numpy()[seg_of] + pos]
+        # a token is noise when it is a target: S, past the prefix; R/X, under its span mask
+        n_prefix = lengths - s_target_lengths_np(lengths, x["fraction"].numpy())
+        noise = pos >= np.where(is_s, n_prefix, lengths)[seg_of]
+        span = np.flatnonzero(~is_s)
+        if span.size:
+            # R/X masks from their span boundaries: a boundary flips noise on or off, and a segment that
+            # ends inside noise flips it back at its end, so the flat parity starts every segment kept
+            first = exclusive_cumsum(lengths)
+            flips, offset = [], np.zeros(n, dtype=np.int64)
+            for group in length_groups(lengths[span]):  # keys padded to the group's longest only
+                idx = span[group]
+                it = torch.from_numpy(idx)
+                rr = document_random(seed, row_index, seg.row[it], seg.doc[it])
+                density, mean = x["density"][it], x["mean_span"][it]
+                ends = random_span_ends(seg.lengths[it], density, mean, rr, "span/mask").numpy()
+                inside = ends < lengths[idx][:, None]
+                flips.append((first[idx][:, None] + ends)[inside])
+                flips.append((first[idx] + lengths[idx])[inside.sum(1) % 2 == 1])
+                if self.config.random_roll:
+                    offset[idx] = roll_offsets(seg.lengths[it], rr, "span/mask").numpy()[:, 0]
+            masked = np.cumsum(np.bincount(np.concatenate(flips), minlength=tokens.size + 1)[:-1]) % 2 == 1
+            if self.config.random_roll:  # token j of a segment reads the unrolled mask at (j - offset) mod L
+                masked = masked[first[seg_of] + (pos - offset[seg_of]) % np.maximum(lengths, 1)[seg_of]]
+            noise |= masked
+        # span starts: noise after a kept token or at its segment's start (S targets are no spans)
+        start = noise & ~is_s[seg_of]
+        start[1:] &= ~noise[:-1] | (pos[1:] == 0)
+        at = np.flatnonzero(start)
+        spans = np.bincount(seg_of[at], minlength=n)
+        check_sentinels(torch.from_numpy(spans), sp, "span corruption")
+        sentinels = sp.sentinel_base - (np.arange(at.size) - exclusive_cumsum(spans)[seg_of[at]])
+        # inputs `[mode] kept S0 kept S1 ... </s>`: every kept token, a span's first token as its sentinel
+        values = tokens.copy()
+        values[at] = sentinels
+        kept = np.flatnonzero(~noise | start)
+        n_body = np.bincount(seg_of[kept], minlength=n)
+        n_in = n_body + head + 1
+        in_start = exclusive_cumsum(n_in)
+        inputs = np.empty(int(n_in.sum()), dtype=tokens.dtype)
+        shift = in_start - exclusive_cumsum(n_body) + head
+        inputs[np.arange(kept.size) + shift[seg_of[kept]]] = values[kept]
+        inputs[in_start[head > 0]] = mode[head > 0]
+        inputs[in_start + n_in - 1] = sp.eos
+        # targets `S0 noise S1 noise ... </s>`: a noise token lands after the noise tokens, sentinels and
+        # EOS tokens before it
+        noisy = np.flatnonzero(noise)
+        n_noise = np.bincount(seg_of[noisy], minlength=n)
+        n_tgt = n_noise + spans + 1
+        targets = np.empty(int(n_tgt.sum()), dtype=tokens.dtype)
+        slot = np.arange(noisy.size) + np.cumsum(start)[noisy] + seg_of[noisy]
+        targets[slot] = tokens[noisy]
+        targets[slot[start[noisy]] - 1] = sentinels
+        targets[np.cumsum(n_tgt) - 1] = sp.eos
+
+        def add(part: dict[str, float]) -> None:
+            for key, value in part.items():
+                stats[key] = stats.get(key, 0.0) + value
+
+        if span.size:
+            add(
+                {
+                    "documents": float(span.size),
+                    "raw_tokens": float(lengths[span].sum()),
+                    "noise_tokens": float(n_noise[span].sum()),
+                    "spans": float(at.size),
+                }
+            )
+        if span.size < n:
+            s = np.flatnonzero(is_s)
+            add(
+                {
+                    "documents": float(s.size),
+                    "raw_tokens": float(lengths[s].sum()),
+                    "prefix_tokens": float(n_prefix[s].sum()),
+                    "suffix_tokens": float((lengths[s] - n_prefix[s]).sum()),
+                }
+            )
+        batch, truncated = encdec_batch_flat(
+            seg.row.numpy(), seg.doc.numpy(), inputs, n_in, targets, n_tgt, seg.n_rows, *widths, sp
+        )
+        return batch, truncated, int(n_tgt.sum())

@@ -189,6 +189,35 @@ def test_a_row_does_not_depend_on_its_batch(seed: int, m: int, kind: str, split:
     assert whole.stats["target_tokens_dropped"] == 0
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    m=st.integers(8, 300),
+    rate=st.sampled_from([0.0, 0.02, 0.2, 0.6]),
+    roll=st.booleans(),
+    per_row=st.sampled_from([1, 8]),
+)
+def test_flat_layout_is_the_padded_one(seed: int, m: int, rate: float, roll: bool, per_row: int) -> None:
+    """Encoder-decoder on CPU corrupts and lays out the real tokens only: the same batch and stats as
+    the padded pieces, for any length, packing, roll and examples per row."""
+    overrides = {"random_roll": roll, "examples_per_row": per_row}
+    obj = build_objective("ul2", SP, model_kind="encdec", overrides=overrides)
+    L = obj.raw_length(m)
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.randint(O, O + 500, (8, L), generator=g)
+    docs = (torch.rand(8, L, generator=g) < rate).long().cumsum(1)
+    rows = torch.where(torch.rand(8, L, generator=g) < rate / 4, SP.eos, rows)  # some documents end in EOS
+    idx = torch.arange(8) * 5 + seed
+    docs[-1, L // 2 :] = -1
+    flat = obj(rows, docs, idx, seed)
+    obj.flat_layout = False
+    padded = obj(rows, docs, idx, seed)
+    assert flat.tensors().keys() == padded.tensors().keys()
+    for name, tensor in padded.tensors().items():
+        assert torch.equal(flat.tensors()[name], tensor), name
+    assert list(flat.stats.items()) == list(padded.stats.items())
+
+
 def test_s_split_keeps_both_parts() -> None:
     """S: round(1 + t (L - 1)) target tokens, at most L - 1 (the prefix keeps one); a 1-token document
     is all target, a lone EOS (length 0) has none."""
