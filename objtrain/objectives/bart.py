@@ -76,7 +76,7 @@ from objtrain import IGNORE
 from objtrain.batch import Batch
 from objtrain.errors import UserError
 from objtrain.objectives.base import Objective, raw_usage
-from objtrain.objectives.noise import _DOC_STRIDE, flat_nonzero, largest_fitting, smallest
+from objtrain.objectives.noise import _DOC_STRIDE, _cumsum_in_rows, flat_nonzero, largest_fitting, smallest
 from objtrain.objectives.rng import RowRandom
 from objtrain.objectives.sentences import lookup, sentence_end_table, sentence_ids
 from objtrain.objectives.span import finish_stats
@@ -317,7 +317,7 @@ class BartDenoising(Objective):
             stats["permuted_sentences"] = torch.where(doc_kept, stats["permuted_sentences"], 0)
         doc_row = torch.div(doc_start, L, rounding_mode="floor")
         enc_len = torch.where(doc_kept, n_in + 1, 0)
-        enc_start = _exclusive_in_rows(enc_len, doc_row)  # column of each document's first item
+        enc_start = _cumsum_in_rows(enc_len, doc_row) - enc_len  # column of each document's first item
         rotate: tuple[Tensor, Tensor, Tensor] | None = None
         if c.rotate > 0:
             rr = RowRandom(seed, docs.keys)
@@ -370,7 +370,7 @@ class BartDenoising(Objective):
         dec_docs = torch.full((dec_spare + 1,), -1, dtype=torch.int64).scatter_(0, dest, rank.view(-1))
         dec_pos = torch.zeros(dec_spare + 1, dtype=torch.int64).scatter_(0, dest, pos.view(-1))
         dec_len = torch.where(doc_kept, n_txt + 1, 0)
-        eos_at = (doc_row * dec_w + _exclusive_in_rows(dec_len, doc_row) + n_txt).take(docs_kept)
+        eos_at = (doc_row * dec_w + (_cumsum_in_rows(dec_len, doc_row) - dec_len) + n_txt).take(docs_kept)
         labels.index_fill_(0, eos_at, sp.eos)
         dec_docs.index_copy_(0, eos_at, rank.take(doc_start.take(docs_kept)))
         dec_pos.index_copy_(0, eos_at, n_txt.take(docs_kept))
@@ -553,14 +553,3 @@ class Draws:
             return torch.zeros(0, dtype=torch.float64)
         bits = RowRandom(self.seed, self.keys).bits_of(self.doc.take(at), self.pos.take(at), stream)
         return _unit64(bits)
-
-
-def _exclusive_in_rows(lengths: Tensor, row: Tensor) -> Tensor:
-    """(D,) sum of the earlier `lengths` of the same row (entries sorted by row)."""
-    total = lengths.cumsum(0) - lengths
-    if not row.numel():
-        return total
-    row_first = torch.ones_like(row, dtype=torch.bool)
-    row_first[1:] = row[1:] != row[:-1]
-    base = torch.where(row_first, total, 0).cummax(0).values
-    return total - base
