@@ -137,20 +137,6 @@ def _spans(starts: Tensor, lengths: Tensor, n_rows: int, width: int) -> Tensor:
     return diff.view(n_rows, width + 1).cumsum(1)[:, :width] > 0
 
 
-def _ranges(starts: Tensor, lengths: Tensor, index: Tensor, n_rows: int, width: int) -> tuple[Tensor, Tensor]:
-    """Label the columns of [start, start + length) ranges (flat starts, ascending, disjoint, non-empty):
-    (n_rows, width) range index (-1 outside every range) and position inside the range (0 outside)."""
-    if not starts.numel():
-        return torch.full((n_rows, width), -1), torch.zeros(n_rows, width, dtype=torch.int64)
-    marks = torch.zeros(n_rows * width, dtype=torch.int64)
-    marks.index_copy_(0, starts, torch.arange(1, starts.numel() + 1))
-    latest = marks.view(n_rows, width).cummax(1).values  # 1 + the last range started at or before
-    which = (latest - 1).clamp(min=0)
-    offset = torch.arange(n_rows * width).view(n_rows, width) - starts.take(which)
-    inside = (latest > 0) & (offset < lengths.take(which))
-    return torch.where(inside, index.take(which), -1), torch.where(inside, offset, 0)
-
-
 class BartDenoising(Objective):
     """fairseq-style BART noising; encoder-decoder only."""
 
