@@ -15,6 +15,8 @@ def test_rmsnorm_matches_reference_and_gradcheck() -> None:
     norm = RMSNorm(16).double()
     norm.weight.data.copy_(weight.data)
     assert torch.allclose(norm(x), F.rms_norm(x, (16,), weight, 1e-6))
+    with torch.no_grad():  # inference takes the one-kernel path: the same values
+        assert torch.allclose(norm(x), _RMSNormFunction.apply(x, weight, 1e-6))
 
 
 def test_rope_fast_and_real_forms_agree_and_depend_on_relative_position() -> None:
