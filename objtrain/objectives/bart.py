@@ -198,6 +198,7 @@ class BartDenoising(Objective):
                 )
             self.word_tables = tokenizer.word_boundary_tables
         self.cdf = poisson_cdf(c.poisson_lambda)
+        self.start_rate = self.span_start_rate()
         self._model_length: dict[int, int] = {}
 
     def raw_length(self, model_length: int) -> int:
@@ -427,7 +428,7 @@ class BartDenoising(Objective):
         same_row = doc_row[1:] == doc_row[:-1]
         words_end[:-1] = torch.where(same_row, word.take(doc_start[1:]), words_end[:-1])
         at = flat_nonzero(ws)
-        at = at[docs.uniform(at, "bart/starts") < self.span_start_rate()]  # span starts
+        at = at[docs.uniform(at, "bart/starts") < self.start_rate]  # span starts
         if c.mask_length == "span-poisson":
             # numpy's searchsorted: ~10x cheaper than torch's (BART runs on CPU)
             u = docs.uniform(at, "bart/poisson").numpy()
