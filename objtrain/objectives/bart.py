@@ -76,7 +76,14 @@ from objtrain import IGNORE
 from objtrain.batch import Batch
 from objtrain.errors import UserError
 from objtrain.objectives.base import Objective, raw_usage
-from objtrain.objectives.noise import _DOC_STRIDE, _cumsum_in_rows, flat_nonzero, largest_fitting, smallest
+from objtrain.objectives.noise import (
+    _DOC_STRIDE,
+    _cumsum_in_rows,
+    flat_nonzero,
+    largest_fitting,
+    packed_encdec_batch,
+    smallest,
+)
 from objtrain.objectives.rng import RowRandom
 from objtrain.objectives.sentences import lookup, sentence_end_table, sentence_ids
 from objtrain.objectives.span import finish_stats
@@ -361,19 +368,14 @@ class BartDenoising(Objective):
         labels.index_fill_(0, eos_at, sp.eos)
         dec_docs.index_copy_(0, eos_at, rank.take(doc_start.take(docs_kept)))
         dec_pos.index_copy_(0, eos_at, n_txt.take(docs_kept))
-        labels = labels[:dec_spare].view(B, dec_w)
-        dec_pos = dec_pos[:dec_spare].view(B, dec_w)
-        dec = torch.full_like(labels, sp.pad)  # the targets one column right inside each document
-        dec[:, 1:] = torch.where(dec_pos[:, 1:] > 0, labels[:, :-1], sp.pad)
-        batch = Batch(
-            input_ids=enc[:spare].view(B, enc_w),
-            labels=labels,
-            positions=enc_pos,
-            document_ids=enc_docs,
-            attention="bidirectional",
-            decoder_input_ids=dec,
-            decoder_positions=dec_pos,
-            decoder_document_ids=dec_docs[:dec_spare].view(B, dec_w),
+        batch = packed_encdec_batch(
+            enc[:spare].view(B, enc_w),
+            enc_docs,
+            enc_pos,
+            labels[:dec_spare].view(B, dec_w),
+            dec_docs[:dec_spare].view(B, dec_w),
+            dec_pos[:dec_spare].view(B, dec_w),
+            sp.pad,
         )
 
         n_docs = int(docs_kept.numel())

@@ -848,11 +848,25 @@ def encdec_batch(
     (labels,), dec_docs, dec_pos, cut_out = pack_segments(
         p.row, p.doc, tgt_len, [(p.targets, IGNORE)], n_rows, dec_width
     )
-    # decoder inputs: the packed targets one column right inside each document, the start id (pad) at
-    # its first position (one small shift, not a second shifted copy of every piece to pack)
-    dec = torch.full_like(labels, specials.pad)
-    dec[:, 1:] = torch.where(dec_pos[:, 1:] > 0, labels[:, :-1], specials.pad)
-    batch = Batch(
+    batch = packed_encdec_batch(enc, enc_docs, enc_pos, labels, dec_docs, dec_pos, specials.pad)
+    return batch, cut_in + cut_out + dropped
+
+
+def packed_encdec_batch(
+    enc: Tensor,
+    enc_docs: Tensor,
+    enc_pos: Tensor,
+    labels: Tensor,
+    dec_docs: Tensor,
+    dec_pos: Tensor,
+    pad: int,
+) -> Batch:
+    """The encoder-decoder Batch of packed rows. Decoder inputs are the packed labels one column right
+    inside each document, the start id (pad) at its first position: one small shift, not a second
+    shifted copy of every piece to pack."""
+    dec = torch.full_like(labels, pad)
+    dec[:, 1:] = torch.where(dec_pos[:, 1:] > 0, labels[:, :-1], pad)
+    return Batch(
         input_ids=enc,
         labels=labels,
         positions=enc_pos,
@@ -862,7 +876,6 @@ def encdec_batch(
         decoder_positions=dec_pos,
         decoder_document_ids=dec_docs,
     )
-    return batch, cut_in + cut_out + dropped
 
 
 def exclusive_cumsum(values: np.ndarray) -> np.ndarray:
@@ -928,19 +941,8 @@ def encdec_batch_flat(
     labels, dec_docs, dec_pos, _, cut_out = pack_flat(
         row, doc, tgt_len, targets, exclusive_cumsum(target_lengths), n_rows, dec_width, IGNORE
     )
-    dec = np.full_like(labels, specials.pad)
-    dec[:, 1:] = np.where(dec_pos[:, 1:] > 0, labels[:, :-1], specials.pad)
-    batch = Batch(
-        input_ids=torch.from_numpy(enc),
-        labels=torch.from_numpy(labels),
-        positions=torch.from_numpy(enc_pos),
-        document_ids=torch.from_numpy(enc_docs),
-        attention="bidirectional",
-        decoder_input_ids=torch.from_numpy(dec),
-        decoder_positions=torch.from_numpy(dec_pos),
-        decoder_document_ids=torch.from_numpy(dec_docs),
-    )
-    return batch, cut_in + cut_out + dropped
+    fields = (enc, enc_docs, enc_pos, labels, dec_docs, dec_pos)
+    return packed_encdec_batch(*map(torch.from_numpy, fields), specials.pad), cut_in + cut_out + dropped
 
 
 def decoder_batch(pieces: Pieces, n_rows: int, width: int, specials: Specials) -> tuple[Batch, int]:
