@@ -56,6 +56,20 @@ def rows_with_sentences(seed: int, B: int, L: int) -> tuple[torch.Tensor, torch.
     return rows, docs
 
 
+def packed_documents(
+    rows: torch.Tensor, docs: torch.Tensor, seed: int, rate: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows re-cut into documents starting at random positions (`rate` per token), each closed by EOS
+    inside the row, as a packed store lays them out."""
+    g = torch.Generator().manual_seed(seed)
+    cuts = torch.rand(rows.shape, generator=g) < rate
+    cuts[:, 0] = False
+    docs = torch.where(docs >= 0, cuts.long().cumsum(1), -1)
+    ends = torch.zeros_like(cuts)
+    ends[:, :-1] = (docs[:, 1:] != docs[:, :-1]) & (docs[:, :-1] >= 0)
+    return torch.where(ends, SP.eos, rows), docs
+
+
 def pairs(batch: Batch, rows: torch.Tensor, docs: torch.Tensor) -> list[tuple[list[int], list[int]]]:
     """(noised source without EOS, original document) for every document the batch holds; asserts the
     target is the original plus EOS, or, for the document a row's fit cut, a prefix of it plus EOS."""
@@ -187,13 +201,7 @@ def test_rows_fill_the_encoder_and_keep_every_target(seed: int, m: int, multi: b
     L = obj.raw_length(m)
     rows, docs = rows_with_sentences(seed, 6, L)
     if multi:  # documents of a few to a few dozen tokens, each closed by EOS inside the row
-        g = torch.Generator().manual_seed(seed)
-        cuts = torch.rand(6, L, generator=g) < 0.08
-        cuts[:, 0] = False
-        docs = torch.where(docs >= 0, cuts.long().cumsum(1), -1)
-        ends = torch.zeros_like(cuts)
-        ends[:, :-1] = (docs[:, 1:] != docs[:, :-1]) & (docs[:, :-1] >= 0)
-        rows = torch.where(ends, SP.eos, rows)
+        rows, docs = packed_documents(rows, docs, seed, 0.08)
     batch = obj(rows, docs, torch.arange(6) + seed, seed)
     assert batch.input_ids.size(1) == obj.model_length(L) <= m and batch.labels.size(1) == L + 1
     originals = pairs(batch, rows, docs)
@@ -349,14 +357,8 @@ def test_a_cut_document_is_noised_as_its_prefix_alone(seed: int, m: int, multi: 
     obj = build(**config)
     L = obj.raw_length(m)
     rows, docs = rows_with_sentences(seed, 6, L)
-    if multi:
-        g = torch.Generator().manual_seed(seed)
-        cuts = torch.rand(6, L, generator=g) < 0.05
-        cuts[:, 0] = False
-        docs = torch.where(docs >= 0, cuts.long().cumsum(1), -1)
-        ends = torch.zeros_like(cuts)
-        ends[:, :-1] = (docs[:, 1:] != docs[:, :-1]) & (docs[:, :-1] >= 0)
-        rows = torch.where(ends, SP.eos, torch.where(rows == SP.eos, STOP, rows))  # EOS ends documents only
+    if multi:  # EOS only where a document ends, so a cut never lands right after one
+        rows, docs = packed_documents(torch.where(rows == SP.eos, STOP, rows), docs, seed, 0.05)
     index = torch.arange(6) * 7 + seed
     full = obj(rows, docs, index, seed)
     assert full.decoder_document_ids is not None
