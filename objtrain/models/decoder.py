@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from objtrain.batch import Batch, ModelOutput
 from objtrain.models.attention import causal_chunk_mask
 from objtrain.models.base import TrunkOutput, ZooModel, make_block
-from objtrain.models.blocks import Block, KVCache, Rotary, StackedBlocks
+from objtrain.models.blocks import Block, Embedding, KVCache, Rotary, StackedBlocks
 from objtrain.models.config import ModelConfig
 from objtrain.models.heads import TiedLMHead
 
@@ -26,7 +26,7 @@ class Decoder(ZooModel):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.embed = Embedding(cfg.vocab_size, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_base)
         self.blocks = nn.ModuleList(make_block(cfg) for _ in range(cfg.n_layer))  # last = head 1's layer

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from objtrain.batch import AttentionKind, Batch, ModelOutput, positions_of
 from objtrain.models.attention import causal_chunk_mask, cross_attention_mask
 from objtrain.models.base import TrunkOutput, ZooModel, make_block
-from objtrain.models.blocks import KVCache, RMSNorm, Rotary
+from objtrain.models.blocks import Embedding, KVCache, RMSNorm, Rotary
 from objtrain.models.config import ModelConfig
 from objtrain.models.heads import TiedLMHead
 
@@ -28,7 +28,7 @@ class EncoderDecoder(ZooModel):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.embed = Embedding(cfg.vocab_size, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_base)
         self.encoder = nn.ModuleList(make_block(cfg) for _ in range(cfg.n_layer))

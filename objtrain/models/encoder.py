@@ -14,7 +14,7 @@ from torch import nn
 
 from objtrain.batch import Batch, ModelOutput
 from objtrain.models.base import TrunkOutput, ZooModel, make_block
-from objtrain.models.blocks import Rotary
+from objtrain.models.blocks import Embedding, Rotary
 from objtrain.models.config import ModelConfig
 from objtrain.models.heads import Pooler, TiedLMHead, mean_pool
 
@@ -25,7 +25,7 @@ class Encoder(ZooModel):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.embed = Embedding(cfg.vocab_size, cfg.d_model)
         self.segment = nn.Embedding(cfg.n_segments, cfg.d_model) if cfg.n_segments else None
         self.drop = nn.Dropout(cfg.dropout)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_base)

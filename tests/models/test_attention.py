@@ -61,7 +61,8 @@ def test_marked_layout_gives_the_same_outputs_and_one_graph(kind: str, doc_rows:
         assert torch.equal(model(batch).logits, model(marked).logits)
         torch._dynamo.reset()
         traced = torch.compile(model, backend="eager", fullgraph=True)
-        assert torch.allclose(traced(marked).logits, model(marked).logits, atol=1e-6)
+        # to float rounding: compiled attention rotates in the half-split layout, which reorders sums
+        assert torch.allclose(traced(marked).logits, model(marked).logits, atol=1e-5)
 
 
 @pytest.mark.parametrize("doc_rows", [[[0] * 12] * 2, PACKED], ids=["one-document", "packed"])
