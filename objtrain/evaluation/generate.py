@@ -5,11 +5,14 @@ Generators yield token ids one at a time (so the CLI can stream) and stop before
 Per-token Python loops are inherent to autoregressive decoding; each step is one batched forward.
 
 Self-speculative decoding (Gloeckle et al. 2024 section 3.2; blockwise parallel decoding, Stern et al.
-2018): the heads 2..n at the last verified position draft the next n-1 tokens; one forward over
-[verified token, drafts] lets head 1 check every draft at once. The longest agreeing prefix is kept plus
-head 1's own next token, so each forward yields 1..n tokens, and greedy output equals plain greedy.
-The n head layers run as one batched block (`StackedBlocks`), so a step over n slots costs about the
-trunk plus one layer, against the trunk plus head 1 of a plain greedy step.
+2018; tree drafting as in Medusa, Cai et al. 2024): the heads 2..n at the last verified position each
+offer their top-k next tokens, a small tree of their combinations (`default_tree`) is fed in one forward
+with a tree attention mask (each node sees the cache and its own ancestors, at position start + depth),
+and head 1's argmax at every node checks its children. The longest path that agrees with head 1 is kept
+plus head 1's own next token, so each forward yields 1..n tokens, and greedy output equals plain greedy.
+The path's keys and values are then moved to contiguous cache slots. The n head layers run as one
+batched block (`StackedBlocks`), so a step costs about the trunk plus one layer over the tree's nodes,
+against the trunk plus head 1 of a plain greedy step.
 """
 
 from __future__ import annotations
@@ -135,9 +138,11 @@ def chain_tree(depth: int) -> tuple[tuple[int, ...], ...]:
 
 
 def default_tree(n: int) -> tuple[tuple[int, ...], ...]:
-    """The draft tree `generate_speculative` uses for n heads: for n = 4, the 10 most often accepted
-    paths of two 4-head models' greedy continuations (20 and 70 minutes of MTP training, train-split
-    prompts); for other n, the chain of argmaxes plus each head's second candidate after it."""
+    """The draft tree `generate_speculative` uses for n heads. For n = 4, the 10 paths most often
+    accepted in two 4-head models' greedy continuations of train-split prompts (tiny models, 10 and
+    70 minutes of MTP training), which measured fastest among the 3..16-node trees tried (bigger trees
+    accept more but cost more per forward). For other n, the chain of argmaxes plus each head's second
+    candidate after it."""
     if n == 4:
         return (
             *((0,), (1,), (2,), (3,)),
