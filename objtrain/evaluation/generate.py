@@ -60,8 +60,8 @@ class Sampling:
 class SpeculativeStats:
     forwards: int = 0  # verification forwards (the prompt's prefill not counted)
     tokens: int = 0  # tokens produced by them
-    drafted: int = 0  # draft tokens offered
-    accepted: int = 0  # draft tokens accepted
+    drafted: int = 0  # draft positions offered: the tree's depth per forward
+    accepted: int = 0  # draft tokens accepted (the kept path's length)
 
     @property
     def acceptance(self) -> float:
