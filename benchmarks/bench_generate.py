@@ -1,7 +1,8 @@
 """Decoding speed: KV cache vs recomputation, and self-speculative decoding with MTP heads.
 
 1. tokens/s of greedy decoding with and without the KV cache (random-init decoder; speed only).
-2. Self-speculative decoding: the draft acceptance rate, tokens per forward, and the wall-clock speed-up
+2. Self-speculative decoding (tree drafting; `--tree chain` for the argmax chain): the draft acceptance
+   rate (accepted drafts / tree depth), tokens per forward, and the wall-clock speed-up
    of speculative over plain greedy decoding (both with the KV cache; outputs checked identical). The
    MTP model is either a checkpoint trained by `objtrain train --objective mtp` (--checkpoint; prompts
    from the valid split of its store, --store, default the embedded standard-library store) or, without
@@ -193,6 +194,8 @@ def speculative_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             for start in range(0, len(ids) - args.prompt_len, len(ids) // args.prompts_per_file):
                 prompts.append(ids[start : start + args.prompt_len])
     n_new = args.new_tokens
+    n = info["heads"]
+    tree = gen.chain_tree(n - 1) if args.tree == "chain" else gen.default_tree(n)
     plain_t, spec_t = [], []
     stats = gen.SpeculativeStats()
     identical = True
@@ -200,7 +203,7 @@ def speculative_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         t_plain, plain = time_decode(lambda p=prompt: gen.generate_decoder(model, p, n_new), args.repeats)
         # stats accumulate over the identical repeats: the ratios are unaffected
         t_spec, spec = time_decode(
-            lambda p=prompt: gen.generate_speculative(model, p, n_new, stats=stats), args.repeats
+            lambda p=prompt: gen.generate_speculative(model, p, n_new, stats=stats, tree=tree), args.repeats
         )
         identical &= spec == plain
         plain_t.append(t_plain / len(plain))
@@ -210,6 +213,8 @@ def speculative_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         **info,
         "prompts": len(prompts),
         "new_tokens": n_new,
+        "tree": args.tree,
+        "tree_nodes": len(tree),
         "acceptance": stats.acceptance,
         "tokens_per_forward": stats.tokens_per_forward,
         "speedup": speedup,
@@ -218,7 +223,7 @@ def speculative_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "speculative_tok_s": 1 / statistics.median(spec_t),
     }
     print(
-        f"speculative (n={info['heads']}, {len(prompts)} held-out prompts): "
+        f"speculative (n={n}, {args.tree} tree of {len(tree)} nodes, {len(prompts)} held-out prompts): "
         f"acceptance {stats.acceptance:.1%}, "
         f"{stats.tokens_per_forward:.2f} tokens/forward, {result['speculative_tok_s']:.0f} vs "
         f"{result['plain_tok_s']:.0f} tok/s greedy -> x{speedup:.2f} (target x1.8); "
@@ -243,6 +248,9 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=2048)
     ap.add_argument("--corpus-bytes", type=int, default=3_000_000)
     ap.add_argument("--prompts-per-file", type=int, default=3)
+    ap.add_argument(
+        "--tree", choices=["default", "chain"], default="default", help="draft tree (chain: argmaxes only)"
+    )
     ap.add_argument("--skip-cache", action="store_true")
     ap.add_argument("--checkpoint", default=None, help="an MTP run or checkpoint from `objtrain train`")
     ap.add_argument("--store", default=None, help="its token store (prompts from the valid split)")

@@ -5,16 +5,19 @@ Generators yield token ids one at a time (so the CLI can stream) and stop before
 Per-token Python loops are inherent to autoregressive decoding; each step is one batched forward.
 
 Self-speculative decoding (Gloeckle et al. 2024 section 3.2; blockwise parallel decoding, Stern et al.
-2018): the heads 2..n at the last verified position draft the next n-1 tokens; one forward over
-[verified token, drafts] lets head 1 check every draft at once. The longest agreeing prefix is kept plus
-head 1's own next token, so each forward yields 1..n tokens, and greedy output equals plain greedy.
-The n head layers run as one batched block (`StackedBlocks`), so a step over n slots costs about the
-trunk plus one layer, against the trunk plus head 1 of a plain greedy step.
+2018; tree drafting as in Medusa, Cai et al. 2024): the heads 2..n at the last verified position each
+offer their top-k next tokens, a small tree of their combinations (`default_tree`) is fed in one forward
+with a tree attention mask (each node sees the cache and its own ancestors, at position start + depth),
+and head 1's argmax at every node checks its children. The longest path that agrees with head 1 is kept
+plus head 1's own next token, so each forward yields 1..n tokens, and greedy output equals plain greedy.
+The path's keys and values are then moved to contiguous cache slots. The n head layers run as one
+batched block (`StackedBlocks`), so a step costs about the trunk plus one layer over the tree's nodes,
+against the trunk plus head 1 of a plain greedy step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -57,8 +60,8 @@ class Sampling:
 class SpeculativeStats:
     forwards: int = 0  # verification forwards (the prompt's prefill not counted)
     tokens: int = 0  # tokens produced by them
-    drafted: int = 0  # draft tokens offered
-    accepted: int = 0  # draft tokens accepted
+    drafted: int = 0  # draft positions offered: the tree's depth per forward
+    accepted: int = 0  # draft tokens accepted (the kept path's length)
 
     @property
     def acceptance(self) -> float:
@@ -123,61 +126,159 @@ def generate_decoder(
             logits = model.logits(ids)[:, -1]
 
 
-@torch.no_grad()
+# A draft tree is a set of rank paths: (r_1, ..., r_d) is the node whose token at depth i is draft head
+# i + 1's rank-r_i candidate (0 = its argmax) and whose parent is (r_1, ..., r_{d-1}); the root is the
+# verified token. The paths must be prefix-closed. The chain (0,), (0, 0), ... is blockwise decoding.
+DraftTree = Sequence[tuple[int, ...]]
+
+
+def chain_tree(depth: int) -> tuple[tuple[int, ...], ...]:
+    """Each draft head's argmax only: blockwise parallel decoding (Stern et al. 2018)."""
+    return tuple((0,) * d for d in range(1, depth + 1))
+
+
+def default_tree(n: int) -> tuple[tuple[int, ...], ...]:
+    """The draft tree `generate_speculative` uses for n heads. For n = 4, the 10 paths most often
+    accepted in two 4-head models' greedy continuations of train-split prompts (tiny models, 10 and
+    70 minutes of MTP training), which measured fastest among the 3..16-node trees tried (bigger trees
+    accept more but cost more per forward). For other n, the chain of argmaxes plus each head's second
+    candidate after it."""
+    if n == 4:
+        return (
+            *((0,), (1,), (2,), (3,)),
+            *((0, 0), (0, 1)),
+            *((0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1)),
+        )
+    chain = chain_tree(n - 1)
+    return tuple(sorted({*chain, *((*p[:-1], 1) for p in chain)}, key=lambda p: (len(p), p)))
+
+
+@dataclass(frozen=True)
+class TreeLayout:
+    """A draft tree's index tensors, built once per generation. Nodes are in breadth-first order (root
+    first, every parent before its children), so node i's tensors are row i."""
+
+    draft: Tensor  # (N-1,) each non-root node's entry in the flattened (n-1, k) candidate table
+    parent: Tensor  # (N-1,) each non-root node's parent
+    depth: Tensor  # (N,) position offset from the root
+    sees: Tensor  # (N, N) bool: node j is node i or one of its ancestors
+    paths: Tensor  # (N, depth + 1) root .. node, padded by repeating the node
+    k: int  # candidates taken from each draft head
+    max_depth: int
+
+    @property
+    def size(self) -> int:
+        return self.depth.numel()
+
+
+def tree_layout(tree: DraftTree, n: int, device: torch.device) -> TreeLayout:
+    """Check `tree` against n heads and lay it out (see `TreeLayout`)."""
+    nodes = sorted({tuple(p) for p in tree}, key=lambda p: (len(p), p))
+    if not nodes or len(nodes) != len(tree):
+        raise UserError("a draft tree needs at least one path, each once")
+    for p in nodes:
+        if not 1 <= len(p) <= n - 1 or min(p) < 0:
+            raise UserError(f"draft tree path {p}: 1..{n - 1} ranks (one per draft head), each >= 0")
+        if len(p) > 1 and p[:-1] not in nodes:
+            raise UserError(f"draft tree path {p}: its parent {p[:-1]} is not in the tree")
+    index = {(): 0, **{p: i + 1 for i, p in enumerate(nodes)}}
+    k = max(max(p) for p in nodes) + 1
+    ancestry = [[index[p[:d]] for d in range(len(p) + 1)] for p in ((), *nodes)]
+    depth = max(len(p) for p in nodes)
+    sees = torch.zeros(len(index), len(index), dtype=torch.bool)
+    for i, chain in enumerate(ancestry):
+        sees[i, chain] = True
+    return TreeLayout(
+        draft=torch.tensor([(len(p) - 1) * k + p[-1] for p in nodes], device=device),
+        parent=torch.tensor([index[p[:-1]] for p in nodes], device=device),
+        depth=torch.tensor([len(p) for p in ((), *nodes)], device=device),
+        sees=sees.to(device),
+        paths=torch.tensor([c + c[-1:] * (depth + 1 - len(c)) for c in ancestry], device=device),
+        k=k,
+        max_depth=depth,
+    )
+
+
+class TreeSpeculator:
+    """The state of one greedy self-speculative generation: the stacked heads, their KV caches, the
+    draft tree's layout, the current token (verified, not yet in the cache) and the draft heads'
+    candidates after it."""
+
+    @torch.no_grad()
+    def __init__(self, model: Decoder, prompt: list[int], max_new_tokens: int, tree: DraftTree) -> None:
+        n = model.config.mtp_heads
+        if n < 2:
+            raise UserError("--speculative needs a model with MTP heads (mtp_heads > 1)")
+        if not prompt:
+            raise UserError("the prompt is empty: give at least one token")
+        device = model.embed.weight.device
+        self.model = model
+        self.layout = tree_layout(tree, n, device)
+        self.heads = model.stacked_heads()  # the n head layers as one batched block
+        self.caches = model.new_stacked_cache(1, len(prompt) + max_new_tokens + self.layout.size)
+        self.visible = torch.ones(self.layout.size, self.caches[0].k.size(2), dtype=torch.bool, device=device)
+        ids, positions = torch.tensor([prompt], device=device), torch.arange(len(prompt), device=device)
+        hidden = model.step_stacked(ids, positions[None], self.caches, self.heads)[:, 0, -1]  # (n, D)
+        logits = model.unembed(hidden)
+        self.root = logits[0].argmax()[None]  # (1,) the current token
+        self.token = int(self.root)
+        self.candidates = logits[1:].topk(self.layout.k, dim=-1).indices.flatten()  # ((n-1) k,)
+
+    @torch.no_grad()
+    def step(self) -> list[int]:
+        """Verify the draft tree after the current token in one forward, keep the accepted path in the
+        caches, and return its drafts followed by head 1's next token (1 to depth + 1 tokens); that last
+        token becomes the current one."""
+        layout, caches, model = self.layout, self.caches, self.model
+        start = caches[0].length
+        ids = torch.cat([self.root, self.candidates[layout.draft]])  # (N,)
+        mask = torch.cat([self.visible[:, :start], layout.sees], dim=1)[None, None]  # (1, 1, N, start + N)
+        hidden = model.step_stacked(ids[None], (start + layout.depth)[None], caches, self.heads, mask)[:, 0]
+        verified = model.unembed(hidden[0]).argmax(dim=-1)  # (N,) head 1's next token after each node
+        # a node is accepted iff every node on its path equals head 1's pick at its parent; accepted
+        # nodes form one chain (siblings differ), so the deepest is its end
+        wrong = ids[1:] != verified[layout.parent]  # (N-1,)
+        accepted = ~(layout.sees[:, 1:] & wrong).any(dim=-1)  # (N,)
+        best = (layout.depth * accepted).argmax()  # the root (0) when nothing is accepted
+        path = layout.paths[best]
+        self.root = verified[best, None]
+        *kept, self.token, m = torch.cat([ids[path], self.root, layout.depth[best, None]]).tolist()
+        source = start + path
+        for cache in caches:  # the path's keys/values, contiguous after `start`; the rest dropped
+            cache.compact(start, source, m + 1)
+        # next drafts: heads 2..n at the path's end only ((n-1) rows unembedded, not n x N)
+        self.candidates = model.unembed(hidden[1:, best]).topk(layout.k, dim=-1).indices.flatten()
+        return [*kept[1 : m + 1], self.token]
+
+
 def generate_speculative(
     model: Decoder,
     prompt: list[int],
     max_new_tokens: int,
     stop_ids: tuple[int, ...] = (),
     stats: SpeculativeStats | None = None,
+    tree: DraftTree | None = None,
 ) -> Iterator[int]:
-    """Greedy self-speculative decoding with the MTP heads (see the module docstring)."""
-    n = model.config.mtp_heads
-    if n < 2:
-        raise UserError("--speculative needs a model with MTP heads (mtp_heads > 1)")
-    if not prompt:
-        raise UserError("the prompt is empty: give at least one token")
+    """Greedy self-speculative decoding with the MTP heads (see the module docstring): each forward
+    verifies a tree of drafts, `default_tree(n)` unless `tree` is given. The output is greedy's."""
     stats = stats if stats is not None else SpeculativeStats()
-    device = model.embed.weight.device
-    heads = model.stacked_heads()  # the n head layers as one batched block: a step costs ~ trunk + 1 layer
-    caches = model.new_stacked_cache(1, len(prompt) + max_new_tokens + n)
-    hidden = model.step_stacked(
-        torch.tensor([prompt], device=device), torch.arange(len(prompt), device=device)[None], caches, heads
-    )
-    table = model.unembed(hidden[:, 0, -1]).argmax(dim=-1).tolist()  # n heads' picks at the last slot
-    token, drafts = table[0], table[1:]  # the next token, then n-1 drafts
-    slots = torch.arange(n, device=device)
+    tree = default_tree(model.config.mtp_heads) if tree is None else tree
+    spec = TreeSpeculator(model, prompt, max_new_tokens, tree)
+    out = [spec.token]
     produced = 0
     while True:
-        if token in stop_ids:
-            return
-        yield token
-        produced += 1
-        if produced >= max_new_tokens:
-            return
-        # verify: feed [token, d_1 .. d_{n-1}]; head 1's argmax at slot i is the true next token there
-        start = caches[0].length
-        x = torch.tensor([[token, *drafts]], device=device)  # (1, n)
-        hidden = model.step_stacked(x, (start + slots)[None], caches, heads)[:, 0]  # (n heads, n slots, D)
-        verified = model.unembed(hidden[0]).argmax(dim=-1).tolist()  # head 1's next token at every slot
-        m = 0  # accepted drafts: draft i is right iff it equals head 1's pick at slot i
-        while m < n - 1 and drafts[m] == verified[m]:
-            m += 1
-        stats.forwards += 1
-        stats.drafted += n - 1
-        stats.accepted += m
-        stats.tokens += m + 1
-        for cache in caches:
-            cache.length = start + m + 1  # keep [token, d_1 .. d_m]; drop the rejected tail
-        for d in drafts[:m]:
-            if d in stop_ids:
+        for token in out:
+            if token in stop_ids:
                 return
-            yield d
+            yield token
             produced += 1
             if produced >= max_new_tokens:
                 return
-        # new drafts: heads 2..n at the last kept slot only (n-1 rows unembedded, not n x n)
-        token, drafts = verified[m], model.unembed(hidden[1:, m]).argmax(dim=-1).tolist()
+        out = spec.step()
+        stats.forwards += 1
+        stats.drafted += spec.layout.max_depth
+        stats.accepted += len(out) - 1
+        stats.tokens += len(out)
 
 
 def encode_input(

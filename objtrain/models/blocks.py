@@ -142,7 +142,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
 class KVCache:
     """Keys and values of one attention layer for incremental decoding, preallocated to `max_len`.
 
-    `length` is the number of valid positions; speculative decoding rolls back by lowering it.
+    `length` is the number of valid positions; speculative decoding rolls back by lowering it, or keeps a
+    draft tree's accepted path with `compact`.
     """
 
     def __init__(self, batch: int, n_head: int, max_len: int, head_dim: int, like: Tensor) -> None:
@@ -161,6 +162,14 @@ class KVCache:
         self.v[:, :, self.length : end] = v
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]
+
+    def compact(self, start: int, source: Tensor, keep: int) -> None:
+        """Move the positions `source` (ascending, none below its target) to start, start + 1, ... and
+        keep the first `keep` of them: a token tree's accepted path becomes contiguous after `start`."""
+        end = start + source.numel()
+        self.k[:, :, start:end] = self.k[:, :, source]  # the gather copies first, so overlap is safe
+        self.v[:, :, start:end] = self.v[:, :, source]
+        self.length = start + keep
 
 
 class SelfAttention(nn.Module):

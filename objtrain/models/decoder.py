@@ -98,18 +98,28 @@ class Decoder(ZooModel):
         return [*caches, KVCache(cfg.mtp_heads * batch, cfg.n_head, max_len, cfg.head_dim, like)]
 
     def step_stacked(
-        self, ids: Tensor, positions: Tensor, caches: list[KVCache], heads: StackedBlocks
+        self,
+        ids: Tensor,
+        positions: Tensor,
+        caches: list[KVCache],
+        heads: StackedBlocks,
+        mask: Tensor | None = None,
     ) -> Tensor:
-        """As `step_hidden` with every head, through `heads`: normed hidden states (n, B, t, D)."""
-        x, cos, sin, mask = self._step_trunk(ids, positions, caches)
+        """As `step_hidden` with every head, through `heads`: normed hidden states (n, B, t, D).
+
+        `mask` (1, 1, t, cached + t) bool, True = may attend, replaces the causal one: a token tree's
+        nodes see the cache and their own ancestors only.
+        """
+        x, cos, sin, mask = self._step_trunk(ids, positions, caches, mask)
         return self.lm_head.norm(heads(x, cos, sin, mask, caches[-1]))
 
     def _step_trunk(
-        self, ids: Tensor, positions: Tensor, caches: list[KVCache]
+        self, ids: Tensor, positions: Tensor, caches: list[KVCache], mask: Tensor | None = None
     ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """The trunk's output (B, t, D) for new tokens, with the rotary angles and mask the heads reuse."""
         cos, sin = self.rotary(positions)
-        mask = causal_chunk_mask(ids.size(1), caches[0].length + ids.size(1), ids.device)
+        if mask is None:
+            mask = causal_chunk_mask(ids.size(1), caches[0].length + ids.size(1), ids.device)
         x = self.embed(ids)
         for block, cache in zip(self.blocks[:-1], caches, strict=False):
             x = block(x, cos, sin, mask, False, cache=cache)

@@ -7,7 +7,9 @@ import torch
 from model_helpers import tiny_model
 
 from objtrain.data.tokenizer import Tokenizer
+from objtrain.errors import UserError
 from objtrain.evaluation import generate as gen
+from objtrain.models.decoder import Decoder
 from objtrain.specials import Specials
 
 PROMPT = [5, 17, 33, 60, 21, 8]
@@ -63,31 +65,97 @@ def test_stacked_heads_equal_each_head_layer() -> None:
         assert not torch.allclose(each[1], each[2], atol=1e-3)  # the heads really differ
 
 
-@pytest.mark.parametrize("n", [2, 4])
-def test_speculative_greedy_equals_greedy(n: int) -> None:
+TREES = {
+    "default": None,
+    "chain": gen.chain_tree(3),
+    "wide": ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0), (1, 0, 2)),
+    "shallow": ((1,), (0,), (3,)),
+}
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("tree", TREES)
+def test_speculative_greedy_equals_greedy(n: int, tree: str) -> None:
     model = tiny_model("decoder", mtp_heads=n)
+    paths = TREES[tree]
+    if paths is not None and max(len(p) for p in paths) > n - 1:
+        paths = tuple(p for p in paths if len(p) <= n - 1)
     for prompt in (PROMPT, [3], [90, 1, 2, 3, 4, 5, 6, 7, 8]):
         stats = gen.SpeculativeStats()
-        fast = list(gen.generate_speculative(model, prompt, 30, stats=stats))
+        fast = list(gen.generate_speculative(model, prompt, 30, stats=stats, tree=paths))
         assert fast == list(gen.generate_decoder(model, prompt, 30))
         assert stats.forwards <= 30 and 1 <= stats.tokens_per_forward <= n
 
 
-def test_speculative_accepts_every_draft_when_heads_agree() -> None:
-    """Identity blocks (zero output projections) make the model repeat its last token, so every head
-    agrees with head 1 and every draft must be accepted."""
-    model = tiny_model("decoder", mtp_heads=3)
+def repeating_model(mtp_heads: int) -> Decoder:
+    """Identity blocks (zero output projections): the model repeats its last token, so every head
+    agrees with head 1 and every draft on the argmax path is right."""
+    model = tiny_model("decoder", mtp_heads=mtp_heads)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(("proj.weight", "w2.weight")):
                 p.zero_()
+    return model  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("tree", ["default", "chain", "shallow"])
+def test_speculative_accepts_every_draft_when_heads_agree(tree: str) -> None:
+    model = repeating_model(4)
     prompt = [7] * 6
-    greedy = list(gen.generate_decoder(model, prompt, 12))
+    greedy = list(gen.generate_decoder(model, prompt, 13))
     if len(set(greedy)) != 1:
         pytest.skip("this init does not repeat one token")
     stats = gen.SpeculativeStats()
-    assert list(gen.generate_speculative(model, prompt, 12, stats=stats)) == greedy
+    assert list(gen.generate_speculative(model, prompt, 13, stats=stats, tree=TREES[tree])) == greedy
     assert stats.acceptance == 1.0
+    depth = 3 if tree != "shallow" else 1
+    assert stats.forwards == -(-12 // (depth + 1))  # the first token comes from the prompt's forward
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 3, 4, 5, 9])
+def test_speculative_stops_at_max_new_tokens(max_new: int) -> None:
+    """Exactly max_new_tokens, even where a forward accepts more drafts than are still wanted."""
+    model = repeating_model(4)
+    greedy = list(gen.generate_decoder(model, [7] * 6, max_new))
+    assert list(gen.generate_speculative(model, [7] * 6, max_new)) == greedy
+    assert len(greedy) == max_new
+    random_model = tiny_model("decoder", mtp_heads=3)
+    out = list(gen.generate_speculative(random_model, PROMPT, max_new))
+    assert out == list(gen.generate_decoder(random_model, PROMPT, max_new))
+
+
+def test_tree_step_keeps_the_accepted_path_in_the_caches() -> None:
+    """A step whose accepted path skips tree nodes leaves every cache as feeding the path plainly."""
+    model: Decoder = tiny_model("decoder", mtp_heads=3)  # type: ignore[assignment]
+    true = list(gen.generate_decoder(model, PROMPT, 4))
+    tree = ((0,), (1,), (0, 0), (1, 0), (1, 1))  # nodes in order: root, (0,), (1,), (0,0), (1,0), (1,1)
+    spec = gen.TreeSpeculator(model, PROMPT, 16, tree)
+    assert spec.token == true[0] and spec.layout.size == 6
+    wrong = [(t + 1) % model.config.vocab_size for t in true]
+    # head 2's candidates (rank 0, 1), then head 3's: the path root -> (1,) -> (1, 0) is the right one
+    spec.candidates = torch.tensor([wrong[1], true[1], true[2], wrong[2]])
+    assert spec.step() == true[1:4]
+    plain = model.new_stacked_cache(1, 16)
+    fed = torch.tensor([[*PROMPT, *true[:3]]])
+    model.step_stacked(fed, torch.arange(fed.size(1))[None], plain, model.stacked_heads())
+    assert len(spec.caches) == len(plain) == model.config.n_layer
+    for got, want in zip(spec.caches, plain, strict=True):
+        assert got.length == want.length == len(PROMPT) + 3
+        assert torch.allclose(got.k[:, :, : got.length], want.k[:, :, : want.length], atol=1e-5)
+        assert torch.allclose(got.v[:, :, : got.length], want.v[:, :, : want.length], atol=1e-5)
+    # and decoding goes on as greedy from there
+    assert spec.token == true[3]
+
+
+def test_draft_trees_are_checked() -> None:
+    layout = gen.tree_layout(((0,), (1,), (1, 0)), 3, torch.device("cpu"))
+    assert layout.depth.tolist() == [0, 1, 1, 2] and layout.parent.tolist() == [0, 0, 2]
+    assert layout.paths.tolist() == [[0, 0, 0], [0, 1, 1], [0, 2, 2], [0, 2, 3]]
+    for bad in [((0, 0),), ((0,), (0,)), ((0,), (0, 0), (0, 0, 0)), ((0,), (-1,)), ()]:
+        with pytest.raises(UserError):
+            gen.tree_layout(bad, 3, torch.device("cpu"))
+    for n in (2, 3, 4, 6):
+        gen.tree_layout(gen.default_tree(n), n, torch.device("cpu"))
 
 
 def test_stop_tokens_end_generation() -> None:
@@ -98,7 +166,8 @@ def test_stop_tokens_end_generation() -> None:
     assert cut == full[: full.index(stop)]
     spec_model = tiny_model("decoder", mtp_heads=3)
     full = list(gen.generate_speculative(spec_model, PROMPT, 20))
-    assert list(gen.generate_speculative(spec_model, PROMPT, 20, (full[7],))) == full[: full.index(full[7])]
+    for stop in full:
+        assert list(gen.generate_speculative(spec_model, PROMPT, 20, (stop,))) == full[: full.index(stop)]
 
 
 def test_sampling_filters() -> None:
