@@ -60,6 +60,7 @@ from objtrain.training.data import (
     received,
     validation_batches,
 )
+from objtrain.training.host_memory import keep_freed_memory
 from objtrain.training.logger import MetricsLog, Progress, TensorBoard
 from objtrain.training.optim import build_optimizer, lr_factor, set_lr
 
@@ -441,6 +442,8 @@ def _run(
     on_record: Callable[[dict[str, Any]], None] | None,
 ) -> TrainResult:
     cfg, world, device, run_dir = plan.cfg, plan.world, plan.device, plan.run_dir
+    if device.type == "cpu":
+        keep_freed_memory()  # no page faults re-mapping the activations every step
     torch.manual_seed(cfg.seed)
     model = build_model(plan.model_cfg).to(device)
     sharded = cfg.parallel == "fsdp" and world.distributed
