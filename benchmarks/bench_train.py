@@ -4,11 +4,13 @@
    block 64, batch 12, 2000 steps, lr 1e-3 -> 1e-4 cosine, warmup 100, beta2 0.99, no dropout; nanoGPT
    reports val loss ~1.88). objtrain trains through `objtrain.training.loop.train`; the peer is a plain
    PyTorch loop over HF `GPT2LMHeadModel` at the same shapes, budget and schedule, reading nanoGPT-style
-   random windows of the same tokens. The two alternate in segments of 100 steps inside one process (the
+   random windows of the same tokens. The two alternate in segments of 100 steps, never overlapping (the
    peer's segment runs from objtrain's per-step hook, outside objtrain's timed steps), so both see the
-   same machine load. Validation loss is per-character cross-entropy on nanoGPT's split (the last 10% of
-   the file), every non-overlapping 64-character window, the same rows for both. Target: val <= 1.88 and
-   >= 1.5x the peer's tokens/s.
+   same machine load. The peer runs in its own process, as a user runs it: objtrain sets process-wide
+   state for CPU training (malloc thresholds, see objtrain/training/host_memory.py) that a plain loop
+   does not have (`--peer-process shared` runs it inside objtrain's process instead). Validation loss
+   is per-character cross-entropy on nanoGPT's split (the last 10% of the file), every non-overlapping
+   64-character window, the same rows for both. Target: val <= 1.88 and >= 1.5x the peer's tokens/s.
 2. overhead: tokens/s of the whole loop (`train()`, loader workers, logging; timed between its per-step
    records) against the bare step of bench_models.py (forward, loss, backward, AdamW on one prepared
    batch) at the same shapes, for clm, mlm, span and ul2. Interleaved A B A B, medians. Target >= 0.95.
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import os
 import statistics
 import subprocess
@@ -47,7 +50,6 @@ import torch
 import torch.nn.functional as F
 
 from objtrain import IGNORE
-from objtrain.batch import Batch
 from objtrain.training.config import build_config
 
 HERE = Path(__file__).resolve().parent
@@ -188,17 +190,67 @@ class NanoGPTPeer:
             self.times.append(time.perf_counter() - t0)
             self.step += 1
 
+    @property
+    def params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
     @torch.no_grad()
-    def validate(self, batches: list[Batch]) -> float:
+    def validate(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+        """Per-token cross-entropy over (input_ids, labels) batches."""
         self.model.eval()
         total, count = 0.0, 0
-        for b in batches:
-            logits = self.model(input_ids=b.input_ids).logits
-            keep = b.labels != IGNORE
-            total += float(F.cross_entropy(logits[keep], b.labels[keep], reduction="sum"))
+        for input_ids, labels in batches:
+            logits = self.model(input_ids=input_ids).logits
+            keep = labels != IGNORE
+            total += float(F.cross_entropy(logits[keep], labels[keep], reduction="sum"))
             count += int(keep.sum())
         self.model.train()
         return total / count
+
+
+def _peer_main(conn: Any, train: np.ndarray, vocab: int, a: argparse.Namespace, threads: int) -> None:
+    """The peer's own process: build it, then run segments and validations on request."""
+    torch.set_num_threads(threads)
+    peer = NanoGPTPeer(train, vocab, a)
+    conn.send(peer.params)
+    while True:
+        command, arg = conn.recv()
+        if command == "run":
+            first = len(peer.times)
+            peer.run(arg)
+            conn.send((peer.step, peer.last_loss, peer.times[first:]))
+        elif command == "validate":
+            conn.send(peer.validate(arg))
+        else:
+            return
+
+
+class PeerProcess:
+    """`NanoGPTPeer` in a spawned process of its own, driven over a pipe: each call blocks until the
+    peer is done, so its segments never overlap objtrain's."""
+
+    def __init__(self, train: np.ndarray, vocab: int, a: argparse.Namespace) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(
+            target=_peer_main, args=(child, train, vocab, a, torch.get_num_threads()), daemon=True
+        )
+        self.proc.start()
+        self.params: int = self.conn.recv()  # built: its start-up is over before objtrain's steps begin
+        self.step, self.last_loss, self.times = 0, math.nan, []
+
+    def run(self, steps: int) -> None:
+        self.conn.send(("run", steps))
+        self.step, self.last_loss, times = self.conn.recv()
+        self.times += times
+
+    def validate(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+        self.conn.send(("validate", batches))
+        return self.conn.recv()
+
+    def close(self) -> None:
+        self.conn.send(("stop", None))
+        self.proc.join(timeout=30)
 
 
 def bench_nanogpt(a: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -216,11 +268,13 @@ def bench_nanogpt(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         source.documents("valid"), source.specials, clm, a.block, valid_rows, a.batch
     )
     n_val_rows = sum(b.input_ids.size(0) for b in val_batches)
+    where_peer = "a process of its own" if a.peer_process == "own" else "objtrain's process"
     print(
         f"nanogpt: tiny shakespeare, {info['train_tokens']:,} train / {info['valid_tokens']:,} valid "
         f"characters (nanoGPT's 90/10 split); objtrain's char vocabulary holds {info['vocab_size']} tokens "
         f"(nanoGPT's: the {info['characters']} characters; one token per character either way, so the loss "
-        f"is per-character CE); validation on all {n_val_rows} windows of {a.block} of the valid split",
+        f"is per-character CE); validation on all {n_val_rows} windows of {a.block} of the valid split; "
+        f"the peer runs in {where_peer}",
         flush=True,
     )
     # SwiGLU's three matrices at 8/3 x width hold exactly GPT-2's two at 4 x width: the same parameters
@@ -240,7 +294,10 @@ def bench_nanogpt(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         seed=0,
         workers=a.nanogpt_workers,
     )
-    peer = NanoGPTPeer(source.documents("train").tokens, info["vocab_size"], a)
+    train_tokens = source.documents("train").tokens
+    peer_val_batches = [(b.input_ids, b.labels) for b in val_batches]
+    own = a.peer_process == "own"
+    peer = (PeerProcess if own else NanoGPTPeer)(train_tokens, info["vocab_size"], a)
     peer_segment = a.peer_steps or a.segment  # fewer: the peer runs for speed only, its loss is not final
     stamps: list[tuple[int, float]] = []
     ours_val: dict[int, float] = {}
@@ -259,7 +316,7 @@ def bench_nanogpt(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         if record["step"] % a.segment == 0:  # the peer's segment, outside objtrain's step intervals
             peer.run(peer_segment)
             if peer.step % a.val_every == 0 or peer.step >= a.steps:
-                peer_val[peer.step] = peer.validate(val_batches)
+                peer_val[peer.step] = peer.validate(peer_val_batches)
                 print(
                     f"  step {record['step']:5d}  objtrain train {record['loss']:.4f}  "
                     f"peer train {peer.last_loss:.4f} val {peer_val[peer.step]:.4f}  ({load_percent()})",
@@ -273,7 +330,9 @@ def bench_nanogpt(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     if peer_segment == a.segment and peer.step < a.steps:  # a budget that is not a multiple of the segment
         peer.run(a.steps - peer.step)
-        peer_val[peer.step] = peer.validate(val_batches)
+        peer_val[peer.step] = peer.validate(peer_val_batches)
+    if isinstance(peer, PeerProcess):
+        peer.close()
     tokens_step = a.batch * a.block
     seg_ours = [s[1:] for s in seg_ours if len(s) > 1]  # each segment's first interval holds the warm-up
     ours_tps = [tokens_step / statistics.median(s) for s in seg_ours]
@@ -288,7 +347,8 @@ def bench_nanogpt(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         **info,
         "validation_windows": n_val_rows,
         "objtrain_params": result.parameters,
-        "peer_params": sum(p.numel() for p in peer.model.parameters()),
+        "peer_params": peer.params,
+        "peer_process": a.peer_process,
         "objtrain_val_loss": val,
         "objtrain_val_curve": ours_val,
         "peer_steps": peer.step,
@@ -684,6 +744,12 @@ def main() -> None:
         type=int,
         default=0,
         help="nanogpt: peer steps per segment (0 = the segment: full budget)",
+    )
+    ap.add_argument(
+        "--peer-process",
+        choices=["own", "shared"],
+        default="own",
+        help="nanogpt: the peer in a process of its own (as a user runs it) or inside objtrain's",
     )
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=4)
