@@ -7,7 +7,12 @@
    MTP model is either a checkpoint trained by `objtrain train --objective mtp` (--checkpoint; prompts
    from the valid split of its store, --store, default the embedded standard-library store) or, without
    one, a tiny n=4 MTP decoder this script trains with a minimal loop (AdamW, a few hundred steps on
-   the Python standard library's source; prompts from modules left out of its training text).
+   the Python standard library's source; prompts from modules left out of its training text). It also
+   reports what one speculative forward costs in greedy steps (tokens/forward / speed-up): the
+   tokens/forward a model must reach for a given speed-up on this device.
+3. Verification cost by model size (random-init n=4 MTP decoders, speed only): the time of one
+   speculative step (chain and default tree) against one greedy step of the same model. The speed-up
+   is tokens/forward divided by this ratio, so it shows how far acceptance must carry each size here.
 
     .venv/bin/python benchmarks/bench_generate.py
     .venv/bin/python benchmarks/bench_generate.py --steps 400 --json out.json
@@ -209,6 +214,7 @@ def speculative_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         plain_t.append(t_plain / len(plain))
         spec_t.append(t_spec / len(spec))
     speedup = statistics.median(plain_t) / statistics.median(spec_t)
+    cost = stats.tokens_per_forward / speedup  # one speculative forward, in greedy steps
     result = {
         **info,
         "prompts": len(prompts),
@@ -218,6 +224,7 @@ def speculative_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "acceptance": stats.acceptance,
         "tokens_per_forward": stats.tokens_per_forward,
         "speedup": speedup,
+        "forward_cost_in_greedy_steps": cost,
         "identical_to_greedy": identical,
         "plain_tok_s": 1 / statistics.median(plain_t),
         "speculative_tok_s": 1 / statistics.median(spec_t),
@@ -227,10 +234,54 @@ def speculative_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         f"acceptance {stats.acceptance:.1%}, "
         f"{stats.tokens_per_forward:.2f} tokens/forward, {result['speculative_tok_s']:.0f} vs "
         f"{result['plain_tok_s']:.0f} tok/s greedy -> x{speedup:.2f} (target x1.8); "
-        f"identical to greedy: {identical}",
+        f"identical to greedy: {identical}\n"
+        f"  one speculative forward costs {cost:.2f} greedy steps here: x1.8 needs "
+        f"{1.8 * cost:.2f} tokens/forward",
         flush=True,
     )
     return result
+
+
+def step_seconds(steps: Any, n: int) -> float:
+    """Seconds per call of `steps()` (an iterator's next), after a short warm-up."""
+    for _ in range(3):
+        steps()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        steps()
+    return (time.perf_counter() - t0) / n
+
+
+def cost_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    """One speculative step against one greedy step, per model size (random init: speed only)."""
+    out: dict[str, Any] = {}
+    n_steps = 40
+    for size in args.cost_sizes:
+        torch.manual_seed(0)
+        cfg = model_config("decoder", size, {"mtp_heads": 4}, vocab_size=4096)
+        model: Decoder = build_model(cfg).eval()  # type: ignore[assignment]
+        prompt = torch.randint(300, 4096, (args.prompt_len,)).tolist()
+        trees = {"chain": gen.chain_tree(3), "default": gen.default_tree(4)}
+        times: dict[str, list[float]] = {"greedy": [], **{k: [] for k in trees}}
+        for _ in range(args.repeats + 2):  # interleaved
+            greedy = gen.generate_decoder(model, prompt, n_steps + 8)
+            times["greedy"].append(step_seconds(lambda g=greedy: next(g), n_steps))
+            for name, tree in trees.items():
+                spec = gen.TreeSpeculator(model, prompt, 8 * (n_steps + 8), tree)
+                times[name].append(step_seconds(spec.step, n_steps))
+        greedy_s = statistics.median(times["greedy"])
+        ratios = {k: statistics.median(times[k]) / greedy_s for k in trees}
+        out[size] = {"greedy_ms": greedy_s * 1e3, **{f"{k}_in_greedy_steps": r for k, r in ratios.items()}}
+        print(
+            f"verification cost ({size} decoder, n=4, {count_parameters(model) / 1e6:.1f}M params): "
+            f"greedy step {greedy_s * 1e3:.2f} ms; a speculative step costs "
+            + ", ".join(
+                f"{r:.2f} greedy steps with the {k} tree (x1.8 needs {1.8 * r:.2f} tokens/forward)"
+                for k, r in ratios.items()
+            ),
+            flush=True,
+        )
+    return out
 
 
 def main() -> None:
@@ -252,6 +303,12 @@ def main() -> None:
         "--tree", choices=["default", "chain"], default="default", help="draft tree (chain: argmaxes only)"
     )
     ap.add_argument("--skip-cache", action="store_true")
+    ap.add_argument(
+        "--cost-sizes",
+        nargs="*",
+        default=["tiny", "small"],
+        help="model sizes for the verification-cost section (none: skip it)",
+    )
     ap.add_argument("--checkpoint", default=None, help="an MTP run or checkpoint from `objtrain train`")
     ap.add_argument("--store", default=None, help="its token store (prompts from the valid split)")
     ap.add_argument("--json", default=None)
@@ -261,6 +318,8 @@ def main() -> None:
     if not args.skip_cache:
         out["kv_cache"] = cache_benchmark(args)
     out["speculative"] = speculative_benchmark(args)
+    if args.cost_sizes:
+        out["verification_cost"] = cost_benchmark(args)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
 
