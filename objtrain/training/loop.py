@@ -320,15 +320,15 @@ def _mtp_forward_backward(
     metrics: dict[str, Tensor] = {}
     for k in range(1, model.config.mtp_heads + 1):
         with autocast(device, dtype):
-            _, logits = model.head(k - 1, shared)
-            loss_sum, count = mtp_head_loss(logits, batch.mtp_labels, k)
+            # the logits stay a temporary: cross-entropy keeps its own output for the backward, so a name
+            # held here would keep a second (B, T, V) tensor alive through it
+            loss_sum, count = mtp_head_loss(model.head(k - 1, shared)[1], batch.mtp_labels, k)
         loss = loss_sum * scale
         (scaler.scale(loss) if scaler is not None else loss).backward()
         total = total + loss_sum.detach()
         metrics[f"head{k}_loss"] = loss_sum.detach() / count.clamp(min=1)
         if k == 1:
             n_head1 = count.detach()
-        del logits
     trunk.hidden.backward(detached.grad)
     return LossOutput(total, n_head1, metrics)
 
