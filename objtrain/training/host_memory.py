@@ -3,9 +3,10 @@
 A CPU training step frees and re-allocates the same activation buffers (up to a few MB each) every step.
 glibc's malloc serves blocks above its mmap threshold with fresh `mmap`s and trims the free top of the
 heap back to the OS above its trim threshold (dynamic defaults: a few MB), so each step page-faults
-its activations back in: ~1,000 minor faults per step at the nanoGPT benchmark's shapes, 4-6% of the
-step. Raising both thresholds keeps those pages in the heap, where the next step reuses them; the
-process's peak memory is unchanged (the same buffers, reused). PyTorch's CPU tuning guide gets the same
+its activations back in: ~1,000 minor faults per compiled step at the nanoGPT benchmark's shapes (4-6%
+of a bare step; the whole loop faults less, ~250 per step). Raising both thresholds keeps those pages
+in the heap, where the next step reuses them; the process's peak memory is unchanged (the same
+buffers, reused). PyTorch's CPU tuning guide gets the same
 effect by preloading jemalloc or tcmalloc; this needs no preload.
 
 The settings are process-wide and stay for the life of the process. Other C libraries (musl, macOS,
