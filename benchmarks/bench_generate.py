@@ -27,6 +27,7 @@ import json
 import statistics
 import sysconfig
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -242,13 +243,13 @@ def speculative_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def step_seconds(steps: Any, n: int) -> float:
-    """Seconds per call of `steps()` (an iterator's next), after a short warm-up."""
+def step_seconds(step: Callable[[], object], n: int) -> float:
+    """Seconds per call of `step()` (one decoding step), over n calls after a short warm-up."""
     for _ in range(3):
-        steps()
+        step()
     t0 = time.perf_counter()
     for _ in range(n):
-        steps()
+        step()
     return (time.perf_counter() - t0) / n
 
 
