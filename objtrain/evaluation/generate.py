@@ -10,9 +10,10 @@ offer their top-k next tokens, a small tree of their combinations (`default_tree
 with a tree attention mask (each node sees the cache and its own ancestors, at position start + depth),
 and head 1's argmax at every node checks its children. The longest path that agrees with head 1 is kept
 plus head 1's own next token, so each forward yields 1..n tokens, and greedy output equals plain greedy.
-The path's keys and values are then moved to contiguous cache slots. The n head layers run as one
-batched block (`StackedBlocks`), so a step costs about the trunk plus one layer over the tree's nodes,
-against the trunk plus head 1 of a plain greedy step.
+The path's keys and values are then moved to contiguous cache slots (none move when it is the
+argmax chain, which the layout puts first). The n head layers run as one batched block
+(`StackedBlocks`), so a step costs about the trunk plus one layer over the tree's nodes, against the
+trunk plus head 1 of a plain greedy step.
 """
 
 from __future__ import annotations
@@ -155,14 +156,17 @@ def default_tree(n: int) -> tuple[tuple[int, ...], ...]:
 
 @dataclass(frozen=True)
 class TreeLayout:
-    """A draft tree's index tensors, built once per generation. Nodes are in breadth-first order (root
-    first, every parent before its children), so node i's tensors are row i."""
+    """A draft tree's index tensors, built once per generation. Node 0 is the root, then the chain of
+    argmaxes (0,), (0, 0), ..., then the rest breadth-first: every parent comes before its children, and
+    node i's tensors are row i. With the chain first, a step that accepts only argmaxes (the most common
+    outcome) finds its keys and values already contiguous in the caches, and moves none."""
 
     draft: Tensor  # (N-1,) each non-root node's entry in the flattened (n-1, k) candidate table
     parent: Tensor  # (N-1,) each non-root node's parent
     depth: Tensor  # (N,) position offset from the root
     sees: Tensor  # (N, N) bool: node j is node i or one of its ancestors
     paths: Tensor  # (N, depth + 1) root .. node, padded by repeating the node
+    in_place: tuple[bool, ...]  # (N,) the path root .. node is nodes 0, 1, .., depth: nothing to move
     k: int  # candidates taken from each draft head
     max_depth: int
 
@@ -181,6 +185,7 @@ def tree_layout(tree: DraftTree, n: int, device: torch.device) -> TreeLayout:
             raise UserError(f"draft tree path {p}: 1..{n - 1} ranks (one per draft head), each >= 0")
         if len(p) > 1 and p[:-1] not in nodes:
             raise UserError(f"draft tree path {p}: its parent {p[:-1]} is not in the tree")
+    nodes = [p for p in nodes if not any(p)] + [p for p in nodes if any(p)]  # the argmax chain first
     index = {(): 0, **{p: i + 1 for i, p in enumerate(nodes)}}
     k = max(max(p) for p in nodes) + 1
     ancestry = [[index[p[:d]] for d in range(len(p) + 1)] for p in ((), *nodes)]
@@ -194,6 +199,7 @@ def tree_layout(tree: DraftTree, n: int, device: torch.device) -> TreeLayout:
         depth=torch.tensor([len(p) for p in ((), *nodes)], device=device),
         sees=sees.to(device),
         paths=torch.tensor([c + c[-1:] * (depth + 1 - len(c)) for c in ancestry], device=device),
+        in_place=tuple(c == list(range(len(c))) for c in ancestry),
         k=k,
         max_depth=depth,
     )
@@ -242,10 +248,14 @@ class TreeSpeculator:
         best = (layout.depth * accepted).argmax()  # the root (0) when nothing is accepted
         path = layout.paths[best]
         self.root = verified[best, None]
-        *kept, self.token, m = torch.cat([ids[path], self.root, layout.depth[best, None]]).tolist()
-        source = start + path
+        *kept, self.token, m, node = torch.cat(
+            [ids[path], self.root, layout.depth[best, None], best[None]]
+        ).tolist()
         for cache in caches:  # the path's keys/values, contiguous after `start`; the rest dropped
-            cache.compact(start, source, m + 1)
+            if layout.in_place[node]:
+                cache.length = start + m + 1
+            else:
+                cache.compact(start, start + path, m + 1)
         # next drafts: heads 2..n at the path's end only ((n-1) rows unembedded, not n x N)
         self.candidates = model.unembed(hidden[1:, best]).topk(layout.k, dim=-1).indices.flatten()
         return [*kept[1 : m + 1], self.token]

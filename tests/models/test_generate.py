@@ -124,16 +124,23 @@ def test_speculative_stops_at_max_new_tokens(max_new: int) -> None:
     assert out == list(gen.generate_decoder(random_model, PROMPT, max_new))
 
 
-def test_tree_step_keeps_the_accepted_path_in_the_caches() -> None:
-    """A step whose accepted path skips tree nodes leaves every cache as feeding the path plainly."""
+@pytest.mark.parametrize("accepted", ["side path", "argmax chain"])
+def test_tree_step_keeps_the_accepted_path_in_the_caches(accepted: str) -> None:
+    """A step leaves every cache as feeding its accepted path plainly: a path that skips tree nodes is
+    moved into place, the argmax chain (laid out first) is already there."""
     model: Decoder = tiny_model("decoder", mtp_heads=3)  # type: ignore[assignment]
     true = list(gen.generate_decoder(model, PROMPT, 4))
-    tree = ((0,), (1,), (0, 0), (1, 0), (1, 1))  # nodes in order: root, (0,), (1,), (0,0), (1,0), (1,1)
+    tree = ((0,), (1,), (0, 0), (1, 0), (1, 1))  # nodes in order: root, (0,), (0,0), (1,), (1,0), (1,1)
     spec = gen.TreeSpeculator(model, PROMPT, 16, tree)
     assert spec.token == true[0] and spec.layout.size == 6
+    assert spec.layout.in_place == (True, True, True, False, False, False)
     wrong = [(t + 1) % model.config.vocab_size for t in true]
-    # head 2's candidates (rank 0, 1), then head 3's: the path root -> (1,) -> (1, 0) is the right one
-    spec.candidates = torch.tensor([wrong[1], true[1], true[2], wrong[2]])
+    # head 2's candidates (rank 0, 1), then head 3's: the right path is root -> (1,) -> (1, 0) when the
+    # argmaxes are wrong, root -> (0,) -> (0, 0) when they are right
+    if accepted == "side path":
+        spec.candidates = torch.tensor([wrong[1], true[1], true[2], wrong[2]])
+    else:
+        spec.candidates = torch.tensor([true[1], wrong[1], true[2], wrong[2]])
     assert spec.step() == true[1:4]
     plain = model.new_stacked_cache(1, 16)
     fed = torch.tensor([[*PROMPT, *true[:3]]])
@@ -151,6 +158,8 @@ def test_draft_trees_are_checked() -> None:
     layout = gen.tree_layout(((0,), (1,), (1, 0)), 3, torch.device("cpu"))
     assert layout.depth.tolist() == [0, 1, 1, 2] and layout.parent.tolist() == [0, 0, 2]
     assert layout.paths.tolist() == [[0, 0, 0], [0, 1, 1], [0, 2, 2], [0, 2, 3]]
+    chain_first = gen.tree_layout(((0,), (1,), (0, 0), (1, 0)), 3, torch.device("cpu"))
+    assert chain_first.paths.tolist() == [[0, 0, 0], [0, 1, 1], [0, 1, 2], [0, 3, 3], [0, 3, 4]]
     for bad in [((0, 0),), ((0,), (0,)), ((0,), (0, 0), (0, 0, 0)), ((0,), (-1,)), ()]:
         with pytest.raises(UserError):
             gen.tree_layout(bad, 3, torch.device("cpu"))
