@@ -12,8 +12,9 @@ Per optimizer step (reference training.md sections 1, 2, 8, 9):
    objective's own count differs from the labels' (pair-level losses), gradients are rescaled to it.
 4. SUM the gradients over ranks, unscale (fp16), clip the global norm, check everything is finite (else
    stop naming the step: the last good checkpoint stays), set the step's lr, step AdamW.
-Then log, validate and checkpoint on their intervals. The lr is a pure function of (step, total steps),
-data is a pure function of (seed, rows consumed), RNG states are saved: a resumed run is bit-identical.
+Then log, validate and checkpoint on their intervals. The lr is a pure function of (optimizer steps
+taken, total steps): a step fp16's GradScaler skips does not advance it (reference training.md section 2).
+Data is a pure function of (seed, rows consumed), RNG states are saved: a resumed run is bit-identical.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ from objtrain.training.data import (
 )
 from objtrain.training.host_memory import keep_freed_memory
 from objtrain.training.logger import MetricsLog, Progress, TensorBoard
-from objtrain.training.optim import build_optimizer, lr_factor, set_lr
+from objtrain.training.optim import build_optimizer, lr_factor, scaled_step, set_lr
 
 DEFAULT_SEQ_LEN = 256
 LEFT_TO_RIGHT = ("clm", "mtp", "fim", "prefix_lm")  # decoder objectives whose model scores text left to right
@@ -176,10 +177,7 @@ def prepare(
                 f"{run_dir} has checkpoints but none is complete; refusing to restart from scratch"
             )
     dtype = accounting.choose_dtype(cfg.precision.dtype, device)
-    if dtype == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise UserError("--dtype bf16: this GPU does not support bf16 (use fp16 or auto)")
-    if dtype == "fp16" and device.type == "cpu":
-        raise UserError("--dtype fp16 needs a GPU (fp16 with loss scaling); on CPU use fp32 or bf16")
+    check_precision(dtype, device)
     return Plan(
         cfg,
         run_dir,
@@ -459,6 +457,7 @@ def _run(
         state = ckpt.restore(plan.resume_from, model, optimizer, device, sharded).state
         _check_resume(plan, state)
     step = int(state.get("step", 0))
+    applied = int(state.get("optimizer_steps", step))  # steps that updated the weights (fp16 skips some)
     position = Position(**state["position"]) if "position" in state else Position()
     tokens = int(state.get("tokens", 0))
     target_tokens = int(state.get("target_tokens", 0))
@@ -577,6 +576,7 @@ def _run(
                 _training_info(plan, at, tokens),
                 {
                     "step": at,
+                    "optimizer_steps": applied,
                     "total_steps": total,
                     "position": {"rows": position.rows, "offset": position.offset},
                     "tokens": tokens,
@@ -662,13 +662,13 @@ def _run(
                 raise NonFiniteLoss(
                     f"the {what} is {loss if what == 'loss' else grad_norm} at step {step + 1}{where}"
                 )
-            lr = cfg.optim.lr * lr_factor(step, total, cfg.schedule)
+            lr = cfg.optim.lr * lr_factor(applied, total, cfg.schedule)
             set_lr(optimizer, lr)
             if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
+                applied += scaled_step(optimizer, scaler)
             else:
                 optimizer.step()
+                applied += 1
             optimizer.zero_grad(set_to_none=True)
 
             step += 1
@@ -702,6 +702,9 @@ def _run(
             }
             record.update(metric_sums)
             record.update(_realised(batches))
+            if scaler is not None:
+                record["loss_scale"] = scaler.get_scale()
+                record["skipped_steps"] = step - applied
             if log is not None:
                 log.write(record)
             tb.write(step, record)
@@ -797,6 +800,14 @@ def _resolved(plan: Plan, total: int) -> dict[str, Any]:
         "device": str(plan.device),
         "data": str(plan.source.path),
     }
+
+
+def check_precision(dtype: str, device: torch.device) -> None:
+    """Refuse a dtype the device has no business training in."""
+    if dtype == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UserError("--dtype bf16: this GPU does not support bf16 (use fp16 or auto)")
+    if dtype == "fp16" and device.type == "cpu":  # it runs, but slowly and for no gain over bf16 or fp32
+        raise UserError("--dtype fp16 needs a GPU (fp16 with loss scaling); on CPU use fp32 or bf16")
 
 
 def _check_resume(plan: Plan, state: dict[str, Any]) -> None:

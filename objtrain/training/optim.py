@@ -86,3 +86,13 @@ def lr_factor(step: int, total: int, cfg: ScheduleConfig) -> float:
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+def scaled_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> bool:
+    """Step through fp16's GradScaler; False when it skipped the step. Inf/NaN gradients are the scaler's
+    normal signal that the scale is too high: it leaves the weights alone and lowers the scale, which is
+    how a skip is told apart (HF's `optimizer_step_was_skipped` compares the scale the same way)."""
+    before = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    return scaler.get_scale() >= before

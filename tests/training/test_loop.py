@@ -4,6 +4,7 @@ non-finite losses stop the run and keep the last good checkpoint."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from objtrain.training import checkpoint as ckpt
 from objtrain.training.config import TrainConfig
 from objtrain.training.data import CorruptedRows, Position, RowSampler
 from objtrain.training.loop import NonFiniteLoss, forward_backward, prepare, train
+from objtrain.training.optim import lr_factor
 
 # Every (objective, kind) the registry declares; the default mixture (span + prefix LM) has no encoder form.
 PAIRS = [
@@ -288,3 +290,45 @@ def test_compiled_forward_and_loss_train_as_eager(train_store: Path, tmp_path: P
         losses[compiled] = [r["loss"] for r in records(tmp_path / f"c{compiled}") if "loss" in r]
     assert len(losses[True]) == 3
     assert losses[True] == pytest.approx(losses[False], rel=1e-4)
+
+
+def test_a_step_the_fp16_scaler_skips_does_not_advance_the_lr(
+    train_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_config
+) -> None:
+    """Inf gradients at step 3: the scaler skips it (weights kept, scale halved), the lr schedule stays where
+    it was (reference training.md section 2), and a run resumed after the skip continues the same schedule.
+    fp16 is refused on CPU as slow; its loop path runs here with that refusal lifted."""
+    import objtrain.training.loop as loop
+
+    monkeypatch.setattr(loop, "check_precision", lambda dtype, device: None)
+    original = loop.forward_backward
+    calls = {"n": 0, "poison": True}
+
+    def poisoned(model, *args, **kwargs):  # type: ignore[no-untyped-def]
+        out = original(model, *args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 3 and calls["poison"]:
+            next(model.parameters()).grad.view(-1)[0] = float("inf")
+        return out
+
+    monkeypatch.setattr(loop, "forward_backward", poisoned)
+    cfg = small_config(
+        train_store, precision={"dtype": "fp16"}, budget={"steps": 6}, checkpoint={"every": 3, "keep": 5}
+    )
+    train(cfg, tmp_path / "run", show_progress=False)
+    steps = [r for r in records(tmp_path / "run") if "loss" in r]
+    assert [r["skipped_steps"] for r in steps] == [0, 0, 1, 1, 1, 1]
+    assert steps[2]["loss_scale"] == steps[1]["loss_scale"] / 2
+    lrs = [r["lr"] for r in steps]
+    # the schedule at the optimizer steps taken before each step: step 4 repeats step 3's point
+    assert lrs == [cfg.optim.lr * lr_factor(a, 6, cfg.schedule) for a in (0, 1, 2, 2, 3, 4)]
+    assert lrs[3] > lrs[4] > lrs[5]
+    saved = json.loads((tmp_path / "run" / "checkpoints" / "step-00000003" / "state.json").read_text())
+    assert saved["step"] == 3 and saved["optimizer_steps"] == 2
+
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "step-00000006")  # resume from step 3, after the skip
+    calls["poison"] = False
+    train(cfg, tmp_path / "run", resume=True, show_progress=False)
+    resumed = [r for r in records(tmp_path / "run") if "loss" in r][-3:]
+    assert [r["lr"] for r in resumed] == lrs[3:]
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in steps[3:]]
