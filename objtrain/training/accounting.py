@@ -134,11 +134,12 @@ class PeakMemory:
     def peak_bytes(self) -> int:
         if self.device.type == "cuda":
             return int(torch.cuda.max_memory_allocated(self.device))
-        try:
-            for line in Path("/proc/self/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-        except OSError:
+        try:  # read every step: find the one field in the raw bytes rather than decode and split them all
+            status = Path("/proc/self/status").read_bytes()
+            at = status.find(b"\nVmHWM:")
+            if at >= 0:
+                return int(status[at + 7 : status.index(b"\n", at + 1)].split()[0]) * 1024
+        except (OSError, ValueError):
             pass
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
