@@ -295,7 +295,7 @@ def test_compiled_forward_and_loss_train_as_eager(train_store: Path, tmp_path: P
 def test_a_step_the_fp16_scaler_skips_does_not_advance_the_lr(
     train_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_config
 ) -> None:
-    """Inf gradients at step 3: the scaler skips it (weights kept, scale halved), the lr schedule stays where
+    """Inf gradients at step 3: the scaler skips it (its scale halves), the lr schedule stays where
     it was (reference training.md section 2), and a run resumed after the skip continues the same schedule.
     fp16 is refused on CPU as slow; its loop path runs here with that refusal lifted."""
     import objtrain.training.loop as loop
