@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import typer
+from rich.markup import escape
 from typer.main import get_command
 
 import objtrain
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             sys.stdout.flush()  # a closed pipe shows here, inside the handlers below
     except UserError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True, markup=True)
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True, markup=True)
         sys.exit(2)
     except (_Interrupted, KeyboardInterrupt):
         err.print(f"[bold red]{common.interrupted_message()}[/]", highlight=False, soft_wrap=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from objtrain.cli.common import interrupt_note, make_console
 from objtrain.compare import load_experiment, plan_comparison, run_comparison, write_report
@@ -41,17 +42,17 @@ def run(
     )
     n = len(comparison.runs)
     console.print(
-        f"[bold]{exp.name}[/]: {len(exp.arms)} arms x {len(comparison.seeds)} seed(s) = {n} runs, "
-        f"{comparison.budget.describe()} ({comparison.budget_name}), report in {output}"
+        f"[bold]{escape(exp.name)}[/]: {len(exp.arms)} arms x {len(comparison.seeds)} seed(s) = {n} runs, "
+        f"{comparison.budget.describe()} ({comparison.budget_name}), report in {escape(str(output))}"
     )
     interrupt_note(f"interrupted; finished arms are kept in {output}: continue with --resume")
     try:
         run_comparison(comparison, console=console)
     except Interrupted as exc:
-        console.print(f"[bold red]interrupted:[/] {exc}")
+        console.print(f"[bold red]interrupted:[/] {escape(str(exc))}")
         raise typer.Exit(130) from None
     write_report(comparison, make_console(highlight=False))
-    console.print(f"report: {output / 'report.md'} (results.json and plots beside it)")
+    console.print(f"report: {output / 'report.md'} (results.json and plots beside it)", markup=False)
 
 
 run.__doc__ = HELP

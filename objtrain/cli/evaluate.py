@@ -133,7 +133,7 @@ def _fmt(value: Any) -> str:
 
 def print_result(console: Console, result: dict[str, Any]) -> None:
     title = (
-        f"{result['checkpoint']}: {result['model_kind']}"
+        f"{escape(str(result['checkpoint']))}: {result['model_kind']}"
         + (f", {result['objective']}" if result.get("objective") else "")
         + (f", step {result['train_step']}" if result.get("train_step") is not None else "")
     )

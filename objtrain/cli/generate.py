@@ -18,6 +18,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from objtrain.cli.common import check_format, make_console
@@ -151,9 +152,9 @@ def _print_fill_mask(console: Console, result: dict[str, Any], output_format: st
         table.add_column("token")
         table.add_column("prob", justify="right")
         for c in mask:
-            table.add_row(repr(c["token"]), f"{c['prob']:.3f}")
+            table.add_row(escape(repr(c["token"])), f"{c['prob']:.3f}")
         console.print(table)
-    console.print(f"[bold]top-1:[/] {result['text']}", highlight=False, markup=True)
+    console.print(f"[bold]top-1:[/] {escape(result['text'])}", highlight=False, markup=True)
 
 
 def _generate(
@@ -240,8 +241,8 @@ def _generate(
             console.print(suffix or "", style="dim", highlight=False, markup=False)
         elif mode == "span-fill":
             for i, fill in enumerate(result["spans"]):
-                console.print(f"[bold]<extra_id_{i}>[/] {fill!r}", highlight=False)
-            console.print(f"[bold]filled:[/] {result['text']}", highlight=False)
+                console.print(f"[bold]<extra_id_{i}>[/] {escape(repr(fill))}", highlight=False)
+            console.print(f"[bold]filled:[/] {escape(result['text'])}", highlight=False)
         else:
             console.print()
         extra = ""

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich import progress as rp
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from objtrain.cli.common import make_console
@@ -60,7 +61,7 @@ class RichProgress(Progress):
 
 
 def print_summary(console: Console, summary: TokenizeSummary) -> None:
-    table = Table(title=f"token store {summary.path}", title_justify="left")
+    table = Table(title=f"token store {escape(str(summary.path))}", title_justify="left")
     for column in ("split", "documents", "tokens", "bytes", "bytes/token"):
         table.add_column(column, justify="left" if column == "split" else "right")
     for name, counts in summary.splits.items():
@@ -86,7 +87,7 @@ def print_summary(console: Console, summary: TokenizeSummary) -> None:
             f"[yellow]skipped {len(summary.skipped)} binary or non-UTF-8 files[/] (listed in meta.json)"
         )
         for skipped in summary.skipped[:5]:
-            console.print(f"  {skipped.path}: {skipped.reason}", highlight=False)
+            console.print(f"  {skipped.path}: {skipped.reason}", highlight=False, markup=False)
     if summary.empty_documents:
         console.print(f"dropped {summary.empty_documents:,} empty documents")
     if summary.splits["valid"].documents == 0:

@@ -158,7 +158,9 @@ def run(
         return
     result = train(cfg, run_dir, resume=resume, force=force, console=console)
     if result.stopped:
-        console.print(f"interrupted at step {result.step}; saved {result.checkpoint}", highlight=False)
+        console.print(
+            f"interrupted at step {result.step}; saved {result.checkpoint}", highlight=False, markup=False
+        )
         raise typer.Exit(143 if result.stopped == "SIGTERM" else 130)
 
 
@@ -210,7 +212,7 @@ def _dry_run(console: Console, plan: Plan) -> None:
     width = max(len(k) for k, _ in lines)
     out = Console(highlight=False, soft_wrap=True)
     for key, value in lines:
-        out.print(f"{key:<{width}}  {value}")
+        out.print(f"{key:<{width}}  {value}", markup=False)
 
 
 def _mib(n: int) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from objtrain.compare import suite
@@ -314,8 +315,8 @@ def print_tables(results: dict[str, Any], console: Console) -> None:
 
 def _rich(cell: str) -> str:
     if cell.startswith("**") and cell.endswith("**"):
-        return f"[bold]{cell[2:-2]}[/]"
-    return cell
+        return f"[bold]{escape(cell[2:-2])}[/]"
+    return escape(cell)
 
 
 def curves(c: Comparison) -> dict[str, list[list[dict[str, Any]]]]:

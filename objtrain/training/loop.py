@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from torch import Tensor, nn
 
 from objtrain import IGNORE
@@ -202,7 +203,9 @@ def _embedded_store(world: dist.World, console: Console | None) -> Path:
     path = default_store_path()
     if world.is_main and not (path / "meta.json").is_file():
         if console is not None:
-            console.print(f"building the embedded standard-library store once, in {path}", highlight=False)
+            console.print(
+                f"building the embedded standard-library store once, in {path}", highlight=False, markup=False
+            )
         progress = None
         if console is not None and console.is_terminal:
             from objtrain.cli.tokenize import RichProgress
@@ -479,7 +482,7 @@ def _run(
         total = total_steps(cfg, plan, lambda: _time_one_step(plan, model, scaler))
     if plan.resume_from is not None and step >= total:  # a finished run: nothing to train, nothing to write
         if show:
-            console.print(f"{run_dir} finished at step {step}/{total}: nothing to resume")
+            console.print(f"{run_dir} finished at step {step}/{total}: nothing to resume", markup=False)
         return TrainResult(
             run_dir=run_dir,
             checkpoint=plan.resume_from,
@@ -854,7 +857,7 @@ def _summary(console: Console, r: TrainResult, peak_source: str) -> None:
         f"[bold]done[/]: {r.step}/{r.total_steps} steps, {r.tokens:,} tokens in {r.seconds:.1f}s "
         f"({r.tokens_per_s:,.0f} tok/s), loss {r.loss:.4f}{'  ' + val if val else ''}, "
         f"peak memory {r.peak_memory_bytes / 2**20:.0f} MiB (MFU against {peak_source}); "
-        f"checkpoint {r.checkpoint}",
+        f"checkpoint {escape(str(r.checkpoint))}",
         highlight=False,
     )
 
@@ -875,7 +878,7 @@ def _sample(console: Console, plan: Plan, model: nn.Module) -> None:
     ids = tok.encode(prompt)
     out = list(gen.generate_decoder(plain, ids, 48, stop_ids=(s.eos,)))
     console.print("[bold]sample[/] (greedy):", highlight=False)
-    console.print(f"[dim]{prompt}[/]{tok.decode(out)}", highlight=False, markup=True)
+    console.print(f"[dim]{escape(prompt)}[/]{escape(tok.decode(out))}", highlight=False, markup=True)
     if plan.objective.name == "fim":
         prefix, suffix = "def add(a, b):\n    ", "\n\nprint(add(1, 2))\n"
         mode = _training_info(plan, 0, 0)["fim_mode"]
@@ -885,5 +888,7 @@ def _sample(console: Console, plan: Plan, model: nn.Module) -> None:
             )
         )
         console.print(
-            f"[bold]infill[/] ({mode}): {prefix!r} [bold]{tok.decode(fill)!r}[/] {suffix!r}", highlight=False
+            f"[bold]infill[/] ({mode}): {escape(repr(prefix))} [bold]{escape(repr(tok.decode(fill)))}[/] "
+            f"{escape(repr(suffix))}",
+            highlight=False,
         )

@@ -153,3 +153,25 @@ def test_installed_script_entry_is_the_light_module() -> None:
         capture_output=True, text=True, cwd=Path(objtrain.__file__).parents[1],
     )  # fmt: skip
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_brackets_in_paths_and_model_text_are_printed_as_they_are(
+    cli: Callable[..., Result], small_store: Path, tmp_path: Path
+) -> None:
+    # rich reads `[i]` as italic and `[/]` as a closing tag: user and model text must reach the screen
+    # escaped, or code loses its subscripts and an error line becomes a MarkupError traceback.
+    missing = tmp_path / "x[/]notes[i].txt"
+    refused(cli("corrupt", missing, "--tokenizer", small_store, "--objective", "mlm"), "x[/]notes[i].txt")
+
+    from rich.console import Console
+
+    from objtrain.cli.generate import _print_fill_mask
+    from objtrain.compare.report import _rich
+
+    console = Console(record=True, width=200)
+    text = "a[i] = b[/][lr]"
+    _print_fill_mask(console, {"text": text, "masks": [[{"token": "[i]", "prob": 0.5}]]}, "text")
+    shown = console.export_text()
+    assert f"top-1: {text}" in shown and "'[i]'" in shown, shown
+    console.print(_rich("[baseline]"), _rich("**[best]**"))
+    assert "[baseline] [best]" in console.export_text()
