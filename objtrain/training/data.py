@@ -19,6 +19,7 @@ reads the raw tokens and applies the objective.
 from __future__ import annotations
 
 import dataclasses
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -299,6 +300,15 @@ def received(wire: Iterator[tuple[WorkItem, dict[str, Any]]]) -> Iterator[tuple[
         )
 
 
+def _leave_signals_to_the_trainer(worker_id: int) -> None:
+    """Loader workers ignore Ctrl-C and SIGTERM. `timeout`, `kill -- -PGID`, Slurm and systemd signal the
+    whole process group: a worker dying of it made the DataLoader raise in the training process before the
+    loop could save. The training process saves, then shuts its workers down (they also exit on their own
+    if it dies)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def make_loader(dataset: CorruptedRows, sampler: RowSampler, workers: int) -> DataLoader:
     """Work items through `workers` processes (0 = in this process), a few micro-batches ahead; iterate it
     through `received`."""
@@ -310,6 +320,7 @@ def make_loader(dataset: CorruptedRows, sampler: RowSampler, workers: int) -> Da
         collate_fn=_to_wire,
         prefetch_factor=4 if workers else None,
         persistent_workers=False,
+        worker_init_fn=_leave_signals_to_the_trainer if workers else None,
         # Each iterator draws a base seed from the global RNG unless given a generator: keep the training
         # RNG (dropout) untouched by data loading (reference training.md section 3).
         generator=torch.Generator().manual_seed(0),

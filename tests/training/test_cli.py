@@ -156,18 +156,31 @@ def test_sigkill_at_any_moment_resumes_to_the_same_weights(train_store: Path, tm
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
 
 
-def test_ctrl_c_saves_a_checkpoint_and_exits_130(train_store: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "sig, group, workers, code",
+    [(signal.SIGINT, False, 0, 130), (signal.SIGTERM, True, 1, 143)],
+    ids=["ctrl-c", "sigterm-to-the-group-with-a-loader-worker"],
+)
+def test_a_signal_saves_a_checkpoint_and_exits(
+    train_store: Path, tmp_path: Path, sig: int, group: bool, workers: int, code: int
+) -> None:
+    # `timeout`, `kill -- -PGID`, Slurm and systemd signal the whole group, loader workers included
     run = tmp_path / "run"
-    args = _cli(train_store, run)
+    args = [*_cli(train_store, run), f"workers={workers}"]
     args[args.index("12")] = "100000"
-    proc = subprocess.Popen(args, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        args, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=group
+    )
     metrics = run / "metrics.jsonl"
     deadline = time.time() + 60
     while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
         time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
+    if group:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err.decode()[-400:]
+    assert proc.returncode == code, err.decode()[-400:]
     assert b"interrupted at step" in err and b"Traceback" not in err
     latest = ckpt.latest_checkpoint(run)
     assert latest is not None and ckpt.is_complete(latest)
