@@ -21,10 +21,16 @@ def _umask() -> int:
     return mask
 
 
-def check_output_free(path: Path, force: bool, inputs: Iterable[Path] = ()) -> None:
+def check_output_free(
+    path: Path, force: bool, inputs: Iterable[Path] = (), replaces: tuple[str, tuple[str, ...]] | None = None
+) -> None:
     """Refuse to overwrite an existing output unless `force`, and refuse outright an output that would
     replace the current directory, one of its parents, or an input (or a directory holding one):
-    nothing the user had is lost by accident."""
+    nothing the user had is lost by accident.
+
+    `replaces` = (what, markers): `--force` replaces only an empty directory, a link, or a directory
+    holding one of the marker files, i.e. an earlier output of the same command, never a folder of the
+    user's that happens to have the name."""
     path = Path(path)
     target = path.resolve()
     cwd = Path.cwd().resolve()
@@ -37,6 +43,11 @@ def check_output_free(path: Path, force: bool, inputs: Iterable[Path] = ()) -> N
             raise UserError(f"output {path} would replace the input {source}: name a new directory")
     if path.exists() and not force:
         raise UserError(f"{path} already exists (pass --force to replace it)")
+    if path.exists() and replaces is not None and not path.is_symlink():
+        what, markers = replaces
+        ours = path.is_dir() and (not any(path.iterdir()) or any((path / m).exists() for m in markers))
+        if not ours:
+            raise UserError(f"{path} exists and is not {what}: --force replaces only that; choose another -o")
 
 
 # Temporaries are named `.NAME.PID-RANDOM.tmp` beside NAME: a later run into the same output recognises

@@ -318,7 +318,7 @@ def pack_store(
     output = Path(output)
     if output.resolve() == Path(store_path).resolve():
         raise UserError(f"the packed store would replace its own token store {output}: choose another -o")
-    check_output_free(output, force, inputs=[store_path])
+    check_output_free(output, force, inputs=[store_path], replaces=("an objtrain store", (META_FILE,)))
     start = time.perf_counter()
     specials = store.specials
     counts: dict[str, PackCounts] = {}

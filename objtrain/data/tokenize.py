@@ -135,6 +135,8 @@ def _check_config(config: TokenizeConfig, inputs: Sequence[Path]) -> None:
         )
     if config.model_type not in MODEL_TYPES:
         raise UserError(f"unknown --model-type {config.model_type!r} (choose from: {', '.join(MODEL_TYPES)})")
+    if config.num_threads < 0:
+        raise UserError(f"--threads must be >= 0 (0 = every core), got {config.num_threads}")
     if not 0.0 <= config.valid_fraction < 1.0:
         raise UserError(f"--valid-fraction must be in [0, 1), got {config.valid_fraction}")
     if config.n_sentinels < 0:
@@ -361,7 +363,7 @@ def tokenize_corpus(
     output = Path(output)
     _check_config(config, inputs)
     extra = [config.tokenizer] if config.tokenizer is not None else []
-    check_output_free(output, force, inputs=[*inputs, *extra])
+    check_output_free(output, force, inputs=[*inputs, *extra], replaces=("an objtrain store", (META_FILE,)))
     start = time.perf_counter()
     sources, skipped = collect_sources(inputs, config, progress, output)
 

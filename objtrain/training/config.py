@@ -19,6 +19,7 @@ before any work. Command-line flags are overrides of the same keys (`--lr 1e-3` 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -66,6 +67,14 @@ class OptimConfig:
     weight_decay: float = 0.1  # Linear weights only: not norms, biases or embeddings
     grad_clip: float = 1.0  # max global grad norm; 0 = off
 
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.lr) and self.lr >= 0):
+            raise ValueError(f"lr must be a finite number >= 0, got {self.lr}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {list(self.betas)}")
+        if self.eps < 0 or self.weight_decay < 0 or self.grad_clip < 0:
+            raise ValueError("eps, weight_decay and grad_clip must be >= 0")
+
 
 @dataclass
 class ScheduleConfig:
@@ -104,11 +113,22 @@ class ValidationConfig:
     every: int = 100  # steps between validations; 0 = at the end only; -1 = never
     rows: int = 64  # fixed rows of the valid split, corrupted with a fixed seed
 
+    def __post_init__(self) -> None:
+        if self.every < -1 or self.rows < 1:
+            raise ValueError("validation.every must be >= -1 (-1 = never) and validation.rows >= 1")
+
 
 @dataclass
 class CheckpointConfig:
     every: int = 0  # steps between checkpoints; 0 = at the end only
     keep: int = 3  # newest complete checkpoints kept
+
+    def __post_init__(self) -> None:
+        if self.every < 0 or self.keep < 1:
+            raise ValueError(
+                "checkpoint.every (--save-every) must be >= 0 (0 = at the end only) "
+                "and checkpoint.keep (--keep) >= 1"
+            )
 
 
 @dataclass
@@ -116,6 +136,10 @@ class LoggingConfig:
     every: int = 10  # steps between log lines (metrics.jsonl gets every step)
     tensorboard: bool = True  # event files when the `tensorboard` package is installed
     sample: bool = True  # end with a short greedy sample from the model
+
+    def __post_init__(self) -> None:
+        if self.every < 1:
+            raise ValueError(f"logging.every must be >= 1, got {self.every}")
 
 
 @dataclass
@@ -137,6 +161,10 @@ class TrainConfig:
     # Over several processes: "ddp" replicates the model and sums gradients; "fsdp" shards parameters,
     # gradients and optimizer state (FSDP2 fully_shard per block), for models that do not fit one device.
     parallel: Literal["ddp", "fsdp"] = "ddp"
+
+    def __post_init__(self) -> None:
+        if self.workers < 0:
+            raise ValueError(f"workers must be >= 0 (0 = load in the training process), got {self.workers}")
 
 
 # The run `objtrain train` does with no budget: about 5 minutes on 2 CPU cores with a visibly falling loss.

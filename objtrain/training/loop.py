@@ -41,7 +41,7 @@ from objtrain.config import to_dict
 from objtrain.data.default import default_store
 from objtrain.devices import resolve_device
 from objtrain.errors import UserError
-from objtrain.io import atomic_file
+from objtrain.io import atomic_file, check_output_free
 from objtrain.models.base import TrunkOutput
 from objtrain.models.checkpoint import unwrap
 from objtrain.models.zoo import ModelConfig, build_model, count_parameters, model_config
@@ -67,6 +67,7 @@ from objtrain.training.logger import MetricsLog, Progress, TensorBoard
 from objtrain.training.optim import build_optimizer, lr_factor, scaled_step, set_lr
 
 DEFAULT_SEQ_LEN = 256
+RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints")  # what makes a directory a training run
 LEFT_TO_RIGHT = ("clm", "mtp", "fim", "prefix_lm")  # decoder objectives whose model scores text left to right
 
 
@@ -133,6 +134,8 @@ def prepare(
     if store is None:
         store = str(_embedded_store(world, console))
     source = DataSource(Path(store))
+    if force and not resume and run_dir.exists():
+        check_output_free(run_dir, True, [source.path], replaces=("a training run", RUN_MARKERS))
     objective = build_objective(
         cfg.objective.name,
         source.specials,
@@ -587,6 +590,7 @@ def _run(
                     "seconds": elapsed,
                     "world_size": world.world_size,
                     "micro_batch": plan.micro_batch,
+                    "seq_len": plan.seq_len,
                     "threads": torch.get_num_threads(),
                     "torch": torch.__version__,
                     "dtype": plan.dtype,
@@ -828,6 +832,11 @@ def _check_resume(plan: Plan, state: dict[str, Any]) -> None:
         or saved.get("seed") != now["seed"]
     ):
         raise UserError("--resume: batch_size and seed must match the checkpoint's")
+    # Every row's length and corruption depend on the sequence length (it may come from a packed store
+    # rather than the config): a change would train the rest of the run on other rows.
+    seq_len = state.get("seq_len", saved.get("batch", {}).get("seq_len"))
+    if seq_len is not None and seq_len != plan.seq_len:
+        raise UserError(f"--resume: --seq-len {plan.seq_len} differs from the checkpoint's {seq_len}")
 
 
 def _time_one_step(plan: Plan, model: nn.Module, scaler: Any) -> float:

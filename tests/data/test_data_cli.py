@@ -107,9 +107,17 @@ def test_existing_output_needs_force(cli: Cli, tmp_path: Path, corpus_dir: Path,
     (out / "keep.txt").write_text("mine")
     assert_refused(cli("tokenize", corpus_dir, "--tokenizer", model_file, "-o", out), "--force")
     assert (out / "keep.txt").read_text() == "mine"
-    code, _, err = cli("tokenize", corpus_dir, "--tokenizer", model_file, "-o", out, "--force")
+    # --force replaces an earlier store, never a folder of the user's that happens to have the name
+    store = tmp_path / "src"
+    assert cli("tokenize", corpus_dir, "--tokenizer", model_file, "-o", store)[0] == 0
+    for command in (("tokenize", corpus_dir, "--tokenizer", model_file), ("pack", store, "--seq-len", "64")):
+        assert_refused(cli(*command, "-o", out, "--force"), "is not an objtrain store")
+        assert (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()
+    code, _, err = cli("tokenize", corpus_dir, "--tokenizer", model_file, "-o", out, "--force")  # empty: fine
     assert code == 0, err
-    assert not (out / "keep.txt").exists() and (out / "meta.json").is_file()
+    code, _, err = cli("tokenize", corpus_dir, "--tokenizer", model_file, "-o", out, "--force")  # a store
+    assert code == 0 and (out / "meta.json").is_file(), err
     (tmp_path / "p").mkdir()
     assert_refused(cli("pack", out, "--seq-len", "64", "-o", tmp_path / "p"), "--force")
 
@@ -118,6 +126,7 @@ def test_vocabulary_larger_than_corpus(cli: Cli, tmp_path: Path) -> None:
     path = tmp_path / "tiny.txt"
     path.write_text("a tiny corpus with few words\n" * 20)
     out = tmp_path / "s"
+    assert_refused(cli("tokenize", path, "--threads", "-1", "-o", out), "--threads must be >= 0", out)
     assert_refused(cli("tokenize", path, "--vocab-size", "5000", "--valid-fraction", "0", "-o", out),
                    "the largest vocabulary it supports is", out)  # fmt: skip
 

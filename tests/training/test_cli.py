@@ -44,6 +44,9 @@ def run_main(
         (["--objective", "clm", "--dtype", "fp16"], "fp16"),
         (["--objective", "nope"], "unknown objective"),
         (["--objective", "contrastive", "model.dropout=0"], "needs model dropout > 0"),
+        (["--objective", "clm", "--lr", "-1"], "lr must be a finite number >= 0"),
+        (["--objective", "clm", "--keep", "0"], "checkpoint.keep (--keep) >= 1"),
+        (["--objective", "clm", "workers=-1"], "workers must be >= 0"),
     ],
 )
 def test_refusals_are_one_line_and_leave_nothing(
@@ -67,6 +70,11 @@ def test_refuses_an_existing_run_and_a_store_without_a_valid_split(
         [str(train_store), *QUICK, "--objective", "clm", "-o", str(run)], monkeypatch, capsys
     )
     assert code == 2 and "already exists" in err and (run / "mine.txt").read_text() == "keep me"
+    # --force replaces an earlier run, never a folder of the user's that happens to have the name
+    code, err = run_main(
+        [str(train_store), *QUICK, "--objective", "clm", "-o", str(run), "--force"], monkeypatch, capsys
+    )
+    assert code == 2 and "is not a training run" in err and (run / "mine.txt").read_text() == "keep me"
 
     from objtrain.data.tokenize import TokenizeConfig, tokenize_corpus
 

@@ -199,6 +199,9 @@ def test_resume_refuses_changed_settings(train_store: Path, tmp_path: Path, smal
         train(
             small_config(train_store, budget={"steps": 2}, optim={"lr": 1e-4}), tmp_path / "run", resume=True
         )
+    shorter = {"seq_len": 32, "batch_size": 8}
+    with pytest.raises(UserError, match="--seq-len 32 differs from the checkpoint's 64"):
+        train(small_config(train_store, budget={"steps": 2}, batch=shorter), tmp_path / "run", resume=True)
 
 
 def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
