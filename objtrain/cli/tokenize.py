@@ -79,7 +79,8 @@ def print_summary(console: Console, summary: TokenizeSummary) -> None:
     trained = f"trained in {summary.train_seconds:.1f} s" if summary.tokenizer_trained else "reused"
     rest = max(summary.seconds - summary.train_seconds, 1e-9)
     console.print(
-        f"{summary.n_sources:,} files, vocabulary {summary.vocab_size:,} ({trained}), "
+        f"{summary.n_sources:,} file{'s' if summary.n_sources != 1 else ''}, "
+        f"vocabulary {summary.vocab_size:,} ({trained}), "
         f"{summary.seconds:.1f} s in all, {summary.bytes / 1e6 / rest:.2f} MB/s without training"
     )
     if summary.skipped:

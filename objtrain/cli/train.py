@@ -197,7 +197,8 @@ def _dry_run(console: Console, plan: Plan) -> None:
         ("tokens per step", f"{tokens_per_step:,} ({cfg.batch.batch_size} rows x {plan.seq_len})"),
         (
             "micro-batches",
-            f"{plan.accumulation} x {plan.micro_batch} rows on each of {plan.world.world_size} process(es)",
+            f"{plan.accumulation} x {plan.micro_batch} rows"
+            + (f" on each of {plan.world.world_size} processes" if plan.world.world_size > 1 else ""),
         ),
         (
             "steps",

@@ -194,6 +194,16 @@ def latest_checkpoint(run: Path) -> Path | None:
     return found[-1][1] if found else None
 
 
+def skipped_newer(run: Path, chosen: Path) -> list[Path]:
+    """Step directories newer than `chosen` that `latest_checkpoint` passed over as incomplete."""
+    m = STEP_DIR.match(chosen.name)
+    root = checkpoints_dir(run)
+    if m is None or not root.is_dir():
+        return []
+    newer = [p for p in root.iterdir() if (n := STEP_DIR.match(p.name)) and int(n.group(1)) > int(m.group(1))]
+    return sorted(p for p in newer if p.is_dir() and not is_complete(p))
+
+
 def prune(run: Path, keep: int) -> None:
     """Keep the newest `keep` complete checkpoints; a victim is renamed before deletion, so a half-deleted
     directory never looks complete."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import shutil
 import signal
+import statistics
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -109,6 +110,7 @@ class TrainResult:
     peak_memory_bytes: int
     validation: dict[str, float] = field(default_factory=dict)
     stopped: str = ""  # "" = finished; "SIGINT" or "SIGTERM": stopped early after saving a checkpoint
+    mfu: float = float("nan")  # median over the steps after the first (which holds compilation and warm-up)
 
 
 def prepare(
@@ -172,6 +174,14 @@ def prepare(
         if world.is_main:
             ckpt.clean_leftovers(run_dir)
         resume_from = ckpt.latest_checkpoint(run_dir)
+        skipped = ckpt.skipped_newer(run_dir, resume_from) if resume_from is not None else []
+        if resume_from is not None and skipped and console is not None and world.is_main:
+            names = ", ".join(p.name for p in skipped)
+            console.print(
+                f"note: {names} incomplete or damaged (a kill while saving?): resuming from "
+                f"{resume_from.name}, the steps after it are trained again",
+                markup=False,
+            )
         if (
             resume_from is None
             and ckpt.checkpoints_dir(run_dir).is_dir()
@@ -555,10 +565,17 @@ def _run(
             f"{plan.objective.name} on a {cfg.model.size} {plan.model_cfg.kind} "
             f"({n_params / 1e6:.2f}M params), "
             f"{total} steps of {cfg.batch.batch_size} x {plan.seq_len}, {plan.dtype} on {device}, "
-            f"{world.world_size} process(es)" + (f", resumed at step {step}" if step else "")
+            f"{world.world_size} process{'es' if world.world_size > 1 else ''}"
+            + (f", resumed at step {step}" if step else "")
         )
+        if plan.objective.name == "mtp" and plan.model_cfg.mtp_heads > 1:
+            progress.note(
+                f"loss is the sum of the {plan.model_cfg.mtp_heads} heads' losses (each in metrics.jsonl); "
+                "val_loss is head 1's, comparable with a next-token model"
+            )
 
     last_loss = float("nan")
+    mfus: list[float] = []
     validation: dict[str, float] = {}
     stopped = ""
     saved: Path | None = plan.resume_from
@@ -707,6 +724,7 @@ def _run(
                 "peak_mem_bytes": memory.peak_bytes(),
                 "wall_time": elapsed,
             }
+            mfus.append(record["mfu"])
             record.update(metric_sums)
             record.update(_realised(batches))
             if scaler is not None:
@@ -753,6 +771,7 @@ def _run(
         peak_memory_bytes=memory.peak_bytes(),
         validation=validation,
         stopped=stopped,
+        mfu=statistics.median(mfus[1:] or mfus) if mfus else float("nan"),
     )
     if show:
         _summary(console, result, peak_source)
@@ -865,7 +884,7 @@ def _summary(console: Console, r: TrainResult, peak_source: str) -> None:
     console.print(
         f"[bold]done[/]: {r.step}/{r.total_steps} steps, {r.tokens:,} tokens in {r.seconds:.1f}s "
         f"({r.tokens_per_s:,.0f} tok/s), loss {r.loss:.4f}{'  ' + val if val else ''}, "
-        f"peak memory {r.peak_memory_bytes / 2**20:.0f} MiB (MFU against {peak_source}); "
+        f"MFU {r.mfu:.1%} (against {peak_source}), peak memory {r.peak_memory_bytes / 2**20:.0f} MiB; "
         f"checkpoint {escape(str(r.checkpoint))}",
         highlight=False,
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from rich.console import Console
 from safetensors.torch import load_file
 
 from objtrain.objectives.registry import OBJECTIVES, objective_class
@@ -251,8 +252,10 @@ def test_resume_ignores_a_torn_checkpoint_and_a_missing_latest(
     torn.write_bytes(torn.read_bytes()[:100])  # size no longer matches state.json
     (root / ".step-00000006.abcd.tmp").mkdir()  # what a kill mid-save leaves
     assert ckpt.latest_checkpoint(tmp_path / "run") == root / "step-00000002"
-    result = train(cfg, tmp_path / "run", resume=True, show_progress=False)
+    console = Console(record=True, width=300)
+    result = train(cfg, tmp_path / "run", resume=True, show_progress=False, console=console)
     assert result.step == 4 and not (root / ".step-00000006.abcd.tmp").exists()
+    assert "note: step-00000004 incomplete or damaged" in console.export_text()  # said, not silent
 
 
 def test_no_data_trains_on_the_embedded_store(
@@ -263,7 +266,7 @@ def test_no_data_trains_on_the_embedded_store(
     monkeypatch.setattr(default, "default_store_path", lambda: train_store)
     cfg = small_config(train_store, data={"store": None}, budget={"steps": 2})
     result = train(cfg, tmp_path / "run", show_progress=False)
-    assert result.step == 2
+    assert result.step == 2 and result.mfu > 0  # the summary line reports it
     resolved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert resolved["data"]["store"] is None and resolved["resolved"]["data"] == str(train_store)
 
