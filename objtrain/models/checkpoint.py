@@ -18,7 +18,8 @@ Run directories (the training loop follows this): a run directory RUN holds its 
     RUN/checkpoints/latest      a text file holding the name of the newest one (a symlink also works)
     RUN/checkpoint/             or: a single checkpoint
 
-and `resolve_checkpoint(RUN)` finds the checkpoint in that order.
+and `resolve_checkpoint(RUN)` finds the checkpoint in that order; a run without `latest` gives its highest
+`step-N` checkpoint.
 """
 
 from __future__ import annotations
@@ -138,6 +139,11 @@ def resolve_checkpoint(path: Path) -> Path:
         raise UserError(f"{latest} names {name!r}, which is not a checkpoint in {target.parent}")
     if (path / "checkpoint" / CONFIG).is_file():
         return path / "checkpoint"
+    # No `latest` yet: a run killed between its first checkpoint's rename and the pointer's write. The
+    # loop writes each checkpoint whole under a temporary name, so a `step-N` directory is a finished one.
+    steps = [p for p in (path / "checkpoints").glob("step-*") if p.name[5:].isdigit()]
+    if steps := [p for p in steps if (p / CONFIG).is_file()]:
+        return max(steps, key=lambda p: int(p.name[5:]))
     raise UserError(
         f"{path} is neither a checkpoint (config.json + model.safetensors) nor a run directory "
         "with checkpoints/latest or checkpoint/"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -165,6 +166,11 @@ def test_run_directory_conventions(tmp_path: Path, tokenizer: Tokenizer, special
         ck.resolve_checkpoint(run)
     with pytest.raises(UserError, match="neither a checkpoint"):
         ck.resolve_checkpoint(tmp_path)
+    # no `latest` (killed before its first write): the highest step, by number
+    (run / "checkpoints" / "latest").unlink()
+    shutil.rmtree(run / "checkpoint")
+    ck.save_checkpoint(run / "checkpoints" / "step-10", model, specials, tokenizer)
+    assert ck.resolve_checkpoint(run) == run / "checkpoints" / "step-10"
 
 
 def invoke(*args: str) -> dict:
