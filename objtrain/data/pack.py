@@ -319,6 +319,9 @@ def pack_store(
     if output.resolve() == Path(store_path).resolve():
         raise UserError(f"the packed store would replace its own token store {output}: choose another -o")
     check_output_free(output, force, inputs=[store_path], replaces=("an objtrain store", (META_FILE,)))
+    if all(store.split(name).n_tokens == 0 for name in config.splits):
+        which = " and ".join(config.splits) + (" splits are" if len(config.splits) > 1 else " split is")
+        raise UserError(f"{store_path}: its {which} empty, nothing to pack")
     start = time.perf_counter()
     specials = store.specials
     counts: dict[str, PackCounts] = {}

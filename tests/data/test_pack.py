@@ -154,3 +154,12 @@ def test_pack_one_split_and_bad_options(tmp_path: Path, store: Path) -> None:
         PackedStore.open(store)
     meta = json.loads((tmp_path / "p" / "meta.json").read_text())
     assert meta["kind"] == "packed_store" and meta["splits"]["valid"]["rows"] == len(packed.split("valid"))
+
+
+def test_packing_only_an_empty_split_is_refused(tmp_path: Path, corpus_dir: Path, model_file: Path) -> None:
+    store = tmp_path / "store"
+    tokenize_corpus([corpus_dir], store, TokenizeConfig(tokenizer=model_file, valid_fraction=0.0))
+    with pytest.raises(UserError, match="its valid split is empty, nothing to pack"):
+        pack_store(store, tmp_path / "p", PackConfig(seq_len=64, splits=("valid",)))
+    assert not (tmp_path / "p").exists()
+    pack_store(store, tmp_path / "p", PackConfig(seq_len=64))  # train and the empty valid split: fine
