@@ -60,7 +60,7 @@ class RichProgress(Progress):
             self.bar.update(self.task, size=f"{done / 1e6:.1f} MB")
 
 
-def print_summary(console: Console, summary: TokenizeSummary) -> None:
+def print_summary(console: Console, summary: TokenizeSummary, doc_split: str = "file") -> None:
     table = Table(title=f"token store {escape(str(summary.path))}", title_justify="left")
     for column in ("split", "documents", "tokens", "bytes", "bytes/token"):
         table.add_column(column, justify="left" if column == "split" else "right")
@@ -92,7 +92,9 @@ def print_summary(console: Console, summary: TokenizeSummary) -> None:
     if summary.empty_documents:
         console.print(f"dropped {summary.empty_documents:,} empty documents")
     if summary.splits["valid"].documents == 0:
-        console.print("[yellow]the valid split is empty[/]: raise --valid-fraction or use --doc-split")
+        # documents are what the split draws: few whole files may all land in train
+        hint = "raise --valid-fraction" + (" or use --doc-split" if doc_split == "file" else "")
+        console.print(f"[yellow]the valid split is empty[/]: {hint}")
 
 
 def run(
@@ -151,7 +153,7 @@ def run(
     progress = RichProgress(make_console(stderr=True))
     with progress.bar:
         summary = tokenize_corpus(inputs or [], output, config, force=force, progress=progress)
-    print_summary(console, summary)
+    print_summary(console, summary, doc_split)
 
 
 # Paragraphs rewrapped to the terminal by rich: join their lines.
