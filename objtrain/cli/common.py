@@ -41,13 +41,21 @@ def is_terminal(stream: TextIO) -> bool:
         return False
 
 
+class PipeConsole(Console):
+    """A rich console that leaves a closed pipe to `main()` (exit 0) instead of exiting 1 itself."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # nothing more can reach the reader
+        raise BrokenPipeError
+
+
 def make_console(stderr: bool = False, **kwargs: object) -> Console:
     """A rich console on stdout (or stderr): the terminal's width on a TTY, no wrapping when piped
-    (unless COLUMNS is set, as a user asking for a width)."""
+    (unless COLUMNS is set, as a user asking for a width). A closed pipe ends the command quietly."""
     stream = sys.stderr if stderr else sys.stdout
     if not is_terminal(stream) and "COLUMNS" not in os.environ and "width" not in kwargs:
         kwargs["width"] = UNWRAPPED_WIDTH
-    return Console(stderr=stderr, **kwargs)  # type: ignore[arg-type]
+    return PipeConsole(stderr=stderr, **kwargs)  # type: ignore[arg-type]
 
 
 def check_format(value: str, allowed: tuple[str, ...] = FORMATS) -> str:

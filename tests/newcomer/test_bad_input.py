@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from newcomer_helpers import Result, run_objtrain
+from newcomer_helpers import Result, objtrain_cmd, run_objtrain, subprocess_env
 
 import objtrain
 from objtrain.data.store import TokenStore
@@ -122,6 +122,20 @@ def test_piped_output_is_not_wrapped(cli: Callable[..., Result]) -> None:
     assert code == 0
     assert max(len(line) for line in out.splitlines()) > 100  # rich would have folded it at 80
     assert all(line.count("│") in (0, 5) for line in out.splitlines())  # no cell split over two lines
+
+
+def test_a_closed_pipe_ends_quietly_with_exit_0(small_store: Path) -> None:
+    # `objtrain corrupt ... | head -3`: far more text than a pipe buffer holds, reader gone after 3 lines.
+    proc = subprocess.Popen(
+        objtrain_cmd("corrupt", small_store, "--objective", "span", "--n", "64"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env(),
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    head = [proc.stdout.readline() for _ in range(3)]
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0, err
+    assert err == "" and head[0].startswith("── row 0".encode())
 
 
 def test_piped_tokenize_writes_nothing_to_stderr(tmp_path: Path) -> None:
