@@ -39,7 +39,8 @@ def run(
     ] = None,
     split: Annotated[str, typer.Option(help="Store split to evaluate on.")] = "valid",
     window: Annotated[
-        int | None, typer.Option(help="Window in tokens (default: the training seq_len, else 256).")
+        int | None,
+        typer.Option(help="Left-to-right window in tokens (default: the training seq_len, else 256)."),
     ] = None,
     stride: Annotated[int | None, typer.Option(help="Window stride (default: the window, disjoint).")] = None,
     word_ppl: Annotated[bool, typer.Option("--word-ppl", help="Also word-level perplexity.")] = False,

@@ -40,9 +40,10 @@ from objtrain.errors import UserError
 class WindowPlan:
     """Every window of every document as rows of a flat token array (the documents with `x_0` in front).
 
-    inputs:  (W, L) int64 indices into the flat array (clipped; read only where `valid`)
-    valid:   (W, L) bool, the window's real input positions
-    scored:  (W, L) bool, positions whose next-token target is scored in this window
+    inputs:  (W, C) int64 indices into the flat array (clipped; read only where `valid`), C <= L the
+             widest window read (at most the longest document)
+    valid:   (W, C) bool, the window's real input positions
+    scored:  (W, C) bool, positions whose next-token target is scored in this window
     doc:     (W,) int64 document of each window
     """
 
@@ -83,7 +84,10 @@ def plan_windows(lengths: Sequence[int] | np.ndarray, length: int, stride: int) 
     end = np.minimum(first[doc] + stride * k, n)  # e_k: the last target of window k
     prev = np.where(k > 0, np.minimum(first[doc] + stride * (k - 1), n), 0)  # e_{k-1}
     lo = np.maximum(end - length, 0)  # first input token of the window (document-local, 0 = x_0)
-    col = np.arange(length, dtype=np.int64)[None, :]
+    # Rows are as wide as the widest window actually read, not `length`: a huge --window over short
+    # documents costs what the documents cost (padding columns are never read nor scored).
+    cols = int((end - lo).max()) if len(doc) else 0
+    col = np.arange(cols, dtype=np.int64)[None, :]
     width = (end - lo)[:, None]
     valid = col < width
     local = lo[:, None] + col  # input token index; its target is local + 1
@@ -220,7 +224,7 @@ def score_documents(
     `text_bytes`: the UTF-8 length of the text when it is known (a raw text file); otherwise bytes come
     from the per-token byte table (the same number whenever decode(encode(text)) == text).
     """
-    stride = stride or window
+    stride = window if stride is None else stride  # 0 is refused by plan_windows, not taken as "unset"
     documents = [d for d in documents if len(d)]
     if not documents:
         raise UserError("nothing to score: the data has no tokens")

@@ -96,6 +96,10 @@ class EvalOptions:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
+        sizes = {"--window": self.window, "--stride": self.stride, "--max-docs": self.max_docs}
+        for flag, value in sizes.items():
+            if value is not None and value < 1:
+                raise UserError(f"{flag} must be at least 1, got {value}")
         unknown = sorted(set(self.skip) - set(PARTS))
         if unknown:
             raise UserError(f"--skip {unknown[0]!r} is not a part (parts: {', '.join(PARTS)})")
@@ -179,9 +183,23 @@ def resolve_data(ckpt: Checkpoint, data: str | Path | None, split: str) -> EvalD
                 f"checkpoint's ({tokenizer.hash}): pass a store made with it, or a text file"
             )
         if not source.has_split(split):
-            raise UserError(f"{path} has no documents in its {split!r} split")
+            raise UserError(_missing_split(path, source, split))
         return EvalData(f"{path} [{split}]", source.documents(split), eos=ckpt.specials.eos)
     return text_data(path, tokenizer)
+
+
+def _missing_split(path: Path, source: DataSource, split: str) -> str:
+    """Why `split` cannot be scored, with the splits the store does have (and for the default valid
+    split, the two ways around it)."""
+    splits = list(source.store.meta["splits"])
+    usable = [name for name in splits if source.has_split(name)]
+    what = "is empty" if split in splits else "does not exist"
+    message = f"{path} has no documents to evaluate: its {split!r} split {what}"
+    message += f" (splits with documents: {', '.join(usable)})" if usable else " (no split has documents)"
+    if split == "valid":
+        hint = "--split train or " if "train" in usable else ""
+        message += f"; pass {hint}--data with held-out text"
+    return message
 
 
 def text_data(path: Path, tokenizer: Tokenizer) -> EvalData:
@@ -201,8 +219,9 @@ def text_data(path: Path, tokenizer: Tokenizer) -> EvalData:
     )
 
 
-def _seq_len(ckpt: Checkpoint, options: EvalOptions) -> int:
-    return int(options.window or ckpt.training.get("seq_len") or DEFAULT_WINDOW)
+def _seq_len(ckpt: Checkpoint) -> int:
+    """The row length the model was trained at (corruptions, infill tasks and probe inputs use it)."""
+    return int(ckpt.training.get("seq_len") or DEFAULT_WINDOW)
 
 
 def evaluate(
@@ -218,7 +237,10 @@ def evaluate(
     evaldata = resolve_data(ckpt, data, options.split)
     assert tokenizer is not None
     kind, info, specials = ckpt.config.kind, ckpt.training, ckpt.specials
-    seq_len = _seq_len(ckpt, options)
+    # --window is the left-to-right window alone: the other parts read rows of the training length, so a
+    # long window never makes them build rows the model never saw (or memory it does not have).
+    seq_len = _seq_len(ckpt)
+    window = options.window or seq_len
     result: dict[str, Any] = {
         "checkpoint": str(ckpt.path),
         "model_kind": kind,
@@ -233,7 +255,7 @@ def evaluate(
     timings: dict[str, float] = {}
     if "lm" not in options.skip and kind != "encoder":
         t0 = time.perf_counter()
-        result.update(_left_to_right(ckpt, evaldata, options, seq_len, device))
+        result.update(_left_to_right(ckpt, evaldata, options, window, device))
         timings["lm"] = time.perf_counter() - t0
     if "corrupted" not in options.skip:
         t0 = time.perf_counter()

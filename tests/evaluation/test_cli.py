@@ -170,3 +170,40 @@ def test_bad_inputs_are_one_line_and_exit_2(cli, debug_checkpoint, tmp_path, cod
     _refused(cli(ckpt, "--data", code_file), "safetensors")
     (ckpt / "config.json").write_text("{not json")
     _refused(cli(ckpt, "--data", code_file), "not valid JSON")
+
+
+def test_a_huge_window_scores_like_a_window_of_the_document(cli, debug_checkpoint, code_file, tokenizer):
+    ckpt = debug_checkpoint("decoder", {"objective": "clm", "seq_len": 32})
+    n = len(tokenizer.encode(CODE))
+    args = (
+        ckpt,
+        "--data",
+        code_file,
+        "--format",
+        "json",
+        "--skip",
+        "infill,probe,samples",
+        "--corrupt-rows",
+        "2",
+    )
+    exact = _json(cli(*args, "--window", n))
+    huge = _json(cli(*args, "--window", 100_000))
+    assert huge["windows"] == exact["windows"] == 1 and huge["window"] == 100_000
+    assert huge["bits_per_byte"] == pytest.approx(exact["bits_per_byte"], rel=1e-6)
+    assert huge["objective_loss"] == exact["objective_loss"]  # corruptions read training-length rows
+
+
+def test_zero_sizes_and_missing_splits_are_refused(cli, debug_checkpoint, code_file, tmp_path, stdlib_texts,
+                                                    tokenizer):  # fmt: skip
+    ckpt = debug_checkpoint("decoder")
+    _refused(cli(ckpt, "--data", code_file, "--window", "0"), "--window must be at least 1, got 0")
+    _refused(cli(ckpt, "--data", code_file, "--stride", "0"), "--stride must be at least 1, got 0")
+    _refused(cli(ckpt, "--data", code_file, "--max-docs", "-1"), "--max-docs must be at least 1, got -1")
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "m.py").write_text(stdlib_texts[0], encoding="utf-8")
+    (tmp_path / "tok.model").write_bytes(tokenizer.model_proto)
+    config = TokenizeConfig(tokenizer=tmp_path / "tok.model", valid_fraction=0.0)
+    tokenize_corpus([tmp_path / "corpus"], tmp_path / "store", config)
+    _refused(cli(ckpt, "--data", tmp_path / "store", "--split", "test"), "'test' split does not exist")
+    _refused(cli(ckpt, "--data", tmp_path / "store", "--split", "test"), "splits with documents: train")
+    _refused(cli(ckpt, "--data", tmp_path / "store"), "--split train or --data")

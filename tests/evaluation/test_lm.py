@@ -57,11 +57,21 @@ def test_disjoint_windows_match_the_harness_example() -> None:
     assert int(plan.inputs[-1][0]) == 24 and int(plan.valid[-1].sum()) == 10
 
 
+def test_rows_are_as_wide_as_the_data_not_the_window() -> None:
+    # --window 100000 over short documents must cost what the documents cost
+    plan = plan_windows([5, 12, 3], 100_000, 100_000)
+    assert plan.inputs.shape == plan.valid.shape == plan.scored.shape == (3, 12)
+    assert plan.scored.sum(axis=1).tolist() == [5, 12, 3]
+    assert plan_windows([40], 10, 3).inputs.shape[1] == 10
+
+
 def test_bad_window_or_stride_is_a_user_error() -> None:
     with pytest.raises(UserError, match="stride"):
         plan_windows([5], 4, 5)
     with pytest.raises(UserError, match="window"):
         plan_windows([5], 0, 1)
+    with pytest.raises(UserError, match="stride"):  # 0 is refused, not read as "the window"
+        score_documents(torch.nn.Identity(), [np.arange(4, 9)], torch.ones(16), EOS, 4, 0)
 
 
 def _docs(seed: int, V: int = 11) -> list[np.ndarray]:
