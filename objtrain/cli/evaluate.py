@@ -54,8 +54,8 @@ def run(
     ] = None,
     infill_tasks: Annotated[int, typer.Option("--infill-tasks", min=1, help="Most infilling tasks.")] = 32,
     infill_kinds: Annotated[
-        str, typer.Option("--infill-kinds", help="line, span or line,span.")
-    ] = "line,span",
+        str, typer.Option("--infill-kinds", help="line, span or both (also written line,span).")
+    ] = "both",
     infill_max_tokens: Annotated[
         int, typer.Option("--infill-max-tokens", min=1, help="Most tokens of a line fill (spans: twice).")
     ] = 64,

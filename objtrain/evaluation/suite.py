@@ -46,6 +46,7 @@ from objtrain.training.accounting import token_bytes
 from objtrain.training.data import DataSource, Documents
 
 PARTS = ("lm", "corrupted", "infill", "probe", "samples")
+INFILL_KINDS = {"line": ("line",), "span": ("span",), "both": ("line", "span")}
 DEFAULT_WINDOW = 256
 
 # name -> (better: "lower" | "higher", what it is). Counts and baselines are "info".
@@ -84,7 +85,7 @@ class EvalOptions:
     corrupt_rows: int = 64  # rows for corruption-based scores
     infill_tasks: int = 32
     infill_file: Path | None = None  # HumanEval-Infilling JSONL
-    infill_kinds: tuple[str, ...] = ("line", "span")
+    infill_kinds: tuple[str, ...] = ("line", "span")  # "both" = line and span
     infill_max_tokens: int = 64  # most tokens a line fill may take (span fills: twice as many)
     probe_train: Path | None = None  # labelled TSV/JSONL; None = the standard-library package probe
     probe_valid: Path | None = None  # None = a quarter of probe_train held out under the seed
@@ -109,9 +110,13 @@ class EvalOptions:
             )
         if self.probe_valid is not None and self.probe_train is None:
             raise UserError("--probe-valid needs --probe (the training file)")
-        bad = sorted(set(self.infill_kinds) - {"line", "span"})
+        bad = [k for k in self.infill_kinds if k not in INFILL_KINDS]
         if bad or not self.infill_kinds:
-            raise UserError(f"--infill-kinds must be line, span or both, got {','.join(self.infill_kinds)}")
+            raise UserError(
+                f"--infill-kinds must be line, span or both, got {','.join(self.infill_kinds) or 'nothing'!r}"
+            )
+        # "both" is line,span; a kind named twice is cut once
+        self.infill_kinds = tuple(dict.fromkeys(k for x in self.infill_kinds for k in INFILL_KINDS[x]))
 
 
 @dataclass

@@ -207,3 +207,18 @@ def test_zero_sizes_and_missing_splits_are_refused(cli, debug_checkpoint, code_f
     _refused(cli(ckpt, "--data", tmp_path / "store", "--split", "test"), "'test' split does not exist")
     _refused(cli(ckpt, "--data", tmp_path / "store", "--split", "test"), "splits with documents: train")
     _refused(cli(ckpt, "--data", tmp_path / "store"), "--split train or --data")
+
+
+def test_infill_kinds_take_what_help_and_errors_offer(cli, debug_checkpoint, code_file):
+    from objtrain.evaluation.suite import EvalOptions
+
+    for given, kinds in [(("both",), ("line", "span")), (("span", "both"), ("span", "line"))]:
+        assert EvalOptions(infill_kinds=given).infill_kinds == kinds
+    assert EvalOptions(infill_kinds=("line",)).infill_kinds == ("line",)
+    ckpt = debug_checkpoint("decoder", {"objective": "fim", "fim_mode": "psm", "seq_len": 64})
+    args = (ckpt, "--data", code_file, "--skip", "lm,corrupted,probe,samples", "--infill-tasks", "1")
+    out = _json(cli(*args, "--infill-kinds", "both", "--infill-max-tokens", "2", "--format", "json"))
+    assert out["infill_tasks"] == 1
+    _refused(cli(*args, "--infill-kinds", "lines"), "--infill-kinds must be line, span or both, got 'lines'")
+    code, help_text, _ = cli("--help")
+    assert code == 0 and "line, span or both" in " ".join(help_text.split())
