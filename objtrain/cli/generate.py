@@ -248,5 +248,8 @@ def _generate(
         extra = ""
         if speculative:
             extra = f", {stats.tokens_per_forward:.2f} tokens/forward, acceptance {stats.acceptance:.0%}"
-        console.print(f"[dim]{len(out)} tokens in {elapsed:.2f}s{extra}[/]", highlight=False)
+        # stdout holds the text alone (`> out.txt`); how long it took is for the person watching
+        make_console(stderr=True).print(
+            f"[dim]{len(out)} tokens in {elapsed:.2f}s{extra}[/]", highlight=False
+        )
     return result

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from model_helpers import tiny_model
@@ -13,6 +17,7 @@ from objtrain.models.decoder import Decoder
 from objtrain.specials import Specials
 
 PROMPT = [5, 17, 33, 60, 21, 8]
+Result = tuple[int, str, str]
 
 
 @pytest.mark.parametrize("mtp_heads", [1, 3])
@@ -239,3 +244,68 @@ def test_fill_mask_gives_ranked_probabilities(tokenizer: Tokenizer) -> None:
     for candidates in result:
         probs = [c.prob for c in candidates]
         assert len(probs) == 4 and probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1 + 1e-6
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory, tokenizer: Tokenizer) -> dict[str, Path]:
+    """Debug-size checkpoints for every generate mode."""
+    from objtrain.models import build_model, model_config
+    from objtrain.models.checkpoint import save_checkpoint
+
+    root = tmp_path_factory.mktemp("generate")
+    out = {}
+    for kind, info in [
+        ("decoder", {"objective": "fim", "fim_mode": "psm"}),
+        ("encoder", {"objective": "mlm"}),
+        ("encdec", {"objective": "span"}),
+    ]:
+        torch.manual_seed(0)
+        model = build_model(model_config(kind, "debug", vocab_size=tokenizer.vocab_size))
+        out[kind] = save_checkpoint(root / kind, model, tokenizer.specials, tokenizer, info)
+    return out
+
+
+def generate_cli(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: object
+) -> Result:
+    """`objtrain generate ARGS` through main(): (exit code, stdout, stderr)."""
+    from objtrain.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["objtrain", "generate", *map(str, args)])
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+MODES = [
+    ("decoder", ("--prompt", "def "), "continue"),
+    ("decoder", ("--prefix", "def f(", "--suffix", "):"), "fim-psm"),
+    ("encdec", ("--text", "def [MASK](x):"), "span-fill"),
+    ("encdec", ("--prompt", "def f(x):"), "seq2seq"),
+    ("encoder", ("--text", "def [MASK](x):"), "fill-mask"),
+]
+
+
+@pytest.mark.parametrize(("kind", "args", "mode"), MODES, ids=[m[2] for m in MODES])
+def test_stdout_holds_only_the_result(
+    checkpoints: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    args: tuple[str, ...],
+    mode: str,
+) -> None:
+    code, out, err = generate_cli(capsys, monkeypatch, checkpoints[kind], *args, "-n", "3")
+    assert code == 0, err
+    assert "tokens in" not in out and out.strip(), out  # `> out.txt` gets the text alone
+    if mode != "fill-mask":
+        assert "tokens in" in err, err
+    code, out, err = generate_cli(
+        capsys, monkeypatch, checkpoints[kind], *args, "-n", "3", "--format", "json"
+    )
+    assert code == 0, err
+    assert json.loads(out)["mode"] == mode and "tokens in" not in err
