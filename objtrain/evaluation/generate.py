@@ -348,11 +348,15 @@ def fill_mask(model: Encoder, tokenizer: Tokenizer, text: str, top_k: int = 5) -
     )
     probs = model(batch).logits[0].float().softmax(dim=-1)  # (T, V)
     where = (x[0] == tokenizer.specials.mask).nonzero().squeeze(1)
-    top = probs[where].topk(min(top_k, probs.size(-1)), dim=-1)  # (n_masks, k)
+    # Reserved ids (pad, bos/eos, <mask>, sentinels, ...) are no text to fill in: candidates are the
+    # ordinary tokens, with the model's probabilities over the whole vocabulary.
+    first = tokenizer.specials.first_ordinary
+    ordinary = probs[where][:, first:]
+    top = ordinary.topk(min(top_k, ordinary.size(-1)), dim=-1)  # (n_masks, k)
     return [
         [
             Candidate(int(i), tokenizer.piece(int(i)), tokenizer.decode([int(i)]), float(p))
-            for p, i in zip(ps.tolist(), ids_.tolist(), strict=True)
+            for p, i in zip(ps.tolist(), (ids_ + first).tolist(), strict=True)
         ]
         for ps, ids_ in zip(top.values, top.indices, strict=True)
     ]

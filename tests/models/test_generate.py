@@ -309,3 +309,26 @@ def test_stdout_holds_only_the_result(
     )
     assert code == 0, err
     assert json.loads(out)["mode"] == mode and "tokens in" not in err
+
+
+def test_fill_mask_offers_text_tokens_only(tokenizer: Tokenizer) -> None:
+    from objtrain.batch import ModelOutput
+
+    first = tokenizer.specials.first_ordinary
+
+    class SpecialLover(torch.nn.Module):
+        """Puts most of its mass on reserved ids (<mask>, sentinels, EOS), then on ids by size."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(tokenizer.vocab_size, 4)
+
+        def forward(self, batch: object) -> ModelOutput:
+            logits = torch.linspace(0, 1, tokenizer.vocab_size).repeat(1, batch.input_ids.size(1), 1)  # type: ignore[attr-defined]
+            logits[..., :first] = 10.0
+            return ModelOutput(logits=logits)
+
+    result = gen.fill_mask(SpecialLover(), tokenizer, "def [MASK](x):", top_k=5)  # type: ignore[arg-type]
+    ids = [c.token_id for c in result[0]]
+    assert all(i >= first for i in ids) and ids[0] == tokenizer.vocab_size - 1, ids
+    assert all(c.text for c in result[0])
