@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from objtrain.config import from_dict, load_yaml, merge, packaged_config, to_dict
-from objtrain.errors import UserError
+from objtrain.config import config_dir, from_dict, load_yaml, merge, packaged_config, to_dict
+from objtrain.errors import UserError, did_you_mean
 from objtrain.training.config import (
     DataConfig,
     ModelSection,
@@ -121,10 +121,28 @@ class Experiment:
             raise ValueError(f"arm names must be unique; {dup[0]!r} is used twice")
 
 
+def find_experiment(path: Path | str) -> Path:
+    """An experiment YAML, or a shipped experiment by name (`objectives`, `fim-rate`), the name matched
+    case-insensitively; otherwise one line naming the closest experiment."""
+    found = packaged_config(path, "experiments")
+    if found.is_file():
+        return found
+    path = Path(path)
+    stem = path.stem if path.suffix in (".yaml", ".yml") else path.name
+    # A bare name is looked for among the shipped experiments, a path beside its siblings.
+    folder = path.parent if str(path.parent) != "." else config_dir() / "experiments"
+    known = {p.stem: p for p in sorted(folder.glob("*.y*ml"))} if folder.is_dir() else {}
+    folded = [name for name in known if name.lower() == stem.lower()]
+    if len(folded) == 1:
+        return known[folded[0]]
+    shipped = f" (shipped: {', '.join(known)})" if str(path.parent) == "." and known else ""
+    raise UserError(f"experiment not found: {path}{did_you_mean(stem, known)}{shipped}")
+
+
 def load_experiment(path: Path) -> Experiment:
     """Read and strictly check an experiment YAML (one clear `UserError` for any bad key or value).
     `path` may also name a shipped experiment (`objectives`, `fim-rate`)."""
-    path = packaged_config(path, "experiments")
+    path = find_experiment(path)
     data = load_yaml(path)
     exp = experiment_from_dict(data, where=Path(path).name)
     exp.source = str(path)
@@ -136,6 +154,10 @@ def load_experiment(path: Path) -> Experiment:
 def experiment_from_dict(data: dict[str, Any], where: str = "experiment") -> Experiment:
     data = copy.deepcopy(data)
     arms = data.get("arms")
+    if not arms:  # an empty file or `arms: []`: say what is missing, not which argument
+        raise UserError(
+            f"{where}: the experiment has no arms: list them under `arms:` (see configs/experiments/)"
+        )
     if isinstance(arms, list):
         for i, arm in enumerate(arms):
             # `objective: clm` is short for `objective: {name: clm}`.

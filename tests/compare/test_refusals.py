@@ -123,3 +123,30 @@ def test_bad_budget_and_seeds_are_refused(write_experiment, tmp_path, monkeypatc
     refused(run_cli(monkeypatch, capsys, "compare", path, "-o", out, "--seeds", "0"), "--seeds must be")
     refused(run_cli(monkeypatch, capsys, "compare", tmp_path / "none.yaml", "-o", out), "not found")
     assert not out.exists()
+
+
+def test_an_experiment_without_arms_says_so(tmp_path, monkeypatch, capsys) -> None:
+    for name, text in (("empty.yaml", ""), ("no-arms.yaml", "name: x\narms: []\n")):
+        (tmp_path / name).write_text(text)
+        result = run_cli(
+            monkeypatch, capsys, "compare", tmp_path / name, "-o", tmp_path / "r", "--budget", "tiny"
+        )
+        refused(result, f"{name}: the experiment has no arms")
+    assert not (tmp_path / "r").exists()
+
+
+def test_shipped_experiment_names_match_case_insensitively_with_a_suggestion(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    from objtrain.compare import load_experiment
+
+    assert load_experiment(Path("Objectives")).name == "objectives"
+    assert load_experiment(Path("FIM-RATE.yaml")).name == "fim-rate"
+    out = tmp_path / "report"
+    refused(run_cli(monkeypatch, capsys, "compare", "objectivs", "-o", out), "did you mean 'objectives'?")
+    refused(run_cli(monkeypatch, capsys, "compare", "zzz", "-o", out), "experiment not found: zzz (shipped: ")
+    (tmp_path / "mine.yaml").write_text("arms: []\n")
+    refused(
+        run_cli(monkeypatch, capsys, "compare", tmp_path / "mnie.yaml", "-o", out), "did you mean 'mine'?"
+    )
+    assert not out.exists()
