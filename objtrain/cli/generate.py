@@ -61,6 +61,7 @@ def run(
     Example: objtrain generate runs/fim --prefix $'def add(a, b):\\n    ' --suffix $'\\n    return c\\n'
     """
     output_format = check_format(output_format)
+    _check_inputs(prompt, text, prefix, suffix)
     if output_format == "jsonl":
         output_format = "json"  # one result: the same single line either way
     ckpt = load_checkpoint(checkpoint, device=resolve_device(device))
@@ -99,6 +100,25 @@ def run(
     )
     if output_format == "json":
         print(json.dumps(result, ensure_ascii=False))
+
+
+def _check_inputs(prompt: str | None, text: str | None, prefix: str | None, suffix: str | None) -> None:
+    """One input mode at a time: a mode that silently wins would drop what the user typed."""
+    infill = prefix is not None or suffix is not None
+    given = [
+        flag
+        for flag, used in (
+            ("--prompt", prompt is not None),
+            ("--text", text is not None),
+            ("--prefix/--suffix", infill),
+        )
+        if used
+    ]
+    if len(given) > 1:
+        raise UserError(
+            f"{' and '.join(given)} do not go together: --prompt continues text, --prefix/--suffix "
+            "infill between them, --text fills [MASK] markers; give one"
+        )
 
 
 def _check_fim(ckpt: Checkpoint) -> None:

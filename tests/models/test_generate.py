@@ -332,3 +332,22 @@ def test_fill_mask_offers_text_tokens_only(tokenizer: Tokenizer) -> None:
     ids = [c.token_id for c in result[0]]
     assert all(i >= first for i in ids) and ids[0] == tokenizer.vocab_size - 1, ids
     assert all(c.text for c in result[0])
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--prompt", "a", "--prefix", "b", "--suffix", "c"),
+        ("--prompt", "a", "--suffix", ""),
+        ("--text", "a [MASK]", "--prompt", "b"),
+    ],
+)
+def test_conflicting_inputs_are_refused(
+    checkpoints: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    args: tuple[str, ...],
+) -> None:
+    code, out, err = generate_cli(capsys, monkeypatch, checkpoints["decoder"], *args, "-n", "2")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (out, err)
+    assert "do not go together" in err and "Traceback" not in err
