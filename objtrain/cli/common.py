@@ -1,6 +1,8 @@
 """Conventions every `objtrain` command shares: consoles, output formats, progress, interrupts.
 
-- `--format text|json|jsonl` everywhere: text for people, json one document, jsonl one object per line.
+- `--format text|json|jsonl` where a command prints results: text for people, json one document, jsonl
+  one object per line (`check_format` with the subset a command offers).
+- `--device` says the same everywhere (`DEVICE_HELP`).
 - Output to a terminal is laid out for its width; piped or redirected output is never wrapped, and
   progress displays stay off (nothing but results on stdout, nothing stray on stderr).
 - Ctrl-C ends a command with one line and exit 130: `interrupted; nothing was written` unless the
@@ -19,6 +21,7 @@ from rich.console import Console
 from objtrain.errors import UserError, did_you_mean
 
 FORMATS = ("text", "json", "jsonl")
+DEVICE_HELP = "auto | cpu | cuda | cuda:N | mps (auto: cuda, then mps, then cpu)."
 # Piped output is not wrapped: rich lays it out for a console this wide, and tables take what they need.
 UNWRAPPED_WIDTH = 1_000_000
 

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from objtrain.cli.common import check_format, make_console
+from objtrain.cli.common import DEVICE_HELP, check_format, make_console
 from objtrain.evaluation.suite import METRICS, EvalOptions, evaluate
 
 HELP = """Evaluate a checkpoint (or the newest checkpoint of a run directory) with everything it can do.
@@ -73,7 +73,7 @@ def run(
     output_format: Annotated[
         str, typer.Option("--format", help="text (a table) or json (one object).")
     ] = "text",
-    device: Annotated[str, typer.Option(help="torch device (cpu, cuda, auto).")] = "cpu",
+    device: Annotated[str, typer.Option(help=DEVICE_HELP)] = "cpu",
 ) -> None:
     output_format = check_format(output_format, ("text", "json"))
     options = EvalOptions(

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from objtrain.cli.common import check_format, make_console
+from objtrain.cli.common import DEVICE_HELP, check_format, make_console
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.devices import resolve_device
 from objtrain.errors import UserError
@@ -54,7 +54,7 @@ def run(
     output_format: str = typer.Option(
         "text", "--format", help="text (streamed), json or jsonl (one object: text, tokens, mode, ...)."
     ),
-    device: str = typer.Option("cpu", "--device", help="auto | cpu | cuda | cuda:N | mps."),
+    device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
 ) -> None:
     """Generate text from a checkpoint: continue a prompt, infill (FIM), fill masks or spans.
 

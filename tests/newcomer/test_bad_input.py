@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -157,6 +158,37 @@ def test_help_version_and_flags(cli: Callable[..., Result]) -> None:
         assert "<bool>" not in out, command
         if "not available yet" not in out.lower():  # placeholders have nothing to show yet
             assert "Example: objtrain " + command in " ".join(out.split()), command
+
+
+README = Path(objtrain.__file__).parents[1] / "README.md"
+
+
+def _readme_section(start: str) -> str:
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index(start) :]
+    return section[: section.index("\n- **", 1) if start.startswith("- **") else section.index("\n## ", 1)]
+
+
+def test_the_readme_says_what_the_commands_do(cli: Callable[..., Result]) -> None:
+    from objtrain.objectives.registry import OBJECTIVES
+
+    listed = set(re.findall(r"^\| `([a-z_0-9]+)` \|", _readme_section("## Objectives"), re.MULTILINE))
+    assert listed == set(OBJECTIVES), set(OBJECTIVES) ^ listed
+    formats = " ".join(_readme_section("- **Output formats**").split())
+    named = re.search(r"print results \(([^)]*)\)", formats)
+    with_format = set(re.findall(r"`(\w+)`", named.group(1) if named else ""))
+    devices = set()
+    for command in COMMANDS:
+        code, out, _ = cli(command, "--help")
+        flat = " ".join(out.split())
+        assert code == 0 and f"`{command}`" in formats, command  # every command accounted for
+        assert ("--format" in out) == (command in with_format), command
+        assert flat.index("Example: objtrain") < flat.index("Options"), command  # as the README says
+    for command in ("eval", "generate"):
+        cmd = objtrain.cli.command().commands[command]
+        devices |= {p.help for p in cmd.params if p.name == "device"}
+    assert len(devices) == 1, devices  # one help text for --device
+    refused(cli("eval", "x", "--format", "jsonl"), "--format must be one of text, json")
 
 
 def test_installed_script_entry_is_the_light_module() -> None:
