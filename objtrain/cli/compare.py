@@ -49,7 +49,7 @@ def run(
     try:
         run_comparison(comparison, console=console)
     except Interrupted as exc:
-        console.print(f"[bold red]interrupted:[/] {escape(str(exc))}")
+        console.print(f"[bold red]{escape(str(exc))}[/]")  # the message starts with "interrupted"
         raise typer.Exit(130) from None
     write_report(comparison, make_console(highlight=False))
     console.print(f"report: {output / 'report.md'} (results.json and plots beside it)", markup=False)

@@ -151,8 +151,9 @@ def plan_comparison(
                 part["experiment"] = {k: v for k, v in part["experiment"].items() if k != "eval"}
         for key in ("experiment", "budget", "seeds", "data"):
             if saved.get(key) != now[key]:
+                what = "seeds differ from those" if key == "seeds" else f"{key} differs from the one"
                 raise UserError(
-                    f"--resume: the {key} differs from the one {report_dir} was started with; "
+                    f"--resume: the {what} {report_dir} was started with; "
                     "use the same settings, another -o, or --force to start over"
                 )
     return comparison

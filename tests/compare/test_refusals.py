@@ -150,3 +150,18 @@ def test_shipped_experiment_names_match_case_insensitively_with_a_suggestion(
         run_cli(monkeypatch, capsys, "compare", tmp_path / "mnie.yaml", "-o", out), "did you mean 'mine'?"
     )
     assert not out.exists()
+
+
+def test_an_interrupted_comparison_says_interrupted_once(
+    write_experiment, tmp_path, monkeypatch, capsys
+) -> None:
+    from objtrain.cli import compare as compare_cli
+    from objtrain.compare.runner import Interrupted
+
+    def stop(*args: object, **kwargs: object) -> None:
+        raise Interrupted("interrupted during 'clm' (checkpoint saved at step 2); continue with --resume")
+
+    monkeypatch.setattr(compare_cli, "run_comparison", stop)
+    code, _, err = run_cli(monkeypatch, capsys, "compare", write_experiment(), "-o", tmp_path / "r")
+    last = err.strip().splitlines()[-1]
+    assert code == 130 and last.startswith("interrupted during 'clm'") and last.count("interrupted") == 1, err
