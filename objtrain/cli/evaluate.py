@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from objtrain.cli.common import DEVICE_HELP, check_format, make_console
 from objtrain.evaluation.suite import METRICS, EvalOptions, evaluate
@@ -134,11 +135,13 @@ def _fmt(value: Any) -> str:
 
 def print_result(console: Console, result: dict[str, Any]) -> None:
     title = (
-        f"{escape(str(result['checkpoint']))}: {result['model_kind']}"
+        f"{result['checkpoint']}: {result['model_kind']}"
         + (f", {result['objective']}" if result.get("objective") else "")
         + (f", step {result['train_step']}" if result.get("train_step") is not None else "")
     )
-    table = Table(title=title, title_justify="left")
+    # A heading of its own: as a table title it would wrap to the narrow table's width, mid-phrase.
+    console.print(Text(title, style="table.title"), soft_wrap=True)
+    table = Table()
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_column("", justify="left")

@@ -222,3 +222,16 @@ def test_infill_kinds_take_what_help_and_errors_offer(cli, debug_checkpoint, cod
     _refused(cli(*args, "--infill-kinds", "lines"), "--infill-kinds must be line, span or both, got 'lines'")
     code, help_text, _ = cli("--help")
     assert code == 0 and "line, span or both" in " ".join(help_text.split())
+
+
+def test_the_table_heading_is_one_line() -> None:
+    from rich.console import Console
+
+    from objtrain.cli.evaluate import print_result
+
+    console = Console(record=True, width=80)
+    result = {"checkpoint": "runs/a[i]/checkpoints/step-00000929", "model_kind": "decoder"}
+    result.update({"objective": "mtp", "train_step": 929, "loss": 2.5, "bits_per_byte": 1.25, "seconds": 0.5})
+    print_result(console, result)
+    lines = console.export_text().splitlines()
+    assert lines[0] == "runs/a[i]/checkpoints/step-00000929: decoder, mtp, step 929", lines[:2]
