@@ -10,6 +10,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from objtrain.cli.common import DEVICE_HELP, make_console
 from objtrain.config import load_yaml, packaged_config, parse_overrides
 from objtrain.errors import UserError
 from objtrain.training import accounting
@@ -91,7 +92,7 @@ def run(
     dtype: str = typer.Option(
         None, "--dtype", help="auto | fp32 | bf16 | fp16 (auto: bf16 only where fast)."
     ),
-    device: str = typer.Option(None, "--device", help="auto | cpu | cuda | mps."),
+    device: str = typer.Option(None, "--device", help=DEVICE_HELP + " Default: auto."),
     compile_: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile each block."),
     save_every: int = typer.Option(None, "--save-every", help="Steps between checkpoints (0: at the end)."),
     keep: int = typer.Option(None, "--keep", help="Newest checkpoints kept."),
@@ -211,7 +212,7 @@ def _dry_run(console: Console, plan: Plan) -> None:
         ("budget", ", ".join(f"{k} {v}" for k, v in config_dict(cfg)["budget"].items() if v) or "default"),
     ]
     width = max(len(k) for k, _ in lines)
-    out = Console(highlight=False, soft_wrap=True)
+    out = make_console(highlight=False, soft_wrap=True)
     for key, value in lines:
         out.print(f"{key:<{width}}  {value}", markup=False)
 

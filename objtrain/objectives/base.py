@@ -70,7 +70,8 @@ class Objective:
         self.model_kind: ModelKind = model_kind or self.model_kinds[0]
         if self.model_kind not in self.model_kinds:
             raise UserError(
-                f"objective {self.name!r} cannot train a {self.model_kind} model "
+                f"objective {self.name!r} cannot train {'an' if self.model_kind[0] in 'aeiou' else 'a'} "
+                f"{self.model_kind} model "
                 f"(it trains: {', '.join(self.model_kinds)})"
             )
         self.setup()

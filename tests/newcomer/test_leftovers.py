@@ -105,15 +105,20 @@ def test_outputs_that_would_replace_the_cwd_or_inputs_are_refused(
     assert (small_store / "meta.json").is_file()
 
 
-def test_tokenize_over_a_file_with_force_leaves_nothing_else(
+def test_tokenize_with_force_replaces_a_store_not_a_file_and_leaves_nothing_else(
     cli: Callable[..., Result], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
     shutil.copy(STDLIB / "textwrap.py", "in.txt")
     Path("out").write_text("a file where the store goes")
     code, _, err = cli("tokenize", "in.txt", "-o", "out", "--force", *SMALL)
-    assert code == 0, err
-    assert sorted(os.listdir(".")) == ["in.txt", "out"] and Path("out/meta.json").is_file()
+    assert code == 2 and "is not an objtrain store" in err, err  # someone's file, not an earlier output
+    assert Path("out").read_text() == "a file where the store goes"
+    Path("out").unlink()
+    for _ in range(2):  # the second run replaces the first one's store
+        code, _, err = cli("tokenize", "in.txt", "-o", "out", "--force", *SMALL)
+        assert code == 0, err
+        assert sorted(os.listdir(".")) == ["in.txt", "out"] and Path("out/meta.json").is_file()
 
 
 @pytest.mark.slow
