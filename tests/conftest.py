@@ -5,7 +5,9 @@ The standard library is on every machine, so unit tests need nothing from outsid
 
 from __future__ import annotations
 
+import sys
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,3 +35,21 @@ def tokenizer(stdlib_texts: list[str], specials: Specials) -> Tokenizer:
     lines = [line for text in stdlib_texts for line in text.splitlines(keepends=True)]
     proto = train_sentencepiece(lines, vocab_size=1200, model_type="unigram", specials=specials)
     return Tokenizer(proto, specials)
+
+
+@pytest.fixture
+def objtrain_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple]:
+    """`objtrain ARGS` in-process through main(), the real entry point: (exit code, stdout, stderr)."""
+    from objtrain.cli import main
+
+    def run(*args: object) -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "argv", ["objtrain", *map(str, args)])
+        code = 0
+        try:
+            main()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    return run

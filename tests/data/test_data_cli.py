@@ -11,22 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from objtrain.cli import main
-
 Result = tuple[int, str, str]
 Cli = Callable[..., Result]
-
-
-def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: object) -> Result:
-    """Run the real entry point in-process: (exit code, stdout, stderr)."""
-    monkeypatch.setattr(sys, "argv", ["objtrain", *map(str, args)])
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def assert_refused(result: Result, fragment: str, *left_out: Path) -> None:
@@ -42,8 +28,8 @@ def assert_refused(result: Result, fragment: str, *left_out: Path) -> None:
 
 
 @pytest.fixture
-def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Cli:
-    return lambda *args: run_cli(monkeypatch, capsys, *args)
+def cli(objtrain_cli: Cli) -> Cli:
+    return objtrain_cli
 
 
 def test_tokenize_then_pack_prints_summaries(

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from objtrain.cli import main
 from objtrain.data.pack import PackConfig, pack_store
 from objtrain.data.tokenize import TokenizeConfig, tokenize_corpus
 
@@ -33,18 +31,8 @@ Result = tuple[int, str, str]
 
 
 @pytest.fixture
-def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
-    def run(*args: object) -> Result:
-        monkeypatch.setattr(sys, "argv", ["objtrain", "eval", *map(str, args)])
-        code = 0
-        try:
-            main()
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        out = capsys.readouterr()
-        return code, out.out, out.err
-
-    return run
+def cli(objtrain_cli: Callable[..., Result]) -> Callable[..., Result]:
+    return lambda *args: objtrain_cli("eval", *args)
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -265,22 +265,6 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory, tokenizer: Tokenizer) 
     return out
 
 
-def generate_cli(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: object
-) -> Result:
-    """`objtrain generate ARGS` through main(): (exit code, stdout, stderr)."""
-    from objtrain.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["objtrain", "generate", *map(str, args)])
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 MODES = [
     ("decoder", ("--prompt", "def "), "continue"),
     ("decoder", ("--prefix", "def f(", "--suffix", "):"), "fim-psm"),
@@ -293,20 +277,17 @@ MODES = [
 @pytest.mark.parametrize(("kind", "args", "mode"), MODES, ids=[m[2] for m in MODES])
 def test_stdout_holds_only_the_result(
     checkpoints: dict[str, Path],
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    objtrain_cli: Callable[..., tuple],
     kind: str,
     args: tuple[str, ...],
     mode: str,
 ) -> None:
-    code, out, err = generate_cli(capsys, monkeypatch, checkpoints[kind], *args, "-n", "3")
+    code, out, err = objtrain_cli("generate", checkpoints[kind], *args, "-n", "3")
     assert code == 0, err
     assert "tokens in" not in out and out.strip(), out  # `> out.txt` gets the text alone
     if mode != "fill-mask":
         assert "tokens in" in err, err
-    code, out, err = generate_cli(
-        capsys, monkeypatch, checkpoints[kind], *args, "-n", "3", "--format", "json"
-    )
+    code, out, err = objtrain_cli("generate", checkpoints[kind], *args, "-n", "3", "--format", "json")
     assert code == 0, err
     assert json.loads(out)["mode"] == mode and "tokens in" not in err
 
@@ -344,10 +325,9 @@ def test_fill_mask_offers_text_tokens_only(tokenizer: Tokenizer) -> None:
 )
 def test_conflicting_inputs_are_refused(
     checkpoints: dict[str, Path],
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    objtrain_cli: Callable[..., tuple],
     args: tuple[str, ...],
 ) -> None:
-    code, out, err = generate_cli(capsys, monkeypatch, checkpoints["decoder"], *args, "-n", "2")
+    code, out, err = objtrain_cli("generate", checkpoints["decoder"], *args, "-n", "2")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (out, err)
     assert "do not go together" in err and "Traceback" not in err

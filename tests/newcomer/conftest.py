@@ -12,25 +12,13 @@ sys.path.insert(0, str(Path(__file__).parent))  # newcomer_helpers
 
 from newcomer_helpers import Result
 
-from objtrain.cli import main
 from objtrain.data.tokenize import TokenizeConfig, tokenize_corpus
 
 
 @pytest.fixture
-def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
+def cli(objtrain_cli: Callable[..., Result]) -> Callable[..., Result]:
     """Run `objtrain ARGS` in-process through main(): (exit code, stdout, stderr)."""
-
-    def run(*args: object) -> Result:
-        monkeypatch.setattr(sys, "argv", ["objtrain", *map(str, args)])
-        code = 0
-        try:
-            main()
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        out = capsys.readouterr()
-        return code, out.out, out.err
-
-    return run
+    return objtrain_cli
 
 
 @pytest.fixture(scope="session")
