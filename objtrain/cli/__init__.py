@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     only ever ends by SystemExit.
     """
     err = common.make_console(stderr=True)
+    common.interrupt_note(common.NOTHING_WRITTEN)  # each run starts from the default (tests call main twice)
     try:
         try:
             command()(args=argv, prog_name="objtrain")

@@ -25,7 +25,8 @@ DEVICE_HELP = "auto | cpu | cuda | cuda:N | mps (auto: cuda, then mps, then cpu)
 # Piped output is not wrapped: rich lays it out for a console this wide, and tables take what they need.
 UNWRAPPED_WIDTH = 1_000_000
 
-_note = {"interrupt": "interrupted; nothing was written"}
+NOTHING_WRITTEN = "interrupted; nothing was written"
+_note = {"interrupt": NOTHING_WRITTEN}
 
 
 def interrupt_note(message: str) -> None:

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from objtrain.cli.common import DEVICE_HELP, check_format, make_console
+from objtrain.cli.common import DEVICE_HELP, check_format, interrupt_note, make_console
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.devices import resolve_device
 from objtrain.errors import UserError
@@ -69,6 +69,7 @@ def run(
         raise UserError(f"{ckpt.path} has no tokenizer.model: it cannot encode a prompt")
     sampling = gen.Sampling(temperature, top_k if ckpt.config.kind != "encoder" else 0, top_p, seed)
     console = make_console()
+    interrupt_note("interrupted")  # generate writes no files; what it printed before Ctrl-C stays printed
     kind = ckpt.config.kind
     if kind == "encoder":
         if text is None:

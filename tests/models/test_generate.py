@@ -331,3 +331,17 @@ def test_conflicting_inputs_are_refused(
     code, out, err = objtrain_cli("generate", checkpoints["decoder"], *args, "-n", "2")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (out, err)
     assert "do not go together" in err and "Traceback" not in err
+
+
+def test_ctrl_c_while_generating_says_interrupted_only(
+    checkpoints: dict[str, Path], objtrain_cli: Callable[..., tuple], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def two_tokens_then_ctrl_c(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        yield 300
+        yield 301
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gen, "generate_decoder", two_tokens_then_ctrl_c)
+    code, out, err = objtrain_cli("generate", checkpoints["decoder"], "--prompt", "def ", "-n", "50")
+    assert code == 130 and out.startswith("def ") and len(out) > len("def "), (out, err)
+    assert err.strip().splitlines() == ["interrupted"], err  # not "nothing was written" after text
