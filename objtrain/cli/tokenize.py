@@ -13,6 +13,7 @@ from rich.table import Table
 
 from objtrain.cli.common import make_console
 from objtrain.data.tokenize import Progress, TokenizeConfig, TokenizeSummary, tokenize_corpus
+from objtrain.errors import UserError
 
 HELP = """Tokenize a corpus into a token store (train and valid splits, memory-mapped).
 
@@ -97,7 +98,21 @@ def print_summary(console: Console, summary: TokenizeSummary, doc_split: str = "
         console.print(f"[yellow]the valid split is empty[/]: {hint}")
 
 
+def _refuse_training_options(ctx: typer.Context) -> None:
+    """Options that shape a new tokenizer mean nothing when --tokenizer reuses one: say so rather than
+    silently ignore them (a user asking for --vocab-size 1000 would get the reused tokenizer's size)."""
+    shaping = ("model_type", "vocab_size", "sentinels", "train_bytes")
+    # by name: typer carries its own copy of click, whose ParameterSource is not click's
+    given = [n for n in shaping if getattr(ctx.get_parameter_source(n), "name", "") == "COMMANDLINE"]
+    if given:
+        flags = ", ".join("--" + n.replace("_", "-") for n in given)
+        raise UserError(
+            f"{flags} shape a new tokenizer; --tokenizer reuses one as it is: drop one or the other"
+        )
+
+
 def run(
+    ctx: typer.Context,
     inputs: Annotated[
         list[Path] | None, typer.Argument(help="Files and directories to read.", show_default=False)
     ] = None,
@@ -134,6 +149,8 @@ def run(
     threads: Annotated[int, typer.Option(help="Encoding threads; 0 = every core.")] = 0,
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
 ) -> None:
+    if tokenizer is not None:
+        _refuse_training_options(ctx)
     config = TokenizeConfig(
         corpus=corpus,
         include=tuple(include or ()),

@@ -137,3 +137,14 @@ def test_installed_command_exits_2_without_traceback(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [f"error: input not found: {tmp_path / 'nope'}"]
     assert not (tmp_path / "s").exists()
+
+
+def test_tokenizer_options_do_not_go_with_a_reused_tokenizer(
+    cli: Cli, tmp_path: Path, corpus_dir: Path, model_file: Path
+) -> None:
+    out = tmp_path / "s"
+    for flag, value in (("--vocab-size", "1000"), ("--model-type", "bpe"), ("--train-bytes", "1000")):
+        args = ("tokenize", corpus_dir, "--tokenizer", model_file, flag, value, "-o", out)
+        assert_refused(cli(*args), f"{flag} shape a new tokenizer", out)
+    code, _, err = cli("tokenize", corpus_dir, "--tokenizer", model_file, "-o", out)  # defaults: fine
+    assert code == 0, err
