@@ -100,6 +100,8 @@ def run_loop(cfg: Any, run_dir: Path, hook: Callable[[dict[str, Any]], None] | N
 
 def shakespeare_store(work: Path) -> tuple[Path, dict[str, Any]]:
     """A char token store of tiny shakespeare with nanoGPT's split: the first 90% train, the last 10% valid.
+    Its vocabulary is nanoGPT's, the corpus's characters, plus objtrain's 14 fixed specials: no sentinels
+    and no byte pieces (`--no-byte-fallback`; with them the table and the softmax were 329 wide, not 79).
 
     `objtrain tokenize` puts a document in the valid split when a keyed hash of its bytes falls under
     --valid-fraction; with the two halves as two documents, a seed where the valid half hashes lower and a
@@ -120,7 +122,8 @@ def shakespeare_store(work: Path) -> tuple[Path, dict[str, Any]]:
     fraction = (k_train + k_valid) / 2
     store = work / "shakespeare-char"
     cmd = [sys.executable, "-m", "objtrain", "tokenize", str(train_txt), str(valid_txt)]
-    cmd += ["--model-type", "char", "--sentinels", "0", "--valid-fraction", f"{fraction:.6f}"]
+    cmd += ["--model-type", "char", "--sentinels", "0", "--no-byte-fallback"]
+    cmd += ["--valid-fraction", f"{fraction:.6f}"]
     cmd += ["--seed", str(seed), "-o", str(store), "--force"]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     meta = json.loads((store / "meta.json").read_text())
@@ -275,7 +278,8 @@ def bench_nanogpt(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     print(
         f"nanogpt: tiny shakespeare, {info['train_tokens']:,} train / {info['valid_tokens']:,} valid "
         f"characters (nanoGPT's 90/10 split); objtrain's char vocabulary holds {info['vocab_size']} tokens "
-        f"(nanoGPT's: the {info['characters']} characters; one token per character either way, so the loss "
+        f"({info['vocab_size'] - info['characters']} specials and the characters; nanoGPT's: the "
+        f"{info['characters']} characters; one token per character either way, so the loss "
         f"is per-character CE); validation on all {n_val_rows} windows of {a.block} of the valid split; "
         f"the peer runs in {where_peer}",
         flush=True,

@@ -101,11 +101,13 @@ def print_summary(console: Console, summary: TokenizeSummary, doc_split: str = "
 def _refuse_training_options(ctx: typer.Context) -> None:
     """Options that shape a new tokenizer mean nothing when --tokenizer reuses one: say so rather than
     silently ignore them (a user asking for --vocab-size 1000 would get the reused tokenizer's size)."""
-    shaping = ("model_type", "vocab_size", "sentinels", "train_bytes")
+    shaping = ("model_type", "vocab_size", "sentinels", "byte_fallback", "train_bytes")
     # by name: typer carries its own copy of click, whose ParameterSource is not click's
     given = [n for n in shaping if getattr(ctx.get_parameter_source(n), "name", "") == "COMMANDLINE"]
     if given:
-        flags = ", ".join("--" + n.replace("_", "-") for n in given)
+        flags = ", ".join(
+            ("--" if ctx.params.get(n) is not False else "--no-") + n.replace("_", "-") for n in given
+        )
         raise UserError(
             f"{flags} shape a new tokenizer; --tokenizer reuses one as it is: drop one or the other"
         )
@@ -140,6 +142,14 @@ def run(
         Path | None, typer.Option(help="Reuse a tokenizer: a token store directory or a .model file.")
     ] = None,
     sentinels: Annotated[int, typer.Option(help="Sentinel tokens <extra_id_k> to reserve.")] = 256,
+    byte_fallback: Annotated[
+        bool,
+        typer.Option(
+            help="Spell characters outside the vocabulary as UTF-8 byte pieces (256 ids). Without it, "
+            "every character of the training sample gets a piece and unseen ones become <unk>: for a "
+            "closed alphabet, e.g. a --model-type char vocabulary of just the corpus's characters."
+        ),
+    ] = True,
     train_bytes: Annotated[
         int,
         typer.Option(help="Cap on the tokenizer's training sample, in bytes (a fixed hash-chosen sample)."),
@@ -161,6 +171,7 @@ def run(
         vocab_size=vocab_size,
         tokenizer=tokenizer,
         n_sentinels=sentinels,
+        byte_fallback=byte_fallback,
         train_bytes=train_bytes,
         valid_fraction=valid_fraction,
         seed=seed,

@@ -60,6 +60,7 @@ class TokenizeConfig:
     vocab_size: int = 8192
     tokenizer: Path | None = None  # reuse: a token store directory or a .model file
     n_sentinels: int = 256
+    byte_fallback: bool = True  # False: characters outside the vocabulary become <unk>
     train_bytes: int = 3_000_000  # cap on the tokenizer's training sample (2 MB train ~12 s, 4 MB ~30 s)
     valid_fraction: float = 0.05
     seed: int = 0
@@ -382,6 +383,7 @@ def tokenize_corpus(
             config.model_type,
             specials,
             num_threads=config.num_threads or default_threads(),
+            byte_fallback=config.byte_fallback,
         )
         train_seconds = time.perf_counter() - t0
         tokenizer, model_type = Tokenizer(model, specials), config.model_type
@@ -438,6 +440,7 @@ def _meta(
             "hash": tokenizer.hash,
             "model_type": model_type,
             "vocab_size": tokenizer.vocab_size,
+            "byte_fallback": tokenizer.byte_fallback,
             "trained_here": config.tokenizer is None,
         },
         "specials": tokenizer.specials.to_dict(),

@@ -3,7 +3,10 @@
 Training settings and why:
 - identity normalisation, no dummy prefix, no whitespace folding: indentation, tabs, repeated spaces and
   newlines survive, so decode(encode(text)) == text byte for byte;
-- byte fallback: any character outside the vocabulary becomes its UTF-8 bytes, never `<unk>`;
+- byte fallback: any character outside the vocabulary becomes its UTF-8 bytes, never `<unk>`. It can be
+  turned off for a closed alphabet (a character model of Shakespeare, DNA, chess moves): then every
+  character of the training sample gets a piece, the 256 byte pieces are not reserved, and a character
+  never seen in training becomes `<unk>`;
 - every reserved token is a *control* symbol (see `objtrain.specials`): insertable by id only.
 """
 
@@ -12,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import io
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
@@ -33,16 +36,42 @@ def train_sentencepiece(
     model_type: ModelType = "unigram",
     specials: Specials | None = None,
     num_threads: int = 1,
+    byte_fallback: bool = True,
 ) -> bytes:
     """Train a model on `lines` (each ideally one line of text) and return its serialised proto."""
     specials = specials or Specials()
-    reserved = specials.reserved_pieces()
-    control = reserved[4:]  # pad, unk, bos, eos have their own sentencepiece ids 0..3
-    if vocab_size <= specials.first_ordinary + 256:
+    n_bytes = 256 if byte_fallback else 0
+    if vocab_size <= specials.first_ordinary + n_bytes:
+        for_bytes = " and 256 for byte fallback" if byte_fallback else ""
         raise UserError(
             f"--vocab-size {vocab_size} is too small: {specials.first_ordinary} ids are reserved for "
-            f"special tokens and 256 for byte fallback; use at least {specials.first_ordinary + 257}"
+            f"special tokens{for_bytes}; use at least {specials.first_ordinary + n_bytes + 1}"
         )
+    if byte_fallback:
+        return _train(lines, vocab_size, model_type, specials, num_threads, True, ())
+    # sentencepiece learns from lines and never sees their line breaks: with no byte pieces to fall back
+    # on, each character of the sample it left out becomes a piece of its own (but NUL, which it cannot
+    # hold as a piece and which stays <unk>)
+    lines = list(lines)
+    characters = set().union(*map(set, lines))
+    extra = sorted(characters & {"\n", "\r"})
+    model = _train(lines, vocab_size, model_type, specials, num_threads, False, extra)
+    known = spm.SentencePieceProcessor(model_proto=model)
+    missing = sorted(c for c in characters - {"\x00"} if specials.unk in known.encode(c))
+    if missing:
+        model = _train(lines, vocab_size, model_type, specials, num_threads, False, [*extra, *missing])
+    return model
+
+
+def _train(
+    lines: Iterable[str],
+    vocab_size: int,
+    model_type: ModelType,
+    specials: Specials,
+    num_threads: int,
+    byte_fallback: bool,
+    extra_pieces: Sequence[str],
+) -> bytes:
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
@@ -54,15 +83,18 @@ def train_sentencepiece(
             unk_id=specials.unk,
             bos_id=specials.bos,
             eos_id=specials.eos,
-            control_symbols=control,
-            byte_fallback=True,
+            control_symbols=specials.reserved_pieces()[4:],  # pad, unk, bos, eos have ids 0..3 already
+            user_defined_symbols=list(extra_pieces),
+            byte_fallback=byte_fallback,
             normalization_rule_name="identity",
             remove_extra_whitespaces=False,
             add_dummy_prefix=False,
             allow_whitespace_only_pieces=True,
             split_digits=True,
             max_sentence_length=1 << 16,
-            character_coverage=0.9995,
+            # without byte fallback, a character left out of the vocabulary would become <unk> even in
+            # the training text: cover them all
+            character_coverage=0.9995 if byte_fallback else 1.0,
             hard_vocab_limit=model_type != "char",
             num_threads=num_threads,
             minloglevel=2,
@@ -145,12 +177,19 @@ class Tokenizer:
         return ids
 
     @cached_property
+    def byte_fallback(self) -> bool:
+        """Whether characters outside the vocabulary become byte pieces (else `<unk>`)."""
+        return self.sp.piece_to_id("<0x00>") != self.specials.unk
+
+    @cached_property
     def _marker_bytes(self) -> list[int]:
+        if not self.byte_fallback:
+            return [self.specials.unk]
         return [self.sp.piece_to_id(f"<0x{b:02X}>") for b in WORD_START.encode("utf-8")]
 
     def _encode_with_markers(self, text: str) -> list[int]:
         """Text that itself holds ▁: sentencepiece would decode it as a space, so spell each one as its
-        three UTF-8 byte-fallback tokens, which decode back to ▁."""
+        three UTF-8 byte-fallback tokens, which decode back to ▁ (`<unk>` without byte fallback)."""
         parts = self.sp.encode(text.split(WORD_START))
         ids = list(parts[0])
         for part in parts[1:]:

@@ -146,5 +146,7 @@ def test_tokenizer_options_do_not_go_with_a_reused_tokenizer(
     for flag, value in (("--vocab-size", "1000"), ("--model-type", "bpe"), ("--train-bytes", "1000")):
         args = ("tokenize", corpus_dir, "--tokenizer", model_file, flag, value, "-o", out)
         assert_refused(cli(*args), f"{flag} shape a new tokenizer", out)
+    args = ("tokenize", corpus_dir, "--tokenizer", model_file, "--no-byte-fallback", "-o", out)
+    assert_refused(cli(*args), "--no-byte-fallback shape a new tokenizer", out)
     code, _, err = cli("tokenize", corpus_dir, "--tokenizer", model_file, "-o", out)  # defaults: fine
     assert code == 0, err

@@ -186,6 +186,33 @@ def test_trained_tokenizer_reserves_fixed_special_ids(tmp_path: Path, corpus_dir
     assert TokenStore.open(tmp_path / "c").specials.n_sentinels == 8
 
 
+def test_closed_alphabet_character_vocabulary(tmp_path: Path) -> None:
+    """Without byte fallback a character model holds the specials and the corpus's characters only (as
+    nanoGPT's character vocabulary), every training character round-trips, and an unseen one is <unk>."""
+    text = "To be, or not to be: that is the question.\nWhether 'tis nobler in the mind to suffer\n" * 20
+    (tmp_path / "play.txt").write_text(text, encoding="utf-8")
+    base = dict(model_type="char", vocab_size=1000, n_sentinels=0, valid_fraction=0.0)
+    closed = tokenize_corpus(
+        [tmp_path / "play.txt"], tmp_path / "closed", TokenizeConfig(**base, byte_fallback=False)
+    )  # type: ignore[arg-type]
+    bytes_ = tokenize_corpus([tmp_path / "play.txt"], tmp_path / "bytes", TokenizeConfig(**base))  # type: ignore[arg-type]
+    characters = len(set(text))
+    assert closed.vocab_size == Specials(n_sentinels=0).first_ordinary + characters
+    assert bytes_.vocab_size == closed.vocab_size - 1 + 256  # there the line break is byte piece <0x0A>
+    tok = TokenStore.open(tmp_path / "closed").tokenizer
+    assert not tok.byte_fallback and TokenStore.open(tmp_path / "bytes").tokenizer.byte_fallback
+    assert json.loads((tmp_path / "closed" / "meta.json").read_text())["tokenizer"]["byte_fallback"] is False
+    assert all_docs(TokenStore.open(tmp_path / "closed")) == [text]
+    assert tok.decode(tok.encode(text)) == text and Specials(n_sentinels=0).unk not in tok.encode(text)
+    assert tok.encode("bé\u2581") == [tok.encode("b")[0], tok.specials.unk, tok.specials.unk]
+    with pytest.raises(UserError, match="use at least 15"):
+        tokenize_corpus(
+            [tmp_path / "play.txt"],
+            tmp_path / "x",
+            TokenizeConfig(**{**base, "vocab_size": 14}, byte_fallback=False),
+        )  # type: ignore[arg-type]
+
+
 def test_token_dtype_widens_for_big_vocabularies() -> None:
     assert token_dtype(65536) == np.uint16 and token_dtype(65537) == np.uint32
 
