@@ -14,8 +14,9 @@ Labelled files (`read_labelled`):
 - TSV with a header naming a `label` column (GLUE style); without a header, the CoLA layout
   `source<TAB>label<TAB>mark<TAB>sentence`, or two columns of which one is a label;
 - `LABEL<space>text` per line (SST-2 and TREC as distributed).
-Text that is not UTF-8 is decoded with replacement characters and counted (TREC's train file has one
-stray byte); a file without a label column is one clear error line.
+A few lines that are not UTF-8 are decoded with replacement characters and counted (TREC's train file has
+one stray byte); a file with a NUL byte or with mostly non-UTF-8 lines is refused as not UTF-8 text, and
+so are a directory, an empty file and a file without a label column, each with one clear error line.
 
 The default probe needs no files: functions from a few standard-library packages, labelled by package.
 """
@@ -58,9 +59,12 @@ def _is_label(value: str) -> bool:
 def read_labelled(path: Path) -> Labelled:
     """Texts and labels from a JSONL, TSV or `LABEL text` file (see the module docstring)."""
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"probe file {path} is a directory, not a file")
     if not path.is_file():
         raise UserError(f"probe file not found: {path}")
-    raw_lines = path.read_bytes().splitlines()
+    data = path.read_bytes()
+    raw_lines = data.splitlines()
     lines: list[str] = []
     replaced = 0
     for raw in raw_lines:
@@ -69,16 +73,42 @@ def read_labelled(path: Path) -> Labelled:
         except UnicodeDecodeError:
             lines.append(raw.decode("utf-8", errors="replace"))
             replaced += 1
+    bad = _first_bad_byte(data)
+    # Text has no NUL bytes (UTF-16 and binary files do); a stray byte is tolerated, mostly bad lines not.
+    if bad and (b"\x00" in data or 2 * replaced > sum(1 for raw in raw_lines if raw.strip())):
+        raise UserError(f"probe file {path} is not UTF-8 text ({bad})")
     lines = [line.rstrip("\r") for line in lines if line.strip()]
     if not lines:
         raise UserError(f"probe file {path} is empty")
-    if path.suffix in (".jsonl", ".json") or lines[0].lstrip().startswith("{"):
-        texts, labels = _read_jsonl(path, lines)
-    elif "\t" in lines[0]:
-        texts, labels = _read_tsv(path, lines)
-    else:
-        texts, labels = _read_spaced(path, lines)
+    try:
+        if path.suffix in (".jsonl", ".json") or lines[0].lstrip().startswith("{"):
+            texts, labels = _read_jsonl(path, lines)
+        elif "\t" in lines[0]:
+            texts, labels = _read_tsv(path, lines)
+        else:
+            texts, labels = _read_spaced(path, lines)
+    except UserError as exc:
+        if not bad:
+            raise
+        # The bad bytes may be why the format was not recognised: name them next to the reader's complaint.
+        count = f"{replaced} line is" if replaced == 1 else f"{replaced} lines are"
+        raise UserError(f"{exc}; {count} not UTF-8 (first {bad})") from None
     return Labelled(texts, labels, replaced)
+
+
+def _first_bad_byte(data: bytes) -> str:
+    """Where the first byte that cannot be in UTF-8 text is ("invalid byte at offset 17, line 2"), or ""."""
+    nul = data.find(b"\x00")
+    try:
+        data.decode("utf-8")
+        invalid = -1
+    except UnicodeDecodeError as exc:
+        invalid = exc.start
+    if invalid < 0 and nul < 0:
+        return ""
+    kind, offset = ("invalid", invalid) if invalid >= 0 and (nul < 0 or invalid < nul) else ("NUL", nul)
+    line = data.count(b"\n", 0, offset) + 1
+    return f"{kind} byte at offset {offset}, line {line}"
 
 
 def _read_jsonl(path: Path, lines: list[str]) -> tuple[list[str], list[str]]:

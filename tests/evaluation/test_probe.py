@@ -82,3 +82,38 @@ def test_a_file_without_labels_is_one_clear_error(
     (tmp_path / name).write_text(content, encoding="utf-8")
     with pytest.raises(UserError, match=fragment):
         read_labelled(tmp_path / name)
+
+
+def test_a_directory_or_an_empty_file_says_so(tmp_path: Path) -> None:
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(UserError, match=r"is a directory, not a file"):
+        read_labelled(tmp_path / "dir")
+    (tmp_path / "none.tsv").write_bytes(b"")
+    with pytest.raises(UserError, match=r"none\.tsv is empty"):
+        read_labelled(tmp_path / "none.tsv")
+    with pytest.raises(UserError, match=r"not found"):
+        read_labelled(tmp_path / "missing.tsv")
+
+
+@pytest.mark.parametrize(
+    ("content", "where"),
+    [
+        ("1 a fine film .\n0 a dull one .\n".encode("utf-16"), "offset 0, line 1"),  # BOM, then NULs
+        (b"1 a fine film .\n\x1f\x8b\x08\x00\xffgz\n\xfe\xfe\n", "offset 17, line 2"),  # mostly binary
+        ("sentence\tlabel\ncafé\t1\nnaïve\t0\n".encode("latin-1"), "offset 18, line 2"),  # most lines
+    ],
+    ids=["utf-16", "binary", "latin-1"],
+)
+def test_a_file_that_is_not_utf8_says_so(tmp_path: Path, content: bytes, where: str) -> None:
+    (tmp_path / "p.txt").write_bytes(content)
+    with pytest.raises(UserError, match=rf"p\.txt is not UTF-8 text \((invalid|NUL) byte at {where}\)"):
+        read_labelled(tmp_path / "p.txt")
+
+
+def test_a_stray_byte_is_named_when_the_labels_are_also_missing(tmp_path: Path) -> None:
+    # A stray byte alone is tolerated (see the readers test); when the file fails anyway, both show.
+    (tmp_path / "q.txt").write_bytes(b"just a sentence without a label\nand another \xff one\nand a third\n")
+    with pytest.raises(
+        UserError, match=r"no label column.*; 1 line is not UTF-8 \(first invalid byte at offset 44, line 2\)"
+    ):
+        read_labelled(tmp_path / "q.txt")
