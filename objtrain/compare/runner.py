@@ -7,8 +7,8 @@
 
 Resume: a run with a results file is done; a run whose newest checkpoint is at its last step is trained
 (only evaluated again); any other run continues from its newest checkpoint through the training loop's
-own exact resume. Refusals (bad experiment, arms that disagree on data or tokenizer, an existing report)
-happen before the first file is written.
+own exact resume. Refusals (bad experiment, arms that disagree on data or tokenizer, an existing report,
+--resume with --force) happen before the first file is written.
 """
 
 from __future__ import annotations
@@ -101,6 +101,8 @@ def plan_comparison(
 ) -> Comparison:
     """Every check, nothing written (the embedded store may be built once into the user's cache)."""
     report_dir = Path(report_dir)
+    if resume and force:  # which one was meant is a guess either way: an arm's training or its deletion
+        raise UserError("--resume continues REPORT and --force replaces it: give one of them")
     if seeds < 1:
         raise UserError(f"--seeds must be at least 1, got {seeds}")
     if report_dir.exists():

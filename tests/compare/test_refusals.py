@@ -116,6 +116,14 @@ def test_an_existing_report_is_refused_unless_resume_or_force(
     assert (out / "notes.txt").read_text() == "mine"
 
 
+def test_resume_and_force_together_are_refused(write_experiment, tmp_path, monkeypatch, capsys) -> None:
+    out = tmp_path / "report"
+    path = write_experiment()
+    both = ("--budget", "tiny", "--resume", "--force")
+    refused(run_cli(monkeypatch, capsys, "compare", path, "-o", out, *both), "--resume continues REPORT")
+    assert not out.exists()
+
+
 def test_bad_budget_and_seeds_are_refused(write_experiment, tmp_path, monkeypatch, capsys) -> None:
     out = tmp_path / "report"
     path = write_experiment()

@@ -47,6 +47,7 @@ def run_main(
         (["--objective", "clm", "--lr", "-1"], "lr must be a finite number >= 0"),
         (["--objective", "clm", "--keep", "0"], "checkpoint.keep (--keep) >= 1"),
         (["--objective", "clm", "workers=-1"], "workers must be >= 0"),
+        (["--objective", "clm", "--steps", "1", "--resume", "--force"], "--resume continues RUN and --force"),
     ],
 )
 def test_refusals_are_one_line_and_leave_nothing(
