@@ -98,6 +98,8 @@ def run(
     if seq_len < 1:
         raise UserError(f"--seq-len must be positive, got {seq_len}")
     raw = shown.read_rows(source, obj, seq_len, n_rows, seed, tokenizer_store=tokenizer, text=text)
+    if raw.source == "packed" and source is not None:  # after every check, so a refusal stays one line
+        packed_note(source)
 
     aggregate = shown.Aggregate()
     records: list[dict[str, Any]] = []  # --format json: one document at the end
@@ -155,6 +157,19 @@ def split_args(args: list[str]) -> tuple[Path | None, list[str]]:
         else:
             raise UserError(f"more than one SOURCE given ({source} and {arg}); overrides look like key=value")
     return source, overrides
+
+
+def packed_note(source: Path) -> None:
+    """One line on stderr: the rows shown are the packed rows, not the rows training cuts from them."""
+    from objtrain.data.store import PackedStore
+
+    origin = PackedStore.open(source).meta.get("token_store", {}).get("path")
+    store = "the token store it was packed from" + (f" ({origin})" if origin else "")
+    make_console(stderr=True, highlight=False).print(
+        f"note: a packed store's rows are shown as packed; training streams its documents so rows fill "
+        f"--seq-len: give {store} to see rows cut that way",
+        markup=False,
+    )
 
 
 def _tokenizer_for(source: Path | None, tokenizer: Path | None, text: str | None) -> tuple[Any, Any]:

@@ -42,16 +42,18 @@ def corpus(tmp_path_factory: pytest.TempPathFactory, tokenizer: Tokenizer, stdli
     return {"root": root, "model": model, "store": store, "files": files}
 
 
-def invoke(*args: str) -> str:
+def invoke(*args: str, stdout_only: bool = False) -> str:
     result = runner.invoke(app, ["corrupt", *args], catch_exceptions=True)
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     assert result.exit_code == 0, result.output
-    return result.output
+    return result.stdout if stdout_only else result.output
 
 
 def jsonl(*args: str) -> list[dict]:
-    return [json.loads(line) for line in invoke(*args, "--format", "jsonl").splitlines() if line.strip()]
+    # stdout only: a packed store adds a note on stderr, which the runner's output interleaves
+    out = invoke(*args, "--format", "jsonl", stdout_only=True)
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -332,3 +334,24 @@ def test_packed_store_rows_are_read_as_packed(corpus: dict, tmp_path: Path) -> N
     assert len(rows[0]["input"]) == 64  # the first best-fit row is full
     with pytest.raises(UserError, match="re-pack"):
         invoke(str(packed), "--objective", "clm", "--seq-len", "100")
+
+
+def test_a_packed_store_notes_on_stderr_that_training_streams_its_documents(
+    corpus: dict, tmp_path: Path, objtrain_cli
+) -> None:
+    pack = pytest.importorskip("objtrain.data.pack", reason="objtrain.data.pack is not available")
+    packed = tmp_path / "packed"
+    pack.pack_store(corpus["store"], packed, pack.PackConfig(seq_len=65))
+    for fmt in ("text", "jsonl"):
+        code, out, err = objtrain_cli("corrupt", packed, "--objective", "clm", "--n", "2", "--format", fmt)
+        assert code == 0, err
+        (note,) = err.strip().splitlines()
+        assert note.startswith("note: ") and "shown as packed" in note and "fill --seq-len" in note
+        assert str(corpus["store"]) in note  # the token store it was packed from, to see training's rows
+        assert "note" not in out
+    rows = [json.loads(line) for line in out.splitlines()]  # stdout stays pure JSON lines
+    assert len(rows) == 2
+    code, out, err = objtrain_cli(
+        "corrupt", corpus["store"], "--objective", "clm", "--n", "2", "--seq-len", "64"
+    )
+    assert code == 0 and err == ""
