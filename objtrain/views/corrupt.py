@@ -1,7 +1,8 @@
 """Looking at what an objective does to real rows: the library behind `objtrain corrupt`.
 
 - `read_rows`: a token store, a packed store, a text file or a string -> raw rows (B, L) with document ids
-  and global row indices, exactly as training would hand them to an objective;
+  and global row indices: a token store's and a text's rows as long as training cuts them for the
+  objective, a packed store's rows as they were packed (training streams its documents instead);
 - `attention_mask`: the (B, T, T) pattern a model builds from a `Batch` (the rules of `objtrain.batch`);
 - `align_row`: original, model input and target of one row, aligned column by column and classified
   (kept / masked / replaced / deleted / inserted / sentinel / special) for display;
