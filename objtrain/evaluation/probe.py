@@ -77,16 +77,19 @@ def read_labelled(path: Path) -> Labelled:
     # Text has no NUL bytes (UTF-16 and binary files do); a stray byte is tolerated, mostly bad lines not.
     if bad and (b"\x00" in data or 2 * replaced > sum(1 for raw in raw_lines if raw.strip())):
         raise UserError(f"probe file {path} is not UTF-8 text ({bad})")
-    lines = [line.rstrip("\r") for line in lines if line.strip()]
+    # blank lines are skipped; each kept line keeps its number in the file for error messages
+    numbered = [(n, line.rstrip("\r")) for n, line in enumerate(lines, 1) if line.strip()]
+    lines = [line for _, line in numbered]
+    numbers = [n for n, _ in numbered]
     if not lines:
         raise UserError(f"probe file {path} is empty")
     try:
         if path.suffix in (".jsonl", ".json") or lines[0].lstrip().startswith("{"):
-            texts, labels = _read_jsonl(path, lines)
+            texts, labels = _read_jsonl(path, lines, numbers)
         elif "\t" in lines[0]:
-            texts, labels = _read_tsv(path, lines)
+            texts, labels = _read_tsv(path, lines, numbers)
         else:
-            texts, labels = _read_spaced(path, lines)
+            texts, labels = _read_spaced(path, lines, numbers)
     except UserError as exc:
         if not bad:
             raise
@@ -111,9 +114,9 @@ def _first_bad_byte(data: bytes) -> str:
     return f"{kind} byte at offset {offset}, line {line}"
 
 
-def _read_jsonl(path: Path, lines: list[str]) -> tuple[list[str], list[str]]:
+def _read_jsonl(path: Path, lines: list[str], numbers: list[int]) -> tuple[list[str], list[str]]:
     texts, labels = [], []
-    for number, line in enumerate(lines, 1):
+    for number, line in zip(numbers, lines, strict=True):
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
@@ -128,7 +131,7 @@ def _read_jsonl(path: Path, lines: list[str]) -> tuple[list[str], list[str]]:
     return texts, labels
 
 
-def _read_tsv(path: Path, lines: list[str]) -> tuple[list[str], list[str]]:
+def _read_tsv(path: Path, lines: list[str], numbers: list[int]) -> tuple[list[str], list[str]]:
     header = [h.strip().lower() for h in lines[0].split("\t")]
     rows = [line.split("\t") for line in lines]
     if "label" in header:  # GLUE style: named columns
@@ -136,7 +139,7 @@ def _read_tsv(path: Path, lines: list[str]) -> tuple[list[str], list[str]]:
         ti = next((header.index(f) for f in TEXT_FIELDS if f in header), None)
         if ti is None:
             raise UserError(f"{path}: the header has no text column (one of {', '.join(TEXT_FIELDS)})")
-        body = rows[1:]
+        body, numbers = rows[1:], numbers[1:]
     elif any(f in header for f in TEXT_FIELDS):
         raise UserError(f"{path}: the header has no 'label' column: a probe needs a label for every example")
     else:
@@ -151,7 +154,7 @@ def _read_tsv(path: Path, lines: list[str]) -> tuple[list[str], list[str]]:
             raise UserError(f"{path}: no label column found (expected CoLA's 4 columns, or LABEL<TAB>text)")
         body = rows
     texts, labels = [], []
-    for number, row in enumerate(body, 1):
+    for number, row in zip(numbers, body, strict=True):
         if len(row) <= max(li, ti) or not row[li].strip():
             raise UserError(f"{path}:{number}: missing label column")
         texts.append(row[ti])
@@ -159,9 +162,9 @@ def _read_tsv(path: Path, lines: list[str]) -> tuple[list[str], list[str]]:
     return texts, labels
 
 
-def _read_spaced(path: Path, lines: list[str]) -> tuple[list[str], list[str]]:
+def _read_spaced(path: Path, lines: list[str], numbers: list[int]) -> tuple[list[str], list[str]]:
     texts, labels = [], []
-    for number, line in enumerate(lines, 1):
+    for number, line in zip(numbers, lines, strict=True):
         label, _, text = line.partition(" ")
         if not text.strip() or not _is_label(label):
             raise UserError(

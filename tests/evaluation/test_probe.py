@@ -117,3 +117,17 @@ def test_a_stray_byte_is_named_when_the_labels_are_also_missing(tmp_path: Path) 
         UserError, match=r"no label column.*; 1 line is not UTF-8 \(first invalid byte at offset 44, line 2\)"
     ):
         read_labelled(tmp_path / "q.txt")
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "line"),
+    [
+        ("s.txt", "1 good\n\n0 bad\n\nnolabelhere\n", 5),  # blank lines count: the file's own line numbers
+        ("g.tsv", "sentence\tlabel\n\nfine\t1\nbroken\t\n", 4),  # the header is line 1
+        ("d.jsonl", '{"text": "a", "label": 1}\n\n{"text": "b"}\n', 3),
+    ],
+)
+def test_errors_name_the_line_of_the_file(tmp_path: Path, name: str, content: str, line: int) -> None:
+    (tmp_path / name).write_text(content, encoding="utf-8")
+    with pytest.raises(UserError, match=rf"{name}:{line}: "):
+        read_labelled(tmp_path / name)
