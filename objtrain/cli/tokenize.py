@@ -23,7 +23,8 @@ file is one document unless --doc-split cuts it at blank lines or lines. `--corp
 standard library's own `.py` files (without site-packages and without its test suites).
 
 A binary or non-UTF-8 file found inside a directory is skipped and counted (listed in meta.json); the same
-file named explicitly is refused. Exact round trip: every stored document decodes to its text byte for byte.
+file named explicitly is refused. Exact round trip: every stored document decodes to its text byte for byte
+(with --no-byte-fallback, but for characters the vocabulary lacks, which become <unk> and are counted).
 
 Example: objtrain tokenize --corpus stdlib --vocab-size 4096 -o runs/demo/store
 """
@@ -92,6 +93,11 @@ def print_summary(console: Console, summary: TokenizeSummary, doc_split: str = "
             console.print(f"  {skipped.path}: {skipped.reason}", highlight=False, markup=False)
     if summary.empty_documents:
         console.print(f"dropped {summary.empty_documents:,} empty documents")
+    if summary.unknown:
+        console.print(
+            f"[yellow]{summary.unknown:,} tokens are <unk>[/]: characters outside the vocabulary, which "
+            "has no byte fallback; those documents do not decode back exactly"
+        )
     if summary.splits["valid"].documents == 0:
         # documents are what the split draws: few whole files may all land in train
         hint = "raise --valid-fraction" + (" or use --doc-split" if doc_split == "file" else "")

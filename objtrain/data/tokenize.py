@@ -73,6 +73,7 @@ class SplitCounts:
     documents: int = 0
     tokens: int = 0
     bytes: int = 0
+    unknown: int = 0  # <unk> tokens: characters a tokenizer without byte fallback has no piece for
 
 
 @dataclass
@@ -98,6 +99,10 @@ class TokenizeSummary:
     @property
     def bytes(self) -> int:
         return sum(s.bytes for s in self.splits.values())
+
+    @property
+    def unknown(self) -> int:
+        return sum(s.unknown for s in self.splits.values())
 
     @property
     def bytes_per_token(self) -> float:
@@ -235,8 +240,9 @@ def load_tokenizer(path: Path) -> tuple[Tokenizer, str]:
 class _SplitWriter:
     """Appends documents to `<split>.bin` and their end offsets to `<split>.idx`."""
 
-    def __init__(self, directory: Path, name: str, dtype: np.dtype) -> None:
+    def __init__(self, directory: Path, name: str, dtype: np.dtype, unk: int) -> None:
         self.dtype = dtype
+        self.unk = unk
         self.tokens: BinaryIO = open(directory / f"{name}.bin", "wb")  # noqa: SIM115 - closed in close()
         self.index: BinaryIO = open(directory / f"{name}.idx", "wb")  # noqa: SIM115
         np.zeros(1, dtype="<i8").tofile(self.index)
@@ -251,6 +257,7 @@ class _SplitWriter:
         self.counts.documents += len(lengths)
         self.counts.tokens += int(tokens.size)
         self.counts.bytes += n_bytes
+        self.counts.unknown += int(np.count_nonzero(tokens == self.unk))
 
     def abort(self) -> None:
         """Close without syncing: the caller is about to throw the files away."""
@@ -305,7 +312,7 @@ def encode_documents(
     """Encode every document into `directory`; returns split counts, documents per source, empty documents."""
     dtype = token_dtype(tokenizer.vocab_size)
     threads = config.num_threads or default_threads()
-    writers = {name: _SplitWriter(directory, name, dtype) for name in SPLITS}
+    writers = {name: _SplitWriter(directory, name, dtype, tokenizer.specials.unk) for name in SPLITS}
     per_source = [0] * len(sources)
     empty = 0
     progress.start("encoding", sum(s.size for s in sources))

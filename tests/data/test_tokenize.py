@@ -205,6 +205,14 @@ def test_closed_alphabet_character_vocabulary(tmp_path: Path) -> None:
     assert all_docs(TokenStore.open(tmp_path / "closed")) == [text]
     assert tok.decode(tok.encode(text)) == text and Specials(n_sentinels=0).unk not in tok.encode(text)
     assert tok.encode("bé\u2581") == [tok.encode("b")[0], tok.specials.unk, tok.specials.unk]
+    assert closed.unknown == 0
+    # Reused on text with characters it has no piece for: each is one <unk>, counted per split.
+    (tmp_path / "accents.txt").write_text("to bé, or ñot", encoding="utf-8")
+    reused = tokenize_corpus(
+        [tmp_path / "accents.txt"], tmp_path / "r", reuse(tmp_path / "closed", valid_fraction=0.0)
+    )
+    assert reused.unknown == 2
+    assert json.loads((tmp_path / "r" / "meta.json").read_text())["splits"]["train"]["unknown"] == 2
     with pytest.raises(UserError, match="use at least 15"):
         tokenize_corpus(
             [tmp_path / "play.txt"],
