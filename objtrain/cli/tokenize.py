@@ -24,7 +24,7 @@ standard library's own `.py` files (without site-packages and without its test s
 
 A binary or non-UTF-8 file found inside a directory is skipped and counted (listed in meta.json); the same
 file named explicitly is refused. Exact round trip: every stored document decodes to its text byte for byte
-(with --no-byte-fallback, but for characters the vocabulary lacks, which become <unk> and are counted).
+(with --no-byte-fallback, characters the vocabulary lacks become <unk> instead, and are counted).
 
 Example: objtrain tokenize --corpus stdlib --vocab-size 4096 -o runs/demo/store
 """
