@@ -101,8 +101,6 @@ def run(
     nproc: int = typer.Option(None, "--nproc", help="Processes on this machine (launches torchrun)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print sizes, FLOPs and memory, then exit."),
 ) -> None:
-    if resume and force:  # the loop would let --resume win and silently keep the run --force meant to replace
-        raise UserError("--resume continues RUN and --force replaces it: give one of them")
     data, kv = split_args(args or [])
     # A path, or the name of a shipped run (fim-tiny) so an installed objtrain finds it from anywhere.
     base: dict[str, Any] = load_yaml(packaged_config(config, "train")) if config is not None else {}

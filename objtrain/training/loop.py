@@ -122,6 +122,8 @@ def prepare(
     console: Console | None = None,
 ) -> Plan:
     """Check everything a run needs and resolve defaults; raise `UserError` before writing anything."""
+    if resume and force:  # --resume would win and silently keep the run --force meant to replace
+        raise UserError("--resume continues RUN and --force replaces it: give one of them")
     world = world or dist.World()
     run_dir = Path(run_dir)
     device = resolve_device(cfg.device)
@@ -136,7 +138,7 @@ def prepare(
     if store is None:
         store = str(_embedded_store(world, console))
     source = DataSource(Path(store))
-    if force and not resume and run_dir.exists():
+    if force and run_dir.exists():
         check_output_free(run_dir, True, [source.path], replaces=("a training run", RUN_MARKERS))
     objective = build_objective(
         cfg.objective.name,
@@ -443,7 +445,7 @@ def train(
     try:
         plan = prepare(cfg, run_dir, resume=resume, force=force, world=world, console=console)
         hook = on_record if world.is_main else None
-        return _run(plan, console, show_progress and world.is_main, force and not resume, hook)
+        return _run(plan, console, show_progress and world.is_main, force, hook)
     finally:
         dist.teardown()
 

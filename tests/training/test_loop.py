@@ -203,6 +203,11 @@ def test_resume_refuses_changed_settings(train_store: Path, tmp_path: Path, smal
     shorter = {"seq_len": 32, "batch_size": 8}
     with pytest.raises(UserError, match="--seq-len 32 differs from the checkpoint's 64"):
         train(small_config(train_store, budget={"steps": 2}, batch=shorter), tmp_path / "run", resume=True)
+    # both asked of the library, as of the CLI: the run is neither continued nor replaced
+    before = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    with pytest.raises(UserError, match="give one of them"):
+        prepare(small_config(train_store, budget={"steps": 2}), tmp_path / "run", resume=True, force=True)
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == before
 
 
 def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
