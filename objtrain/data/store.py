@@ -74,7 +74,50 @@ def _read_meta(path: Path, kind: str, version: int, rerun: str) -> dict[str, Any
             f"{path} has format_version {meta.get('format_version')}, this objtrain reads {version}: "
             f"re-run {rerun}"
         )
+    _check_meta(path, meta, kind, rerun)
     return meta
+
+
+def _count(value: Any, least: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _check_meta(path: Path, meta: dict[str, Any], kind: str, rerun: str) -> None:
+    """Every field a reader indexes, present and of its type: an edited or cut meta.json is one clear line
+    here, not a KeyError (or a file size computed from a string) later."""
+
+    def damaged(problem: str) -> UserError:
+        return UserError(f"{path / META_FILE} {problem}: the store is damaged; re-run {rerun}")
+
+    def dtype_of(key: str, kinds: str) -> None:
+        try:
+            ok = np.dtype(meta[key]).kind in kinds
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise damaged(f"has no usable {key!r} (found {meta.get(key)!r})")
+
+    dtype_of("dtype", "u")
+    if not _count(meta.get("vocab_size"), 1):
+        raise damaged(f"has no usable 'vocab_size' (found {meta.get('vocab_size')!r})")
+    for key in ("specials", "tokenizer"):
+        if not isinstance(meta.get(key), dict):
+            raise damaged(f"has no {key!r} section")
+    if not isinstance(meta["tokenizer"].get("hash"), str):
+        raise damaged("has no tokenizer 'hash'")
+    if kind == "packed_store":
+        dtype_of("doc_dtype", "i")
+        if not _count(meta.get("seq_len"), 1):
+            raise damaged(f"has no usable 'seq_len' (found {meta.get('seq_len')!r})")
+    splits = meta.get("splits")
+    if not isinstance(splits, dict):
+        raise damaged("has no 'splits' section")
+    counts = ("rows",) if kind == "packed_store" else ("documents", "tokens")
+    for name, info in splits.items():
+        for key in counts:
+            value = info.get(key) if isinstance(info, dict) else None
+            if not _count(value):
+                raise damaged(f"has no usable {key!r} for split {name!r} (found {value!r})")
 
 
 StoreT = TypeVar("StoreT", bound="_Store")
@@ -132,7 +175,9 @@ class TokenStore(_Store):
         info = self._check_split(name)
         offsets = _map(self.path / f"{name}.idx", np.dtype("<i8"), info["documents"] + 1, self._rerun)
         tokens = _map(self.path / f"{name}.bin", self.dtype, info["tokens"], self._rerun)
-        if len(offsets) and (offsets[0] != 0 or offsets[-1] != len(tokens)):
+        # offsets run from 0 to the token count and never go back: a document with a negative length
+        # would read another's tokens (or none) without a word
+        if len(offsets) and (offsets[0] != 0 or offsets[-1] != len(tokens) or np.any(np.diff(offsets) < 0)):
             raise UserError(f"{self.path / name}.idx does not match its tokens: re-run {self._rerun}")
         return TokenSplit(name, tokens, offsets)
 

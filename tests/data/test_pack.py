@@ -163,3 +163,25 @@ def test_packing_only_an_empty_split_is_refused(tmp_path: Path, corpus_dir: Path
         pack_store(store, tmp_path / "p", PackConfig(seq_len=64, splits=("valid",)))
     assert not (tmp_path / "p").exists()
     pack_store(store, tmp_path / "p", PackConfig(seq_len=64))  # train and the empty valid split: fine
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("seq_len", "x", "no usable 'seq_len'"),
+        ("seq_len", 0, "no usable 'seq_len'"),
+        ("doc_dtype", "zz", "no usable 'doc_dtype'"),
+        ("splits", {"valid": {"rows": 149.0}}, "no usable 'rows' for split 'valid'"),
+        ("splits", {"valid": {"rows": -1}}, "no usable 'rows' for split 'valid'"),
+    ],
+)
+def test_packed_store_names_a_damaged_meta_field(
+    tmp_path: Path, store: Path, key: str, value: object, fragment: str
+) -> None:
+    pack_store(store, tmp_path / "p", PackConfig(seq_len=32))
+    meta_path = tmp_path / "p" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta[key] = value
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(UserError, match=rf"meta.json has {fragment}.*damaged.*objtrain pack"):
+        PackedStore.open(tmp_path / "p").split("valid")

@@ -268,3 +268,38 @@ def test_block_splitting_matches_line_by_line_definition(text: str, block: int) 
     for mode in ("line", "blank-line"):
         stream = io.TextIOWrapper(io.BytesIO(text.encode()), encoding="utf-8", newline="\n")
         assert list(sources.split_text(stream, mode, block)) == documents_by_lines(text, mode), mode  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("edit", "fragment"),
+    [
+        (lambda m: m.pop("dtype"), "no usable 'dtype'"),
+        (lambda m: m.update(dtype="banana"), "no usable 'dtype'"),
+        (lambda m: m.pop("splits"), "no 'splits' section"),
+        (lambda m: m["splits"]["valid"].update(documents="17"), "no usable 'documents' for split 'valid'"),
+        (lambda m: m["tokenizer"].pop("hash"), "no tokenizer 'hash'"),
+        (lambda m: m.update(tokenizer="tok.model"), "no 'tokenizer' section"),
+        (lambda m: m.pop("specials"), "no 'specials' section"),
+        (lambda m: m.update(vocab_size=-1), "no usable 'vocab_size'"),
+    ],
+)
+def test_store_open_names_a_damaged_meta_field(
+    tmp_path: Path, corpus_dir: Path, model_file: Path, edit: object, fragment: str
+) -> None:
+    tokenize_corpus([corpus_dir], tmp_path / "s", reuse(model_file))
+    meta_path = tmp_path / "s" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    edit(meta)  # type: ignore[operator]
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(UserError, match=rf"meta.json has {re.escape(fragment)}.*damaged.*objtrain tokenize"):
+        TokenStore.open(tmp_path / "s").split("valid")
+
+
+def test_offsets_that_go_back_are_damage(tmp_path: Path, corpus_dir: Path, model_file: Path) -> None:
+    tokenize_corpus([corpus_dir], tmp_path / "s", reuse(model_file, valid_fraction=0.3))
+    idx = tmp_path / "s" / "train.idx"
+    offsets = np.fromfile(idx, dtype="<i8")
+    offsets[1] = -5  # first and last still right
+    offsets.tofile(idx)
+    with pytest.raises(UserError, match=r"train\.idx does not match its tokens"):
+        TokenStore.open(tmp_path / "s").split("train")
