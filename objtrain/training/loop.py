@@ -350,14 +350,7 @@ def _mtp_forward_backward(
 
 
 @torch.no_grad()
-def validate(
-    model: nn.Module,
-    plan: Plan,
-    batches: list[Batch],
-    lm_batches: list[Batch],
-    byte_table: Tensor | None,
-    sharded: bool = False,
-) -> dict[str, float]:
+def validate(model: nn.Module, plan: Plan, valid: ValidationSets, sharded: bool = False) -> dict[str, float]:
     """Objective loss on the fixed valid rows (MTP: head 1), and bits per byte for left-to-right models.
 
     Ranks split the rows; a sharded model runs every row on every rank (its forward is a collective)."""
@@ -369,7 +362,7 @@ def validate(
 
     # loss, count, lm nats, lm bytes, pair-loss sum, pair count
     sums = torch.zeros(6, dtype=torch.float64, device=device)
-    for batch in mine(batches):
+    for batch in mine(valid.batches):
         batch = batch.to(device)
         with autocast(device, plan.dtype):
             out = model(batch)
@@ -383,9 +376,9 @@ def validate(
                     sums[5] += lo.n_pairs.double()
         sums[0] += lo_sum.double()
         sums[1] += lo_n.double()
-    if byte_table is not None:
-        table = byte_table.to(device)
-        for batch in mine(lm_batches):
+    if valid.byte_table is not None:
+        table = valid.byte_table.to(device)
+        for batch in mine(valid.lm_batches):
             batch = batch.to(device)
             with autocast(device, plan.dtype):
                 logits = model(batch).logits.float()
@@ -400,7 +393,7 @@ def validate(
         dist.all_reduce_sum(sums, world)
     model.train()
     out = {"val_loss": float(sums[0] / sums[1].clamp(min=1) + sums[4] / sums[5].clamp(min=1))}
-    if byte_table is not None and sums[3] > 0:
+    if valid.byte_table is not None and sums[3] > 0:
         out["val_bpb"] = float(sums[2] / math.log(2) / sums[3])
     return out
 
@@ -450,6 +443,217 @@ def train(
         dist.teardown()
 
 
+@dataclass
+class RunState:
+    """Where a run stands: saved in every checkpoint's `state.json`, restored by `--resume`."""
+
+    step: int = 0
+    optimizer_steps: int = 0  # steps that updated the weights (fp16's scaler skips some): the lr's clock
+    position: Position = field(default_factory=Position)  # the data: rows consumed, stream offset
+    tokens: int = 0  # model positions trained on
+    target_tokens: int = 0  # of which targets of the loss
+    seconds: float = 0.0  # training time, summed over the resumed parts
+
+    @classmethod
+    def restore(cls, saved: dict[str, Any]) -> RunState:
+        step = int(saved.get("step", 0))
+        return cls(
+            step=step,
+            optimizer_steps=int(saved.get("optimizer_steps", step)),
+            position=Position(**saved["position"]) if "position" in saved else Position(),
+            tokens=int(saved.get("tokens", 0)),
+            target_tokens=int(saved.get("target_tokens", 0)),
+            seconds=float(saved.get("seconds", 0.0)),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "optimizer_steps": self.optimizer_steps,
+            "position": {"rows": self.position.rows, "offset": self.position.offset},
+            "tokens": self.tokens,
+            "target_tokens": self.target_tokens,
+            "seconds": self.seconds,
+        }
+
+
+@dataclass
+class StepOutcome:
+    """One optimizer step, over all micro-batches and ranks."""
+
+    loss: float  # summed over all targets / their count (+ the pair-level loss's mean)
+    grad_norm: float  # before clipping
+    lr: float
+    n_targets: float
+    metrics: dict[str, float]  # the objective's own figures, averaged over this rank's micro-batches
+
+
+class Trainer:
+    """One run's model, optimizer and state. `step` is one optimizer step, `save` one checkpoint;
+    `_run` around it streams the data, validates, logs and decides when to save."""
+
+    def __init__(self, plan: Plan) -> None:
+        cfg, device = plan.cfg, plan.device
+        self.plan = plan
+        torch.manual_seed(cfg.seed)
+        self.model = build_model(plan.model_cfg).to(device)
+        self.sharded = cfg.parallel == "fsdp" and plan.world.distributed
+        if self.sharded:
+            dist.shard(self.model, plan.world, device)
+        self.optimizer = build_optimizer(self.model, cfg.optim, device)
+        self.scaler = torch.amp.GradScaler(device.type) if plan.dtype == "fp16" else None
+        self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        self.param_names = [n for g in self.optimizer.param_groups for n in g["names"]]
+        saved: dict[str, Any] = {}
+        if plan.resume_from is not None:
+            saved = ckpt.restore(plan.resume_from, self.model, self.optimizer, device, self.sharded).state
+            _check_resume(plan, saved)
+        self.state = RunState.restore(saved)
+        if self.scaler is not None and saved.get("scaler"):
+            self.scaler.load_state_dict(saved["scaler"])
+        self.loss_of = self._compile() if cfg.precision.compile else None
+        if "total_steps" in saved:  # the schedule is that of the whole run, fixed when it started
+            self.total = int(saved["total_steps"])
+        else:
+            self.total = total_steps(cfg, plan, lambda: _time_one_step(plan, self.model, self.scaler))
+        self.checkpoint = plan.resume_from  # the last complete checkpoint
+
+    def _compile(self) -> Callable[[Batch], LossOutput] | None:
+        plan = self.plan
+        mtp_split = plan.objective.name == "mtp" and plan.model_cfg.mtp_heads > 1
+        if self.sharded or mtp_split:  # these run the blocks outside the root forward: compile each block
+            unwrap(self.model).compile_blocks()  # type: ignore[operator]
+            return None
+        # the forward and the loss as one graph: inductor also fuses the head with the cross-entropy
+        return torch.compile(lambda batch: plan.objective.loss(self.model(batch), batch))
+
+    @property
+    def finished(self) -> bool:
+        return self.state.step >= self.total
+
+    def due(self, every: int) -> bool:
+        """Whether an every-N-steps event falls now; the run's end validates and saves on its own."""
+        return every > 0 and self.state.step % every == 0 and not self.finished
+
+    def step(self, batches: list[Batch]) -> StepOutcome:
+        """One optimizer step over this rank's micro-batches (steps 2 to 4 of the module docstring)."""
+        plan, world, device = self.plan, self.plan.world, self.plan.device
+        optim_cfg = plan.cfg.optim
+        counts = torch.tensor([[b.n_targets, b.n_pairs] for b in batches], dtype=torch.float64).sum(0)
+        n_expected, p_expected = dist.all_reduce_sum(counts.to(device), world).tolist()
+        # FSDP averages gradients over the ranks where the replicated path sums them: undo the mean.
+        ranks = world.world_size if self.sharded else 1.0
+        scale, pair_scale = ranks / max(n_expected, 1.0), ranks / max(p_expected, 1.0)
+        totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, count, pair sum, pair count
+        metric_sums: dict[str, float] = {}
+        for batch in batches:
+            lo = forward_backward(
+                self.model,
+                plan.objective,
+                batch,
+                scale,
+                device,
+                plan.dtype,
+                self.scaler,
+                not self.sharded,
+                pair_scale,
+                self.loss_of,
+            )
+            totals[0] += lo.loss_sum.double()
+            totals[1] += lo.n_targets.double()
+            if lo.pair_sum is not None and lo.n_pairs is not None:
+                totals[2] += lo.pair_sum.double()
+                totals[3] += lo.n_pairs.double()
+            for key, value in lo.metrics.items():
+                metric_sums[key] = metric_sums.get(key, 0.0) + float(value) / len(batches)
+        dist.all_reduce_sum(totals, world)
+        n_actual = max(float(totals[1]), 1.0)
+        if not self.sharded:
+            dist.all_reduce_gradients(self.params, world)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        if abs(n_actual - max(n_expected, 1.0)) > 0.5:  # pair-level losses count pairs, not labels
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.mul_(max(n_expected, 1.0) / n_actual)
+        max_norm = optim_cfg.grad_clip if optim_cfg.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        loss = float(totals[0]) / n_actual + float(totals[2]) / max(float(totals[3]), 1.0)
+        if not math.isfinite(loss) or (self.scaler is None and not math.isfinite(grad_norm)):
+            what = "loss" if not math.isfinite(loss) else "gradient norm"
+            where = f"; the last good checkpoint is {self.checkpoint}" if self.checkpoint else ""
+            raise NonFiniteLoss(
+                f"the {what} is {loss if what == 'loss' else grad_norm} at step {self.state.step + 1}{where}"
+            )
+        lr = optim_cfg.lr * lr_factor(self.state.optimizer_steps, self.total, plan.cfg.schedule)
+        set_lr(self.optimizer, lr)
+        if self.scaler is not None:
+            self.state.optimizer_steps += scaled_step(self.optimizer, self.scaler)
+        else:
+            self.optimizer.step()
+            self.state.optimizer_steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepOutcome(loss, grad_norm, lr, n_actual, metric_sums)
+
+    def save(self, log: MetricsLog | None) -> Path:
+        """A complete checkpoint of the current step (every rank calls it: gathering may be collective)."""
+        plan, world, state = self.plan, self.plan.world, self.state
+        weights = dist.full_model_state(self.model, self.sharded)
+        moments = dist.full_optimizer_state(self.model, self.optimizer, self.sharded)
+        if world.is_main:
+            self.checkpoint = ckpt.save_training_checkpoint(
+                plan.run_dir,
+                state.step,
+                self.model,
+                weights,
+                moments,
+                plan.source.specials,
+                plan.source.tokenizer,
+                _training_info(plan, state.step, state.tokens),
+                {
+                    **state.to_dict(),
+                    "total_steps": self.total,
+                    "world_size": world.world_size,
+                    "micro_batch": plan.micro_batch,
+                    "seq_len": plan.seq_len,
+                    "threads": torch.get_num_threads(),
+                    "torch": torch.__version__,
+                    "dtype": plan.dtype,
+                    "param_names": self.param_names,
+                    "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                    "config": config_dict(plan.cfg),
+                },
+                plan.cfg.checkpoint.keep,
+            )
+            if log is not None:
+                log.sync()
+        dist.barrier(world)
+        return self.checkpoint  # type: ignore[return-value]
+
+
+@dataclass
+class ValidationSets:
+    """The fixed valid rows (the same corruption every time), and for left-to-right models the plain
+    next-token rows and each token's byte count for bits per byte."""
+
+    batches: list[Batch] = field(default_factory=list)
+    lm_batches: list[Batch] = field(default_factory=list)
+    byte_table: Tensor | None = None
+
+    @classmethod
+    def build(cls, plan: Plan) -> ValidationSets:
+        cfg, source = plan.cfg, plan.source
+        docs = source.documents(cfg.data.valid_split)
+        rows, micro = cfg.validation.rows, plan.micro_batch
+        sets = cls(validation_batches(docs, source.specials, plan.objective, plan.seq_len, rows, micro))
+        if plan.model_cfg.kind == "decoder" and plan.objective.name in LEFT_TO_RIGHT:
+            clm = build_objective("clm", source.specials, source.tokenizer, "decoder")
+            sets.lm_batches = validation_batches(docs, source.specials, clm, plan.seq_len, rows, micro)
+            sets.byte_table = accounting.token_bytes(source.tokenizer)
+        return sets
+
+
 def _run(
     plan: Plan,
     console: Console,
@@ -460,55 +664,24 @@ def _run(
     cfg, world, device, run_dir = plan.cfg, plan.world, plan.device, plan.run_dir
     if device.type == "cpu":
         keep_freed_memory()  # no page faults re-mapping the activations every step
-    torch.manual_seed(cfg.seed)
-    model = build_model(plan.model_cfg).to(device)
-    sharded = cfg.parallel == "fsdp" and world.distributed
-    if sharded:
-        dist.shard(model, world, device)
-    optimizer = build_optimizer(model, cfg.optim, device)
-    scaler = torch.amp.GradScaler(device.type) if plan.dtype == "fp16" else None
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    param_names = [n for g in optimizer.param_groups for n in g["names"]]
-
-    state: dict[str, Any] = {}
-    if plan.resume_from is not None:
-        state = ckpt.restore(plan.resume_from, model, optimizer, device, sharded).state
-        _check_resume(plan, state)
-    step = int(state.get("step", 0))
-    applied = int(state.get("optimizer_steps", step))  # steps that updated the weights (fp16 skips some)
-    position = Position(**state["position"]) if "position" in state else Position()
-    tokens = int(state.get("tokens", 0))
-    target_tokens = int(state.get("target_tokens", 0))
-    elapsed = float(state.get("seconds", 0.0))
-    if scaler is not None and state.get("scaler"):
-        scaler.load_state_dict(state["scaler"])
-
-    loss_of: Callable[[Batch], LossOutput] | None = None
-    if cfg.precision.compile:
-        mtp_split = plan.objective.name == "mtp" and plan.model_cfg.mtp_heads > 1
-        if sharded or mtp_split:  # these run the blocks outside the root forward: compile each block
-            unwrap(model).compile_blocks()  # type: ignore[operator]
-        else:  # the forward and the loss as one graph: inductor also fuses the head with the cross-entropy
-            loss_of = torch.compile(lambda batch: plan.objective.loss(model(batch), batch))
-
-    if "total_steps" in state:
-        total = int(state["total_steps"])
-    else:
-        total = total_steps(cfg, plan, lambda: _time_one_step(plan, model, scaler))
-    if plan.resume_from is not None and step >= total:  # a finished run: nothing to train, nothing to write
+    trainer = Trainer(plan)
+    state, total = trainer.state, trainer.total
+    n_params = count_parameters(trainer.model)
+    flops_token = accounting.flops_per_step(plan.model_cfg, 1, plan.seq_len) / plan.seq_len
+    if plan.resume_from is not None and trainer.finished:  # nothing to train, nothing to write
         if show:
-            console.print(f"{run_dir} finished at step {step}/{total}: nothing to resume", markup=False)
+            console.print(f"{run_dir} finished at step {state.step}/{total}: nothing to resume", markup=False)
         return TrainResult(
             run_dir=run_dir,
             checkpoint=plan.resume_from,
-            step=step,
+            step=state.step,
             total_steps=total,
-            tokens=tokens,
-            seconds=elapsed,
+            tokens=state.tokens,
+            seconds=state.seconds,
             loss=float("nan"),
-            parameters=count_parameters(model),
-            flops_per_token=accounting.flops_per_step(plan.model_cfg, 1, plan.seq_len) / plan.seq_len,
-            tokens_per_s=tokens / max(elapsed, 1e-9),
+            parameters=n_params,
+            flops_per_token=flops_token,
+            tokens_per_s=state.tokens / max(state.seconds, 1e-9),
             peak_memory_bytes=0,
         )
 
@@ -523,7 +696,7 @@ def _run(
     log = MetricsLog(run_dir / "metrics.jsonl") if world.is_main else None
     tb = TensorBoard(run_dir / "tensorboard", cfg.logging.tensorboard and world.is_main)
     if log is not None and plan.resume_from is not None:
-        log.write({"event": "resume", "step": step, "from": plan.resume_from.name})
+        log.write({"event": "resume", "step": state.step, "from": plan.resume_from.name})
 
     stream = plan.source.stream("train", cfg.seed)
     sampler = RowSampler(
@@ -534,242 +707,114 @@ def _run(
         plan.micro_batch,
         world.rank,
         world.world_size,
-        position,
-        step,
+        state.position,
+        state.step,
         total,
     )
     loader = make_loader(CorruptedRows(stream, plan.objective, plan.seq_len, cfg.seed), sampler, cfg.workers)
-
     validating = cfg.validation.every >= 0 and plan.has_valid
-    val_batches: list[Batch] = []
-    lm_batches: list[Batch] = []
-    byte_table = None
-    if validating:
-        vdocs = plan.source.documents(cfg.data.valid_split)
-        val_batches = validation_batches(
-            vdocs, plan.source.specials, plan.objective, plan.seq_len, cfg.validation.rows, plan.micro_batch
-        )
-        if plan.model_cfg.kind == "decoder" and plan.objective.name in LEFT_TO_RIGHT:
-            clm = build_objective("clm", plan.source.specials, plan.source.tokenizer, "decoder")
-            lm_batches = validation_batches(
-                vdocs, plan.source.specials, clm, plan.seq_len, cfg.validation.rows, plan.micro_batch
-            )
-            byte_table = accounting.token_bytes(plan.source.tokenizer)
+    valid = ValidationSets.build(plan) if validating else ValidationSets()
 
-    n_params = count_parameters(model)
     tokens_per_step = cfg.batch.batch_size * plan.seq_len
     peak, peak_source = accounting.peak_flops(device, plan.dtype)
     memory = accounting.PeakMemory(device)
     memory.reset()
-    progress = Progress(console, total, step, cfg.logging.every, enabled=show)
+    progress = Progress(console, total, state.step, cfg.logging.every, enabled=show)
     if show:
-        progress.note(
-            f"{plan.objective.name} on a {cfg.model.size} {plan.model_cfg.kind} "
-            f"({n_params / 1e6:.2f}M params), "
-            f"{total} steps of {cfg.batch.batch_size} x {plan.seq_len}, {plan.dtype} on {device}, "
-            f"{world.world_size} process{'es' if world.world_size > 1 else ''}"
-            + (f", resumed at step {step}" if step else "")
-        )
-        if plan.objective.name == "mtp" and plan.model_cfg.mtp_heads > 1:
-            progress.note(
-                f"loss is the sum of the {plan.model_cfg.mtp_heads} heads' losses (each in metrics.jsonl); "
-                "val_loss is head 1's, comparable with a next-token model"
-            )
+        _announce(progress, plan, n_params, total, state.step)
 
     last_loss = float("nan")
     mfus: list[float] = []
     validation: dict[str, float] = {}
     stopped = ""
-    saved: Path | None = plan.resume_from
-    _window_start, window_wait = time.perf_counter(), 0.0
     iterator = received(iter(loader))
-    flag = StopFlag()
-
-    def save(at: int) -> Path:
-        nonlocal saved
-        weights = dist.full_model_state(model, sharded)  # collectives when sharded: every rank calls them
-        moments = dist.full_optimizer_state(model, optimizer, sharded)
-        if world.is_main:
-            saved = ckpt.save_training_checkpoint(
-                run_dir,
-                at,
-                model,
-                weights,
-                moments,
-                plan.source.specials,
-                plan.source.tokenizer,
-                _training_info(plan, at, tokens),
-                {
-                    "step": at,
-                    "optimizer_steps": applied,
-                    "total_steps": total,
-                    "position": {"rows": position.rows, "offset": position.offset},
-                    "tokens": tokens,
-                    "target_tokens": target_tokens,
-                    "seconds": elapsed,
-                    "world_size": world.world_size,
-                    "micro_batch": plan.micro_batch,
-                    "seq_len": plan.seq_len,
-                    "threads": torch.get_num_threads(),
-                    "torch": torch.__version__,
-                    "dtype": plan.dtype,
-                    "param_names": param_names,
-                    "scaler": scaler.state_dict() if scaler is not None else None,
-                    "config": config_dict(cfg),
-                },
-                cfg.checkpoint.keep,
-            )
-            if log is not None:
-                log.sync()
-        dist.barrier(world)
-        return saved  # type: ignore[return-value]
 
     def run_validation() -> dict[str, float]:
-        result = validate(model, plan, val_batches, lm_batches, byte_table, sharded)
-        where = {"step": step, "tokens": tokens, "wall_time": elapsed}
+        result = validate(trainer.model, plan, valid, trainer.sharded)
+        where = {"step": state.step, "tokens": state.tokens, "wall_time": state.seconds}
         _log_validation(log, tb, progress, where, result, on_record)
         return result
 
-    with flag:
-        while step < total:
+    with StopFlag() as flag:
+        while not trainer.finished:
             t_step = time.perf_counter()
             items, wait = [], 0.0
             for _ in range(plan.accumulation):
                 t0 = time.perf_counter()
                 items.append(next(iterator))
                 wait += time.perf_counter() - t0
-            window_wait += wait
             batches = [b.to(device, non_blocking=True) for _, b in items]
-            counts = torch.tensor([[b.n_targets, b.n_pairs] for b in batches], dtype=torch.float64).sum(0)
-            n_expected, p_expected = dist.all_reduce_sum(counts.to(device), world).tolist()
-            # FSDP averages gradients over the ranks where the replicated path sums them: undo the mean.
-            ranks = world.world_size if sharded else 1.0
-            scale, pair_scale = ranks / max(n_expected, 1.0), ranks / max(p_expected, 1.0)
-            # loss sum, objective's count, pair-loss sum, pair count
-            totals = torch.zeros(4, dtype=torch.float64, device=device)
-            metric_sums: dict[str, float] = {}
-            for batch in batches:
-                lo = forward_backward(
-                    model,
-                    plan.objective,
-                    batch,
-                    scale,
-                    device,
-                    plan.dtype,
-                    scaler,
-                    not sharded,
-                    pair_scale,
-                    loss_of,
-                )
-                totals[0] += lo.loss_sum.double()
-                totals[1] += lo.n_targets.double()
-                if lo.pair_sum is not None and lo.n_pairs is not None:
-                    totals[2] += lo.pair_sum.double()
-                    totals[3] += lo.n_pairs.double()
-                for key, value in lo.metrics.items():
-                    metric_sums[key] = metric_sums.get(key, 0.0) + float(value) / len(batches)
-            dist.all_reduce_sum(totals, world)
-            n_actual = max(float(totals[1]), 1.0)
-            if not sharded:
-                dist.all_reduce_gradients(params, world)
-            if scaler is not None:
-                scaler.unscale_(optimizer)
-            if abs(n_actual - max(n_expected, 1.0)) > 0.5:  # pair-level losses count pairs, not labels
-                for p in params:
-                    if p.grad is not None:
-                        p.grad.mul_(max(n_expected, 1.0) / n_actual)
-            max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-            loss = float(totals[0]) / n_actual + float(totals[2]) / max(float(totals[3]), 1.0)
-            if not math.isfinite(loss) or (scaler is None and not math.isfinite(grad_norm)):
-                what = "loss" if not math.isfinite(loss) else "gradient norm"
-                where = f"; the last good checkpoint is {saved}" if saved else ""
-                raise NonFiniteLoss(
-                    f"the {what} is {loss if what == 'loss' else grad_norm} at step {step + 1}{where}"
-                )
-            lr = cfg.optim.lr * lr_factor(applied, total, cfg.schedule)
-            set_lr(optimizer, lr)
-            if scaler is not None:
-                applied += scaled_step(optimizer, scaler)
-            else:
-                optimizer.step()
-                applied += 1
-            optimizer.zero_grad(set_to_none=True)
+            out = trainer.step(batches)
 
-            step += 1
-            position = items[-1][0].after
-            tokens += tokens_per_step
-            target_tokens += int(n_actual)
+            state.step += 1
+            state.position = items[-1][0].after
+            state.tokens += tokens_per_step
+            state.target_tokens += int(out.n_targets)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            now = time.perf_counter()
-            step_time = now - t_step
-            elapsed += step_time
-            last_loss = loss
+            step_time = time.perf_counter() - t_step
+            state.seconds += step_time
+            last_loss = out.loss
+            flops = accounting.flops_per_step(
+                plan.model_cfg, cfg.batch.batch_size, plan.seq_len, _target_len(batches)
+            )
             record: dict[str, Any] = {
-                "step": step,
-                "rows": position.rows,
-                "tokens": tokens,
-                "target_tokens": target_tokens,
-                "loss": loss,
-                "lr": lr,
-                "grad_norm": grad_norm,
+                "step": state.step,
+                "rows": state.position.rows,
+                "tokens": state.tokens,
+                "target_tokens": state.target_tokens,
+                "loss": out.loss,
+                "lr": out.lr,
+                "grad_norm": out.grad_norm,
                 "tokens_per_s": tokens_per_step / step_time,
-                "mfu": accounting.flops_per_step(
-                    plan.model_cfg, cfg.batch.batch_size, plan.seq_len, _target_len(batches)
-                )
-                / step_time
-                / world.world_size
-                / peak,
+                "mfu": flops / step_time / world.world_size / peak,
                 "data_wait_frac": wait / step_time,
                 "peak_mem_bytes": memory.peak_bytes(),
-                "wall_time": elapsed,
+                "wall_time": state.seconds,
+                **out.metrics,
+                **_realised(batches),
             }
             mfus.append(record["mfu"])
-            record.update(metric_sums)
-            record.update(_realised(batches))
-            if scaler is not None:
-                record["loss_scale"] = scaler.get_scale()
-                record["skipped_steps"] = step - applied
+            if trainer.scaler is not None:
+                record["loss_scale"] = trainer.scaler.get_scale()
+                record["skipped_steps"] = state.step - state.optimizer_steps
             if log is not None:
                 log.write(record)
-            tb.write(step, record)
+            tb.write(state.step, record)
             progress.update(record)
             if on_record is not None:
                 on_record(record)
 
-            if validating and cfg.validation.every > 0 and step % cfg.validation.every == 0 and step < total:
+            if validating and trainer.due(cfg.validation.every):
                 validation = run_validation()
-            if cfg.checkpoint.every > 0 and step % cfg.checkpoint.every == 0 and step < total:
-                save(step)
+            if trainer.due(cfg.checkpoint.every):
+                trainer.save(log)
             stop = torch.tensor([float(flag.signal is not None)], device=device)
             if float(dist.all_reduce_max(stop, world)) > 0:
-                save(step)
+                trainer.save(log)
                 stopped = "SIGTERM" if flag.signal == signal.SIGTERM else "SIGINT"
                 break
 
     if not stopped:
         if validating:
             validation = run_validation()
-        saved = save(step)
+        trainer.save(log)
     progress.close()
     tb.close()
     if log is not None:
         log.close()
     del iterator
-    flops_token = accounting.flops_per_step(plan.model_cfg, 1, plan.seq_len) / plan.seq_len
     result = TrainResult(
         run_dir=run_dir,
-        checkpoint=saved,
-        step=step,
+        checkpoint=trainer.checkpoint,
+        step=state.step,
         total_steps=total,
-        tokens=tokens,
-        seconds=elapsed,
+        tokens=state.tokens,
+        seconds=state.seconds,
         loss=last_loss,
         parameters=n_params,
         flops_per_token=flops_token,
-        tokens_per_s=tokens / max(elapsed, 1e-9),
+        tokens_per_s=state.tokens / max(state.seconds, 1e-9),
         peak_memory_bytes=memory.peak_bytes(),
         validation=validation,
         stopped=stopped,
@@ -777,9 +822,25 @@ def _run(
     )
     if show:
         _summary(console, result, peak_source)
-        if not stopped and cfg.logging.sample and not sharded:  # a sharded model generates on all ranks
-            _sample(console, plan, model)
+        if not stopped and cfg.logging.sample and not trainer.sharded:  # sharded: generating is collective
+            _sample(console, plan, trainer.model)
     return result
+
+
+def _announce(progress: Progress, plan: Plan, n_params: int, total: int, step: int) -> None:
+    cfg = plan.cfg
+    progress.note(
+        f"{plan.objective.name} on a {cfg.model.size} {plan.model_cfg.kind} "
+        f"({n_params / 1e6:.2f}M params), "
+        f"{total} steps of {cfg.batch.batch_size} x {plan.seq_len}, {plan.dtype} on {plan.device}, "
+        f"{plan.world.world_size} process{'es' if plan.world.world_size > 1 else ''}"
+        + (f", resumed at step {step}" if step else "")
+    )
+    if plan.objective.name == "mtp" and plan.model_cfg.mtp_heads > 1:
+        progress.note(
+            f"loss is the sum of the {plan.model_cfg.mtp_heads} heads' losses (each in metrics.jsonl); "
+            "val_loss is head 1's, comparable with a next-token model"
+        )
 
 
 def _target_len(batches: list[Batch]) -> int | None:
