@@ -18,6 +18,7 @@ reads the raw tokens and applies the objective.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import signal
 from collections.abc import Iterator
@@ -307,6 +308,19 @@ def _leave_signals_to_the_trainer(worker_id: int) -> None:
     if it dies)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def workers_stopped(wire: Iterator[Any]) -> Iterator[None]:
+    """Shut the loader's worker processes down when the block ends, by an exception too. They ignore SIGTERM
+    (`_leave_signals_to_the_trainer`), so left to interpreter exit, which terminates and then joins them,
+    they would keep the process alive forever after an error."""
+    try:
+        yield
+    finally:
+        shutdown = getattr(wire, "_shutdown_workers", None)  # torch's own cleanup, what its __del__ calls
+        if shutdown is not None:
+            shutdown()
 
 
 def make_loader(dataset: CorruptedRows, sampler: RowSampler, workers: int) -> DataLoader:

@@ -62,6 +62,7 @@ from objtrain.training.data import (
     make_loader,
     received,
     validation_batches,
+    workers_stopped,
 )
 from objtrain.training.host_memory import keep_freed_memory
 from objtrain.training.logger import MetricsLog, Progress, TensorBoard
@@ -727,7 +728,8 @@ def _run(
     mfus: list[float] = []
     validation: dict[str, float] = {}
     stopped = ""
-    iterator = received(iter(loader))
+    wire = iter(loader)
+    iterator = received(wire)
 
     def run_validation() -> dict[str, float]:
         result = validate(trainer.model, plan, valid, trainer.sharded)
@@ -735,7 +737,7 @@ def _run(
         _log_validation(log, tb, progress, where, result, on_record)
         return result
 
-    with StopFlag() as flag:
+    with StopFlag() as flag, workers_stopped(wire):
         while not trainer.finished:
             t_step = time.perf_counter()
             items, wait = [], 0.0

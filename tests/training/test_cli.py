@@ -197,6 +197,41 @@ def test_a_signal_saves_a_checkpoint_and_exits(
     assert step >= 3
 
 
+# A failure the loop does not expect, in the middle of a run with a loader worker: `objtrain train` as the
+# user starts it, with validation made to raise.
+_BREAK_VALIDATION = """
+import sys
+from objtrain.cli import main
+from objtrain.training import loop
+
+def broken(*args, **kwargs):
+    raise RuntimeError("validation broke")
+
+loop.validate = broken
+sys.argv = ["objtrain", *sys.argv[1:]]
+main()
+"""
+
+
+def test_an_error_mid_run_exits_instead_of_waiting_on_its_loader_workers(
+    train_store: Path, tmp_path: Path
+) -> None:
+    # The workers ignore SIGTERM (so a signal to the group reaches the trainer alone): left running after an
+    # error, the interpreter's exit, which terminates and then joins them, would wait forever.
+    args = _cli(train_store, tmp_path / "run", "workers=1", "validation.every=2")
+    args[1:3] = ["-c", _BREAK_VALIDATION]
+    proc = subprocess.Popen(
+        args, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("objtrain train did not exit after an error with a loader worker running")
+    assert proc.returncode == 1 and b"validation broke" in err, err.decode()[-400:]
+
+
 def test_two_processes_match_one_and_resume(train_store: Path, tmp_path: Path) -> None:
     def losses(run: Path) -> list[float]:
         rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
