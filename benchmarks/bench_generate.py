@@ -18,6 +18,15 @@
     .venv/bin/python benchmarks/bench_generate.py --steps 400 --json out.json
     .venv/bin/objtrain train --objective mtp --model tiny --seq-len 128 --time 300 -o runs/mtp4
     .venv/bin/python benchmarks/bench_generate.py --skip-cache --checkpoint runs/mtp4
+
+A character-level model (tiny shakespeare with nanoGPT's split, the store `bench_train.py` builds; prompts
+spread over the one valid document):
+
+    .venv/bin/python benchmarks/bench_generate.py --char-store runs/shakespeare-char   # builds it, exits
+    .venv/bin/objtrain train runs/shakespeare-char --objective mtp --model tiny --seq-len 256 --time 1200 \
+        -o runs/mtp4-char
+    .venv/bin/python benchmarks/bench_generate.py --skip-cache --checkpoint runs/mtp4-char \
+        --store runs/shakespeare-char --prompts-per-file 18
 """
 
 from __future__ import annotations
@@ -285,6 +294,27 @@ def cost_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def build_char_store(path: Path) -> None:
+    """Tiny shakespeare as `bench_train.py`'s nanoGPT benchmark tokenizes it, kept at `path`."""
+    import shutil
+    import tempfile
+
+    from bench_train import SHAKESPEARE, shakespeare_store
+
+    if not SHAKESPEARE.is_file():
+        raise SystemExit(f"skipped: {SHAKESPEARE} is not here (the shared data sits beside the project)")
+    with tempfile.TemporaryDirectory(prefix="char-store-") as tmp:
+        store, info = shakespeare_store(Path(tmp))
+        if path.exists():
+            shutil.rmtree(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(store), str(path))
+    print(
+        f"{path}: {info['train_tokens']:,} train / {info['valid_tokens']:,} valid characters, "
+        f"vocabulary {info['vocab_size']}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="tiny", help="model size for the KV-cache benchmark")
@@ -313,7 +343,15 @@ def main() -> None:
     ap.add_argument("--checkpoint", default=None, help="an MTP run or checkpoint from `objtrain train`")
     ap.add_argument("--store", default=None, help="its token store (prompts from the valid split)")
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--char-store",
+        default=None,
+        help="build tiny shakespeare's char store (nanoGPT's split, as bench_train.py) at this path and exit",
+    )
     args = ap.parse_args()
+    if args.char_store:
+        build_char_store(Path(args.char_store))
+        return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     out: dict[str, Any] = {}
     if not args.skip_cache:
