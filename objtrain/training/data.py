@@ -68,6 +68,7 @@ class DataSource:
         else:
             self.store = TokenStore.open(self.path)
             self.packed_length = None
+        self._documents: dict[str, Documents] = {}
 
     @property
     def specials(self) -> Specials:
@@ -89,13 +90,26 @@ class DataSource:
         return DocumentStream(self.documents(split), self.specials.eos, self.specials.pad, seed, shuffle)
 
     def documents(self, split: str) -> Documents:
+        """The split's documents, read and checked once: every token id inside the tokenizer's range."""
+        if split in self._documents:
+            return self._documents[split]
+        rerun = self.store.rerun_template.format(path=self.path)
         if isinstance(self.store, TokenStore):
             s = self.store.split(split)
             docs = Documents(s.tokens, np.asarray(s.offsets, dtype=np.int64))
         else:
-            docs = _packed_documents(self.store, split)
+            docs = _packed_documents(self.store, split, rerun)
         if len(docs) == 0 or docs.offsets[-1] == 0:
             raise UserError(f"{self.path} has no tokens in its {split!r} split")
+        # An id past the vocabulary would fail deep inside the model's embedding (or index another row's
+        # weights on a GPU): one pass over the split here names the store instead.
+        largest = int(np.max(docs.tokens))
+        if largest >= self.tokenizer.vocab_size:
+            raise UserError(
+                f"{self.path}: its {split!r} split holds token id {largest}, outside the tokenizer's "
+                f"{self.tokenizer.vocab_size} ids: the store is damaged; re-run {rerun}"
+            )
+        self._documents[split] = docs
         return docs
 
 
@@ -108,10 +122,17 @@ def _kind(path: Path) -> str:
         return ""
 
 
-def _packed_documents(store: PackedStore, split: str) -> Documents:
+def _packed_documents(store: PackedStore, split: str, rerun: str) -> Documents:
     """Packed rows back to documents: the non-padding positions, split where the row or document changes."""
     s = store.split(split)
     docs = np.asarray(s.document_ids)
+    # `pack` numbers a row's documents 0, 1, 2.. and its padding -1; anything else would cut documents
+    # in the wrong places without a word
+    if docs.size and (docs.min() < -1 or docs.max() >= store.seq_len):
+        raise UserError(
+            f"{store.path / split}.docs.bin holds document ids outside -1..{store.seq_len - 1}: "
+            f"the store is damaged; re-run {rerun}"
+        )
     keep = docs >= 0
     tokens = np.asarray(s.tokens)[keep]
     rows = np.broadcast_to(np.arange(docs.shape[0])[:, None], docs.shape)[keep]

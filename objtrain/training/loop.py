@@ -171,6 +171,9 @@ def prepare(
             f"{source.path} has no {cfg.data.valid_split!r} split to validate on "
             "(set validation.every=-1 to train without validation)"
         )
+    # Both splits are read and checked now, before anything is written: a damaged store leaves no run behind.
+    if cfg.validation.every >= 0:
+        source.documents(cfg.data.valid_split)
     _probe_objective(objective, source, seq_len, cfg.seed)
     resume_from = None
     if resume and run_dir.exists():
@@ -237,10 +240,9 @@ def _embedded_store(world: dist.World, console: Console | None) -> Path:
 
 def _probe_objective(objective: Objective, source: DataSource, seq_len: int, seed: int) -> None:
     """Corrupt two real rows now, so a seq-len too short for the objective is refused before any work."""
+    stream = source.stream("train", seed)  # a damaged split says so itself, not as a --seq-len problem
     try:
-        (batch,) = leading_batches(
-            source.stream("train", seed), objective, seq_len, 2, 2, seed, within_epoch=False
-        )
+        (batch,) = leading_batches(stream, objective, seq_len, 2, 2, seed, within_epoch=False)
     except UserError as exc:
         raise UserError(f"--seq-len {seq_len} does not work for {objective.name}: {exc}") from None
     except (ValueError, RuntimeError, IndexError) as exc:

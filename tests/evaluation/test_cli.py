@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from objtrain.data.pack import PackConfig, pack_store
@@ -199,6 +200,24 @@ def test_zero_sizes_and_missing_splits_are_refused(cli, debug_checkpoint, code_f
     _refused(cli(ckpt, "--data", tmp_path / "store", "--split", "test"), "'test' split does not exist")
     _refused(cli(ckpt, "--data", tmp_path / "store", "--split", "test"), "splits with documents: train")
     _refused(cli(ckpt, "--data", tmp_path / "store"), "--split train or --data")
+
+
+def test_a_store_token_past_the_vocabulary_is_refused(
+    cli, debug_checkpoint, tmp_path, stdlib_texts, tokenizer
+):
+    (tmp_path / "corpus").mkdir()
+    for i, text in enumerate(stdlib_texts[:3]):
+        (tmp_path / "corpus" / f"m{i}.py").write_text(text, encoding="utf-8")
+    (tmp_path / "tok.model").write_bytes(tokenizer.model_proto)
+    config = TokenizeConfig(tokenizer=tmp_path / "tok.model", doc_split="blank-line", valid_fraction=0.2)
+    tokenize_corpus([tmp_path / "corpus"], tmp_path / "store", config)
+    dtype = np.dtype(json.loads((tmp_path / "store" / "meta.json").read_text())["dtype"])
+    tokens = np.memmap(tmp_path / "store" / "valid.bin", dtype=dtype, mode="r+")
+    tokens[3] = np.iinfo(dtype).max
+    tokens.flush()
+    del tokens
+    ckpt = debug_checkpoint("decoder")
+    _refused(cli(ckpt, "--data", tmp_path / "store"), f"holds token id {np.iinfo(dtype).max}, outside")
 
 
 def test_infill_kinds_take_what_help_and_errors_offer(cli, debug_checkpoint, code_file):

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -86,6 +88,29 @@ def test_refuses_an_existing_run_and_a_store_without_a_valid_split(
     args = [str(no_valid), *QUICK[:-1], "--objective", "clm", "-o", str(tmp_path / "r2")]
     code, err = run_main(args, monkeypatch, capsys)
     assert code == 2 and "valid" in err and not (tmp_path / "r2").exists()
+
+
+@pytest.mark.parametrize("damage", ["valid.bin cut short", "train token past the vocabulary"])
+def test_a_damaged_store_is_refused_before_the_run_directory_is_made(
+    damage: str, train_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    store = tmp_path / "store"
+    shutil.copytree(train_store, store)
+    if damage == "valid.bin cut short":
+        (store / "valid.bin").write_bytes((store / "valid.bin").read_bytes()[:-2])
+        message = "valid.bin is"
+    else:
+        dtype = np.dtype(json.loads((store / "meta.json").read_text())["dtype"])
+        tokens = np.memmap(store / "train.bin", dtype=dtype, mode="r+")
+        tokens[len(tokens) // 2] = np.iinfo(dtype).max
+        tokens.flush()
+        del tokens
+        message = f"'train' split holds token id {np.iinfo(dtype).max}, outside the tokenizer's"
+    run = tmp_path / "run"
+    args = [str(store), *QUICK[:-1], "--objective", "clm", "--steps", "2", "-o", str(run)]
+    code, err = run_main(args, monkeypatch, capsys)
+    assert code == 2 and message in err and "--seq-len" not in err, err
+    assert len(err.strip().splitlines()) == 1 and not run.exists()
 
 
 def test_dry_run_prints_sizes_and_writes_nothing(

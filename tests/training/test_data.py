@@ -4,12 +4,15 @@ the process and micro-batch layout), not only that a loss falls."""
 from __future__ import annotations
 
 import itertools
+import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from objtrain.data.store import TokenStore
+from objtrain.errors import UserError
 from objtrain.objectives.registry import build_objective
 from objtrain.training.data import DataSource, DocumentStream, Position, RowSampler
 
@@ -103,3 +106,14 @@ def test_packed_store_reads_back_the_same_documents(train_store: Path, packed_st
     assert all(d in got for d in short)
     stream = DocumentStream(docs, eos, 0, seed=0)
     assert stream.epoch_tokens == split.n_tokens + len(split)  # no second EOS added
+
+
+def test_packed_document_ids_outside_a_row_are_damage(packed_store: Path, tmp_path: Path) -> None:
+    damaged = tmp_path / "packed"
+    shutil.copytree(packed_store, damaged)
+    ids = np.memmap(damaged / "valid.docs.bin", dtype=np.int16, mode="r+")
+    ids[5] = -7  # neither padding (-1) nor a document of the row
+    ids.flush()
+    del ids
+    with pytest.raises(UserError, match=r"valid\.docs\.bin holds document ids outside -1\.\.63.*damaged"):
+        DataSource(damaged).documents("valid")
