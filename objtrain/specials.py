@@ -101,7 +101,15 @@ class Specials:
 
     @classmethod
     def from_dict(cls, table: dict[str, Any]) -> Specials:
-        specials = cls(n_sentinels=int(table["n_sentinels"]))
+        """The table a store or checkpoint recorded, checked against the fixed layout."""
+        count = table.get("n_sentinels") if isinstance(table, dict) else None
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            found = f"n_sentinels {count!r}" if isinstance(table, dict) else f"a {type(table).__name__}"
+            raise UserError(
+                f"the special-token table holds {found}, not a count of sentinels: "
+                "re-run `objtrain tokenize` to rebuild the store"
+            )
+        specials = cls(n_sentinels=count)
         expected = specials.to_dict()
         for name, value in table.items():
             if name in expected and expected[name] != value:

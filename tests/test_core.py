@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -67,3 +68,22 @@ def test_config_is_strict() -> None:
     assert parse_overrides(["a.b=1", "c=[1, 2]", "d=x"]) == {"a": {"b": 1}, "c": [1, 2], "d": "x"}
     with pytest.raises(UserError):
         parse_overrides(["novalue"])
+
+
+@pytest.mark.parametrize("table", [[1, 2], {"eos": 3}, {"n_sentinels": "8"}, {"n_sentinels": -1}])
+def test_a_damaged_special_token_table_is_a_user_error(table: object) -> None:
+    with pytest.raises(UserError, match=r"special-token table holds .*not a count of sentinels"):
+        Specials.from_dict(table)  # type: ignore[arg-type]
+
+
+def test_an_empty_or_foreign_tokenizer_file_names_itself(
+    tmp_path: Path, tokenizer: Tokenizer, specials: Specials, capfd: pytest.CaptureFixture
+) -> None:
+    (tmp_path / "empty.model").write_bytes(b"")
+    with pytest.raises(UserError, match=r"empty\.model is empty, not a sentencepiece model"):
+        Tokenizer.from_file(tmp_path / "empty.model", specials)
+    assert capfd.readouterr().err == ""  # nothing from sentencepiece's own logging
+    (tmp_path / "other.model").write_bytes(tokenizer.model_proto)
+    layout = Specials(n_sentinels=specials.n_sentinels + 1)  # a table this model was not made with
+    with pytest.raises(UserError, match=r"other\.model: tokenizer id"):
+        Tokenizer.from_file(tmp_path / "other.model", layout)

@@ -139,10 +139,15 @@ class Tokenizer:
         path = Path(path)
         if not path.is_file():
             raise UserError(f"tokenizer model not found: {path}")
+        proto = path.read_bytes()
+        if not proto:  # sentencepiece loads an empty model without complaint, logging to stderr
+            raise UserError(f"{path} is empty, not a sentencepiece model")
         try:
-            return cls(path.read_bytes(), specials)
+            return cls(proto, specials)
         except RuntimeError:
             raise UserError(f"{path} is not a sentencepiece model") from None
+        except UserError as exc:  # a model of another layout: say which file
+            raise UserError(f"{path}: {exc}") from None
 
     def _check_layout(self) -> None:
         pieces = self.specials.reserved_pieces()
