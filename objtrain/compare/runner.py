@@ -119,6 +119,8 @@ def plan_comparison(
     seed_list = [exp.seed + k for k in range(seeds)]
     eval_options = suite.options_for(exp.eval.options, tiny)
     suite.check_options(eval_options)
+    if exp.eval.data is not None and not Path(exp.eval.data).exists():
+        raise UserError(f"eval data not found: {exp.eval.data} (the experiment's eval.data)")
 
     runs: list[Run] = []
     identity: tuple[str, str, str] | None = None  # (arm, data, tokenizer hash) of the first arm

@@ -42,15 +42,27 @@ def options_for(options: dict[str, Any], tiny: bool) -> dict[str, Any]:
     merged = dict(options)
     if tiny:
         for key, value in TINY_OPTIONS.items():
-            merged[key] = min(merged.get(key, value), value) if isinstance(value, int) else value
+            given = merged.get(key, value)
+            if isinstance(given, int) and not isinstance(given, bool):  # a mistyped one is check_options's
+                given = min(given, value)
+            merged[key] = given
     return merged
 
 
 def check_options(options: dict[str, Any]) -> None:
-    """Refuse an unknown or mistyped suite option before any arm trains."""
+    """Refuse an unknown or mistyped suite option, or a file it names that cannot be read, before any arm
+    trains (the suite reads them only after training)."""
     suite = _suite()
-    if suite is not None:
-        _build_options(suite, options)
+    if suite is None:
+        return
+    built = _build_options(suite, options)
+    from objtrain.evaluation import infill, probe
+
+    for labelled in (built.probe_train, built.probe_valid):
+        if labelled is not None:
+            probe.read_labelled(labelled)
+    if built.infill_file is not None:
+        infill.read_infill_file(built.infill_file)
 
 
 def _build_options(suite: Any, options: dict[str, Any]) -> Any:

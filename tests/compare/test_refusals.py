@@ -133,6 +133,26 @@ def test_bad_budget_and_seeds_are_refused(write_experiment, tmp_path, monkeypatc
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("eval_spec", "fragment"),
+    [
+        ({"options": {"max_docs": "two"}}, "eval.options.max_docs must be an integer, got 'two'"),
+        ({"options": {"probe_train": "missing.tsv"}}, "probe file not found"),
+        ({"options": {"infill_file": "missing.jsonl"}}, "--infill file not found"),
+        ({"data": "missing.txt"}, "eval data not found: missing.txt"),
+    ],
+)
+def test_eval_settings_are_checked_before_any_arm_trains(
+    eval_spec, fragment, write_experiment, tmp_path, monkeypatch, capsys
+) -> None:
+    # the suite reads these only after training: found then, every arm's training would be lost
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "report"
+    path = write_experiment(eval=eval_spec)
+    refused(run_cli(monkeypatch, capsys, "compare", path, "-o", out, "--budget", "tiny"), fragment)
+    assert not out.exists()
+
+
 def test_an_experiment_without_arms_says_so(tmp_path, monkeypatch, capsys) -> None:
     for name, text in (("empty.yaml", ""), ("no-arms.yaml", "name: x\narms: []\n")):
         (tmp_path / name).write_text(text)
