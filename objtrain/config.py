@@ -54,6 +54,8 @@ def packaged_config(path: Path | str, subdir: str) -> Path:
 def load_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping; a missing file, bad YAML or a non-mapping is one clear error."""
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"config {path} is a directory, not a YAML file")
     if not path.is_file():
         raise UserError(f"config not found: {path}")
     try:

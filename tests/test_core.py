@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from objtrain.batch import positions_of
-from objtrain.config import from_dict, parse_overrides
+from objtrain.config import from_dict, load_yaml, parse_overrides
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.objectives.rng import RowRandom
@@ -87,3 +87,9 @@ def test_an_empty_or_foreign_tokenizer_file_names_itself(
     layout = Specials(n_sentinels=specials.n_sentinels + 1)  # a table this model was not made with
     with pytest.raises(UserError, match=r"other\.model: tokenizer id"):
         Tokenizer.from_file(tmp_path / "other.model", layout)
+
+
+def test_a_config_path_that_is_a_directory_says_so(tmp_path: Path) -> None:
+    (tmp_path / "run.yaml").mkdir()
+    with pytest.raises(UserError, match=r"run\.yaml is a directory, not a YAML file"):
+        load_yaml(tmp_path / "run.yaml")
