@@ -26,6 +26,8 @@ def pick_name(name: str, known: Iterable[str], what: str) -> str:
     """The known name equal to `name` ignoring case (`SPAN` -> `span`), else a UserError that lists the
     known names and suggests the closest one."""
     known = list(known)
+    if not isinstance(name, str):  # e.g. a number where a recorded or YAML config names one
+        raise UserError(f"{what} must be given by name, got {name!r} (known: {', '.join(known)})")
     if name in known:
         return name
     folded = [k for k in known if k.lower() == name.lower()]

@@ -226,7 +226,15 @@ def text_data(path: Path, tokenizer: Tokenizer) -> EvalData:
 
 def _seq_len(ckpt: Checkpoint) -> int:
     """The row length the model was trained at (corruptions, infill tasks and probe inputs use it)."""
-    return int(ckpt.training.get("seq_len") or DEFAULT_WINDOW)
+    value = ckpt.training.get("seq_len")
+    if value is None:
+        return DEFAULT_WINDOW
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(
+            f"{ckpt.path} records a training seq_len of {value!r} in config.json, not a positive length: "
+            "the checkpoint is damaged"
+        )
+    return value
 
 
 def evaluate(

@@ -12,7 +12,7 @@ from typing import Any
 from objtrain.batch import ModelKind
 from objtrain.config import config_dir, from_dict, load_yaml, merge
 from objtrain.data.tokenizer import Tokenizer
-from objtrain.errors import pick_name
+from objtrain.errors import UserError, pick_name
 from objtrain.objectives.base import Objective
 from objtrain.specials import Specials
 
@@ -56,6 +56,8 @@ def objective_defaults(name: str) -> dict[str, Any]:
 def objective_config(name: str, overrides: dict[str, Any] | None = None) -> Any:
     name = canonical_name(name)
     cls = objective_class(name)
+    if not isinstance(overrides, (dict, type(None))):
+        raise UserError(f"{name} settings must be a mapping of key: value, got {overrides!r}")
     data = merge(objective_defaults(name), overrides or {})
     return from_dict(cls.Config, data, where=name)
 

@@ -220,6 +220,16 @@ def test_a_store_token_past_the_vocabulary_is_refused(
     _refused(cli(ckpt, "--data", tmp_path / "store"), f"holds token id {np.iinfo(dtype).max}, outside")
 
 
+def test_a_damaged_training_record_is_refused_or_skipped(cli, debug_checkpoint, code_file):
+    skip = ("--data", code_file, "--skip", "infill,probe,samples", "--corrupt-rows", "2")
+    _refused(cli(debug_checkpoint("decoder", {"seq_len": "abc"}), *skip), "training seq_len of 'abc'")
+    _refused(cli(debug_checkpoint("decoder", {"seq_len": -5}), *skip), "not a positive length")
+    # an objective recorded wrongly costs its own loss only: the rest of the suite still runs
+    for training in ({"objective": 5}, {"objective": "fim", "objective_config": [1]}):
+        out = _json(cli(debug_checkpoint("decoder", training), *skip, "--format", "json"))
+        assert "objective_loss" not in out and "objective_loss_skipped" in out and "bits_per_byte" in out
+
+
 def test_infill_kinds_take_what_help_and_errors_offer(cli, debug_checkpoint, code_file):
     from objtrain.evaluation.suite import EvalOptions
 
