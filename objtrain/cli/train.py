@@ -137,13 +137,16 @@ def run(
     data_dict = merged(base, kv, flags)
     if budget:
         data_dict["budget"] = budget
-    if objective is None and "name" not in data_dict.get("objective", {}):
+    section = data_dict.get("objective", {})
+    if objective is None and isinstance(section, dict) and "name" not in section:  # else build_config says
         raise UserError("--objective is required (or a --config naming one); see `objtrain corrupt --list`")
     cfg = build_config(data_dict)
     run_dir = output or Path("runs") / f"{cfg.objective.name}-{cfg.model.kind or 'default'}-{cfg.model.size}"
 
     console = Console(stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty())
     under_torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if nproc is not None and nproc < 1:
+        raise UserError(f"--nproc must be at least 1, got {nproc}")
     if nproc is not None and nproc > 1 and not under_torchrun:
         from objtrain.training.config import check_divisible
         from objtrain.training.distributed import World, launch

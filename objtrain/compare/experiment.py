@@ -55,8 +55,8 @@ class BudgetSpec:
         given = [v for v in (self.tokens, self.flops, self.seconds) if v is not None]
         if len(given) != 1:
             raise ValueError("a budget gives exactly one of tokens, flops or seconds")
-        if given[0] <= 0:
-            raise ValueError("a budget must be positive")
+        if not (math.isfinite(given[0]) and given[0] > 0):  # NaN compares false to everything
+            raise ValueError(f"a budget must be positive and finite, got {given[0]}")
 
     @property
     def kind(self) -> str:

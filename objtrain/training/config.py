@@ -98,8 +98,8 @@ class BudgetConfig:
         given = [v for v in (self.steps, self.tokens, self.seconds) if v is not None]
         if len(given) > 1:
             raise ValueError("give one budget: steps, tokens or seconds")
-        if any(v <= 0 for v in given):
-            raise ValueError("the budget must be positive")
+        if any(not (math.isfinite(v) and v > 0) for v in given):  # NaN compares false to everything
+            raise ValueError(f"the budget must be positive and finite, got {given[0]}")
 
 
 @dataclass

@@ -130,6 +130,8 @@ def test_bad_budget_and_seeds_are_refused(write_experiment, tmp_path, monkeypatc
     refused(run_cli(monkeypatch, capsys, "compare", path, "-o", out, "--budget", "huge"), "--budget 'huge'")
     refused(run_cli(monkeypatch, capsys, "compare", path, "-o", out, "--seeds", "0"), "--seeds must be")
     refused(run_cli(monkeypatch, capsys, "compare", tmp_path / "none.yaml", "-o", out), "not found")
+    nan = write_experiment(name="nan.yaml", budget={"seconds": float("nan")})
+    refused(run_cli(monkeypatch, capsys, "compare", nan, "-o", out), "a budget must be positive and finite")
     assert not out.exists()
 
 

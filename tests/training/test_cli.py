@@ -50,6 +50,9 @@ def run_main(
         (["--objective", "clm", "--keep", "0"], "checkpoint.keep (--keep) >= 1"),
         (["--objective", "clm", "workers=-1"], "workers must be >= 0"),
         (["--objective", "clm", "--steps", "1", "--resume", "--force"], "--resume continues RUN and --force"),
+        (["--objective", "clm", "--time", "nan"], "the budget must be positive and finite, got nan"),
+        (["--objective", "clm", "--nproc", "0"], "--nproc must be at least 1, got 0"),
+        (["objective=3"], "train.objective must be a mapping"),
     ],
 )
 def test_refusals_are_one_line_and_leave_nothing(
