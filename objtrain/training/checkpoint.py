@@ -15,6 +15,7 @@ tensors in safetensors, everything else JSON.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -185,9 +186,12 @@ def latest_checkpoint(run: Path) -> Path | None:
     root = checkpoints_dir(run)
     latest = root / "latest"
     if latest.is_file() and not latest.is_symlink():
-        target = root / latest.read_text(encoding="utf-8").strip()
-        if is_complete(target):
-            return target
+        try:
+            name = latest.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            name = ""  # a damaged pointer: the highest complete step decides, as with none
+        if name and is_complete(root / name):
+            return root / name
     elif latest.is_symlink() and is_complete(latest.resolve()):
         return latest.resolve()
     found = complete_checkpoints(run)
@@ -214,6 +218,46 @@ def prune(run: Path, keep: int) -> None:
         shutil.rmtree(trash, ignore_errors=True)
 
 
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """A checkpoint's state.json with every field `--resume` reads back present and of its type: a damaged
+    or hand-edited one is refused in one line, not a traceback later or a count silently restarted at 0."""
+
+    def damaged(problem: str) -> UserError:
+        return UserError(
+            f"{path / STATE} {problem}: the checkpoint is damaged; resume refused "
+            f"(remove {path.name} to resume from the one before it)"
+        )
+
+    try:
+        state = json.loads((path / STATE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise damaged(f"cannot be read ({type(exc).__name__})") from None
+    if not isinstance(state, dict):
+        raise damaged("is not a JSON object")
+    for key in ("step", "optimizer_steps", "tokens", "target_tokens", "total_steps", "seq_len"):
+        if (key == "step" or key in state) and not _count(state.get(key)):
+            raise damaged(f"has no usable {key!r} (found {state.get(key)!r})")
+    position = state.get("position")
+    if not (
+        isinstance(position, dict)
+        and set(position) == {"rows", "offset"}
+        and all(map(_count, position.values()))
+    ):
+        raise damaged(f"has no usable 'position' (found {position!r})")
+    seconds = state.get("seconds", 0.0)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < math.inf:
+        raise damaged(f"has no usable 'seconds' (found {seconds!r})")
+    if not isinstance(state.get("config"), dict):  # the run's settings, which a resume must match
+        raise damaged("has no 'config' mapping")
+    if state.get("scaler") is not None and not isinstance(state["scaler"], dict):
+        raise damaged("has a 'scaler' that is not a mapping")
+    return state
+
+
 @dataclass
 class Restored:
     path: Path
@@ -228,7 +272,7 @@ def restore(
     sharded: bool = False,
 ) -> Restored:
     """Load weights, optimizer state and RNG from a complete checkpoint into the live objects."""
-    state = json.loads((path / STATE).read_text(encoding="utf-8"))
+    state = read_state(path)
     weights = load_weights(path / "model.safetensors")
     names = [n for g in optimizer.param_groups for n in g["names"]]
     if state.get("param_names") not in (None, names):

@@ -134,6 +134,9 @@ def prepare(
         raise UserError(f"{run_dir} already exists (pass --resume to continue it or --force to replace it)")
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"{run_dir} exists and is not a run directory")
+    checkpoints = ckpt.checkpoints_dir(run_dir)
+    if resume and checkpoints.exists() and not checkpoints.is_dir():
+        raise UserError(f"{checkpoints} is not a directory: {run_dir} is not a run to resume")
 
     store = cfg.data.store
     if store is None:

@@ -13,6 +13,7 @@ import yaml
 from rich.console import Console
 from safetensors.torch import load_file
 
+from objtrain.errors import UserError
 from objtrain.objectives.registry import OBJECTIVES, objective_class
 from objtrain.training import checkpoint as ckpt
 from objtrain.training.config import TrainConfig
@@ -261,6 +262,34 @@ def test_resume_ignores_a_torn_checkpoint_and_a_missing_latest(
     result = train(cfg, tmp_path / "run", resume=True, show_progress=False, console=console)
     assert result.step == 4 and not (root / ".step-00000006.abcd.tmp").exists()
     assert "note: step-00000004 incomplete or damaged" in console.export_text()  # said, not silent
+
+
+def test_resume_refuses_a_damaged_state_and_reads_past_a_damaged_pointer(
+    train_store: Path, tmp_path: Path, small_config
+) -> None:
+    cfg = small_config(train_store, budget={"steps": 4}, checkpoint={"every": 2, "keep": 5})
+    train(cfg, tmp_path / "run", show_progress=False)
+    root = tmp_path / "run" / "checkpoints"
+    (root / "latest").write_bytes(b"\xff\xfe")  # not UTF-8: as if there were no pointer
+    assert ckpt.latest_checkpoint(tmp_path / "run") == root / "step-00000004"
+    state_file = root / "step-00000004" / "state.json"
+    original = json.loads(state_file.read_text())
+    edits = {
+        "'step'": lambda s: s.pop("step"),  # resumed, the run would count again from step 0
+        "'position'": lambda s: s.update(position="x"),
+        "'tokens'": lambda s: s.update(tokens="many"),
+        "'config'": lambda s: s.pop("config"),
+    }
+    for field, edit in edits.items():
+        state = json.loads(json.dumps(original))
+        edit(state)
+        state_file.write_text(json.dumps(state))  # the files it lists are whole: it looks complete
+        with pytest.raises(UserError, match=rf"state\.json has no (usable )?{field}.*resume refused"):
+            train(cfg, tmp_path / "run", resume=True, show_progress=False)
+    shutil.rmtree(root)
+    root.write_text("not a directory")
+    with pytest.raises(UserError, match="checkpoints is not a directory"):
+        prepare(cfg, tmp_path / "run", resume=True)
 
 
 def test_no_data_trains_on_the_embedded_store(
