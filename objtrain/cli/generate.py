@@ -62,6 +62,8 @@ def run(
     """
     output_format = check_format(output_format)
     _check_inputs(prompt, text, prefix, suffix)
+    if fim_mode is not None and prefix is None and suffix is None:  # else it would be ignored unsaid
+        raise UserError("--fim-mode sets the infill order: it goes with --prefix/--suffix")
     if output_format == "jsonl":
         output_format = "json"  # one result: the same single line either way
     ckpt = load_checkpoint(checkpoint, device=resolve_device(device))
@@ -74,6 +76,8 @@ def run(
     if kind == "encoder":
         if text is None:
             raise UserError("an encoder model fills masks: pass --text with [MASK] markers")
+        if top_k < 0:  # an encoder does not sample: --top-k is the number of candidates shown
+            raise UserError(f"--top-k must be >= 0, got {top_k}")
         result = _fill_mask(ckpt, text, top_k or 5)
         _print_fill_mask(console, result, output_format)
         return
@@ -200,6 +204,8 @@ def _generate(
     if ckpt.config.kind == "encdec":
         if text is not None:
             ids, n_spans = gen.encode_input(tok, text, fill="sentinel", append_eos=True)
+            if n_spans == 0:  # as for an encoder: nothing to fill would decode a span that is not there
+                raise UserError("--text has no [MASK] to fill (--prompt encodes text without masks)")
             mode = "span-fill"
         elif prompt is not None:
             ids, mode = [*tok.encode(prompt), s.eos], "seq2seq"

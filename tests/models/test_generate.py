@@ -333,6 +333,26 @@ def test_conflicting_inputs_are_refused(
     assert "do not go together" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("kind", "args", "message"),
+    [
+        ("decoder", ("--prompt", "def ", "--fim-mode", "spm"), "--fim-mode sets the infill order"),
+        ("encoder", ("--text", "def [MASK](x):", "--top-k", "-1"), "--top-k must be >= 0, got -1"),
+        ("encdec", ("--text", "no masks here"), "--text has no [MASK] to fill"),
+    ],
+)
+def test_options_that_would_be_ignored_or_fail_are_refused(
+    checkpoints: dict[str, Path],
+    objtrain_cli: Callable[..., tuple],
+    kind: str,
+    args: tuple[str, ...],
+    message: str,
+) -> None:
+    code, out, err = objtrain_cli("generate", checkpoints[kind], *args, "-n", "2")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (out, err)
+    assert message in err and "Traceback" not in err
+
+
 def test_ctrl_c_while_generating_says_interrupted_only(
     checkpoints: dict[str, Path], objtrain_cli: Callable[..., tuple], monkeypatch: pytest.MonkeyPatch
 ) -> None:
