@@ -73,6 +73,8 @@ def read_labelled(path: Path) -> Labelled:
         except UnicodeDecodeError:
             lines.append(raw.decode("utf-8", errors="replace"))
             replaced += 1
+    if lines and lines[0].startswith("\ufeff"):  # a byte-order mark (spreadsheet exports) is not text
+        lines[0] = lines[0][1:]
     bad = _first_bad_byte(data)
     # Text has no NUL bytes (UTF-16 and binary files do); a stray byte is tolerated, mostly bad lines not.
     if bad and (b"\x00" in data or 2 * replaced > sum(1 for raw in raw_lines if raw.strip())):

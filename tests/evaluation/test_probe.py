@@ -131,3 +131,10 @@ def test_errors_name_the_line_of_the_file(tmp_path: Path, name: str, content: st
     (tmp_path / name).write_text(content, encoding="utf-8")
     with pytest.raises(UserError, match=rf"{name}:{line}: "):
         read_labelled(tmp_path / name)
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_label(tmp_path: Path) -> None:
+    body = "".join(f"{label}\ttext {i}\n" for i in range(4) for label in ("pos", "neg"))
+    (tmp_path / "bom.tsv").write_bytes(b"\xef\xbb\xbf" + body.encode("utf-8"))
+    read = read_labelled(tmp_path / "bom.tsv")
+    assert sorted(set(read.labels)) == ["neg", "pos"] and len(read.texts) == 8
