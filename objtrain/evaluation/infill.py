@@ -154,6 +154,8 @@ def read_infill_file(path: Path) -> list[InfillTask]:
     """HumanEval-Infilling JSONL (optionally gzipped): one task per line with `prompt`, `suffix` and
     `canonical_solution`; bad input is one clear line."""
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"--infill file {path} is a directory, not a file")
     if not path.is_file():
         raise UserError(f"--infill file not found: {path}")
     raw = path.read_bytes()

@@ -112,3 +112,5 @@ def test_humaneval_infilling_file(tmp_path: Path) -> None:
     bad.write_text('{"task_id": "x", "prompt": "a"}\n')
     with pytest.raises(UserError, match="'suffix', 'canonical_solution'"):
         infill.read_infill_file(bad)
+    with pytest.raises(UserError, match=r"--infill file .* is a directory, not a file"):
+        infill.read_infill_file(tmp_path)
