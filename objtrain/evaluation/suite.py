@@ -167,11 +167,15 @@ def resolve_data(ckpt: Checkpoint, data: str | Path | None, split: str) -> EvalD
         run = run_dir_of(Path(ckpt.path)) if ckpt.path else None
         store = None
         if run is not None:
+            # a damaged config.yaml is said as such: falling back to the embedded store would score other
+            # data, or fail on its tokenizer with no word of why
             try:
                 cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8")) or {}
                 store = (cfg.get("data") or {}).get("store")
-            except (OSError, yaml.YAMLError, AttributeError):
-                store = None
+            except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
+                raise UserError(
+                    f"{run / 'config.yaml'} cannot be read for the run's store: pass --data STORE_OR_TEXT"
+                ) from None
         if store is None and (default_store_path() / "meta.json").is_file():
             store = default_store_path()
         if store is None:

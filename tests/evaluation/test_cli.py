@@ -230,6 +230,12 @@ def test_a_damaged_training_record_is_refused_or_skipped(cli, debug_checkpoint, 
         assert "objective_loss" not in out and "objective_loss_skipped" in out and "bits_per_byte" in out
 
 
+def test_a_run_whose_config_yaml_is_damaged_asks_for_data(cli, debug_checkpoint, tmp_path):
+    ckpt = debug_checkpoint("decoder")
+    (ckpt.parent / "config.yaml").write_text("data: [\n")  # the run directory holding the checkpoint
+    _refused(cli(ckpt), "config.yaml cannot be read for the run's store: pass --data")
+
+
 def test_infill_kinds_take_what_help_and_errors_offer(cli, debug_checkpoint, code_file):
     from objtrain.evaluation.suite import EvalOptions
 
