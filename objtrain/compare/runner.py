@@ -148,6 +148,11 @@ def plan_comparison(
     )
     if report_dir.exists() and resume and (report_dir / PLAN).is_file():
         saved = read_json(report_dir / PLAN, "comparison plan")
+        if not isinstance(saved, dict):
+            raise UserError(
+                f"{report_dir / PLAN} is not a comparison plan (not a JSON object): "
+                "use another -o, or --force to start over"
+            )
         now = plan_dict(comparison)
         # What the arms train on must match; the evaluation may change (finished arms are re-evaluated).
         for part in (saved, now):

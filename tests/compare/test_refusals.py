@@ -114,6 +114,9 @@ def test_an_existing_report_is_refused_unless_resume_or_force(
     # Not a report: even --force keeps the user's directory.
     refused(run_cli(monkeypatch, capsys, "compare", path, "-o", out, "--force"), "is not a comparison report")
     assert (out / "notes.txt").read_text() == "mine"
+    (out / "plan.json").write_text("[1]\n")  # a report's plan, damaged: --resume says so
+    refused(run_cli(monkeypatch, capsys, "compare", path, "-o", out, "--resume"), "is not a comparison plan")
+    assert (out / "notes.txt").read_text() == "mine"
 
 
 def test_resume_and_force_together_are_refused(write_experiment, tmp_path, monkeypatch, capsys) -> None:
