@@ -18,6 +18,7 @@ trunk plus head 1 of a plain greedy step.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -45,8 +46,8 @@ class Sampling:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise UserError(f"--temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:  # NaN fails every comparison
+            raise UserError(f"--temperature must be >= 0 and finite, got {self.temperature}")
         if self.top_k < 0:
             raise UserError(f"--top-k must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:

@@ -28,10 +28,10 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
             raise ValueError(f"kind must be one of {', '.join(MODEL_KINDS)}, got {self.kind!r}")
+        if min(self.d_model, self.n_layer, self.n_head, self.mtp_heads) < 1:  # before dividing by n_head
+            raise ValueError("d_model, n_layer, n_head and mtp_heads must be positive")
         if self.d_model % self.n_head or (self.d_model // self.n_head) % 2:
             raise ValueError(f"d_model {self.d_model} must split into {self.n_head} heads of even width")
-        if min(self.d_model, self.n_layer, self.n_head, self.mtp_heads) < 1:
-            raise ValueError("d_model, n_layer, n_head and mtp_heads must be positive")
         if self.mtp_heads > 1 and self.kind != "decoder":
             raise ValueError("mtp_heads > 1 needs a decoder model")
         if (self.n_segments or self.n_classes) and self.kind != "encoder":

@@ -197,6 +197,9 @@ def test_sampling_filters() -> None:
     assert draws == {1, 3}
     with pytest.raises(Exception, match="top-p"):
         gen.Sampling(top_p=0.0)
+    for bad in (-1.0, float("nan"), float("inf")):  # NaN passes `< 0` and failed later in multinomial
+        with pytest.raises(UserError, match="temperature"):
+            gen.Sampling(temperature=bad)
 
 
 def test_same_seed_same_sample() -> None:

@@ -33,6 +33,8 @@ def test_overrides_and_strictness() -> None:
         model_config("decoder", "tiny", {"n_layers": 2})
     with pytest.raises(UserError, match="heads"):
         model_config("decoder", "tiny", {"n_head": 3})
+    with pytest.raises(UserError, match="positive"):  # checked before d_model is divided by it
+        model_config("decoder", "tiny", {"n_head": 0})
     with pytest.raises(UserError, match="decoder"):
         model_config("encoder", "tiny", {"mtp_heads": 2})
     with pytest.raises(UserError, match="unknown model size"):
