@@ -132,11 +132,15 @@ def resolve_checkpoint(path: Path) -> Path:
         if (latest / CONFIG).is_file():
             return latest.resolve()
     elif latest.is_file():
-        name = latest.read_text(encoding="utf-8").strip()
+        try:
+            name = latest.read_text(encoding="utf-8").strip()
+        except UnicodeDecodeError:  # a damaged pointer: the newest complete step-N below still stands
+            name = ""
         target = path / "checkpoints" / name
-        if (target / CONFIG).is_file():
+        if name and (target / CONFIG).is_file():
             return target
-        raise UserError(f"{latest} names {name!r}, which is not a checkpoint in {target.parent}")
+        if name:
+            raise UserError(f"{latest} names {name!r}, which is not a checkpoint in {target.parent}")
     if (path / "checkpoint" / CONFIG).is_file():
         return path / "checkpoint"
     # No `latest` yet: a run killed between its first checkpoint's rename and the pointer's write. The
@@ -207,6 +211,11 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> Checkpoin
     specials = Specials.from_dict(meta["specials"]) if meta.get("specials") else Specials()
     tokenizer = None
     info = meta.get("tokenizer")
+    training = meta.get("training") or {}
+    if info and not (isinstance(info, dict) and isinstance(info.get("file", TOKENIZER), str)):
+        raise UserError(f"{path / CONFIG}: its 'tokenizer' section is not {{file, sha256}}: damaged")
+    if not isinstance(training, dict):
+        raise UserError(f"{path / CONFIG}: its 'training' section is not a mapping: the file is damaged")
     if info:
         file = path / info.get("file", TOKENIZER)
         tokenizer = Tokenizer.from_file(file, specials)
@@ -222,4 +231,4 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> Checkpoin
     check_state_dict(model, weights, path / WEIGHTS)
     model.load_state_dict(weights, strict=True)
     model.to(device).eval()
-    return Checkpoint(model, config, specials, tokenizer, meta.get("training") or {}, path)
+    return Checkpoint(model, config, specials, tokenizer, training, path)

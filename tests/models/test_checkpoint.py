@@ -112,6 +112,10 @@ def corrupt(path: Path, how: str) -> None:
         meta = json.loads((path / ck.CONFIG).read_text())
         meta["format_version"] = 99
         (path / ck.CONFIG).write_text(json.dumps(meta))
+    elif how in ("tokenizer", "training"):  # a section of the wrong type
+        meta = json.loads((path / ck.CONFIG).read_text())
+        meta[how] = "tokenizer.model" if how == "tokenizer" else ["fim"]
+        (path / ck.CONFIG).write_text(json.dumps(meta))
 
 
 EXPECT = {
@@ -122,6 +126,8 @@ EXPECT = {
     "extra": "unexpected tensor 'surprise'",
     "config": "has shape",
     "version": "format_version 99",
+    "tokenizer": "its 'tokenizer' section is not",
+    "training": "its 'training' section is not a mapping",
 }
 
 
@@ -171,6 +177,10 @@ def test_run_directory_conventions(tmp_path: Path, tokenizer: Tokenizer, special
     shutil.rmtree(run / "checkpoint")
     ck.save_checkpoint(run / "checkpoints" / "step-10", model, specials, tokenizer)
     assert ck.resolve_checkpoint(run) == run / "checkpoints" / "step-10"
+    # a damaged `latest` (not UTF-8, or empty) is read past to the newest step-N
+    for damaged in (b"\xff\xfe step", b""):
+        (run / "checkpoints" / "latest").write_bytes(damaged)
+        assert ck.resolve_checkpoint(run) == run / "checkpoints" / "step-10"
 
 
 def invoke(*args: str) -> dict:
