@@ -74,7 +74,7 @@ def run(
     output_format: Annotated[
         str, typer.Option("--format", help="text (a table) or json (one object).")
     ] = "text",
-    device: Annotated[str, typer.Option(help=DEVICE_HELP)] = "cpu",
+    device: Annotated[str, typer.Option(help=DEVICE_HELP)] = "auto",
 ) -> None:
     output_format = check_format(output_format, ("text", "json"))
     options = EvalOptions(

@@ -54,7 +54,7 @@ def run(
     output_format: str = typer.Option(
         "text", "--format", help="text (streamed), json or jsonl (one object: text, tokens, mode, ...)."
     ),
-    device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
+    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
 ) -> None:
     """Generate text from a checkpoint: continue a prompt, infill (FIM), fill masks or spans.
 

@@ -94,7 +94,7 @@ class EvalOptions:
     samples: int = 3
     sample_tokens: int = 32
     skip: tuple[str, ...] = ()  # parts to leave out: lm, corrupted, infill, probe, samples
-    device: str = "cpu"
+    device: str = "auto"  # as `train`: a GPU when there is one
 
     def __post_init__(self) -> None:
         sizes = {"--window": self.window, "--stride": self.stride, "--max-docs": self.max_docs}
