@@ -65,9 +65,11 @@ def _read_meta(path: Path, kind: str, version: int, rerun: str) -> dict[str, Any
         raise UserError(f"{path} is not a {what} (no {META_FILE}): create it with {rerun}")
     meta = read_json(path / META_FILE)
     if not isinstance(meta, dict) or meta.get("kind") != kind:
+        found = meta.get("kind") if isinstance(meta, dict) else None
+        described = f"a {found.replace('_', ' ')}" if isinstance(found, str) else "no kind of store"
         raise UserError(
-            f"{path} holds a {meta.get('kind', 'unknown') if isinstance(meta, dict) else 'bad'} "
-            f"{META_FILE}, not a {kind.replace('_', ' ')}: create one with {rerun}"
+            f"{path}: its {META_FILE} describes {described}, not a {kind.replace('_', ' ')}: "
+            f"create one with {rerun}"
         )
     if meta.get("format_version") != version:
         raise UserError(

@@ -150,7 +150,7 @@ def test_pack_one_split_and_bad_options(tmp_path: Path, store: Path) -> None:
         pack_store(store, tmp_path / "q", PackConfig(seq_len=1))
     with pytest.raises(UserError, match="already exists"):
         pack_store(store, tmp_path / "p", PackConfig(seq_len=32))
-    with pytest.raises(UserError, match="not a packed store"):
+    with pytest.raises(UserError, match="describes a token store, not a packed store"):
         PackedStore.open(store)
     meta = json.loads((tmp_path / "p" / "meta.json").read_text())
     assert meta["kind"] == "packed_store" and meta["splits"]["valid"]["rows"] == len(packed.split("valid"))
