@@ -165,3 +165,8 @@ def read_json(path: Path, what: str = "file") -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"{path} is not valid JSON ({exc})") from None
+
+
+def is_count(value: Any, least: int = 0) -> bool:
+    """An int (not a bool) of at least `least`: what a count read back from JSON must be."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least

@@ -28,7 +28,7 @@ import torch
 
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
-from objtrain.io import read_json
+from objtrain.io import is_count, read_json
 from objtrain.specials import Specials
 
 TOKEN_STORE_VERSION = 1
@@ -80,10 +80,6 @@ def _read_meta(path: Path, kind: str, version: int, rerun: str) -> dict[str, Any
     return meta
 
 
-def _count(value: Any, least: int = 0) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
-
-
 def _check_meta(path: Path, meta: dict[str, Any], kind: str, rerun: str) -> None:
     """Every field a reader indexes, present and of its type: an edited or cut meta.json is one clear line
     here, not a KeyError (or a file size computed from a string) later."""
@@ -100,7 +96,7 @@ def _check_meta(path: Path, meta: dict[str, Any], kind: str, rerun: str) -> None
             raise damaged(f"has no usable {key!r} (found {meta.get(key)!r})")
 
     dtype_of("dtype", "u")
-    if not _count(meta.get("vocab_size"), 1):
+    if not is_count(meta.get("vocab_size"), 1):
         raise damaged(f"has no usable 'vocab_size' (found {meta.get('vocab_size')!r})")
     for key in ("specials", "tokenizer"):
         if not isinstance(meta.get(key), dict):
@@ -109,7 +105,7 @@ def _check_meta(path: Path, meta: dict[str, Any], kind: str, rerun: str) -> None
         raise damaged("has no tokenizer 'hash'")
     if kind == "packed_store":
         dtype_of("doc_dtype", "i")
-        if not _count(meta.get("seq_len"), 1):
+        if not is_count(meta.get("seq_len"), 1):
             raise damaged(f"has no usable 'seq_len' (found {meta.get('seq_len')!r})")
     splits = meta.get("splits")
     if not isinstance(splits, dict):
@@ -118,7 +114,7 @@ def _check_meta(path: Path, meta: dict[str, Any], kind: str, rerun: str) -> None
     for name, info in splits.items():
         for key in counts:
             value = info.get(key) if isinstance(info, dict) else None
-            if not _count(value):
+            if not is_count(value):
                 raise damaged(f"has no usable {key!r} for split {name!r} (found {value!r})")
 
 

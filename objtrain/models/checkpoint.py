@@ -132,10 +132,7 @@ def resolve_checkpoint(path: Path) -> Path:
         if (latest / CONFIG).is_file():
             return latest.resolve()
     elif latest.is_file():
-        try:
-            name = latest.read_text(encoding="utf-8").strip()
-        except UnicodeDecodeError:  # a damaged pointer: the newest complete step-N below still stands
-            name = ""
+        name = read_latest(latest)
         target = path / "checkpoints" / name
         if name and (target / CONFIG).is_file():
             return target
@@ -152,6 +149,15 @@ def resolve_checkpoint(path: Path) -> Path:
         f"{path} is neither a checkpoint (config.json + model.safetensors) nor a run directory "
         "with checkpoints/latest or checkpoint/"
     )
+
+
+def read_latest(latest: Path) -> str:
+    """The checkpoint name a `latest` file holds; "" when it cannot be read (a damaged pointer: the newest
+    complete step-N then decides, as when there is none)."""
+    try:
+        return latest.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 def mark_latest(run_dir: Path, name: str) -> None:

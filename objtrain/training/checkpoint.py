@@ -30,7 +30,8 @@ from torch import nn
 
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
-from objtrain.models.checkpoint import load_weights, mark_latest, save_checkpoint, unwrap
+from objtrain.io import is_count
+from objtrain.models.checkpoint import load_weights, mark_latest, read_latest, save_checkpoint, unwrap
 from objtrain.specials import Specials
 
 STATE = "state.json"
@@ -186,10 +187,7 @@ def latest_checkpoint(run: Path) -> Path | None:
     root = checkpoints_dir(run)
     latest = root / "latest"
     if latest.is_file() and not latest.is_symlink():
-        try:
-            name = latest.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError):
-            name = ""  # a damaged pointer: the highest complete step decides, as with none
+        name = read_latest(latest)
         if name and is_complete(root / name):
             return root / name
     elif latest.is_symlink() and is_complete(latest.resolve()):
@@ -218,10 +216,6 @@ def prune(run: Path, keep: int) -> None:
         shutil.rmtree(trash, ignore_errors=True)
 
 
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def read_state(path: Path) -> dict[str, Any]:
     """A checkpoint's state.json with every field `--resume` reads back present and of its type: a damaged
     or hand-edited one is refused in one line, not a traceback later or a count silently restarted at 0."""
@@ -239,13 +233,13 @@ def read_state(path: Path) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise damaged("is not a JSON object")
     for key in ("step", "optimizer_steps", "tokens", "target_tokens", "total_steps", "seq_len"):
-        if (key == "step" or key in state) and not _count(state.get(key)):
+        if (key == "step" or key in state) and not is_count(state.get(key)):
             raise damaged(f"has no usable {key!r} (found {state.get(key)!r})")
     position = state.get("position")
     if not (
         isinstance(position, dict)
         and set(position) == {"rows", "offset"}
-        and all(map(_count, position.values()))
+        and all(map(is_count, position.values()))
     ):
         raise damaged(f"has no usable 'position' (found {position!r})")
     seconds = state.get("seconds", 0.0)
