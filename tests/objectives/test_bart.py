@@ -375,3 +375,13 @@ def test_a_cut_document_is_noised_as_its_prefix_alone(seed: int, m: int, multi: 
     for name, tensor in full.tensors().items():
         assert torch.equal(tensor, alone.tensors()[name]), name
     assert alone.stats["raw_tokens_unused"] == 0
+
+
+@pytest.mark.xfail(strict=True, reason="a known counterexample, not yet explained: see the test's body")
+def test_a_cut_document_counterexample_found_by_a_random_search() -> None:
+    """A random search found this case: deletion noise over packed documents, where the row cut after its
+    raw prefix gives other input ids than the row holding only that prefix. Strict, so it fails loudly the
+    day the objective or the test is mended and the example can join the property test's."""
+    test_a_cut_document_is_noised_as_its_prefix_alone.hypothesis.inner_test(  # type: ignore[attr-defined]
+        seed=300, m=36, multi=True, recipe="deletion"
+    )
