@@ -57,8 +57,10 @@ def measured_peak_flops(device_type: str, dtype_name: str) -> float:
     device = torch.device(device_type)
     dtype = DTYPES[dtype_name]
     n = 1024 if device_type != "cpu" else 512
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
+    # Its own generator: measured once per process (cached), it must not move the training RNG.
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, generator=g).to(dtype)
+    b = torch.randn(n, n, device=device, generator=g).to(dtype)
     for _ in range(2):
         a @ b
     reps = 5 if device_type == "cpu" else 50

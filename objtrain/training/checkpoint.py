@@ -256,6 +256,7 @@ def read_state(path: Path) -> dict[str, Any]:
 class Restored:
     path: Path
     state: dict[str, Any]
+    rng: dict[str, torch.Tensor]  # for `restore_rng`, which the caller runs right before the next step
 
 
 def restore(
@@ -265,7 +266,9 @@ def restore(
     device: torch.device,
     sharded: bool = False,
 ) -> Restored:
-    """Load weights, optimizer state and RNG from a complete checkpoint into the live objects."""
+    """Load weights and optimizer state from a complete checkpoint into the live objects. The RNG states come
+    back in `Restored.rng`, not restored here: whatever the caller does before its next step (a probe, a
+    timing) must not draw from the RNG the resumed steps will use."""
     state = read_state(path)
     weights = load_weights(path / "model.safetensors")
     names = [n for g in optimizer.param_groups for n in g["names"]]
@@ -291,5 +294,4 @@ def restore(
             raise UserError(f"{path}: the weights do not fit this run's model ({first})") from None
         load_moments(optimizer, moments)
         plain.to(device)
-    restore_rng(tensors)
-    return Restored(path, state)
+    return Restored(path, state, {k: v for k, v in tensors.items() if k.startswith("rng/")})

@@ -511,8 +511,10 @@ class Trainer:
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.param_names = [n for g in self.optimizer.param_groups for n in g["names"]]
         saved: dict[str, Any] = {}
+        self.saved_rng: dict[str, torch.Tensor] = {}
         if plan.resume_from is not None:
-            saved = ckpt.restore(plan.resume_from, self.model, self.optimizer, device, self.sharded).state
+            restored = ckpt.restore(plan.resume_from, self.model, self.optimizer, device, self.sharded)
+            saved, self.saved_rng = restored.state, restored.rng
             _check_resume(plan, saved)
         self.state = RunState.restore(saved)
         if self.scaler is not None and saved.get("scaler"):
@@ -523,6 +525,12 @@ class Trainer:
         else:
             self.total = total_steps(cfg, plan, lambda: _time_one_step(plan, self.model, self.scaler))
         self.checkpoint = plan.resume_from  # the last complete checkpoint
+
+    def restore_rng(self) -> None:
+        """Put a resumed run's RNG back as it was after its last saved step. Called right before the first
+        step, after every set-up that may draw from the global RNG (a matmul timed for MFU, a step timed for
+        a --time budget): the dropout masks of the resumed steps are then those of the run never stopped."""
+        ckpt.restore_rng(self.saved_rng)
 
     def _compile(self) -> Callable[[Batch], LossOutput] | None:
         plan = self.plan
@@ -742,6 +750,7 @@ def _run(
         _log_validation(log, tb, progress, where, result, on_record)
         return result
 
+    trainer.restore_rng()
     with StopFlag() as flag, workers_stopped(wire):
         while not trainer.finished:
             t_step = time.perf_counter()

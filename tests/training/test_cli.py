@@ -149,9 +149,12 @@ def _final_weights(run: Path) -> dict[str, torch.Tensor]:
 
 
 def test_sigkill_at_any_moment_resumes_to_the_same_weights(train_store: Path, tmp_path: Path) -> None:
+    # Dropout on: each resumed process must draw the dropout masks the run never stopped drew, so nothing
+    # may touch the global RNG between restoring it and the first resumed step.
+    dropout = "model.dropout=0.1"
     straight = tmp_path / "straight"
     subprocess.run(
-        _cli(train_store, straight, "--save-every", "1"), env=_env(), check=True, capture_output=True
+        _cli(train_store, straight, dropout, "--save-every", "1"), env=_env(), check=True, capture_output=True
     )
     expected = _final_weights(straight)
 
@@ -171,7 +174,7 @@ def test_sigkill_at_any_moment_resumes_to_the_same_weights(train_store: Path, tm
 
     mid_save = 0
     for attempt in range(3):
-        args = _cli(train_store, run, "--save-every", "1", *(["--resume"] if attempt else []))
+        args = _cli(train_store, run, dropout, "--save-every", "1", *(["--resume"] if attempt else []))
         proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         before = steps_logged()
         wait_for(lambda b=before, p=proc: steps_logged() >= b + 2 or p.poll() is not None)
@@ -185,7 +188,7 @@ def test_sigkill_at_any_moment_resumes_to_the_same_weights(train_store: Path, tm
         mid_save += any(p.name.endswith(".tmp") for p in root.iterdir())
     assert mid_save >= 1  # at least one kill landed in the middle of a save
     final = subprocess.run(
-        _cli(train_store, run, "--save-every", "1", "--resume"), env=env, capture_output=True
+        _cli(train_store, run, dropout, "--save-every", "1", "--resume"), env=env, capture_output=True
     )
     assert final.returncode == 0, final.stderr.decode()[-400:]
     got = _final_weights(run)
