@@ -423,12 +423,15 @@ class BartDenoising(Objective):
         c, sp = self.config, self.specials
         B, L = rows.shape
         ws = self._word_starts(rows, text, first)
-        word = ws.long().cumsum(1) - 1  # (B, L) word index in the row
-        # one past a document's last word: the next document's first word, or the row's word count
+        words_through = ws.long().cumsum(1)  # (B, L) words that start at or before each token
+        word = words_through - 1  # (B, L) word index in the row
+        # one past a document's last word: the words that start before the next document (whose first
+        # token starts no word when the document is only its EOS), or the row's word count
         doc_row = torch.div(doc_start, L, rounding_mode="floor")
-        words_end = (word[:, -1] + 1).take(doc_row)
+        words_end = words_through[:, -1].take(doc_row)
         same_row = doc_row[1:] == doc_row[:-1]
-        words_end[:-1] = torch.where(same_row, word.take(doc_start[1:]), words_end[:-1])
+        words_before = (words_through - ws.long()).take(doc_start[1:])
+        words_end[:-1] = torch.where(same_row, words_before, words_end[:-1])
         at = flat_nonzero(ws)
         at = at[docs.uniform(at, "bart/starts") < self.start_rate]  # span starts
         if c.mask_length == "span-poisson":
