@@ -388,17 +388,9 @@ def _jsonable(value: Any) -> Any:
 
 def machine() -> dict[str, Any]:
     """Where the comparison ran: costs are only comparable within one machine and one run."""
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     info: dict[str, Any] = {
         "platform": platform.platform(),
-        "cpu": cpu,
+        "cpu": accounting.processor_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,

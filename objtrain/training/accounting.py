@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 import resource
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -180,3 +182,26 @@ def memory_estimate(model: nn.Module, cfg: ModelConfig, micro_rows: int, length:
 
 def threads() -> int:
     return torch.get_num_threads() or os.cpu_count() or 1
+
+
+def processor_name() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (else what `platform` knows)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or ""
+
+
+def numerics(device: torch.device) -> dict[str, Any]:
+    """What picks the kernels, and so the float rounding, besides the inputs: a run resumed where any of
+    these differ continues to float tolerance, not bit for bit."""
+    return {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "processor": processor_name(),
+        "accelerator": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+    }

@@ -516,6 +516,8 @@ class Trainer:
             restored = ckpt.restore(plan.resume_from, self.model, self.optimizer, device, self.sharded)
             saved, self.saved_rng = restored.state, restored.rng
             _check_resume(plan, saved)
+        # Shown on resume and kept in metrics.jsonl: why a resumed run may match only to float tolerance.
+        self.numerics_changed = _numerics_changed(saved, accounting.numerics(device)) if saved else {}
         self.state = RunState.restore(saved)
         if self.scaler is not None and saved.get("scaler"):
             self.scaler.load_state_dict(saved["scaler"])
@@ -631,8 +633,7 @@ class Trainer:
                     "world_size": world.world_size,
                     "micro_batch": plan.micro_batch,
                     "seq_len": plan.seq_len,
-                    "threads": torch.get_num_threads(),
-                    "torch": torch.__version__,
+                    **accounting.numerics(plan.device),
                     "dtype": plan.dtype,
                     "param_names": self.param_names,
                     "scaler": self.scaler.state_dict() if self.scaler is not None else None,
@@ -710,7 +711,15 @@ def _run(
     log = MetricsLog(run_dir / "metrics.jsonl") if world.is_main else None
     tb = TensorBoard(run_dir / "tensorboard", cfg.logging.tensorboard and world.is_main)
     if log is not None and plan.resume_from is not None:
-        log.write({"event": "resume", "step": state.step, "from": plan.resume_from.name})
+        event = {"event": "resume", "step": state.step, "from": plan.resume_from.name}
+        log.write(event | accounting.numerics(device) | {"numerics_changed": trainer.numerics_changed})
+    if trainer.numerics_changed and world.is_main:
+        changes = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in trainer.numerics_changed.items())
+        console.print(
+            f"note: resumed with other numerics than the checkpoint was saved with ({changes}): the rest "
+            "of the run matches an uninterrupted one to float tolerance, not bit for bit",
+            markup=False,
+        )
 
     stream = plan.source.stream("train", cfg.seed)
     sampler = RowSampler(
@@ -935,6 +944,12 @@ def _check_resume(plan: Plan, state: dict[str, Any]) -> None:
     seq_len = state.get("seq_len", saved.get("batch", {}).get("seq_len"))
     if seq_len is not None and seq_len != plan.seq_len:
         raise UserError(f"--resume: --seq-len {plan.seq_len} differs from the checkpoint's {seq_len}")
+
+
+def _numerics_changed(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{field: (saved, now)} for each numerics field the checkpoint recorded that differs now (older
+    checkpoints record only some)."""
+    return {k: (saved[k], v) for k, v in now.items() if k in saved and saved[k] != v}
 
 
 def _time_one_step(plan: Plan, model: nn.Module, scaler: Any) -> float:

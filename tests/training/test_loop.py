@@ -264,6 +264,26 @@ def test_resume_ignores_a_torn_checkpoint_and_a_missing_latest(
     assert "note: step-00000004 incomplete or damaged" in console.export_text()  # said, not silent
 
 
+def test_resume_on_other_numerics_says_so(train_store: Path, tmp_path: Path, small_config) -> None:
+    # Another thread count or CPU picks other kernels: the promise of bit-identical weights no longer holds,
+    # and the user is told so (and metrics.jsonl keeps it) rather than finding out from the weights.
+    cfg = small_config(train_store, budget={"steps": 4}, checkpoint={"every": 2, "keep": 5})
+    train(cfg, tmp_path / "run", show_progress=False)
+    root = tmp_path / "run" / "checkpoints"
+    state_file = root / "step-00000002" / "state.json"
+    state = json.loads(state_file.read_text())
+    assert state["threads"] == torch.get_num_threads() and state["cpu_capability"] and "processor" in state
+    state_file.write_text(json.dumps(state | {"threads": 99}))
+    (root / "latest").unlink()
+    shutil.rmtree(root / "step-00000004")
+    console = Console(record=True, width=300)
+    train(cfg, tmp_path / "run", resume=True, show_progress=False, console=console)
+    said = console.export_text()
+    assert f"threads 99 -> {torch.get_num_threads()}" in said and "float tolerance" in said
+    event = [r for r in records(tmp_path / "run") if r.get("event") == "resume"][-1]
+    assert event["numerics_changed"] == {"threads": [99, torch.get_num_threads()]}
+
+
 def test_resume_refuses_a_damaged_state_and_reads_past_a_damaged_pointer(
     train_store: Path, tmp_path: Path, small_config
 ) -> None:
