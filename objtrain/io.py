@@ -21,6 +21,15 @@ def _umask() -> int:
     return mask
 
 
+def save_tensors(tensors: dict[str, Any], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' `save_file`, leaving the file with the user's usual permissions like every other output
+    (it writes 0600 files: a checkpoint shared with a group would be readable but for its weights)."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata=metadata)
+    os.chmod(path, 0o666 & ~_umask())
+
+
 def check_output_free(
     path: Path, force: bool, inputs: Iterable[Path] = (), replaces: tuple[str, tuple[str, ...]] | None = None
 ) -> None:

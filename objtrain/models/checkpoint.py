@@ -32,12 +32,12 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
-from objtrain.io import atomic_dir, atomic_file, read_json, write_json
+from objtrain.io import atomic_dir, atomic_file, read_json, save_tensors, write_json
 from objtrain.models.config import ModelConfig
 from objtrain.models.zoo import build_model, config_from_dict, config_to_dict
 from objtrain.specials import Specials
@@ -105,7 +105,7 @@ def save_checkpoint(
     }
     with atomic_dir(path, force=force) as tmp:
         tensors = clean_state_dict(model) if weights is None else weights
-        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        save_tensors(tensors, tmp / WEIGHTS, metadata={"format": "pt"})
         if tokenizer is not None:
             with atomic_file(tmp / TOKENIZER) as handle:
                 handle.write(tokenizer.model_proto)

@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
-from objtrain.io import is_count
+from objtrain.io import is_count, save_tensors
 from objtrain.models.checkpoint import load_weights, mark_latest, read_latest, save_checkpoint, unwrap
 from objtrain.specials import Specials
 
@@ -126,7 +126,7 @@ def save_training_checkpoint(
     def extra(tmp: Path) -> None:
         if delay:
             time.sleep(delay)
-        save_file({**moments_to_tensors(moments), **rng_tensors()}, str(tmp / OPTIMIZER))
+        save_tensors({**moments_to_tensors(moments), **rng_tensors()}, tmp / OPTIMIZER)
         if delay:
             time.sleep(delay)
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}

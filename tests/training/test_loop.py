@@ -4,6 +4,7 @@ non-finite losses stop the run and keep the last good checkpoint."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -392,3 +393,18 @@ def test_a_step_the_fp16_scaler_skips_does_not_advance_the_lr(
     resumed = [r for r in records(tmp_path / "run") if "loss" in r][-3:]
     assert [r["lr"] for r in resumed] == lrs[3:]
     assert [r["loss"] for r in resumed] == [r["loss"] for r in steps[3:]]
+
+
+def test_checkpoint_files_get_the_users_usual_permissions(
+    train_store: Path, tmp_path: Path, small_config
+) -> None:
+    # safetensors writes 0600 files: shared with a group, a checkpoint would be readable but for its tensors
+    old = os.umask(0o022)
+    try:
+        result = train(small_config(train_store, budget={"steps": 1}), tmp_path / "run", show_progress=False)
+    finally:
+        os.umask(old)
+    assert result.checkpoint is not None
+    modes = {p.name: p.stat().st_mode & 0o777 for p in result.checkpoint.iterdir()}
+    assert {"model.safetensors", "optimizer.safetensors", "state.json"} <= set(modes)
+    assert set(modes.values()) == {0o644}, modes
