@@ -356,6 +356,12 @@ class UL2(Objective):
         )
         scale = np.where(heavy_in, s_in[:, None], s_tg[:, None])
         length = np.where(valid, np.floor(np.maximum(scale, 1.0)).astype(np.int64), 0)
+        # a row never needs more than it holds: at short model lengths the shortest example times the
+        # examples drawn can pass the row's width (the loader would skip the excess unread), so the last
+        # examples take the room left, and those left none are not made
+        before = np.cumsum(length, 1) - length
+        length = np.minimum(length, np.maximum(self._raw_length(m) - before, 0))
+        count = np.minimum(count, (length > 0).sum(1))
         return Plan(
             torch.from_numpy(k), torch.from_numpy(fraction), torch.from_numpy(length), torch.from_numpy(count)
         )

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from objtrain import IGNORE
@@ -149,6 +150,21 @@ def test_rows_use_only_their_raw_lengths(kind: str) -> None:
     assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.labels, b.labels)
 
 
+def test_no_row_needs_more_raw_tokens_than_it_holds() -> None:
+    """Encoder-decoder at short model lengths: a row's examples, each at least 8 raw tokens, used to need
+    more than the row's width (57 raw tokens for a 12-token row at m = 8, a third of the rows), and the
+    loader skipped the excess unread. Every need now fits the width, and every example counted has text."""
+    obj = build_objective("ul2", SP)
+    for m in (8, 12, 20, 35, 64, 512):
+        index = torch.arange(3000)
+        need = obj.raw_lengths(m, index, 0)
+        assert int(need.max()) <= obj.raw_length(m), m
+        plan = obj.plan(m, index, 0)  # type: ignore[attr-defined]
+        counted = torch.arange(plan.length.size(1))[None, :] < plan.count[:, None]
+        assert bool((plan.length[counted] >= 1).all()) and bool((plan.length[~counted] == 0).all())
+        assert torch.equal(need, plan.length.sum(1))
+
+
 def test_batch_composition_does_not_change_a_row() -> None:
     obj = build_objective("ul2", SP)
     L = obj.raw_length(48)
@@ -263,3 +279,65 @@ def test_empty_and_tiny_documents(kind: str) -> None:
         assert held == set(range(len(held))) and len(held) >= 2
         kept += len(held)
     assert batch.stats["raw_tokens_unused"] == 12 - kept
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    m=st.integers(8, 300),
+    kind=st.sampled_from(["encdec", "decoder"]),
+    roll=st.booleans(),
+    end=st.sampled_from(["cut", "boundary", "full"]),
+)
+# short model lengths, where a row's examples used to need more raw tokens than the row holds
+@example(seed=0, m=8, kind="encdec", roll=False, end="cut")
+def test_a_cut_document_is_corrupted_as_its_prefix_alone(
+    make_packed_rows: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    held_prefixes: Callable[..., list[int]],
+    seed: int,
+    m: int,
+    kind: str,
+    roll: bool,
+    end: str,
+) -> None:
+    """Rows fed their `raw_lengths`, each ending inside a document, at a boundary or with an EOS in its
+    last position: a row holds a raw prefix of its (example, document) parts, whole parts then the first
+    that does not fit cut before corruption, and that prefix is corrupted exactly as the row holding only
+    it (no part's noise, mode token or split depends on what follows it; EOS-only and one-token documents
+    included). Without roll the prefix is the longest that fits: one more raw token would be unused."""
+    obj = build_objective("ul2", SP, model_kind=kind, overrides={"random_roll": roll})  # type: ignore[arg-type]
+    L = obj.raw_length(m)
+    index = torch.arange(6) * 7 + seed
+    need = obj.raw_lengths(m, index, seed)
+    rows = torch.full((6, L), SP.pad)
+    docs = torch.full((6, L), -1)
+    for b, n in enumerate(need.tolist()):
+        rows[b, :n], docs[b, :n] = (t[0] for t in make_packed_rows(seed + b, 1, n, end))
+    full = obj(rows, docs, index, seed)
+    assert full.stats["target_tokens_dropped"] == 0 and full.stats["truncated_tokens"] == 0
+    # the units corrupted on their own: the documents of every example of the row's plan
+    plan = obj.plan(m, index, seed)  # type: ignore[attr-defined]
+    bounds = plan.length.cumsum(1)
+    example = (torch.arange(L)[None, :, None] >= bounds[:, None, :]).sum(2)
+    parts = torch.where(docs >= 0, docs * bounds.size(1) + example, -1)
+    shown = held_prefixes(full, rows, parts)
+    fed = (docs >= 0).sum(1).tolist()
+    # each row's prefix: what its own stats say it uses (rows do not depend on their batch), within what
+    # the batch shows
+    held = [
+        f - int(obj(rows[b : b + 1], docs[b : b + 1], index[b : b + 1], seed).stats["raw_tokens_unused"])
+        for b, f in enumerate(fed)
+    ]
+    assert all(lo <= h <= hi for h, (lo, hi) in zip(held, shown, strict=True)), (held, shown)
+    assert full.stats["raw_tokens_unused"] == sum(fed) - sum(held)
+    j = torch.arange(L)[None, :]
+    alone = obj(rows, docs.masked_fill(j >= torch.tensor(held)[:, None], -1), index, seed)
+    for name, tensor in full.tensors().items():
+        assert torch.equal(tensor, alone.tensors()[name]), name
+    assert alone.stats["raw_tokens_unused"] == 0
+    if roll:  # a cut R/X part is budgeted the sentinel a wrapped span may add, so it may stop one short
+        return
+    for b in range(6):
+        if held[b] < fed[b]:
+            more = docs[b : b + 1].masked_fill(j >= held[b] + 1, -1)
+            assert obj(rows[b : b + 1], more, index[b : b + 1], seed).stats["raw_tokens_unused"] > 0
