@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -297,3 +298,58 @@ def test_bad_config_is_a_user_error() -> None:
         build_objective("span", SP, overrides={"noise_density": 1.5})
     with pytest.raises(UserError):
         build_objective("span", SP, model_kind="encoder")
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    m=st.integers(8, 300),
+    kind=st.sampled_from(["encdec", "decoder"]),
+    roll=st.booleans(),
+    density=st.sampled_from([0.15, 0.5]),
+    mean_span=st.sampled_from([1.0, 3.0]),
+    end=st.sampled_from(["cut", "boundary", "full"]),
+)
+def test_a_cut_document_is_corrupted_as_its_prefix_alone(
+    make_packed_rows: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    held_prefixes: Callable[..., list[int]],
+    seed: int,
+    m: int,
+    kind: str,
+    roll: bool,
+    density: float,
+    mean_span: float,
+    end: str,
+) -> None:
+    """A row holds a raw prefix of its text (whole documents, then the first that does not fit cut before
+    corruption), and that prefix is corrupted exactly as the row holding only it: no document's noise
+    depends on what follows it, EOS-only and one-token documents included. Without roll the prefix is
+    the longest that fits: one more raw token would leave text unused."""
+    overrides = {"random_roll": roll, "noise_density": density, "mean_noise_span_length": mean_span}
+    obj = build_objective("span", SP, model_kind=kind, overrides=overrides)  # type: ignore[arg-type]
+    L = obj.raw_length(m)
+    rows, docs = make_packed_rows(seed, 6, L, end)
+    index = torch.arange(6) * 7 + seed
+    full = obj(rows, docs, index, seed)
+    assert full.stats["target_tokens_dropped"] == 0 and full.stats["truncated_tokens"] == 0
+    shown = held_prefixes(full, rows, docs)
+    fed = (docs >= 0).sum(1).tolist()
+    # each row's prefix: what its own stats say it uses (rows do not depend on their batch), within what
+    # the batch shows
+    held = [
+        f - int(obj(rows[b : b + 1], docs[b : b + 1], index[b : b + 1], seed).stats["raw_tokens_unused"])
+        for b, f in enumerate(fed)
+    ]
+    assert all(lo <= h <= hi for h, (lo, hi) in zip(held, shown, strict=True)), (held, shown)
+    assert full.stats["raw_tokens_unused"] == sum(fed) - sum(held)
+    j = torch.arange(L)[None, :]
+    alone = obj(rows, docs.masked_fill(j >= torch.tensor(held)[:, None], -1), index, seed)
+    for name, tensor in full.tensors().items():
+        assert torch.equal(tensor, alone.tensors()[name]), name
+    assert alone.stats["raw_tokens_unused"] == 0
+    if roll:  # a cut document is budgeted the sentinel a wrapped span may add, so it may stop one short
+        return
+    for b in range(6):
+        if held[b] < fed[b]:
+            more = docs[b : b + 1].masked_fill(j >= held[b] + 1, -1)
+            assert obj(rows[b : b + 1], more, index[b : b + 1], seed).stats["raw_tokens_unused"] > 0
