@@ -13,13 +13,19 @@ it then carries no label, there being nothing before it to predict it from).
 
 Packed rows: every document is split on its own (encoder-decoder: without its trailing EOS, which
 both sides get back). Decoder-only keeps the row length (raw = model length);
-encoder-decoder adds one EOS to each side, so both sides fit in the raw length and the rest is padding.
+encoder-decoder adds one EOS to each side, so both sides fit in the raw length and the rest is padding,
+except for a 1-token document the row cuts before its EOS: all target, token + EOS, one position more
+than its raw text. Behind documents of at most one token there is no room to spare, so the documents are
+fitted as span corruption fits them (`fit_documents`): what does not fit is left out before the split
+(counted in `stats["raw_tokens_unused"]`), never a target's EOS truncated.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -31,6 +37,8 @@ from objtrain.objectives.noise import (
     Segments,
     append_token,
     by_length,
+    document_random,
+    fit_documents,
     layout,
     prefix_split,
     shift_within,
@@ -82,6 +90,22 @@ def split_pieces(
     return Pieces(inputs, n_in_out, targets, n_tgt_out, seg.row, seg.doc), stats
 
 
+def prefix_need(
+    seg: Segments, seed: int, row_index: Tensor, noise_density: float
+) -> Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """`need(lengths, index)` for `fit_documents`: encoder-decoder (inputs, targets) lengths, EOS included,
+    of documents `index` cut to `lengths`, split as `prefix_pieces` splits them."""
+
+    def need(lengths: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        at = torch.from_numpy(index).to(seg.row.device)
+        rr = document_random(seed, row_index, seg.row[at], seg.doc[at])
+        n = torch.from_numpy(lengths).to(seg.row.device)
+        n_in = prefix_split(n, noise_density, rr, "prefix_lm/split").cpu().numpy()
+        return n_in + 1, lengths - n_in + 1
+
+    return need
+
+
 def check_prefix_density(noise_density: float, what: str) -> None:
     if not 0.0 < noise_density <= 1.0:
         raise UserError(
@@ -118,6 +142,11 @@ class PrefixLM(Objective):
 
     def __call__(self, rows: Tensor, document_ids: Tensor, row_index: Tensor, seed: int) -> Batch:
         seg = split_documents(rows, document_ids, self.specials.pad, self.eos_to_split)
+        widths = self.widths(rows.size(1))
+        used = None
+        if self.model_kind == "encdec":  # a cut 1-token document can need one target position too many
+            need = prefix_need(seg, seed, row_index, self.config.noise_density)
+            seg, used = fit_documents(seg, need, widths, self.specials.pad)
         pieces, stats = by_length(
             seg,
             lambda sub: prefix_pieces(
@@ -125,12 +154,13 @@ class PrefixLM(Objective):
             ),
             self.specials.pad,
         )
-        batch, truncated = layout(
-            pieces, self.model_kind, seg.n_rows, self.widths(rows.size(1)), self.specials
-        )
-        batch.stats = finish_stats(stats, batch, truncated)
-        # every real token is in the prefix or the target (encoder-decoder: a document's EOS is re-appended
-        # to both sides); only what the layout truncates is lost
-        fed = int((document_ids >= 0).sum())
-        batch.stats.update(raw_usage(document_ids, max(fed - truncated, 0)))
+        batch, truncated = layout(pieces, self.model_kind, seg.n_rows, widths, self.specials)
+        # encoder-decoder: every target made is in the batch (decoder-only: a 1-token document makes a
+        # target that nothing before it can predict, so it carries no label, see the module docstring)
+        batch.stats = finish_stats(stats, batch, truncated, pieces if used is not None else None)
+        # decoder-only: every real token is in the prefix or the target, only what the layout truncates
+        # is lost; encoder-decoder: what the fit kept (a document's EOS is re-appended to both sides)
+        if used is None:
+            used = max(int((document_ids >= 0).sum()) - truncated, 0)
+        batch.stats.update(raw_usage(document_ids, used))
         return batch

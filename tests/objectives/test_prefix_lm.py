@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from objtrain import IGNORE
@@ -119,6 +120,33 @@ def test_encdec_split_merges_back() -> None:
                 assert len(enc) >= 2 and len(dec) >= 2  # both parts non-empty
 
 
+@pytest.mark.parametrize(
+    ("tokens", "ids"),
+    [
+        ([O + 5, SP.eos, O + 6], [0, 0, 1]),
+        ([SP.eos, O + 6], [0, 1]),
+        ([SP.eos, O + 5, SP.eos, O + 6], [0, 1, 1, 2]),
+    ],
+)
+def test_encdec_row_of_tiny_documents_drops_no_target(tokens: list[int], ids: list[int]) -> None:
+    """A 1-token document is all target, so its target (token + EOS) is one position longer than its raw
+    text when the row cuts it before its EOS. Behind documents of at most one token (no room to spare), its
+    EOS used to be truncated off the decoder row: a target without its EOS, counted as unused raw text.
+    Now the document that does not fit is left out, and every target the batch holds is whole."""
+    obj = build_objective("prefix_lm", SP, model_kind="encdec")
+    rows, docs = torch.tensor([tokens]), torch.tensor([ids])
+    batch = obj(rows, docs, torch.tensor([0]), 0)
+    assert batch.decoder_document_ids is not None
+    assert batch.stats["truncated_tokens"] == 0 and batch.stats["target_tokens_dropped"] == 0
+    held = sorted(set(batch.decoder_document_ids[0].tolist()) - {-1})
+    assert held == list(range(ids[-1]))  # every document but the cut one-token one
+    for d in held:
+        dec = batch.labels[0][batch.decoder_document_ids[0] == d].tolist()
+        original = [t for t, i in zip(tokens, ids, strict=True) if i == d and t != SP.eos]
+        assert dec == [*original, SP.eos]
+    assert batch.stats["raw_tokens_unused"] == 1  # the left-out token
+
+
 def test_batch_composition_does_not_change_a_row() -> None:
     for kind in ("decoder", "encdec"):
         obj = build_objective("prefix_lm", SP, model_kind=kind)  # type: ignore[arg-type]
@@ -155,3 +183,51 @@ def test_empty_and_one_token_rows() -> None:
 def test_bad_density_is_a_user_error() -> None:
     with pytest.raises(UserError):
         build_objective("prefix_lm", SP, overrides={"noise_density": 0.0})
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    m=st.integers(2, 200),
+    kind=st.sampled_from(["encdec", "decoder"]),
+    density=st.sampled_from([0.25, 0.5, 0.9]),
+    end=st.sampled_from(["cut", "boundary", "full"]),
+)
+# one-token documents before a one-token document the row cuts: its target's EOS used to be truncated
+@example(seed=0, m=3, kind="encdec", density=0.25, end="cut")
+def test_a_cut_document_is_split_as_its_prefix_alone(
+    make_packed_rows: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    held_prefixes: Callable[..., list[tuple[int, int]]],
+    seed: int,
+    m: int,
+    kind: str,
+    density: float,
+    end: str,
+) -> None:
+    """Packed rows with EOS-only and one-token documents: a row holds a raw prefix of its documents (all of
+    it, decoder-only; encoder-decoder, whole documents then the first that does not fit, cut), each split
+    on its own, exactly as the row holding only that prefix; no target is truncated or dropped, and the
+    prefix is the longest that fits: one more raw token would be left unused."""
+    obj = build_objective("prefix_lm", SP, model_kind=kind, overrides={"noise_density": density})  # type: ignore[arg-type]
+    L = obj.raw_length(m)
+    rows, docs = make_packed_rows(seed, 6, L, end)
+    index = torch.arange(6) * 7 + seed
+    full = obj(rows, docs, index, seed)
+    assert full.stats["truncated_tokens"] == 0 and full.stats.get("target_tokens_dropped", 0) == 0
+    shown = held_prefixes(full, rows, docs)
+    fed = (docs >= 0).sum(1).tolist()
+    held = [
+        f - int(obj(rows[b : b + 1], docs[b : b + 1], index[b : b + 1], seed).stats["raw_tokens_unused"])
+        for b, f in enumerate(fed)
+    ]
+    assert all(lo <= h <= hi for h, (lo, hi) in zip(held, shown, strict=True)), (held, shown)
+    assert full.stats["raw_tokens_unused"] == sum(fed) - sum(held)
+    j = torch.arange(L)[None, :]
+    alone = obj(rows, docs.masked_fill(j >= torch.tensor(held)[:, None], -1), index, seed)
+    for name, tensor in full.tensors().items():
+        assert torch.equal(tensor, alone.tensors()[name]), name
+    assert alone.stats["raw_tokens_unused"] == 0
+    for b in range(6):
+        if held[b] < fed[b]:
+            more = docs[b : b + 1].masked_fill(j >= held[b] + 1, -1)
+            assert obj(rows[b : b + 1], more, index[b : b + 1], seed).stats["raw_tokens_unused"] > 0
