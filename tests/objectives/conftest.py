@@ -93,3 +93,17 @@ def make_packed_rows() -> Callable[[int, int, int, str], tuple[torch.Tensor, tor
 @pytest.fixture(scope="session")
 def held_prefixes() -> Callable[[Batch, torch.Tensor, torch.Tensor], list[tuple[int, int]]]:
     return raw_prefixes
+
+
+def first_documents(docs: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(document ids with every document from a random one k on made padding, k) per row: the row as it
+    would be had it ended (or been padded) after its first k documents."""
+    g = torch.Generator().manual_seed(seed)
+    n = docs.max(1).values + 1
+    k = (torch.rand(docs.size(0), generator=g) * (n + 1).double()).long().clamp(max=n)
+    return docs.masked_fill(docs >= k[:, None], -1), k
+
+
+@pytest.fixture(scope="session")
+def keep_first_documents() -> Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]:
+    return first_documents

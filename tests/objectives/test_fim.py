@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -217,3 +218,36 @@ def test_batch_size_independent_and_yaml(tokenizer: Tokenizer, char: bool) -> No
         assert torch.equal(tensor, torch.cat([p.tensors()[name] for p in parts])), name
     assert objective_defaults("fim") == dataclasses.asdict(FillInTheMiddle.Config())
     assert build_objective("fim", SP, tokenizer).raw_length(512) == 513
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    L=st.integers(2, 120),
+    rate=st.sampled_from([0.5, 1.0]),
+    spm=st.sampled_from([0.0, 0.5, 1.0]),
+    end=st.sampled_from(["cut", "boundary", "full"]),
+)
+def test_a_document_is_transformed_whatever_follows_it(
+    make_packed_rows: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    keep_first_documents: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    seed: int,
+    L: int,
+    rate: float,
+    spm: float,
+    end: str,
+) -> None:
+    """Context-level FIM transforms every fragment on its own, from draws at its start: a row whose
+    documents from some k on are padding gives exactly the same model positions for its first k documents
+    (tokens, labels, positions), EOS-only and one-token documents included, and holds nothing else."""
+    obj = fim(fim_rate=rate, spm_rate=spm)
+    rows, docs = make_packed_rows(seed, 6, L, end)
+    index = torch.arange(6) * 5 + seed
+    full = obj(rows, docs, index, seed)
+    first, k = keep_first_documents(docs, seed)
+    alone = obj(rows, first, index, seed)
+    ours = (full.document_ids >= 0) & (full.document_ids < k[:, None])
+    for name in ("input_ids", "labels", "positions", "document_ids"):
+        a, b = getattr(full, name), getattr(alone, name)
+        assert torch.equal(a[ours], b[ours]), name
+    assert bool((alone.document_ids[~ours] == -1).all()) and bool((alone.labels[~ours] == IGNORE).all())

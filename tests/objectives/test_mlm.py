@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -160,3 +161,45 @@ def test_batch_size_independent_and_yaml(tokenizer: Tokenizer) -> None:
         assert not torch.equal(obj(rows, docs, torch.arange(8), 4).labels, whole.labels)
     assert objective_defaults("mlm") == dataclasses.asdict(MaskedLM.Config())
     assert build_objective("mlm", SP, tokenizer).raw_length(512) == 512
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    L=st.integers(1, 120),
+    exact=st.booleans(),
+    end=st.sampled_from(["cut", "boundary", "full"]),
+)
+def test_a_document_is_masked_whatever_follows_it(
+    make_packed_rows: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    keep_first_documents: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    seed: int,
+    L: int,
+    exact: bool,
+    end: str,
+) -> None:
+    """A row whose documents from some k on are padding. Per-token selection: its first k documents are
+    corrupted exactly as in the whole row. Exact counts legitimately depend on the whole row (one budget,
+    round(rate * eligible), drawn as the lowest random keys of the row), so the invariant is weaker: the
+    two selections on the first k documents are nested (both are the lowest keys there, under two
+    budgets), every position selected in both gets the same action, and the shorter row's count is its
+    own budget."""
+    obj = mlm(exact_count=exact)
+    rows, docs = make_packed_rows(seed, 6, L, end)
+    index = torch.arange(6) + seed
+    full = obj(rows, docs, index, seed)
+    first, _ = keep_first_documents(docs, seed)
+    alone = obj(rows, first, index, seed)
+    ours = first >= 0
+    assert bool((alone.labels[~ours] == IGNORE).all())
+    a, b = (full.labels != IGNORE) & ours, alone.labels != IGNORE
+    if not exact:
+        assert torch.equal(a, b) and torch.equal(full.input_ids[ours], alone.input_ids[ours])
+        return
+    for r in range(6):
+        assert bool((a[r] <= b[r]).all()) or bool((b[r] <= a[r]).all()), r
+        n = int(((rows[r] >= O) & ours[r]).sum())
+        assert int(b[r].sum()) == (max(1, round(0.15 * n)) if n else 0)
+    both = a & b
+    assert torch.equal(full.input_ids[both], alone.input_ids[both])
+    assert torch.equal(full.labels[both], alone.labels[both])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -178,3 +179,43 @@ def test_batch_size_independent_and_yaml() -> None:
     assert obj.raw_length(512) == 513  # the same rows as CLM
     with pytest.raises(UserError, match="n must be at least 1"):
         build_objective("mtp", SP, overrides={"n": 0})
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    L=st.integers(2, 80),
+    n=st.integers(1, 4),
+    end=st.sampled_from(["cut", "boundary", "full"]),
+)
+def test_a_document_is_trained_whatever_follows_it(
+    make_packed_rows: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    keep_first_documents: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    seed: int,
+    L: int,
+    n: int,
+    end: str,
+) -> None:
+    """Packed rows with EOS-only and one-token documents (n = 1 is CLM): a row whose documents from some k
+    on are padding gives exactly the same inputs and targets of every head on its first k documents, and
+    every target a document has inside the row is trained: head k's label at t is x[t + k] wherever t and
+    t + k are in one document (a one-token or EOS-only document has none, a document's EOS is a target)."""
+    obj = mtp(n)
+    rows, docs = make_packed_rows(seed, 6, L, end)
+    index = torch.arange(6) + seed
+    full = obj(rows, docs, index, seed)
+    first, k = keep_first_documents(docs, seed)
+    alone = obj(rows, first, index, seed)
+    ours = (full.document_ids >= 0) & (full.document_ids < k[:, None])
+    assert full.mtp_labels is not None and alone.mtp_labels is not None
+    for name in ("input_ids", "labels", "positions", "document_ids"):
+        assert torch.equal(getattr(full, name)[ours], getattr(alone, name)[ours]), name
+    for h in range(n):
+        assert torch.equal(full.mtp_labels[:, h][ours], alone.mtp_labels[:, h][ours])
+        assert bool((alone.mtp_labels[:, h][~ours] == IGNORE).all())
+        T = L - 1
+        for b in range(6):
+            for t in range(T):
+                inside = t + h + 1 < L and int(docs[b, t]) >= 0 and int(docs[b, t]) == int(docs[b, t + h + 1])
+                want = int(rows[b, t + h + 1]) if inside else IGNORE
+                assert int(full.mtp_labels[b, h, t]) == want
