@@ -43,6 +43,13 @@ def _wait_for(condition, proc: subprocess.Popen, what: str, limit: float = 120) 
         time.sleep(0.01)
 
 
+def _ctrl_c_able() -> None:
+    """In the child before exec: SIGINT handled as in a terminal's foreground job. A test run in the
+    background (`&`, nohup, some CI runners) ignores SIGINT, and a child inherits that, so the Ctrl-C
+    these tests send would never arrive."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt(proc: subprocess.Popen) -> tuple[int, str]:
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
@@ -59,7 +66,8 @@ def _assert_one_interrupted_line(code: int, err: str) -> None:
 def test_ctrl_c_during_start_up(tmp_path: Path) -> None:
     out = tmp_path / "store"
     proc = subprocess.Popen(objtrain_cmd(*STDLIB_RUN, "-o", out), env=subprocess_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_ctrl_c_able)  # fmt: skip
     _wait_for(lambda: _loading_torch(proc.pid), proc, "objtrain's imports")
     _assert_one_interrupted_line(*_interrupt(proc))
     assert list(tmp_path.iterdir()) == []
@@ -69,7 +77,8 @@ def test_ctrl_c_during_start_up(tmp_path: Path) -> None:
 def test_ctrl_c_while_writing_removes_the_temporary(tmp_path: Path) -> None:
     out = tmp_path / "store"
     proc = subprocess.Popen(objtrain_cmd(*STDLIB_RUN, "-o", out), env=subprocess_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_ctrl_c_able)  # fmt: skip
     _wait_for(lambda: any(p.name.endswith(".tmp") for p in tmp_path.iterdir()), proc, "the encoding phase")
     _assert_one_interrupted_line(*_interrupt(proc))
     assert list(tmp_path.iterdir()) == []  # neither the store nor its temporary
