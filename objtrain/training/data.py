@@ -224,6 +224,20 @@ class WorkItem:
     after: Position  # the data position once this step's last micro-batch is consumed
 
 
+def row_needs(objective: Objective, model_length: int, rows: np.ndarray, seed: int) -> np.ndarray:
+    """(B,) raw tokens each of global `rows` takes from the stream (`Objective.raw_lengths`), checked against
+    the row's width: a need past it would move the stream over text that no row reads."""
+    needs = objective.raw_lengths(model_length, torch.from_numpy(np.asarray(rows, dtype=np.int64)), seed)
+    needs = needs.numpy().astype(np.int64)
+    width = objective.raw_length(model_length)
+    if needs.size and (int(needs.max()) > width or int(needs.min()) < 0):
+        raise RuntimeError(
+            f"{objective.name}: a row asked for {int(needs.max())} raw tokens, more than the {width} a row "
+            f"holds at model length {model_length} (or a negative count): text would be skipped unread"
+        )
+    return needs
+
+
 def row_starts(lengths: np.ndarray, start: int = 0) -> np.ndarray:
     """Stream offsets of rows of `lengths` raw tokens laid back to back from offset `start`."""
     return start + np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
@@ -273,8 +287,7 @@ class RowSampler(Sampler[WorkItem]):
         position = self.start
         for step in range(self.first_step, self.steps):
             rows = np.arange(position.rows, position.rows + self.global_batch, dtype=np.int64)
-            lengths = self.objective.raw_lengths(self.model_length, torch.from_numpy(rows), self.seed)
-            lengths = lengths.numpy().astype(np.int64)
+            lengths = row_needs(self.objective, self.model_length, rows, self.seed)
             offsets = row_starts(lengths, position.offset)
             after = Position(position.rows + self.global_batch, int(position.offset + lengths.sum()))
             mb, W = self.micro_batch, self.world_size
@@ -412,7 +425,7 @@ def leading_batches(
     """Rows 0..rows-1 of `stream`, each of the length the objective needs, corrupted under `seed`, in batches
     of `micro` rows. With `within_epoch`, only the rows that fit in one pass (`rows_in_one_pass`)."""
     index = np.arange(rows, dtype=np.int64)
-    lengths = objective.raw_lengths(model_length, torch.from_numpy(index), seed).numpy().astype(np.int64)
+    lengths = row_needs(objective, model_length, index, seed)
     offsets = row_starts(lengths)
     n = rows_in_one_pass(offsets, lengths, stream.epoch_tokens) if within_epoch else rows
     width = objective.raw_length(model_length)

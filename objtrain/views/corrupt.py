@@ -38,6 +38,7 @@ from objtrain.training.data import (
     Documents,
     DocumentStream,
     read_batch,
+    row_needs,
     row_starts,
     rows_in_one_pass,
 )
@@ -154,7 +155,7 @@ def read_rows(
         raise UserError(f"--n must be at least 1, got {n_rows}")
     width = objective.raw_length(model_length)
     index = torch.arange(n_rows, dtype=torch.int64)
-    need = objective.raw_lengths(model_length, index, seed).numpy().astype(np.int64)
+    need = row_needs(objective, model_length, index.numpy(), seed)
     packed_lengths = None
     if text is not None or (source is not None and Path(source).is_file()):
         if tokenizer_store is None:

@@ -14,7 +14,7 @@ import torch
 from objtrain.data.store import TokenStore
 from objtrain.errors import UserError
 from objtrain.objectives.registry import build_objective
-from objtrain.training.data import DataSource, DocumentStream, Position, RowSampler
+from objtrain.training.data import DataSource, DocumentStream, Position, RowSampler, row_needs
 
 
 def _stream(store: Path, seed: int = 0, shuffle: bool = True) -> tuple[DocumentStream, DataSource]:
@@ -117,3 +117,26 @@ def test_packed_document_ids_outside_a_row_are_damage(packed_store: Path, tmp_pa
     del ids
     with pytest.raises(UserError, match=r"valid\.docs\.bin holds document ids outside -1\.\.63.*damaged"):
         DataSource(damaged).documents("valid")
+
+
+@pytest.mark.parametrize(
+    ("objective_name", "kind", "length"),
+    [("clm", "decoder", 64), ("ul2", "decoder", 64), ("ul2", "encdec", 12)],
+)
+def test_a_row_never_takes_more_raw_tokens_than_it_holds(
+    objective_name: str, kind: str, length: int, train_store: Path
+) -> None:
+    # A need past the row's width would move the stream over text no row reads: silently trained on less.
+    _, source = _stream(train_store)
+    objective = build_objective(objective_name, source.specials, source.tokenizer, kind)  # type: ignore[arg-type]
+    needs = row_needs(objective, length, np.arange(4096), seed=3)
+    assert needs.max() <= objective.raw_length(length) and needs.min() > 0
+
+    class Greedy(type(objective)):  # type: ignore[misc]
+        def raw_lengths(self, model_length: int, row_index: torch.Tensor, seed: int) -> torch.Tensor:
+            return super().raw_lengths(model_length, row_index, seed) + 1
+
+    greedy = Greedy(objective.config, source.specials, source.tokenizer, kind)
+    sampler = RowSampler(greedy, length, 0, 8, 8, 0, 1, Position(), 0, 1)
+    with pytest.raises(RuntimeError, match="skipped unread"):
+        next(iter(sampler))
