@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from objtrain.batch import Batch
+from objtrain.objectives.base import Objective
 from objtrain.specials import Specials
 
 SP = Specials()
@@ -90,9 +91,42 @@ def make_packed_rows() -> Callable[[int, int, int, str], tuple[torch.Tensor, tor
     return packed_rows
 
 
+def check_prefix_alone(
+    objective: Objective,
+    rows: torch.Tensor,
+    docs: torch.Tensor,
+    index: torch.Tensor,
+    seed: int,
+    full: Batch,
+    parts: torch.Tensor,
+    longest: bool,
+) -> None:
+    """`full` (the objective over `rows`) holds a raw prefix of each row: the length its own stats say it
+    uses (a row does not depend on its batch), within what the batch shows of the units `parts`. That prefix
+    corrupted alone gives `full` exactly and uses all of it; with `longest`, one more raw token would be
+    left unused (the prefix is the longest that fits)."""
+    shown = raw_prefixes(full, rows, parts)
+    fed = (docs >= 0).sum(1).tolist()
+    one = [objective(rows[b : b + 1], docs[b : b + 1], index[b : b + 1], seed) for b in range(len(fed))]
+    held = [f - int(batch.stats["raw_tokens_unused"]) for f, batch in zip(fed, one, strict=True)]
+    assert all(lo <= h <= hi for h, (lo, hi) in zip(held, shown, strict=True)), (held, shown)
+    assert full.stats["raw_tokens_unused"] == sum(fed) - sum(held)
+    j = torch.arange(rows.size(1))[None, :]
+    alone = objective(rows, docs.masked_fill(j >= torch.tensor(held)[:, None], -1), index, seed)
+    for name, tensor in full.tensors().items():
+        assert torch.equal(tensor, alone.tensors()[name]), name
+    assert alone.stats["raw_tokens_unused"] == 0
+    if not longest:
+        return
+    for b in range(rows.size(0)):
+        if held[b] < fed[b]:
+            more = docs[b : b + 1].masked_fill(j >= held[b] + 1, -1)
+            assert objective(rows[b : b + 1], more, index[b : b + 1], seed).stats["raw_tokens_unused"] > 0
+
+
 @pytest.fixture(scope="session")
-def held_prefixes() -> Callable[[Batch, torch.Tensor, torch.Tensor], list[tuple[int, int]]]:
-    return raw_prefixes
+def prefix_alone() -> Callable[..., None]:
+    return check_prefix_alone
 
 
 def first_documents(docs: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

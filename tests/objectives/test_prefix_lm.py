@@ -197,7 +197,7 @@ def test_bad_density_is_a_user_error() -> None:
 @example(seed=0, m=3, kind="encdec", density=0.25, end="cut")
 def test_a_cut_document_is_split_as_its_prefix_alone(
     make_packed_rows: Callable[..., tuple[torch.Tensor, torch.Tensor]],
-    held_prefixes: Callable[..., list[tuple[int, int]]],
+    prefix_alone: Callable[..., None],
     seed: int,
     m: int,
     kind: str,
@@ -214,20 +214,4 @@ def test_a_cut_document_is_split_as_its_prefix_alone(
     index = torch.arange(6) * 7 + seed
     full = obj(rows, docs, index, seed)
     assert full.stats["truncated_tokens"] == 0 and full.stats.get("target_tokens_dropped", 0) == 0
-    shown = held_prefixes(full, rows, docs)
-    fed = (docs >= 0).sum(1).tolist()
-    held = [
-        f - int(obj(rows[b : b + 1], docs[b : b + 1], index[b : b + 1], seed).stats["raw_tokens_unused"])
-        for b, f in enumerate(fed)
-    ]
-    assert all(lo <= h <= hi for h, (lo, hi) in zip(held, shown, strict=True)), (held, shown)
-    assert full.stats["raw_tokens_unused"] == sum(fed) - sum(held)
-    j = torch.arange(L)[None, :]
-    alone = obj(rows, docs.masked_fill(j >= torch.tensor(held)[:, None], -1), index, seed)
-    for name, tensor in full.tensors().items():
-        assert torch.equal(tensor, alone.tensors()[name]), name
-    assert alone.stats["raw_tokens_unused"] == 0
-    for b in range(6):
-        if held[b] < fed[b]:
-            more = docs[b : b + 1].masked_fill(j >= held[b] + 1, -1)
-            assert obj(rows[b : b + 1], more, index[b : b + 1], seed).stats["raw_tokens_unused"] > 0
+    prefix_alone(obj, rows, docs, index, seed, full, docs, longest=True)

@@ -293,7 +293,7 @@ def test_empty_and_tiny_documents(kind: str) -> None:
 @example(seed=0, m=8, kind="encdec", roll=False, end="cut")
 def test_a_cut_document_is_corrupted_as_its_prefix_alone(
     make_packed_rows: Callable[..., tuple[torch.Tensor, torch.Tensor]],
-    held_prefixes: Callable[..., list[int]],
+    prefix_alone: Callable[..., None],
     seed: int,
     m: int,
     kind: str,
@@ -320,24 +320,5 @@ def test_a_cut_document_is_corrupted_as_its_prefix_alone(
     bounds = plan.length.cumsum(1)
     example = (torch.arange(L)[None, :, None] >= bounds[:, None, :]).sum(2)
     parts = torch.where(docs >= 0, docs * bounds.size(1) + example, -1)
-    shown = held_prefixes(full, rows, parts)
-    fed = (docs >= 0).sum(1).tolist()
-    # each row's prefix: what its own stats say it uses (rows do not depend on their batch), within what
-    # the batch shows
-    held = [
-        f - int(obj(rows[b : b + 1], docs[b : b + 1], index[b : b + 1], seed).stats["raw_tokens_unused"])
-        for b, f in enumerate(fed)
-    ]
-    assert all(lo <= h <= hi for h, (lo, hi) in zip(held, shown, strict=True)), (held, shown)
-    assert full.stats["raw_tokens_unused"] == sum(fed) - sum(held)
-    j = torch.arange(L)[None, :]
-    alone = obj(rows, docs.masked_fill(j >= torch.tensor(held)[:, None], -1), index, seed)
-    for name, tensor in full.tensors().items():
-        assert torch.equal(tensor, alone.tensors()[name]), name
-    assert alone.stats["raw_tokens_unused"] == 0
-    if roll:  # a cut R/X part is budgeted the sentinel a wrapped span may add, so it may stop one short
-        return
-    for b in range(6):
-        if held[b] < fed[b]:
-            more = docs[b : b + 1].masked_fill(j >= held[b] + 1, -1)
-            assert obj(rows[b : b + 1], more, index[b : b + 1], seed).stats["raw_tokens_unused"] > 0
+    # a cut R/X part is budgeted the sentinel a wrapped span may add: with roll it may stop one short
+    prefix_alone(obj, rows, docs, index, seed, full, parts, longest=not roll)
