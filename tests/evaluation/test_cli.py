@@ -13,6 +13,7 @@ import pytest
 
 from objtrain.data.pack import PackConfig, pack_store
 from objtrain.data.tokenize import TokenizeConfig, tokenize_corpus
+from objtrain.data.tokenizer import Tokenizer
 
 CODE = '''def first(items):
     """The first item."""
@@ -110,13 +111,19 @@ def test_encoder_and_encdec_get_their_own_scores(cli, debug_checkpoint, code_fil
     assert encdec["infill_mode"] == "sentinel" and encdec["infill_tasks"] == 2
 
 
-def test_a_token_store_is_scored_on_its_valid_split(cli, debug_checkpoint, tmp_path, stdlib_texts, tokenizer):
+def _code_store(tmp_path: Path, texts: list[str], tokenizer: Tokenizer) -> Path:
+    """TMP/store: `texts` as modules, split at blank lines, a fifth of the documents held out as valid."""
     (tmp_path / "corpus").mkdir()
-    for i, text in enumerate(stdlib_texts[:3]):
+    for i, text in enumerate(texts):
         (tmp_path / "corpus" / f"m{i}.py").write_text(text, encoding="utf-8")
     (tmp_path / "tok.model").write_bytes(tokenizer.model_proto)
     config = TokenizeConfig(tokenizer=tmp_path / "tok.model", doc_split="blank-line", valid_fraction=0.2)
     tokenize_corpus([tmp_path / "corpus"], tmp_path / "store", config)
+    return tmp_path / "store"
+
+
+def test_a_token_store_is_scored_on_its_valid_split(cli, debug_checkpoint, tmp_path, stdlib_texts, tokenizer):
+    _code_store(tmp_path, stdlib_texts[:3], tokenizer)
     ckpt = debug_checkpoint("decoder", zero=True)
     out = _json(
         cli(ckpt, "--data", tmp_path / "store", "--format", "json", "--skip", "corrupted,infill,probe")
@@ -205,12 +212,7 @@ def test_zero_sizes_and_missing_splits_are_refused(cli, debug_checkpoint, code_f
 def test_a_store_token_past_the_vocabulary_is_refused(
     cli, debug_checkpoint, tmp_path, stdlib_texts, tokenizer
 ):
-    (tmp_path / "corpus").mkdir()
-    for i, text in enumerate(stdlib_texts[:3]):
-        (tmp_path / "corpus" / f"m{i}.py").write_text(text, encoding="utf-8")
-    (tmp_path / "tok.model").write_bytes(tokenizer.model_proto)
-    config = TokenizeConfig(tokenizer=tmp_path / "tok.model", doc_split="blank-line", valid_fraction=0.2)
-    tokenize_corpus([tmp_path / "corpus"], tmp_path / "store", config)
+    _code_store(tmp_path, stdlib_texts[:3], tokenizer)
     dtype = np.dtype(json.loads((tmp_path / "store" / "meta.json").read_text())["dtype"])
     tokens = np.memmap(tmp_path / "store" / "valid.bin", dtype=dtype, mode="r+")
     tokens[3] = np.iinfo(dtype).max
