@@ -6,7 +6,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench findings clean
 
 install: $(STAMP)
 
@@ -40,6 +40,13 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check objtrain tests benchmarks
 	$(BIN)/ruff format --check objtrain tests benchmarks
+
+# The published findings (docs/findings): builds the prose store from ../shared/data, then runs each
+# shipped experiment with three seeds (resumable: run it again to continue) and rewrites every report and
+# docs/findings/README.md from the results. Several hours on 2 CPU cores.
+findings: $(STAMP)
+	$(BIN)/python benchmarks/findings_data.py runs/findings/data
+	$(BIN)/python -m objtrain.compare.findings run
 
 # Benchmarks measure against peers (Hugging Face transformers) in the same run.
 BENCH_STAMP := $(VENV)/.installed-bench

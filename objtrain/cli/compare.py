@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
+import yaml
 from rich.markup import escape
 
 from objtrain.cli.common import interrupt_note, make_console
 from objtrain.compare import load_experiment, plan_comparison, run_comparison, write_report
 from objtrain.compare.runner import Interrupted
+from objtrain.errors import UserError
 
 HELP = """Train several arms under one equal budget, evaluate them with the same suite, report side by side.
 
@@ -32,11 +35,18 @@ def run(
     data: str = typer.Option(
         None, "--data", help="Token or packed store for every arm, instead of the experiment's."
     ),
+    eval_options: list[str] = typer.Option(
+        None,
+        "--eval",
+        help="KEY=VALUE over the experiment's eval options (repeatable), e.g. probe_data=../shared/data "
+        "or probe_tasks=sst2,trec.",
+    ),
     resume: bool = typer.Option(False, "--resume", help="Continue REPORT: finished arms are kept."),
     force: bool = typer.Option(False, "--force", help="Replace an existing REPORT."),
 ) -> None:
     console = make_console(stderr=True, highlight=False)
     exp = load_experiment(experiment)
+    exp.eval.options = {**exp.eval.options, **parse_eval_options(eval_options or [])}
     comparison = plan_comparison(
         exp, output, budget, seeds, resume=resume, force=force, data=data, console=console
     )
@@ -53,6 +63,23 @@ def run(
         raise typer.Exit(130) from None
     write_report(comparison, make_console(highlight=False))
     console.print(f"report: {output / 'report.md'} (results.json and plots beside it)", markup=False)
+
+
+def parse_eval_options(pairs: list[str]) -> dict[str, Any]:
+    """`KEY=VALUE` pairs; a value is read as YAML (numbers, booleans, lists), a bare `a,b` as a list."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--eval takes KEY=VALUE, got {pair!r}")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            value = text
+        if isinstance(value, str) and "," in value:
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        out[key.strip()] = value
+    return out
 
 
 run.__doc__ = HELP

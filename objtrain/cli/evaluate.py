@@ -22,9 +22,13 @@ Left to right (decoders; encoder-decoders through their decoder): loss, perplexi
 whole documents with a sliding window (--window, --stride), every byte counted once. Masked-token accuracy
 (encoders) and span-target loss (encoder-decoders) on fixed-seed corruptions, and the training objective's
 own loss. Infilling of held-out Python functions (one line or one span cut out) with the model's own infill
-mode, or tasks from a HumanEval-Infilling JSONL (--infill): exact match and the share that still parses.
+mode, or tasks from a HumanEval-Infilling JSONL (--infill): exact match and the share that still parses,
+and the middle's bits per byte given prefix and suffix (and from the prefix alone), which resolves models
+too small for exact match.
 A linear probe on frozen features: by default, which standard-library package a function comes from; or a
-labelled TSV/JSONL (--probe train.tsv --probe-valid dev.tsv). A few greedy samples for the eye.
+labelled TSV/JSONL (--probe train.tsv --probe-valid dev.tsv), or named tasks (--probe-task sst2,trec,cola
+--probe-data DIR); the layer and penalty are chosen on a dev split, never on the reported one. A few
+greedy samples for the eye.
 
 DATA is a token or packed store (its valid split by default) or a UTF-8 text file, encoded with the
 checkpoint's own tokenizer. Without --data: the run's own store, else the embedded standard-library store.
@@ -55,7 +59,7 @@ def run(
     ] = None,
     infill_tasks: Annotated[int, typer.Option("--infill-tasks", min=1, help="Most infilling tasks.")] = 32,
     infill_kinds: Annotated[
-        str, typer.Option("--infill-kinds", help="line, span or both (also written line,span).")
+        str, typer.Option("--infill-kinds", help="line, lines (2-6 lines), span, both (line,span) or all.")
     ] = "both",
     infill_max_tokens: Annotated[
         int, typer.Option("--infill-max-tokens", min=1, help="Most tokens of a line fill (spans: twice).")
@@ -69,6 +73,21 @@ def run(
     pooling: Annotated[
         str, typer.Option("--probe-pooling", help="mean, last, first or pooled (encoder head).")
     ] = "mean",
+    probe_layers: Annotated[
+        str,
+        typer.Option(
+            "--probe-layers", help="best (every layer and l2 tried, chosen on a dev split) or last."
+        ),
+    ] = "best",
+    probe_tasks: Annotated[
+        str, typer.Option("--probe-task", help="Named probe tasks, comma-separated: sst2, trec, cola.")
+    ] = "",
+    probe_data: Annotated[
+        Path | None, typer.Option("--probe-data", help="Directory holding sst2/, trec/, cola/.")
+    ] = None,
+    middle_tasks: Annotated[
+        int, typer.Option("--middle-tasks", min=0, help="Infilling tasks whose middle is scored in bits.")
+    ] = 240,
     samples: Annotated[int, typer.Option(min=0, help="Greedy samples to show.")] = 3,
     skip: Annotated[str, typer.Option(help="Parts to leave out: lm,corrupted,infill,probe,samples.")] = "",
     output_format: Annotated[
@@ -93,11 +112,18 @@ def run(
         probe_train=probe_train,
         probe_valid=probe_valid,
         probe_pooling=pooling,
+        probe_layers=probe_layers,
+        probe_tasks=tuple(k.strip() for k in probe_tasks.split(",") if k.strip()),
+        probe_data=probe_data,
+        middle_tasks=middle_tasks,
         samples=samples,
         skip=tuple(k.strip() for k in skip.split(",") if k.strip()),
         device=device,
     )
-    result = evaluate(checkpoint, data=data, options=options)
+    err = make_console(stderr=True, highlight=False)
+    result = evaluate(
+        checkpoint, data=data, options=options, progress=lambda line: err.print(line, markup=False)
+    )
     if output_format == "json":
         print(json.dumps(_finite(result), ensure_ascii=False, allow_nan=False))
         return
@@ -106,7 +132,8 @@ def run(
 
 NOTES = (
     "data", "window", "stride", "scored_tokens", "scored_bytes", "lm_mode", "infill_mode", "infill_tasks",
-    "infill_skipped", "probe", "probe_classes", "probe_feature_dim", "eval_seed",
+    "infill_skipped", "middle_mode", "middle_tasks", "probe", "probe_classes", "probe_feature_dim",
+    "probe_layer", "eval_seed",
 )  # fmt: skip
 
 

@@ -99,6 +99,28 @@ class EvalSpec:
 
 
 @dataclass
+class Claim:
+    """A finding of the literature, stated as a paired comparison `a - b` of two arms on one metric, so the
+    report can give its verdict: `expect` lower / higher (a below / above b), equal (within `margin`), or
+    none (no published comparison: the report gives our direction only)."""
+
+    claim: str
+    literature: str
+    metric: str
+    arms: list[str]  # [a, b]
+    expect: str = "lower"
+    margin: float = 0.0  # expect equal: |a - b| at most this, in the metric's units
+
+    def __post_init__(self) -> None:
+        if len(self.arms) != 2:
+            raise ValueError(f"a claim compares two arms, got {self.arms}")
+        if self.expect not in ("lower", "higher", "equal", "none"):
+            raise ValueError(f"a claim's expect must be lower, higher, equal or none, got {self.expect!r}")
+        if self.expect == "equal" and not self.margin > 0:
+            raise ValueError("a claim that expects equal needs a margin > 0")
+
+
+@dataclass
 class Experiment:
     arms: list[ArmSpec]
     name: str = ""
@@ -110,6 +132,7 @@ class Experiment:
     budgets: dict[str, BudgetSpec] = field(default_factory=dict)
     train: dict[str, Any] = field(default_factory=dict)
     eval: EvalSpec = field(default_factory=EvalSpec)
+    claims: list[Claim] = field(default_factory=list)  # what the literature found, checked by the report
     source: str = ""  # the YAML it was read from
 
     def __post_init__(self) -> None:
@@ -119,6 +142,10 @@ class Experiment:
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"arm names must be unique; {dup[0]!r} is used twice")
+        for claim in self.claims:
+            unknown = [a for a in claim.arms if a not in names]
+            if unknown:
+                raise ValueError(f"claim {claim.claim!r} names arm {unknown[0]!r}, which is not an arm")
 
 
 def find_experiment(path: Path | str) -> Path:

@@ -18,8 +18,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from objtrain.compare import suite
+from objtrain.compare.experiment import Claim
 from objtrain.compare.runner import Comparison, machine, metrics_records, plan_dict
-from objtrain.compare.stats import Summary, fmt, rank, summarise
+from objtrain.compare.stats import Summary, fmt, paired, rank, summarise
 from objtrain.io import atomic_file, write_json
 
 # Metrics first in this order, then the rest alphabetically.
@@ -45,6 +46,7 @@ COST = (
     ("flops", "FLOPs"),
     ("seconds", "train s"),
     ("tokens_per_s", "tok/s"),
+    ("mfu", "MFU"),
     ("peak_memory_bytes", "peak MiB"),
 )
 MARK = "≈"
@@ -54,6 +56,7 @@ def build_results(c: Comparison) -> dict[str, Any]:
     """Everything the report says, as JSON: per arm its runs, cost and metrics over seeds; rankings."""
     arms: list[dict[str, Any]] = []
     per_metric: dict[str, dict[str, Summary]] = {}
+    by_seed: dict[str, dict[str, dict[int, float]]] = {}  # metric -> arm -> seed -> value
     for arm in c.experiment.arms:
         runs = [c.results[r.key] for r in c.runs if r.arm.name == arm.name and r.key in c.results]
         if not runs:
@@ -61,16 +64,21 @@ def build_results(c: Comparison) -> dict[str, Any]:
         first = runs[0]["train"]
         values: dict[str, list[float]] = {}
         for r in runs:
+            seed = int(r.get("seed", 0))
             numbers = suite.numeric_metrics(r["eval"])
             for key in ("val_loss", "val_bpb"):
                 if r["train"].get(key) is not None:
                     numbers[key] = float(r["train"][key])
             for key, value in numbers.items():
                 values.setdefault(key, []).append(value)
+                by_seed.setdefault(key, {}).setdefault(arm.name, {})[seed] = value
         metrics = {k: summarise(v) for k, v in values.items()}
         for k, s in metrics.items():
             per_metric.setdefault(k, {})[arm.name] = s
-        cost = {k: summarise([float(r["train"][k]) for r in runs]) for k, _ in COST}
+        cost = {
+            k: summarise([float(r["train"][k]) for r in runs if r["train"].get(k) is not None])
+            for k, _ in COST
+        }
         arms.append(
             {
                 "name": arm.name,
@@ -98,15 +106,17 @@ def build_results(c: Comparison) -> dict[str, Any]:
             or len(per_metric[metric]) < 2
         ):
             continue
-        r = rank(metric, per_metric[metric], lower=direction == "lower")
+        r = rank(metric, per_metric[metric], lower=direction == "lower", per_seed=by_seed.get(metric))
         if r is not None:
             rankings[metric] = {
                 "lower_is_better": r.lower_is_better,
                 "best": r.best,
+                "tie": r.tie,
                 "within_seed_spread": r.within_spread,
                 "gaps": r.gaps,
             }
     exp = c.experiment
+    claims = [verdict(claim, by_seed.get(claim.metric, {}), len(c.seeds)) for claim in exp.claims]
     return {
         "experiment": {
             "name": exp.name,
@@ -126,7 +136,62 @@ def build_results(c: Comparison) -> dict[str, Any]:
         "wall_seconds": c.seconds,
         "arms": arms,
         "rankings": rankings,
+        "claims": claims,
     }
+
+
+def verdict(claim: Claim, per_seed: dict[str, dict[int, float]], n_seeds: int) -> dict[str, Any]:
+    """The claim with our paired difference `a - b` and the verdict: agrees, disagrees or not resolved
+    (the 95% interval decides; for `equal`, the interval against ±margin), or "no published comparison"."""
+    a, b = claim.arms
+    out: dict[str, Any] = {
+        "claim": claim.claim,
+        "literature": claim.literature,
+        "metric": claim.metric,
+        "arms": [a, b],
+        "expect": claim.expect,
+        "margin": claim.margin,
+    }
+    if a not in per_seed or b not in per_seed:
+        return out | {"verdict": "not measured", "paired": None}
+    p = paired(per_seed[a], per_seed[b])
+    lo, hi = p.delta - p.ci95, p.delta + p.ci95
+    if not p.n or not math.isfinite(p.ci95):
+        text = "not resolved"
+    elif claim.expect == "none":
+        text = "no published comparison"
+    elif claim.expect == "equal":
+        text = (
+            "agrees" if max(abs(lo), abs(hi)) <= claim.margin
+            else "disagrees" if min(abs(lo), abs(hi)) > claim.margin and lo * hi > 0
+            else "not resolved"
+        )  # fmt: skip
+    else:
+        below, above = hi < 0, lo > 0
+        want_below = claim.expect == "lower"
+        text = (
+            "agrees"
+            if (below if want_below else above)
+            else "disagrees"
+            if (above if want_below else below)
+            else "not resolved"
+        )
+    return out | {"verdict": text, "paired": p.to_dict(), "seeds": n_seeds}
+
+
+def claim_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    header = ["claim", "the literature", "objtrain: a − b (95% paired interval, seeds)", "verdict"]
+    rows = []
+    for c in results.get("claims", []):
+        p = c.get("paired")
+        a, b = c["arms"]
+        if p and p["delta"] is not None:
+            ci = f" ± {p['ci95']:.3g}" if p["ci95"] is not None else ""
+            ours = f"{c['metric']}: {a} − {b} = {p['delta']:+.4g}{ci} (n = {p['n']})"
+        else:
+            ours = "—"
+        rows.append([c["claim"], c["literature"], ours, f"**{c['verdict']}**"])
+    return header, rows
 
 
 def _ordered(keys: Any) -> list[str]:
@@ -155,6 +220,8 @@ def _cost_cell(key: str, value: dict[str, Any]) -> str:
         return f"{mean:,.0f}"
     if key == "flops":
         return f"{mean:.3g}"
+    if key == "mfu":
+        return f"{mean:.1%}"
     if key == "peak_memory_bytes":
         return f"{mean / 2**20:,.0f}"
     text = f"{mean:,.1f}" if key == "seconds" else f"{mean:,.0f}"
@@ -178,7 +245,9 @@ def metric_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             text = _cell(v)
             r = results["rankings"].get(m)
             best = next((a for a in results["arms"] if r is not None and a["name"] == r["best"]), None)
-            if best is not None and v["mean"] == best["metrics"][m]["mean"]:  # the best, or tied with it
+            if r is not None and r.get("tie"):  # every arm alike: nobody is best
+                pass
+            elif best is not None and v["mean"] == best["metrics"][m]["mean"]:  # the best, or tied with it
                 text = f"**{text}**"
             elif r is not None and arm["name"] in r["within_seed_spread"]:
                 text = f"{text} {MARK}"
@@ -224,12 +293,26 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
         out += [f"**Question.** {exp['question']}", ""]
     if exp["expect"]:
         out += [f"**What the literature found.** {exp['expect']}", ""]
+    if results.get("claims"):
+        header, rows = claim_rows(results)
+        out += [
+            "## Verdicts",
+            "",
+            _markdown_table(header, rows),
+            "",
+            "Each claim is a paired comparison: the per-seed difference of two arms (seed k shared), its "
+            "mean and the half-width of its 95% t interval. agrees / disagrees: the interval lies on the "
+            "literature's side of 0 / on the other side (for a claim of no difference: inside / outside "
+            "the stated margin); not resolved: the seeds cannot tell at this budget.",
+            "",
+        ]
     header, rows = metric_rows(results)
     out += ["## What each arm learnt", "", _markdown_table(header, rows), ""]
     seeds_note = (
         f"mean ± sample std over {n_seeds} seeds ({', '.join(map(str, results['seeds']))}); **bold** = best "
-        f"arm for the metric; {MARK} = its gap to the best is smaller than the seed spread (not resolved at "
-        f"this number of seeds, which is not the same as no difference)."
+        f"arm for the metric (none when every arm has the same value); {MARK} = the 95% interval of its "
+        f"per-seed paired difference to the best includes 0 (not resolved at this number of seeds, which "
+        f"is not the same as no difference)."
         if n_seeds > 1
         else f"one seed ({results['seeds'][0]}): no seed spread is known, so no gap is marked as resolved "
         "or not; **bold** = best arm for the metric. Run with --seeds 3 or more to measure the spread."
@@ -247,6 +330,8 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
     out += [
         "FLOPs: estimated training FLOPs (6N per token plus attention, encoder and decoder counted apart). "
         "Seconds and tokens/s are training steps only, measured in this one run on the machine below; "
+        "MFU is the median over the arm's steps of its FLOP rate against a matmul timed on the same "
+        "machine, so it moves less than tokens/s when the machine's load changes during a comparison; "
         "peak memory is the process's resident high-water mark (CPU) or the allocator's peak (GPU) during "
         "the arm. Compare costs within one report, never across machines or runs.",
         "",

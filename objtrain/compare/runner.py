@@ -361,6 +361,9 @@ def train_summary(run: Run) -> dict[str, Any]:
         "threads": int(state.get("threads", torch.get_num_threads())),
         "dtype": state.get("dtype"),
         "final_loss": steps[-1]["loss"] if steps else None,
+        # Throughput as a share of the machine's measured matmul rate: steadier than tokens/s when the
+        # machine's load changes during a comparison (the median over the arm's steps).
+        "mfu": _median([float(r["mfu"]) for r in steps if isinstance(r.get("mfu"), (int, float))]),
         "checkpoint": str(final),
         "config": config_dict(run.cfg),
     }
@@ -370,6 +373,14 @@ def train_summary(run: Run) -> dict[str, Any]:
         {k: r.get(k) for k in ("step", "tokens", "wall_time", "val_loss", "val_bpb") if k in r} for r in vals
     ]
     return out
+
+
+def _median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 def _jsonable(value: Any) -> Any:

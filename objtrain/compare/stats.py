@@ -1,10 +1,14 @@
 """Seeds and spread: mean ± sample std per arm and metric, and which gaps the seeds cannot resolve.
 
 With K seeds an arm's metric is `mean ± s (K)` (s with ddof = 1) and a 95% interval `mean ± t·s/√K`.
-Per metric the best arm is the best mean (lower for losses and bits, higher for accuracies); an arm
-whose gap to the best is smaller than the seed spread of the two (the pooled std, √((s_a² + s_b²)/2)) is
-marked: the difference is not resolved at this K, which is not the same as no difference
-(reference evaluation.md section 6). Welch's t and its degrees of freedom are kept in results.json.
+Per metric the best arm is the best mean (lower for losses and bits, higher for accuracies).
+
+Arms share seed k (initialisation of shared modules, data order), so two arms are compared by their
+per-seed differences: the paired mean difference with its 95% t interval over the shared seeds
+(`paired`). An arm whose paired interval against the best includes 0 is marked: the difference is not
+resolved at this K, which is not the same as no difference (reference evaluation.md section 6). Without
+two shared seeds the pooled std √((s_a² + s_b²)/2) stands in. When every arm has the same value there is
+no best (`tie`). Welch's t and its degrees of freedom are kept beside the paired interval.
 With one seed there is no spread and nothing is marked.
 """
 
@@ -73,17 +77,57 @@ def welch(a: Summary, b: Summary) -> tuple[float, float]:
 
 
 @dataclass
+class Paired:
+    """Per-seed differences `a - b` over the seeds both have."""
+
+    delta: float  # mean difference
+    ci95: float  # half-width of its 95% t interval; nan with fewer than 2 seeds
+    n: int  # shared seeds
+    std: float  # sample std of the differences
+
+    @property
+    def resolved(self) -> bool:
+        """The interval excludes 0 (a difference of exactly 0 on every seed is not resolved)."""
+        return math.isfinite(self.ci95) and abs(self.delta) > self.ci95
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        return {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()
+        }
+
+
+def paired(a: dict[int, float], b: dict[int, float]) -> Paired:
+    """Paired difference `a - b` over the seeds (keys) both have, with its 95% t interval."""
+    shared = sorted(set(a) & set(b))
+    diffs = [float(a[k]) - float(b[k]) for k in shared]
+    diffs = [d for d in diffs if math.isfinite(d)]
+    s = summarise(diffs)
+    if s.n == 0:
+        return Paired(float("nan"), float("nan"), 0, float("nan"))
+    if s.n > 1 and s.std == 0:  # the same difference on every seed: exact, resolved unless it is 0
+        return Paired(s.mean, 0.0, s.n, 0.0)
+    return Paired(s.mean, s.ci95, s.n, s.std)
+
+
+@dataclass
 class Ranking:
     metric: str
     lower_is_better: bool
     best: str  # arm name
-    within_spread: list[str]  # arms (not the best) whose gap to the best is below the seed spread
-    gaps: dict[str, dict[str, float | None]]  # arm -> {delta, spread, welch_t, welch_df}
+    within_spread: list[str]  # arms (not the best) the seeds cannot tell apart from the best
+    gaps: dict[str, dict[str, float | None]]  # arm -> {delta, spread, welch_t, welch_df, paired_ci95, ...}
+    tie: bool = False  # every arm has the same mean: no arm is best
 
 
-def rank(metric: str, summaries: dict[str, Summary], lower: bool | None = None) -> Ranking | None:
+def rank(
+    metric: str,
+    summaries: dict[str, Summary],
+    lower: bool | None = None,
+    per_seed: dict[str, dict[int, float]] | None = None,
+) -> Ranking | None:
     """The best arm for `metric` and the arms the seeds cannot tell apart from it (`lower`: whether
-    lower is better; None = guess from the name)."""
+    lower is better; None = guess from the name). With `per_seed` values (arm -> seed -> value) the
+    paired difference decides; without, the pooled seed spread."""
     scored = {name: s for name, s in summaries.items() if s.n > 0}
     if not scored:
         return None
@@ -98,11 +142,22 @@ def rank(metric: str, summaries: dict[str, Summary], lower: bool | None = None) 
         delta = s.mean - b.mean
         spread = math.sqrt((s.std**2 + b.std**2) / 2) if s.n > 1 and b.n > 1 else float("nan")
         t, df = welch(s, b)
-        if math.isfinite(spread) and abs(delta) < spread:
+        pair = (
+            paired(per_seed[name], per_seed[best])
+            if per_seed and name in per_seed and best in per_seed
+            else None
+        )
+        if pair is not None and pair.n > 1:
+            if not pair.resolved:
+                within.append(name)
+        elif math.isfinite(spread) and abs(delta) < spread:
             within.append(name)
-        gaps[name] = {k: (v if math.isfinite(v) else None) for k, v in
-                      {"delta": delta, "spread": spread, "welch_t": t, "welch_df": df}.items()}  # fmt: skip
-    return Ranking(metric, lower, best, within, gaps)
+        gap = {"delta": delta, "spread": spread, "welch_t": t, "welch_df": df}
+        if pair is not None:
+            gap |= {"paired_delta": pair.delta, "paired_ci95": pair.ci95, "paired_n": float(pair.n)}
+        gaps[name] = {k: (v if math.isfinite(v) else None) for k, v in gap.items()}
+    tie = len(scored) > 1 and all(s.mean == b.mean for s in scored.values())
+    return Ranking(metric, lower, best, within, gaps, tie)
 
 
 def fmt(s: Summary, digits: int = 4) -> str:

@@ -39,7 +39,7 @@ from objtrain.errors import UserError
 from objtrain.evaluation import generate as gen
 from objtrain.specials import Specials
 
-TaskKind = Literal["line", "span"]
+TaskKind = Literal["line", "lines", "span"]
 SPAN_OBJECTIVES = ("span", "ul2")
 
 
@@ -108,7 +108,8 @@ def functions(text: str, max_lines: int = 40, max_chars: int = 2000) -> list[str
 
 
 def cut(source: str, kind: TaskKind, rng: np.random.Generator, task_id: str) -> InfillTask | None:
-    """Cut one body line or one random character span (1..64 characters) out of a function."""
+    """Cut one body line, a block of 2..6 whole body lines (InCoder's multi-line tasks), or one random
+    character span (1..64 characters) out of a function."""
     tree = ast.parse(source)
     node = tree.body[0]
     assert isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
@@ -120,6 +121,18 @@ def cut(source: str, kind: TaskKind, rng: np.random.Generator, task_id: str) -> 
             return None
         i = int(candidates[int(rng.integers(len(candidates)))])
         return InfillTask(task_id, "".join(lines[:i]), lines[i], "".join(lines[i + 1 :]), "line")
+    if kind == "lines":
+        body_lines = len(lines) - first_body
+        if body_lines < 2:
+            return None
+        n = int(rng.integers(2, min(6, body_lines) + 1))
+        starts = [i for i in range(first_body, len(lines) - n + 1) if lines[i].strip()]
+        if not starts:
+            return None
+        i = int(starts[int(rng.integers(len(starts)))])
+        return InfillTask(
+            task_id, "".join(lines[:i]), "".join(lines[i : i + n]), "".join(lines[i + n :]), "lines"
+        )
     start = sum(len(line) for line in lines[:first_body])
     body = len(source) - start
     if body < 2:

@@ -106,6 +106,8 @@ class LMScore:
     words: int = 0
     windows: int = 0
     documents: int = 0
+    doc_nats: np.ndarray | None = None  # per document, for the evaluation's own standard error
+    doc_bytes: np.ndarray | None = None
 
     def metrics(self, word_ppl: bool = False) -> dict[str, float]:
         out: dict[str, float] = {
@@ -118,6 +120,13 @@ class LMScore:
             "windows": float(self.windows),
             "documents": float(self.documents),
         }
+        if self.doc_nats is not None and self.doc_bytes is not None and len(self.doc_nats) > 1:
+            # Documents are the sampling unit: the standard error of a ratio of sums (delta method).
+            r = float(self.doc_nats.sum()) / max(float(self.doc_bytes.sum()), 1.0)
+            k = len(self.doc_nats)
+            resid = self.doc_nats - r * self.doc_bytes
+            se = math.sqrt(float((resid**2).sum()) / (k * (k - 1))) / (float(self.doc_bytes.sum()) / k)
+            out["bits_per_byte_se"] = se / math.log(2)
         if word_ppl:
             out["word_perplexity"] = math.exp(min(self.nats / max(self.words, 1), 700.0))
             out["scored_words"] = float(self.words)
@@ -230,9 +239,11 @@ def score_documents(
         raise UserError("nothing to score: the data has no tokens")
     flat, lengths = flatten_documents(documents, context)
     plan = plan_windows(lengths, window, stride)
-    nats, targets, n_bytes, _ = score_windows(
+    nats, targets, n_bytes, per_doc = score_windows(
         model, flat, plan, byte_table, encoder_token, batch_size, device
     )
+    table = byte_table.to(torch.int64).numpy()
+    doc_bytes = np.array([float(table[d].sum()) for d in documents], dtype=np.float64)
     return LMScore(
         nats=nats,
         targets=targets,
@@ -240,4 +251,6 @@ def score_documents(
         words=words,
         windows=len(plan),
         documents=len(documents),
+        doc_nats=per_doc,
+        doc_bytes=doc_bytes,
     )

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from objtrain.batch import Batch
 from objtrain.data.sources import stdlib_root
 from objtrain.data.tokenizer import Tokenizer
-from objtrain.errors import UserError
+from objtrain.errors import UserError, did_you_mean
 
 TEXT_FIELDS = ("text", "sentence", "question", "sentence1")
 LABEL_RE = re.compile(r"^[A-Za-z0-9_.:+-]{1,32}$")
@@ -226,7 +226,83 @@ def stdlib_probe(seed: int, per_class: int = 48, min_per_class: int = 16) -> tup
     return train, valid
 
 
+def _trunk_blocks(model: nn.Module) -> list[nn.Module]:
+    """The blocks whose outputs are candidate features: a decoder's or encoder's stack, an encoder-decoder's
+    encoder (MTP heads beyond head 1 are not part of the trunk a probe reads)."""
+    kind = getattr(model.config, "kind", "decoder")  # type: ignore[union-attr]
+    stack = model.encoder if kind == "encdec" else model.blocks  # type: ignore[union-attr]
+    return list(stack)  # type: ignore[arg-type]
+
+
 @torch.no_grad()
+def layer_features(
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    texts: Sequence[str],
+    max_len: int,
+    pooling: str = "mean",
+    batch_size: int = 32,
+    device: torch.device | str = "cpu",
+    layers: str = "last",
+) -> list[Tensor]:
+    """Frozen features of `texts` (each truncated to `max_len` tokens): one (N, D) float64 tensor per layer.
+
+    `layers="last"`: the last layer's normed hidden states only. `layers="all"`: the output of every block
+    of the trunk (layer 1 .. L-1, taken by forward hooks) and the last layer as above, so a probe can
+    choose its layer; a decoder's last layer is shaped to predict the next token, and mid layers often
+    transfer better (reference findings.md section 3)."""
+    kind = getattr(model.config, "kind", "decoder")  # type: ignore[union-attr]
+    specials = tokenizer.specials
+    encoded = [(tokenizer.encode(t) or [specials.eos])[:max_len] for t in texts]
+    blocks = _trunk_blocks(model)[:-1] if layers == "all" and pooling != "pooled" else []
+    captured: list[Tensor] = []
+    hooks = [b.register_forward_hook(lambda _m, _i, out: captured.append(out)) for b in blocks]
+    per_layer: list[list[Tensor]] = [[] for _ in range(len(blocks) + 1)]
+    try:
+        for lo in range(0, len(encoded), batch_size):
+            chunk = encoded[lo : lo + batch_size]
+            B, L = len(chunk), max(len(c) for c in chunk)
+            ids = torch.full((B, L), specials.pad, dtype=torch.int64)
+            lengths = torch.tensor([len(c) for c in chunk])
+            for i, c in enumerate(chunk):
+                ids[i, : len(c)] = torch.tensor(c)
+            valid = torch.arange(L)[None, :] < lengths[:, None]
+            docs = torch.where(valid, 0, -1)
+            positions = torch.arange(L).expand(B, L)
+            ids, valid, docs, positions = (t.to(device) for t in (ids, valid, docs, positions))
+            captured.clear()
+            if kind == "encdec":
+                hidden = model.encode(ids, positions, docs)  # type: ignore[operator]
+            else:
+                attention = "causal" if kind == "decoder" else "bidirectional"
+                batch = Batch(ids, ids, positions, docs, attention, segment_ids=torch.zeros_like(ids))  # type: ignore[arg-type]
+                hidden = model(batch).hidden
+                assert hidden is not None, "the model returns no hidden states"
+            if pooling == "pooled":  # BERT's pooled head: tanh(dense(h_0)), trained by NSP/SOP
+                pooler = getattr(model, "pooler", None)
+                if pooler is None:
+                    raise UserError(
+                        "--probe-pooling pooled needs an encoder with a pooled head (n_classes > 0)"
+                    )
+                per_layer[-1].append(pooler.dense(hidden[:, 0]).tanh().double().cpu())
+                continue
+            for k, h in enumerate([*captured[: len(blocks)], hidden]):
+                per_layer[k].append(_pool(h.double(), valid, lengths, pooling).cpu())
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return [torch.cat(chunks) for chunks in per_layer]
+
+
+def _pool(hidden: Tensor, valid: Tensor, lengths: Tensor, pooling: str) -> Tensor:
+    if pooling == "last":
+        return hidden[torch.arange(len(hidden), device=hidden.device), lengths.to(hidden.device) - 1]
+    if pooling == "first":
+        return hidden[:, 0]
+    w = valid.to(hidden.dtype)[..., None]
+    return (hidden * w).sum(dim=1) / w.sum(dim=1)
+
+
 def features(
     model: nn.Module,
     tokenizer: Tokenizer,
@@ -236,45 +312,8 @@ def features(
     batch_size: int = 32,
     device: torch.device | str = "cpu",
 ) -> Tensor:
-    """(N, D) float64 frozen features of `texts`, each truncated to `max_len` tokens (see module doc)."""
-    kind = getattr(model.config, "kind", "decoder")  # type: ignore[union-attr]
-    specials = tokenizer.specials
-    encoded = [(tokenizer.encode(t) or [specials.eos])[:max_len] for t in texts]
-    out = []
-    for lo in range(0, len(encoded), batch_size):
-        chunk = encoded[lo : lo + batch_size]
-        B, L = len(chunk), max(len(c) for c in chunk)
-        ids = torch.full((B, L), specials.pad, dtype=torch.int64)
-        lengths = torch.tensor([len(c) for c in chunk])
-        for i, c in enumerate(chunk):
-            ids[i, : len(c)] = torch.tensor(c)
-        valid = torch.arange(L)[None, :] < lengths[:, None]
-        docs = torch.where(valid, 0, -1)
-        positions = torch.arange(L).expand(B, L)
-        ids, valid, docs, positions = (t.to(device) for t in (ids, valid, docs, positions))
-        if kind == "encdec":
-            hidden = model.encode(ids, positions, docs)  # type: ignore[operator]
-        else:
-            attention = "causal" if kind == "decoder" else "bidirectional"
-            batch = Batch(ids, ids, positions, docs, attention, segment_ids=torch.zeros_like(ids))  # type: ignore[arg-type]
-            hidden = model(batch).hidden
-            assert hidden is not None, "the model returns no hidden states"
-        if pooling == "pooled":  # BERT's pooled head: tanh(dense(h_0)), trained by NSP/SOP
-            pooler = getattr(model, "pooler", None)
-            if pooler is None:
-                raise UserError("--probe-pooling pooled needs an encoder with a pooled head (n_classes > 0)")
-            out.append(pooler.dense(hidden[:, 0]).tanh().double().cpu())
-            continue
-        hidden = hidden.double()
-        if pooling == "last":
-            pooled = hidden[torch.arange(B, device=hidden.device), lengths.to(hidden.device) - 1]
-        elif pooling == "first":
-            pooled = hidden[:, 0]
-        else:
-            w = valid.to(hidden.dtype)[..., None]
-            pooled = (hidden * w).sum(dim=1) / w.sum(dim=1)
-        out.append(pooled.cpu())
-    return torch.cat(out)
+    """(N, D) float64 frozen features of `texts` from the last layer (see `layer_features`)."""
+    return layer_features(model, tokenizer, texts, max_len, pooling, batch_size, device)[-1]
 
 
 def fit_logistic(x: Tensor, y: Tensor, n_classes: int, l2: float = 1e-3, max_iter: int = 200) -> Tensor:
@@ -346,3 +385,69 @@ def run_probe(
     if len(classes) == 2:
         out["probe_mcc"] = mcc(pred, yv)
     return out
+
+
+L2_GRID = (1e-4, 1e-3, 1e-2, 1e-1)  # the probe's penalty, chosen on the selection split with the layer
+
+
+def select_and_score(
+    train_x: Sequence[Tensor],
+    train_labels: Sequence[str],
+    dev_x: Sequence[Tensor],
+    dev_labels: Sequence[str],
+    test_x: Sequence[Tensor],
+    test_labels: Sequence[str],
+    l2_grid: Sequence[float] = L2_GRID,
+) -> dict[str, float]:
+    """Fit a probe per (layer, l2) on train, choose the pair with the best dev score (MCC for two classes,
+    else accuracy; ties go to the earlier pair), and report that probe on test: the layer and penalty are
+    never chosen on the split that is reported (reference evaluation.md section 5)."""
+    best: tuple[float, int, float] | None = None
+    for layer in range(len(train_x)):
+        for l2 in l2_grid:
+            scores = run_probe(train_x[layer], train_labels, dev_x[layer], dev_labels, l2)
+            key = scores.get("probe_mcc", scores["probe_accuracy"])
+            if best is None or key > best[0]:
+                best = (key, layer, l2)
+    assert best is not None
+    _, layer, l2 = best
+    dev = run_probe(train_x[layer], train_labels, dev_x[layer], dev_labels, l2)
+    out = run_probe(train_x[layer], train_labels, test_x[layer], test_labels, l2)
+    acc, n = out["probe_accuracy"], out["probe_valid_examples"]
+    out["probe_accuracy_se"] = (acc * (1 - acc) / n) ** 0.5 if n else float("nan")
+    out["probe_dev_accuracy"] = dev["probe_accuracy"]
+    out["probe_layer"] = float(layer + 1)
+    out["probe_layers"] = float(len(train_x))
+    out["probe_l2"] = l2
+    out["probe_test_examples"] = out.pop("probe_valid_examples")
+    out["probe_dev_examples"] = dev["probe_valid_examples"]
+    return out
+
+
+def split_off(data: Labelled, share: float, seed: int) -> tuple[Labelled, Labelled]:
+    """(rest, held) with `share` of the examples held out under `seed`."""
+    order = np.random.default_rng(seed).permutation(len(data.texts))
+    cut = max(int(len(order) * share), 1)
+    held, kept = order[:cut], order[cut:]
+    pick = lambda idx: Labelled([data.texts[i] for i in idx], [data.labels[i] for i in idx])  # noqa: E731
+    rest = pick(kept)
+    rest.replaced_lines = data.replaced_lines
+    return rest, pick(held)
+
+
+# Named probe tasks as the shared corpora lay them out: (train, dev or None, test), relative to a data
+# directory. Without a dev file a fifth of train is held out to choose the layer; CoLA's in-domain dev
+# split is its public test set (GLUE's test labels are not public).
+TASKS: dict[str, tuple[str, str | None, str]] = {
+    "sst2": ("sst2/stsa.binary.train", "sst2/stsa.binary.dev", "sst2/stsa.binary.test"),
+    "trec": ("trec/TREC.train.all", None, "trec/TREC.test.all"),
+    "cola": ("cola/in_domain_train.tsv", None, "cola/in_domain_dev.tsv"),
+}
+
+
+def task_files(name: str, root: Path) -> tuple[Labelled, Labelled | None, Labelled]:
+    if name not in TASKS:
+        raise UserError(f"unknown probe task {name!r}{did_you_mean(name, TASKS)} (tasks: {', '.join(TASKS)})")
+    train, dev, test = TASKS[name]
+    read = lambda rel: read_labelled(Path(root) / rel)  # noqa: E731
+    return read(train), (read(dev) if dev else None), read(test)

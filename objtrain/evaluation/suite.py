@@ -26,6 +26,7 @@ training seed, and is stored in the result.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from objtrain.data.default import default_store_path
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.devices import resolve_device
 from objtrain.errors import UserError
-from objtrain.evaluation import corrupted, infill, lm, probe
+from objtrain.evaluation import corrupted, infill, lm, middle, probe
 from objtrain.evaluation import generate as gen
 from objtrain.models.checkpoint import Checkpoint, load_checkpoint
 from objtrain.models.zoo import count_parameters
@@ -46,13 +47,24 @@ from objtrain.training.accounting import token_bytes
 from objtrain.training.data import DataSource, Documents
 
 PARTS = ("lm", "corrupted", "infill", "probe", "samples")
-INFILL_KINDS = {"line": ("line",), "span": ("span",), "both": ("line", "span")}
+INFILL_KINDS = {
+    "line": ("line",),
+    "lines": ("lines",),
+    "span": ("span",),
+    "both": ("line", "span"),
+    "all": ("line", "lines", "span"),
+}
+MIDDLE_KINDS = ("line", "lines", "span")  # single-line, multi-line and character-span middles
 DEFAULT_WINDOW = 256
 
 # name -> (better: "lower" | "higher", what it is). Counts and baselines are "info".
 METRICS: dict[str, tuple[str, str]] = {
     "bits_per_byte": ("lower", "left-to-right NLL in bits per UTF-8 byte (comparable across tokenizers)"),
     "loss": ("lower", "left-to-right NLL per scored token (nats)"),
+    "bits_per_byte_se": ("info", "standard error of bits_per_byte over the scored documents"),
+    "middle_bpb_se": ("info", "standard error of middle_bpb over the infilling tasks"),
+    "probe_sst2_accuracy_se": ("info", "binomial standard error of the SST-2 probe's test accuracy"),
+    "probe_trec_accuracy_se": ("info", "binomial standard error of the TREC probe's test accuracy"),
     "perplexity": ("lower", "token perplexity exp(loss) (depends on the tokenizer)"),
     "byte_perplexity": ("lower", "2 ** bits_per_byte"),
     "word_perplexity": ("lower", "exp(NLL / whitespace-separated words), with --word-ppl"),
@@ -62,11 +74,22 @@ METRICS: dict[str, tuple[str, str]] = {
     "masked_majority_accuracy": ("info", "accuracy of always predicting the most frequent masked token"),
     "span_target_loss": ("lower", "teacher-forced NLL per target token of T5 span corruption (0.15, 3)"),
     "span_target_accuracy": ("higher", "top-1 accuracy over the same span targets"),
+    "middle_bpb": ("lower", "bits per byte of a cut-out middle in the model's own infilling mode"),
+    "middle_bpb_line": ("lower", "middle_bpb on single-line middles"),
+    "middle_bpb_lines": ("lower", "middle_bpb on multi-line middles (2-6 lines)"),
+    "middle_bpb_span": ("lower", "middle_bpb on random character spans (1-64 characters)"),
+    "middle_bpb_prefix_only": ("lower", "bits per byte of the middle read from the prefix alone"),
+    "suffix_gain": ("higher", "middle_bpb_prefix_only - middle_bpb: bits per byte the suffix saves"),
     "infill_exact_match": ("higher", "infilled middle == the cut-out middle"),
     "infill_exact_match_norm": ("higher", "exact match after stripping trailing whitespace per line"),
     "infill_parse_rate": ("higher", "share of infilled functions that parse with ast"),
     "infill_stop_rate": ("info", "share of fills that ended on the model's stop token"),
     "probe_accuracy": ("higher", "linear probe accuracy on the probe's validation split"),
+    "probe_sst2_accuracy": ("higher", "SST-2 test accuracy of a linear probe (layer and l2 chosen on dev)"),
+    "probe_sst2_mcc": ("higher", "Matthews correlation of the SST-2 probe"),
+    "probe_trec_accuracy": ("higher", "TREC-6 test accuracy of a linear probe (layer and l2 chosen on dev)"),
+    "probe_cola_mcc": ("higher", "CoLA in-domain dev Matthews correlation of a linear probe"),
+    "probe_cola_accuracy": ("higher", "CoLA in-domain dev accuracy of the same probe"),
     "probe_mcc": ("higher", "Matthews correlation of the probe (two classes)"),
     "probe_train_accuracy": ("info", "linear probe accuracy on its own training split"),
     "probe_majority_accuracy": ("info", "accuracy of always predicting the majority training label"),
@@ -85,12 +108,16 @@ class EvalOptions:
     corrupt_rows: int = 64  # rows for corruption-based scores
     infill_tasks: int = 32
     infill_file: Path | None = None  # HumanEval-Infilling JSONL
-    infill_kinds: tuple[str, ...] = ("line", "span")  # "both" = line and span
+    infill_kinds: tuple[str, ...] = ("line", "span")  # "both" = line and span, "all" adds multi-line
+    middle_tasks: int = 240  # tasks whose middle is scored in bits per byte (cheap: one forward each)
     infill_max_tokens: int = 64  # most tokens a line fill may take (span fills: twice as many)
     probe_train: Path | None = None  # labelled TSV/JSONL; None = the standard-library package probe
     probe_valid: Path | None = None  # None = a quarter of probe_train held out under the seed
     probe_pooling: str = "mean"  # mean | last | first | pooled (an encoder's pooled head)
-    probe_l2: float = 1e-3
+    probe_l2: float = 1e-3  # with probe_layers "last"; "best" chooses it with the layer
+    probe_layers: str = "best"  # best: every layer and l2 tried, chosen on a held-out dev split; last
+    probe_tasks: tuple[str, ...] = ()  # named tasks (sst2, trec, cola) read from probe_data
+    probe_data: Path | None = None  # directory laid out as ../shared/data (sst2/, trec/, cola/)
     samples: int = 3
     sample_tokens: int = 32
     skip: tuple[str, ...] = ()  # parts to leave out: lm, corrupted, infill, probe, samples
@@ -98,6 +125,8 @@ class EvalOptions:
 
     def __post_init__(self) -> None:
         sizes = {"--window": self.window, "--stride": self.stride, "--max-docs": self.max_docs}
+        if self.middle_tasks < 0:
+            raise UserError(f"--middle-tasks must be at least 0, got {self.middle_tasks}")
         for flag, value in sizes.items():
             if value is not None and value < 1:
                 raise UserError(f"{flag} must be at least 1, got {value}")
@@ -108,12 +137,17 @@ class EvalOptions:
             raise UserError(
                 f"--probe-pooling must be mean, last, first or pooled, got {self.probe_pooling!r}"
             )
+        if self.probe_layers not in ("best", "last"):
+            raise UserError(f"--probe-layers must be best or last, got {self.probe_layers!r}")
+        if self.probe_tasks and self.probe_data is None:
+            raise UserError("--probe-task needs --probe-data (the directory holding sst2/, trec/, cola/)")
         if self.probe_valid is not None and self.probe_train is None:
             raise UserError("--probe-valid needs --probe (the training file)")
         bad = [k for k in self.infill_kinds if k not in INFILL_KINDS]
         if bad or not self.infill_kinds:
             raise UserError(
-                f"--infill-kinds must be line, span or both, got {','.join(self.infill_kinds) or 'nothing'!r}"
+                "--infill-kinds must be line, lines, span, both or all, "
+                f"got {','.join(self.infill_kinds) or 'nothing'!r}"
             )
         # "both" is line,span; a kind named twice is cut once
         self.infill_kinds = tuple(dict.fromkeys(k for x in self.infill_kinds for k in INFILL_KINDS[x]))
@@ -242,14 +276,32 @@ def _seq_len(ckpt: Checkpoint) -> int:
 
 
 def evaluate(
-    checkpoint: str | Path | Checkpoint, data: str | Path | None = None, options: EvalOptions | None = None
+    checkpoint: str | Path | Checkpoint,
+    data: str | Path | None = None,
+    options: EvalOptions | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Run every part of the suite the checkpoint supports (see the module docstring)."""
+    """Run every part of the suite the checkpoint supports (see the module docstring). `progress` hears
+    one line as each part starts and ends (what it samples, how to ask for more, how long it took)."""
+    say = progress or (lambda _line: None)
     options = options or EvalOptions()
     device = resolve_device(options.device)
     torch.manual_seed(options.seed)
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(Path(checkpoint), device)
     ckpt.model.eval()
+    # Files named by the options are read before any part runs: a bad one is refused in one line, not
+    # after minutes of scoring.
+    if "probe" not in options.skip:
+        if options.probe_pooling == "pooled" and getattr(ckpt.model, "pooler", None) is None:
+            raise UserError("--probe-pooling pooled needs an encoder with a pooled head (n_classes > 0)")
+        for path in (options.probe_train, options.probe_valid):
+            if path is not None:
+                probe.read_labelled(path)
+        for name in options.probe_tasks:
+            assert options.probe_data is not None
+            probe.task_files(name, options.probe_data)
+    if "infill" not in options.skip and options.infill_file is not None:
+        infill.read_infill_file(options.infill_file)
     tokenizer = ckpt.tokenizer
     evaldata = resolve_data(ckpt, data, options.split)
     assert tokenizer is not None
@@ -270,11 +322,17 @@ def evaluate(
     }
     started = time.perf_counter()
     timings: dict[str, float] = {}
+    if options.stride is not None and not 1 <= options.stride <= window and "lm" not in options.skip:
+        raise UserError(f"--stride must be in [1, window={window}], got {options.stride}")
+    n_docs = len(evaldata.docs) if options.max_docs is None else min(options.max_docs, len(evaldata.docs))
     if "lm" not in options.skip and kind != "encoder":
+        say(f"left to right: {n_docs:,} held-out documents in windows of {window} (--max-docs to change)")
         t0 = time.perf_counter()
         result.update(_left_to_right(ckpt, evaldata, options, window, device))
         timings["lm"] = time.perf_counter() - t0
+        say(f"  bits per byte {result['bits_per_byte']:.4f} ({timings['lm']:.1f} s)")
     if "corrupted" not in options.skip:
+        say(f"corruptions: {options.corrupt_rows} rows under eval seed {options.seed} (--corrupt-rows)")
         t0 = time.perf_counter()
         result.update(
             corrupted.objective_scores(
@@ -292,17 +350,27 @@ def evaluate(
             )
         )
         timings["corrupted"] = time.perf_counter() - t0
+        say(f"  ({timings['corrupted']:.1f} s)")
     results: list[infill.InfillResult] = []
     if "infill" not in options.skip:
+        say(
+            f"infilling: {options.middle_tasks} middles scored, {options.infill_tasks} filled greedily "
+            "(--middle-tasks, --infill-tasks)"
+        )
         t0 = time.perf_counter()
-        part, results = _infill(ckpt, evaldata, options, seq_len)
+        part, results = _infill(ckpt, evaldata, options, seq_len, device)
         result.update(part)
         timings["infill"] = time.perf_counter() - t0
+        say(f"  ({timings['infill']:.1f} s)")
     if "probe" not in options.skip:
+        tasks = ", ".join(options.probe_tasks) or "the default probe"
+        say(f"probe: {tasks}, {options.probe_layers} layer (--probe-task, --probe-layers)")
         t0 = time.perf_counter()
         result.update(_probe(ckpt, options, seq_len, device))
         timings["probe"] = time.perf_counter() - t0
+        say(f"  ({timings['probe']:.1f} s)")
     if "samples" not in options.skip and options.samples > 0:
+        say(f"samples: {options.samples} greedy (--samples)")
         result["samples"] = _samples(ckpt, evaldata, options, results)
     result["seconds"] = time.perf_counter() - started
     result["part_seconds"] = {k: round(v, 3) for k, v in timings.items()}
@@ -349,7 +417,7 @@ def _left_to_right(
 
 
 def _infill(
-    ckpt: Checkpoint, data: EvalData, options: EvalOptions, seq_len: int
+    ckpt: Checkpoint, data: EvalData, options: EvalOptions, seq_len: int, device: torch.device
 ) -> tuple[dict[str, Any], list[infill.InfillResult]]:
     tokenizer = ckpt.tokenizer
     assert tokenizer is not None
@@ -357,7 +425,8 @@ def _infill(
     if mode == "none":
         return {}, []
     if options.infill_file is not None:
-        tasks = infill.read_infill_file(options.infill_file)[: options.infill_tasks]
+        every = infill.read_infill_file(options.infill_file)
+        tasks, middle_tasks = every[: options.infill_tasks], every[: options.middle_tasks]
     else:
         kinds = options.infill_kinds if mode != "left-to-right" else ("line",)
         budget = seq_len - 8
@@ -367,8 +436,20 @@ def _infill(
 
         texts = data.text_of(tokenizer, 200)
         tasks = infill.code_tasks(texts, options.infill_tasks, kinds, options.seed, fits)  # type: ignore[arg-type]
+        middle_tasks = infill.code_tasks(texts, options.middle_tasks, MIDDLE_KINDS, options.seed + 1, fits)
+    out: dict[str, Any] = {"infill_mode": mode}
+    if middle_tasks:
+        own = "prefix only (left to right)" if mode == "left-to-right" else f"{mode}, prefix + suffix"
+        out["middle_mode"] = own
+        out.update(
+            middle.middle_scores(
+                ckpt.model, mode, tokenizer, ckpt.specials, ckpt.training, middle_tasks, options.batch_size
+            )
+        )
     if not tasks:
-        return {"infill_mode": mode, "infill_skipped": "no Python functions in the held-out data"}, []
+        if not middle_tasks:
+            out["infill_skipped"] = "no Python functions in the held-out data"
+        return out, []
     if mode == "left-to-right":
         tasks = [t for t in tasks if t.kind in ("line", "file")]
     results = infill.infill_tasks(
@@ -381,35 +462,52 @@ def _infill(
         options.infill_max_tokens,
         2 * options.infill_max_tokens,
     )
-    out: dict[str, Any] = {"infill_mode": mode, **infill.infill_metrics(results)}
+    out.update(infill.infill_metrics(results))
     return out, results
 
 
 def _probe(ckpt: Checkpoint, options: EvalOptions, seq_len: int, device: torch.device) -> dict[str, Any]:
     tokenizer = ckpt.tokenizer
     assert tokenizer is not None
+    pooling, seed = options.probe_pooling, options.seed
+    layers = "all" if options.probe_layers == "best" else "last"
+
+    def feats(data: probe.Labelled) -> list[torch.Tensor]:
+        return probe.layer_features(
+            ckpt.model, tokenizer, data.texts, seq_len, pooling, options.batch_size * 2, device, layers
+        )
+
+    out: dict[str, Any] = {"probe_pooling": pooling, "probe_layers_mode": options.probe_layers}
+    if options.probe_tasks:
+        assert options.probe_data is not None
+        for name in options.probe_tasks:
+            train, dev, test = probe.task_files(name, options.probe_data)
+            if dev is None:
+                train, dev = probe.split_off(train, 0.2, seed)
+            scores = probe.select_and_score(
+                feats(train), train.labels, feats(dev), dev.labels, feats(test), test.labels
+            )
+            out.update({k.replace("probe_", f"probe_{name}_", 1): v for k, v in scores.items()})
+        return out
     if options.probe_train is None:
-        train, valid = probe.stdlib_probe(options.seed)
-        name = "stdlib-package"
+        train, valid = probe.stdlib_probe(seed)
+        out["probe"] = "stdlib-package"
     else:
         train = probe.read_labelled(options.probe_train)
-        name = str(options.probe_train)
+        out["probe"] = str(options.probe_train)
         if options.probe_valid is not None:
             valid = probe.read_labelled(options.probe_valid)
         else:  # hold a quarter out under the eval seed
-            order = np.random.default_rng(options.seed).permutation(len(train.texts))
-            cut = max(len(order) // 4, 1)
-            held, kept = order[:cut], order[cut:]
-            valid = probe.Labelled([train.texts[i] for i in held], [train.labels[i] for i in held])
-            train = probe.Labelled(
-                [train.texts[i] for i in kept], [train.labels[i] for i in kept], train.replaced_lines
-            )
-    model = ckpt.model
-    pooling = options.probe_pooling
-    xt = probe.features(model, tokenizer, train.texts, seq_len, pooling, options.batch_size * 2, device)
-    xv = probe.features(model, tokenizer, valid.texts, seq_len, pooling, options.batch_size * 2, device)
-    out: dict[str, Any] = {"probe": name, "probe_pooling": pooling}
-    out.update(probe.run_probe(xt, train.labels, xv, valid.labels, options.probe_l2))
+            train, valid = probe.split_off(train, 0.25, seed)
+    if options.probe_layers == "best":
+        fit, dev = probe.split_off(train, 0.2, seed + 1)
+        out.update(
+            probe.select_and_score(feats(fit), fit.labels, feats(dev), dev.labels, feats(valid), valid.labels)
+        )
+        out["probe_valid_examples"] = out.pop("probe_test_examples")
+    else:
+        xt, xv = feats(train)[-1], feats(valid)[-1]
+        out.update(probe.run_probe(xt, train.labels, xv, valid.labels, options.probe_l2))
     if train.replaced_lines or valid.replaced_lines:
         out["probe_non_utf8_lines"] = float(train.replaced_lines + valid.replaced_lines)
     return out

@@ -51,6 +51,7 @@ def test_report_has_a_row_per_arm_results_json_and_png_plots(write_experiment, t
             "flops",
             "seconds",
             "tokens_per_s",
+            "mfu",
             "peak_memory_bytes",
         }
         assert arm["cost"]["tokens"]["mean"] == 384 and arm["cost"]["flops"]["mean"] > 0
@@ -86,7 +87,7 @@ def test_seeds_report_mean_std_and_mark_gaps_inside_the_spread(write_experiment,
     assert clm["metrics"]["probe_accuracy"]["mean"] == pytest.approx(0.85)
     assert clm["metrics"]["probe_accuracy"]["std"] == pytest.approx(0.0707107, rel=1e-5)
     assert results["rankings"]["probe_accuracy"] | {"gaps": None} == {
-        "lower_is_better": False, "best": "mlm", "within_seed_spread": ["clm"], "gaps": None,
+        "lower_is_better": False, "best": "mlm", "tie": False, "within_seed_spread": ["clm"], "gaps": None,
     }  # fmt: skip
     assert results["rankings"]["bits_per_byte"]["within_seed_spread"] == []
     md = (out / "report.md").read_text()

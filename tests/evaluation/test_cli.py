@@ -248,9 +248,14 @@ def test_infill_kinds_take_what_help_and_errors_offer(cli, debug_checkpoint, cod
     args = (ckpt, "--data", code_file, "--skip", "lm,corrupted,probe,samples", "--infill-tasks", "1")
     out = _json(cli(*args, "--infill-kinds", "both", "--infill-max-tokens", "2", "--format", "json"))
     assert out["infill_tasks"] == 1
-    _refused(cli(*args, "--infill-kinds", "lines"), "--infill-kinds must be line, span or both, got 'lines'")
+    _refused(
+        cli(*args, "--infill-kinds", "rows"),
+        "--infill-kinds must be line, lines, span, both or all, got 'rows'",
+    )
     code, help_text, _ = cli("--help")
-    assert code == 0 and "line, span or both" in " ".join(help_text.split())
+    assert code == 0 and "(2-6 lines)" in " ".join(
+        help_text.split()
+    )
 
 
 def test_the_table_heading_is_one_line() -> None:

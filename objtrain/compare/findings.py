@@ -1,0 +1,199 @@
+"""The published findings (docs/findings): which shipped experiments answer which question, on which data,
+with which command; and the index page, a pure function of the experiments' results.json files.
+
+    python -m objtrain.compare.findings run [NAME ...]   train and evaluate (resumable), then publish
+    python -m objtrain.compare.findings publish          rewrite every report.md and the index
+
+Each experiment's report directory is `docs/findings/NAME/` (its arms' checkpoints under `arms/` stay out
+of version control); `report.md` is regenerated from `results.json`, so the published tables cannot drift
+from the numbers. The prose experiments train on Project Gutenberg books and probe on SST-2, TREC and
+CoLA from `../shared/data` (`benchmarks/findings_data.py` builds the store); the code experiments train
+on the embedded standard-library store.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from objtrain.compare.report import markdown
+
+ROOT = Path("docs/findings")
+PROSE_STORE = "runs/findings/data/prose"
+SHARED = "../shared/data"
+SEEDS = 3
+
+
+@dataclass(frozen=True)
+class Finding:
+    question: str  # the issue's wording, as the index's section heading
+    corpus: str  # "prose" or "code"
+    probes: bool = True  # named probes (SST-2, TREC, CoLA) from the shared data
+
+
+FINDINGS: dict[str, Finding] = {
+    "objectives": Finding("CLM vs MLM vs span corruption vs prefix LM vs UL2", "prose"),
+    "mlm-mask-rate": Finding("MLM mask rate 10 / 15 / 30 / 40%", "prose"),
+    "span-length": Finding("Span length (mean 1 / 3 / 8) for span corruption", "prose"),
+    "prefix-proportion": Finding("Prefix proportion in prefix LM", "prose"),
+    "nsp-sop": Finding("NSP ablation: MLM alone, MLM + NSP, MLM + SOP", "prose"),
+    "fim-rate": Finding("FIM rate 0 / 0.5 / 0.9", "code", probes=False),
+    "mtp-heads": Finding("MTP heads 1 / 2 / 4", "code", probes=False),
+}
+
+CORPUS_TEXT = {
+    "prose": "247 Project Gutenberg books (`../shared/data/gutenberg-en`, bodies only), sentencepiece 8,192",
+    "code": "the Python standard library's own source (the embedded store), sentencepiece 4,096",
+}
+
+
+def command(name: str) -> list[str]:
+    """The one command that (re)produces an experiment's row: resumable, three seeds."""
+    f = FINDINGS[name]
+    cmd = ["objtrain", "compare", name, "--seeds", str(SEEDS), "-o", str(ROOT / name)]
+    if f.corpus == "prose":
+        cmd += ["--data", PROSE_STORE]
+    if f.probes:
+        cmd += ["--eval", f"probe_data={SHARED}", "--eval", "probe_tasks=sst2,trec,cola"]
+    return cmd
+
+
+def read_results(root: Path = ROOT) -> dict[str, dict[str, Any]]:
+    out = {}
+    for name in FINDINGS:
+        path = root / name / "results.json"
+        if path.is_file():
+            out[name] = json.loads(path.read_text(encoding="utf-8"))
+    return out
+
+
+def _summary(results: dict[str, Any], arm: str, metric: str) -> str:
+    for a in results["arms"]:
+        if a["name"] == arm and metric in a["metrics"]:
+            m = a["metrics"][metric]
+            if m["mean"] is None:
+                return "—"
+            std = f" ± {m['std']:.3g}" if m["std"] is not None else ""
+            return f"{m['mean']:.4g}{std}"
+    return "—"
+
+
+def _budget(results: dict[str, Any]) -> str:
+    b = results["budget"]
+    amount = f"{b['value'] / 1e6:g}M tokens" if b["kind"] == "tokens" else f"{b['value']:.3g} {b['kind']}"
+    arm = results["arms"][0] if results["arms"] else None
+    model = f", {arm['model_size']} models, seq-len {arm['seq_len']}" if arm else ""
+    return f"{amount} an arm{model}"
+
+
+def index(all_results: dict[str, dict[str, Any]]) -> str:
+    """docs/findings/README.md: one row per claim, in the order of FINDINGS."""
+    out = [
+        "# Findings",
+        "",
+        "What objtrain's shipped experiments found, each claim set against the literature. Every row is a "
+        "paired comparison of two arms trained with the same seeds (seed k shares initialisation and data "
+        "order across arms): our mean ± sample std per arm over the seeds, the per-seed difference with "
+        "its 95% t interval, and the verdict: **agrees** / **disagrees** (the interval lies on the "
+        "literature's side of 0 / on the other side; for a claim of no difference, inside / outside the "
+        "stated margin), **not resolved** (the seeds cannot tell at this budget), or **no published "
+        "comparison** (our direction only). Models here have about 1M non-embedding parameters and see a "
+        "few million tokens, three orders of magnitude below the papers: read a verdict as what holds "
+        "at that scale. Each experiment's full report (every metric, costs, plots) is in its folder.",
+        "",
+    ]
+    pending = [n for n in FINDINGS if n not in all_results]
+    for name, finding in FINDINGS.items():
+        out += [f"## {finding.question} (`{name}`)", ""]
+        results = all_results.get(name)
+        cmd = shlex.join(command(name))
+        if results is None:
+            out += ["Not run yet.", "", f"Reproduce: `{cmd}`", ""]
+            continue
+        m = results["machine"]
+        out += [
+            f"- Data: {CORPUS_TEXT[finding.corpus]}"
+            + ("; probes SST-2, TREC, CoLA" if finding.probes else ""),
+            f"- Budget: {_budget(results)}; seeds {', '.join(map(str, results['seeds']))}",
+            f"- Machine: {m.get('cpu') or m['platform']}, {m['cpu_count']} CPUs, torch {m['torch']}",
+            f"- Report: [{name}/report.md]({name}/report.md); reproduce: `{cmd}`",
+            "",
+            "| claim | the literature | objtrain (mean ± std per arm) | a − b, 95% paired interval "
+            "| verdict |",
+            "|---|---|---|---|---|",
+        ]
+        for c in results.get("claims", []):
+            a, b = c["arms"]
+            metric = c["metric"]
+            ours = f"{metric}: {a} {_summary(results, a, metric)}, {b} {_summary(results, b, metric)}"
+            p = c.get("paired")
+            diff = (
+                f"{p['delta']:+.3g} ± {p['ci95']:.2g} (n = {p['n']})"
+                if p and p.get("delta") is not None and p.get("ci95") is not None
+                else "—"
+            )
+            out.append(f"| {c['claim']} | {c['literature']} | {ours} | {diff} | **{c['verdict']}** |")
+        out.append("")
+    if pending:
+        out += [f"Still to run: {', '.join(pending)}.", ""]
+    out += [
+        "## Reproduce",
+        "",
+        "`make findings` builds the prose store from `../shared/data` and runs every experiment above "
+        "(each resumable: run it again to continue), then rewrites every report and this page from the "
+        "results. On 2 CPU cores the set takes several hours; one experiment is one command, listed "
+        "under its heading.",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def publish(root: Path = ROOT) -> list[Path]:
+    """Rewrite each report.md from its results.json and the index from all of them."""
+    written = []
+    all_results = read_results(root)
+    for name, results in all_results.items():
+        path = root / name / "report.md"
+        path.write_text(markdown(results, results.get("plots", [])), encoding="utf-8")
+        written.append(path)
+    (root / "README.md").write_text(index(all_results), encoding="utf-8")
+    written.append(root / "README.md")
+    return written
+
+
+def run(names: list[str]) -> int:
+    objtrain = str(Path(sys.executable).with_name("objtrain"))
+    for name in names or list(FINDINGS):
+        if name not in FINDINGS:
+            print(f"unknown finding {name!r} (findings: {', '.join(FINDINGS)})")
+            return 2
+        cmd = command(name)
+        if (ROOT / name / "plan.json").is_file():
+            cmd.append("--resume")
+        print("$ " + shlex.join(cmd), flush=True)
+        code = subprocess.call([objtrain, *cmd[1:]])
+        if code != 0:
+            return code
+    for path in publish():
+        print(f"wrote {path}")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["publish"]:
+        for path in publish():
+            print(f"wrote {path}")
+        return 0
+    if argv[:1] == ["run"]:
+        return run(argv[1:])
+    print(__doc__.strip().splitlines()[3].strip())
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

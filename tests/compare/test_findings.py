@@ -1,0 +1,123 @@
+"""Paired seed statistics, claims and their verdicts, and the published findings as a pure function of
+their results (docs/findings: every committed report.md and the index regenerate byte for byte)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from compare_helpers import FakeSuite, experiment  # noqa: F401  (experiment: the fixture's helper)
+
+from objtrain.compare import findings, load_experiment, plan_comparison, run_comparison, write_report
+from objtrain.compare.report import markdown
+from objtrain.compare.stats import Summary, paired, rank
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_paired_difference_and_its_interval() -> None:
+    p = paired({0: 1.0, 1: 2.0, 2: 3.0}, {0: 0.5, 1: 1.0, 2: 2.5})  # diffs 0.5, 1.0, 0.5
+    assert p.n == 3 and p.delta == pytest.approx(2 / 3)
+    sd = math.sqrt(((0.5 - 2 / 3) ** 2 * 2 + (1 - 2 / 3) ** 2) / 2)
+    assert p.ci95 == pytest.approx(4.303 * sd / math.sqrt(3))
+    assert not p.resolved  # 0.667 ± 0.72 includes 0
+    assert paired({0: 1.0, 1: 1.1, 5: 9.0}, {0: 0.0, 1: 0.1}).n == 2  # only the shared seeds pair up
+    same = paired({0: 0.0, 1: 0.0}, {0: 0.0, 1: 0.0})
+    assert same.delta == 0 and not same.resolved  # a difference of 0 is never resolved
+    exact = paired({0: 1.0, 1: 2.0}, {0: 0.0, 1: 1.0})
+    assert exact.ci95 == 0 and exact.resolved
+
+
+def test_paired_ranking_resolves_what_overlapping_stds_cannot() -> None:
+    # Seeds move both arms together: the stds overlap, yet b is below a on every seed.
+    a = {0: 1.00, 1: 1.20, 2: 1.40}
+    b = {0: 0.98, 1: 1.179, 2: 1.381}
+    summaries = {"a": Summary(1.2, 0.2, 3, 0.5), "b": Summary(1.18, 0.195, 3, 0.48)}
+    r = rank("bits_per_byte", summaries, lower=True, per_seed={"a": a, "b": b})
+    assert r is not None and r.best == "b" and r.within_spread == []
+    unpaired = rank("bits_per_byte", summaries, lower=True)
+    assert unpaired is not None and unpaired.within_spread == ["a"]
+
+
+def test_a_tie_has_no_best() -> None:
+    s = {"a": Summary(0.0, 0.0, 3, 0.0), "b": Summary(0.0, 0.0, 3, 0.0)}
+    r = rank("infill_exact_match", s, lower=False, per_seed={"a": {0: 0.0}, "b": {0: 0.0}})
+    assert r is not None and r.tie
+
+
+CLAIMS = [
+    {"claim": "b below a", "literature": "L1", "metric": "bits_per_byte", "arms": ["mlm", "clm"],
+     "expect": "lower"},
+    {"claim": "b above a", "literature": "L2", "metric": "bits_per_byte", "arms": ["mlm", "clm"],
+     "expect": "higher"},
+    {"claim": "no difference", "literature": "L3", "metric": "probe_accuracy", "arms": ["mlm", "clm"],
+     "expect": "equal", "margin": 0.05},
+    {"claim": "noise", "literature": "L4", "metric": "noisy", "arms": ["mlm", "clm"], "expect": "lower"},
+    {"claim": "tie", "literature": "L5", "metric": "infill_exact_match", "arms": ["mlm", "clm"],
+     "expect": "higher"},
+]  # fmt: skip
+
+
+def test_claims_get_verdicts_in_results_and_report(write_experiment, tmp_path: Path) -> None:
+    values = {}
+    for seed, (d, noise) in enumerate([(0.10, 0.3), (0.12, -0.4), (0.11, 0.2)]):
+        values[("clm", seed)] = {"bits_per_byte": 1.0 + seed, "probe_accuracy": 0.70, "noisy": 1.0,
+                                 "infill_exact_match": 0.0}  # fmt: skip
+        values[("mlm", seed)] = {"bits_per_byte": 1.0 + seed - d, "probe_accuracy": 0.70 + d / 10,
+                                 "noisy": 1.0 + noise, "infill_exact_match": 0.0}  # fmt: skip
+    path = write_experiment(claims=CLAIMS)
+    c = plan_comparison(load_experiment(path), tmp_path / "r", seeds=3)
+    run_comparison(c, evaluator=FakeSuite(values), show_progress=False)
+    results = write_report(c)
+    verdicts = {v["claim"]: v["verdict"] for v in results["claims"]}
+    assert verdicts == {
+        "b below a": "agrees",
+        "b above a": "disagrees",
+        "no difference": "agrees",
+        "noise": "not resolved",
+        "tie": "not resolved",
+    }
+    first = results["claims"][0]["paired"]
+    assert first["n"] == 3 and first["delta"] == pytest.approx(-0.11)
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "## Verdicts" in md and "**disagrees**" in md
+    row = next(line for line in md.splitlines() if line.startswith("| mlm |"))
+    assert "**0 ± 0**" not in row  # a tie is not bold
+    assert markdown(results, results["plots"]) == md  # the report is a function of results.json
+
+
+def test_a_claim_naming_an_unknown_arm_is_refused(write_experiment) -> None:
+    from objtrain.errors import UserError
+
+    bad = [{"claim": "x", "literature": "y", "metric": "m", "arms": ["clm", "gpt"], "expect": "lower"}]
+    with pytest.raises(UserError, match="gpt"):
+        load_experiment(write_experiment(claims=bad))
+
+
+def test_every_shipped_finding_is_an_experiment_with_claims() -> None:
+    for name in findings.FINDINGS:
+        exp = load_experiment(name)
+        assert exp.claims, f"{name} states no claim"
+        assert all(c.metric for c in exp.claims)
+        cmd = findings.command(name)
+        assert cmd[:3] == ["objtrain", "compare", name] and "--seeds" in cmd
+
+
+def test_published_findings_regenerate_from_their_results() -> None:
+    """Each committed docs/findings/NAME/report.md and the index are exactly what their results.json give."""
+    root = ROOT / "docs" / "findings"
+    published = findings.read_results(root)
+    for name, results in published.items():
+        committed = (root / name / "report.md").read_text(encoding="utf-8")
+        assert markdown(results, results.get("plots", [])) == committed, f"{name}/report.md has drifted"
+        assert len(results["seeds"]) >= 3, f"{name} has fewer than three seeds"
+        json.dumps(results)  # plain JSON
+    index = findings.index(published)
+    if (root / "README.md").is_file():
+        assert (root / "README.md").read_text(encoding="utf-8") == index, (
+            "docs/findings/README.md has drifted"
+        )
+    for name in findings.FINDINGS:
+        assert (name in published) or f"`{name}`" in index

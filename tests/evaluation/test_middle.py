@@ -1,0 +1,122 @@
+"""Middle bits per byte (infilling likelihood) and the layer-choosing probe."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from objtrain.evaluation import infill, middle, probe
+from objtrain.evaluation.infill import InfillTask
+
+SOURCE = "def area(w, h):\n    if w < 0:\n        raise ValueError(w)\n    s = w * h\n    return s\n"
+
+
+def test_multi_line_cuts_take_whole_body_lines() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        t = infill.cut(SOURCE, "lines", rng, "t")
+        assert t is not None and t.kind == "lines"
+        assert t.prefix + t.middle + t.suffix == SOURCE
+        assert 2 <= t.middle.count("\n") <= 4 and t.middle.endswith("\n") and t.prefix.endswith("\n")
+        assert t.prefix.startswith("def ")
+
+
+def test_ratio_standard_error_matches_the_delta_method() -> None:
+    nats = np.array([2.0, 4.0, 3.0, 5.0])
+    nbytes = np.array([1.0, 2.0, 2.0, 3.0])
+    bpb, se = middle.ratio_se(nats, nbytes)
+    r = nats.sum() / nbytes.sum()
+    assert bpb == pytest.approx(r / math.log(2))
+    by_hand = math.sqrt(((nats - r * nbytes) ** 2).sum() / (4 * 3)) / nbytes.mean() / math.log(2)
+    assert se == pytest.approx(by_hand)
+    assert math.isnan(middle.ratio_se(nats[:1], nbytes[:1])[1])
+
+
+def test_fim_sequences_score_exactly_the_middle_tokens(tokenizer) -> None:
+    s = tokenizer.specials
+    task = InfillTask("t", "def f(x):\n", "    y = x + 1\n", "    return y\n")
+    mid = tokenizer.encode(task.middle)
+    for mode in ("psm", "spm"):
+        seq = middle._fim_sequence(tokenizer, task, mode)
+        scored = seq.ids[seq.first + 1 : seq.last + 1]  # the targets of the scored positions
+        assert scored == mid
+        assert (
+            seq.ids[seq.first] == s.fim_middle
+            if mode == "psm"
+            else seq.ids[:2] == [s.fim_prefix, s.fim_suffix]
+        )
+
+
+def test_a_uniform_model_costs_log2_v_bits_per_token_in_every_mode(stub, tokenizer) -> None:
+    V = tokenizer.vocab_size
+    model = stub(torch.zeros(V, V))
+    tasks = [InfillTask("t", "def f(x):\n", "    y = x + 1\n", "    return y\n", "line")]
+    n_mid = len(tokenizer.encode(tasks[0].middle))
+    nbytes = len(tasks[0].middle.encode())
+    expect = n_mid * math.log2(V) / nbytes
+    out = middle.middle_scores(model, "fim-psm", tokenizer, tokenizer.specials, {}, tasks)
+    assert out["middle_bpb"] == pytest.approx(expect, rel=1e-5)
+    # left to right: tokens of (prefix + middle) minus tokens of prefix, encoded whole
+    n_whole = len(tokenizer.encode(tasks[0].prefix + tasks[0].middle)) - len(
+        tokenizer.encode(tasks[0].prefix)
+    )
+    assert out["middle_bpb_prefix_only"] == pytest.approx(n_whole * math.log2(V) / nbytes, rel=1e-5)
+    clm = middle.middle_scores(model, "left-to-right", tokenizer, tokenizer.specials, {}, tasks)
+    assert clm["middle_bpb"] == clm["middle_bpb_prefix_only"] and "suffix_gain" not in clm
+    assert middle.middle_scores(model, "none", tokenizer, tokenizer.specials, {}, tasks) == {}
+
+
+def test_a_model_that_reads_the_suffix_gains_from_it(stub, tokenizer) -> None:
+    """A bigram stub that puts its mass on the token after each token *of the middle*: given the FIM
+    layout it predicts the middle; read left to right it does the same, so the gain is exactly the cost
+    of the one position whose context differs (after <fim_middle> vs after the prefix's last token)."""
+    V = tokenizer.vocab_size
+    task = InfillTask("t", "def f(x):\n", "    y = x + 1\n", "    return y\n", "line")
+    mid = tokenizer.encode(task.middle)
+    table = torch.zeros(V, V)
+    table[tokenizer.specials.fim_middle, mid[0]] = 30.0  # <MID> announces the middle's first token
+    for a, b in itertools.pairwise(mid):
+        table[a, b] = 30.0
+    model = stub(table)
+    out = middle.middle_scores(model, "fim-psm", tokenizer, tokenizer.specials, {}, [task])
+    assert out["middle_bpb"] < 0.01 < out["middle_bpb_prefix_only"]
+    assert out["suffix_gain"] == pytest.approx(out["middle_bpb_prefix_only"] - out["middle_bpb"])
+
+
+def test_the_probe_chooses_the_informative_layer_on_dev_and_reports_test() -> None:
+    g = torch.Generator().manual_seed(0)
+
+    def split(n: int) -> tuple[list[torch.Tensor], list[str]]:
+        y = torch.randint(0, 2, (n,), generator=g)
+        noise = torch.randn(n, 8, generator=g, dtype=torch.float64)
+        signal = noise.clone()
+        signal[:, 0] += 4.0 * y  # layer 2 separates the classes, layers 1 and 3 do not
+        other = torch.randn(n, 8, generator=g, dtype=torch.float64)
+        return [noise, signal, other], [str(int(v)) for v in y]
+
+    (tx, ty), (dx, dy), (sx, sy) = split(300), split(100), split(200)
+    out = probe.select_and_score(tx, ty, dx, dy, sx, sy)
+    assert out["probe_layer"] == 2 and out["probe_layers"] == 3
+    assert (
+        out["probe_accuracy"] > 0.9 and out["probe_test_examples"] == 200 and out["probe_dev_examples"] == 100
+    )
+    assert 0 < out["probe_accuracy_se"] < 0.05
+
+
+def test_split_off_holds_out_a_share_under_the_seed() -> None:
+    data = probe.Labelled([f"t{i}" for i in range(50)], ["a", "b"] * 25)
+    rest, held = probe.split_off(data, 0.2, 3)
+    assert len(held.texts) == 10 and len(rest.texts) == 40
+    assert sorted(rest.texts + held.texts) == sorted(data.texts)
+    assert probe.split_off(data, 0.2, 3)[1].texts == held.texts
+
+
+def test_an_unknown_probe_task_is_one_line(tmp_path) -> None:
+    from objtrain.errors import UserError
+
+    with pytest.raises(UserError, match="did you mean 'sst2'"):
+        probe.task_files("sst", tmp_path)
