@@ -53,6 +53,12 @@ def run_main(
         (["--objective", "clm", "--time", "nan"], "the budget must be positive and finite, got nan"),
         (["--objective", "clm", "--nproc", "0"], "--nproc must be at least 1, got 0"),
         (["objective=3"], "train.objective must be a mapping"),
+        # a run key given bare or under a mistyped section: name the dotted key and the flag
+        (["--objective", "clm", "lr=1e-3"], "did you mean optim.lr or --lr?"),
+        (["--objective", "clm", "optimizer.lr=1e-3"], "did you mean optim.lr or --lr?"),
+        (["--objective", "fim", "sched.kind=wsd"], "did you mean schedule.kind?"),
+        (["--objective", "clm", "n_layr=8"], "did you mean model.n_layer?"),
+        (["--objective", "fim", "fim_rat=0.9"], "did you mean 'fim_rate'?"),  # still the objective's own
     ],
 )
 def test_refusals_are_one_line_and_leave_nothing(
@@ -91,6 +97,20 @@ def test_refuses_an_existing_run_and_a_store_without_a_valid_split(
     args = [str(no_valid), *QUICK[:-1], "--objective", "clm", "-o", str(tmp_path / "r2")]
     code, err = run_main(args, monkeypatch, capsys)
     assert code == 2 and "valid" in err and not (tmp_path / "r2").exists()
+
+
+def test_a_text_file_as_data_suggests_tokenizing_it_into_a_new_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    text = tmp_path / "plain.txt"
+    text.write_text("def f(x):\n    return x\n")
+    code, err = run_main(
+        [str(text), *QUICK, "--objective", "clm", "-o", str(tmp_path / "r")], monkeypatch, capsys
+    )
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    # the store goes to a new path, never over the text file
+    assert f"objtrain tokenize {text} -o STORE" in err and f"-o {text}" not in err
+    assert text.read_text() == "def f(x):\n    return x\n" and not (tmp_path / "r").exists()
 
 
 @pytest.mark.parametrize("damage", ["valid.bin cut short", "train token past the vocabulary"])
@@ -139,6 +159,13 @@ def _env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra})
     return env
+
+
+def _failure(done: subprocess.CompletedProcess) -> str:
+    """All of a failed launch's output: under torchrun the cause (a rank's own traceback or abort message)
+    comes long before the launcher's summary at the end."""
+    out = (done.stdout or b"").decode(errors="replace") + (done.stderr or b"").decode(errors="replace")
+    return f"exit {done.returncode}:\n{out[-20000:]}"
 
 
 def _final_weights(run: Path) -> dict[str, torch.Tensor]:
@@ -274,7 +301,7 @@ def test_two_processes_match_one_and_resume(train_store: Path, tmp_path: Path) -
     two = tmp_path / "two"
     cmd = _cli(train_store, two, "--save-every", "6", "--keep", "5", "--nproc", "2")  # launches torchrun
     done = subprocess.run(cmd, env=_env(OBJTRAIN_DIST_TIMEOUT="150"), capture_output=True, timeout=300)
-    assert done.returncode == 0, done.stderr.decode()[-600:]
+    assert done.returncode == 0, _failure(done)
     assert losses(two) == pytest.approx(losses(one), rel=1e-5)
     w1, w2 = _final_weights(one), _final_weights(two)
     for k in w1:
@@ -289,7 +316,7 @@ def test_two_processes_match_one_and_resume(train_store: Path, tmp_path: Path) -
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     cmd = [*torchrun, *_cli(train_store, two, "--save-every", "6", "--keep", "5", "--resume")[1:]]
     done = subprocess.run(cmd, env=_env(OBJTRAIN_DIST_TIMEOUT="150"), capture_output=True, timeout=300)
-    assert done.returncode == 0, done.stderr.decode()[-600:]
+    assert done.returncode == 0, _failure(done)
     w3 = _final_weights(two)
     assert all(torch.equal(w3[k], w2[k]) for k in w2)
 
@@ -303,7 +330,7 @@ def test_fsdp_matches_one_process_and_resumes(train_store: Path, tmp_path: Path)
     subprocess.run(_cli(train_store, one), env=_env(), check=True, capture_output=True)
     cmd = _cli(train_store, sharded, "--save-every", "6", "--keep", "5", "parallel=fsdp", "--nproc", "2")
     done = subprocess.run(cmd, env=_env(OBJTRAIN_DIST_TIMEOUT="150"), capture_output=True, timeout=300)
-    assert done.returncode == 0, done.stderr.decode()[-600:]
+    assert done.returncode == 0, _failure(done)
     assert losses(sharded) == pytest.approx(losses(one), rel=1e-5)
     full = _final_weights(sharded)  # gathered in full: a plain checkpoint that `generate` and `eval` load
     from objtrain.models.checkpoint import load_checkpoint
@@ -316,6 +343,6 @@ def test_fsdp_matches_one_process_and_resumes(train_store: Path, tmp_path: Path)
     done = subprocess.run(
         [*cmd, "--resume"], env=_env(OBJTRAIN_DIST_TIMEOUT="150"), capture_output=True, timeout=300
     )
-    assert done.returncode == 0, done.stderr.decode()[-600:]
+    assert done.returncode == 0, _failure(done)
     resumed = _final_weights(sharded)
     assert all(torch.equal(resumed[k], full[k]) for k in full)
