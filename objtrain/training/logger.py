@@ -128,10 +128,11 @@ class Progress:
     def note(self, text: str) -> None:
         if not self.enabled:
             return
+        # plain text: a note may quote brackets (pip install 'objtrain[tensorboard]') that markup would eat
         if self.bar is not None:
-            self.bar.console.print(text, highlight=False)
+            self.bar.console.print(text, highlight=False, markup=False)
         else:
-            self.console.print(text, highlight=False)
+            self.console.print(text, highlight=False, markup=False)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -58,6 +58,7 @@ def test_tensorboard_on_without_its_package_is_said_once(
     console, buffer = _piped()
     train(cfg, tmp_path / "one", console=console)
     assert buffer.getvalue().count("tensorboard package is not installed") == 1
+    assert "pip install 'objtrain[tensorboard]'" in buffer.getvalue()
     assert not (tmp_path / "one" / "tensorboard").exists()
     console, buffer = _piped()
     train(cfg, tmp_path / "two", console=console)  # a second run in the process (compare's next arm)
