@@ -157,7 +157,8 @@ def _cli(store: Path, run: Path, *extra: str) -> list[str]:
 
 def _env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra})
+    # faulthandler: a rank that aborts (SIGABRT) or segfaults prints every thread's Python stack first
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **extra})
     return env
 
 
@@ -300,7 +301,7 @@ def test_two_processes_match_one_and_resume(train_store: Path, tmp_path: Path) -
                    capture_output=True)  # fmt: skip
     two = tmp_path / "two"
     cmd = _cli(train_store, two, "--save-every", "6", "--keep", "5", "--nproc", "2")  # launches torchrun
-    done = subprocess.run(cmd, env=_env(OBJTRAIN_DIST_TIMEOUT="150"), capture_output=True, timeout=300)
+    done = subprocess.run(cmd, env=_env(OBJTRAIN_DIST_TIMEOUT="300"), capture_output=True, timeout=900)
     assert done.returncode == 0, _failure(done)
     assert losses(two) == pytest.approx(losses(one), rel=1e-5)
     w1, w2 = _final_weights(one), _final_weights(two)
@@ -315,7 +316,7 @@ def test_two_processes_match_one_and_resume(train_store: Path, tmp_path: Path) -
     (two / "checkpoints" / "latest").unlink()
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     cmd = [*torchrun, *_cli(train_store, two, "--save-every", "6", "--keep", "5", "--resume")[1:]]
-    done = subprocess.run(cmd, env=_env(OBJTRAIN_DIST_TIMEOUT="150"), capture_output=True, timeout=300)
+    done = subprocess.run(cmd, env=_env(OBJTRAIN_DIST_TIMEOUT="300"), capture_output=True, timeout=900)
     assert done.returncode == 0, _failure(done)
     w3 = _final_weights(two)
     assert all(torch.equal(w3[k], w2[k]) for k in w2)
@@ -329,7 +330,7 @@ def test_fsdp_matches_one_process_and_resumes(train_store: Path, tmp_path: Path)
     one, sharded = tmp_path / "one", tmp_path / "fsdp"
     subprocess.run(_cli(train_store, one), env=_env(), check=True, capture_output=True)
     cmd = _cli(train_store, sharded, "--save-every", "6", "--keep", "5", "parallel=fsdp", "--nproc", "2")
-    done = subprocess.run(cmd, env=_env(OBJTRAIN_DIST_TIMEOUT="150"), capture_output=True, timeout=300)
+    done = subprocess.run(cmd, env=_env(OBJTRAIN_DIST_TIMEOUT="300"), capture_output=True, timeout=900)
     assert done.returncode == 0, _failure(done)
     assert losses(sharded) == pytest.approx(losses(one), rel=1e-5)
     full = _final_weights(sharded)  # gathered in full: a plain checkpoint that `generate` and `eval` load
@@ -341,7 +342,7 @@ def test_fsdp_matches_one_process_and_resumes(train_store: Path, tmp_path: Path)
     shutil.rmtree(sharded / "checkpoints" / "step-00000012")
     (sharded / "checkpoints" / "latest").unlink()
     done = subprocess.run(
-        [*cmd, "--resume"], env=_env(OBJTRAIN_DIST_TIMEOUT="150"), capture_output=True, timeout=300
+        [*cmd, "--resume"], env=_env(OBJTRAIN_DIST_TIMEOUT="300"), capture_output=True, timeout=900
     )
     assert done.returncode == 0, _failure(done)
     resumed = _final_weights(sharded)
