@@ -333,6 +333,12 @@ def verdict(results: dict[str, Any]) -> list[str]:
             spread = f", {MARK} within the seed spread" if name in r["within_seed_spread"] else ""
             others.append(f"{name} {value:.4g} ({gap}{spread})")
         better = "lower" if r["lower_is_better"] else "higher"
+        values = {arm["metrics"].get(metric, {}).get("mean") for arm in arms.values()} - {None}
+        if len(values) == 1:  # a tie is no ranking: say so rather than crown the first arm
+            lines.append(
+                f"{metric} ({better} is better): every arm at {top:.4g}, no difference at this budget"
+            )
+            continue
         lines.append(f"{metric} ({better} is better): {best} best at {top:.4g}; " + ", ".join(others))
     if results["experiment"].get("expect"):
         lines.append(f"the literature: {results['experiment']['expect']}")

@@ -61,3 +61,13 @@ def test_the_printed_report_ends_on_the_learnt_table_and_the_verdict() -> None:
     assert text.index("what each arm cost") < text.index("what each arm learnt") < text.index("verdict")
     assert text.rstrip().endswith(verdict(results)[-1])
     assert "**Verdict.**" in markdown(results, [])
+
+
+def test_a_tie_is_said_as_no_difference() -> None:
+    results = _results()
+    for arm in results["arms"]:
+        arm["metrics"]["infill_exact_match"] = _metric(0.0)
+    assert (
+        verdict(results)[1]
+        == "infill_exact_match (higher is better): every arm at 0, no difference at this budget"
+    )
