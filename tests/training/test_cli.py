@@ -245,7 +245,10 @@ def test_a_signal_saves_a_checkpoint_and_exits(
     deadline = time.time() + 600
     while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
         time.sleep(0.1)
-    assert metrics.exists() and len(metrics.read_text().splitlines()) >= 3, "no third step within 600 s"
+    if not metrics.exists() or len(metrics.read_text().splitlines()) < 3:
+        os.killpg(proc.pid, signal.SIGKILL) if group else proc.kill()
+        proc.communicate()
+        pytest.fail("the run logged no third step within 600 s")
     if group:
         os.killpg(proc.pid, sig)
     else:
