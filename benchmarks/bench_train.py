@@ -4,7 +4,11 @@
    block 64, batch 12, 2000 steps, lr 1e-3 -> 1e-4 cosine, warmup 100, beta2 0.99, no dropout; nanoGPT
    reports val loss ~1.88). objtrain trains through `objtrain.training.loop.train`; the peer is a plain
    PyTorch loop over HF `GPT2LMHeadModel` at the same shapes, budget and schedule, reading nanoGPT-style
-   random windows of the same tokens. The two alternate in segments of 100 steps, never overlapping (the
+   random windows of the same tokens, tuned as its users train it: no KV cache (`use_cache=False`; HF's
+   default builds one in every training forward that no training loop reads), SDPA attention. Both run
+   eager, then both compiled (objtrain `--compile`, the peer `torch.compile(model)` as nanoGPT does):
+   objtrain's ratio is reported eager vs eager and compiled vs compiled, never compiled vs eager.
+   The two alternate in segments of 100 steps, never overlapping (the
    peer's segment runs from objtrain's per-step hook, outside objtrain's timed steps), so both see the
    same machine load. The peer runs in its own process, as a user runs it: objtrain sets process-wide
    state for CPU training (malloc thresholds, see objtrain/training/host_memory.py) that a plain loop
@@ -27,7 +31,8 @@
    <= 1.1x.
 5. gpu: whether a GPU is present; the bf16 MFU target needs one.
 
-    .venv/bin/python benchmarks/bench_train.py                       # everything (~12 minutes)
+    .venv/bin/python benchmarks/bench_train.py                       # everything (~20 minutes: nanogpt twice)
+    .venv/bin/python benchmarks/bench_train.py --only nanogpt --modes eager --steps 500
     .venv/bin/python benchmarks/bench_train.py --only nanogpt --steps 500
     .venv/bin/python benchmarks/bench_train.py --only overhead datawait mtp --json out.json
 """
@@ -156,8 +161,11 @@ class NanoGPTPeer:
             attn_pdrop=0.0,
             bos_token_id=None,
             eos_token_id=None,
+            use_cache=False,  # a training loop never reads the KV cache HF builds by default
         )
+        cfg._attn_implementation = "sdpa"  # HF's default where torch has SDPA; said, not assumed
         self.model = tf.GPT2LMHeadModel(cfg).train()
+        self.forward = torch.compile(self.model) if a.compile else self.model  # nanoGPT compiles the model
         params = [p for p in self.model.parameters() if p.requires_grad]
         groups = [
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
@@ -186,7 +194,7 @@ class NanoGPTPeer:
             window = self.data[ix[:, None] + offsets]
             for group in self.opt.param_groups:
                 group["lr"] = self.lr(self.step)
-            logits = self.model(input_ids=window[:, :-1]).logits
+            logits = self.forward(input_ids=window[:, :-1], use_cache=False).logits
             loss = F.cross_entropy(logits.flatten(0, 1), window[:, 1:].flatten())
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
@@ -206,7 +214,7 @@ class NanoGPTPeer:
         self.model.eval()
         total, count = 0.0, 0
         for input_ids, labels in batches:
-            logits = self.model(input_ids=input_ids).logits
+            logits = self.model(input_ids=input_ids, use_cache=False).logits
             keep = labels != IGNORE
             total += float(F.cross_entropy(logits[keep], labels[keep], reduction="sum"))
             count += int(keep.sum())
@@ -260,6 +268,19 @@ class PeerProcess:
 
 
 def bench_nanogpt(a: argparse.Namespace, work: Path) -> dict[str, Any]:
+    if not SHAKESPEARE.is_file():
+        print(f"nanogpt: skipped, {SHAKESPEARE} not found (the shared corpora are not on this machine)")
+        return {"skipped": f"{SHAKESPEARE} not found"}
+    out: dict[str, Any] = {}
+    for mode in a.modes:  # both sides eager, then both compiled: like against like
+        print(f"nanogpt: {mode}, objtrain and the peer", flush=True)
+        out[mode] = bench_nanogpt_mode(argparse.Namespace(**{**vars(a), "compile": mode == "compiled"}), work)
+    ratios = ", ".join(f"{m} vs {m} x{out[m]['speed_ratio']:.2f}" for m in a.modes)
+    print(f"nanogpt: objtrain's tokens/s against the tuned HF GPT-2 loop: {ratios}", flush=True)
+    return out
+
+
+def bench_nanogpt_mode(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     if not SHAKESPEARE.is_file():
         print(f"nanogpt: skipped, {SHAKESPEARE} not found (the shared corpora are not on this machine)")
         return {"skipped": f"{SHAKESPEARE} not found"}
@@ -333,7 +354,7 @@ def bench_nanogpt(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         last[0] = time.perf_counter()
 
     t0 = time.perf_counter()
-    result = run_loop(cfg, work / "nanogpt-run", hook)
+    result = run_loop(cfg, work / f"nanogpt-{'compiled' if a.compile else 'eager'}", hook)
     wall = time.perf_counter() - t0
     if peer_segment == a.segment and peer.step < a.steps:  # a budget that is not a multiple of the segment
         peer.run(a.steps - peer.step)
@@ -776,10 +797,11 @@ def main() -> None:
         help="nanogpt: SwiGLU width; 0 = 8/3 x width (GPT-2's 4x in parameters)",
     )
     ap.add_argument(
-        "--compile",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="nanogpt: objtrain with --compile (the peer stays a plain eager loop)",
+        "--modes",
+        nargs="+",
+        choices=["eager", "compiled"],
+        default=["eager", "compiled"],
+        help="nanogpt: both sides eager, then both compiled (objtrain --compile, the peer torch.compile)",
     )
     ap.add_argument("--block", type=int, default=64)
     ap.add_argument("--batch", type=int, default=12)

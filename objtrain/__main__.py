@@ -6,10 +6,25 @@ ends with one line and exit 130 like a Ctrl-C at any later moment, not a traceba
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import MutableMapping
+
+
+def openmp_defaults(environ: MutableMapping[str, str] = os.environ) -> None:
+    """OpenMP threads that finish a parallel region early sleep instead of spinning, unless the user chose
+    (`OMP_WAIT_POLICY`, `GOMP_SPINCOUNT`). Spinning costs nothing on an idle machine, but beside other
+    work a spinning thread burns the core its descheduled sibling (or another program) needs, and every
+    region then waits for that sibling: a training run fell to a quarter of its idle speed beside one busy
+    process per core, well under its fair half (benchmarks/bench_busy.py). libgomp reads these once, when
+    torch loads it, so they are set here, before anything imports torch; child processes (torchrun ranks,
+    loader workers) inherit them."""
+    if "OMP_WAIT_POLICY" not in environ and "GOMP_SPINCOUNT" not in environ:
+        environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
 
 def main() -> None:
+    openmp_defaults()
     try:
         from objtrain.cli import main as cli_main
     except KeyboardInterrupt:

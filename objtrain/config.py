@@ -8,6 +8,7 @@ types strictly: an unknown key or a wrong type is a `UserError`, never a silent 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.resources
 import os
 import types
@@ -127,6 +128,51 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
     except (TypeError, ValueError) as exc:
         raise UserError(f"{where or cls.__name__}: {exc}") from None
     return obj
+
+
+def dotted_keys(cls: type, prefix: str = "") -> list[str]:
+    """Every leaf key of dataclass `cls` by its dotted name (`optim.lr`, `seed`), nested dataclasses
+    expanded, in field order."""
+    hints = typing.get_type_hints(cls)
+    out: list[str] = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        name = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(hints[f.name]):
+            out += dotted_keys(hints[f.name], f"{name}.")
+        else:
+            out.append(name)
+    return out
+
+
+def key_hint(key: str, dotted: list[str], flags: dict[str, str] | None = None) -> str:
+    """`"; did you mean optim.lr or --lr?"` for an override `key` that names a run setting the wrong way:
+    a bare leaf (`lr`), a mistyped section (`optimizer.lr`) or a near miss of a dotted key (`optim.lrr`);
+    `""` when nothing is close. `flags` maps dotted keys to the command-line flags that set them."""
+    flags = flags or {}
+    leaf = key.rsplit(".", 1)[-1].lower()
+    same_leaf = [d for d in dotted if d.rsplit(".", 1)[-1].lower() == leaf]
+    if "." in key and len(same_leaf) > 1:  # optimizer.lr: the section closest to the one typed
+        same_leaf.sort(key=lambda d: -difflib.SequenceMatcher(None, key.lower(), d.lower()).ratio())
+        same_leaf = same_leaf[:1]
+    lowered = {d.lower(): d for d in dotted}
+    leaves: dict[str, list[str]] = {}
+    for d in dotted:
+        leaves.setdefault(d.rsplit(".", 1)[-1].lower(), []).append(d)
+    matches = (
+        same_leaf
+        or [lowered[m] for m in difflib.get_close_matches(key.lower(), list(lowered), n=1, cutoff=0.75)]
+        or [d for m in difflib.get_close_matches(leaf, list(leaves), n=1, cutoff=0.8) for d in leaves[m]]
+    )
+    if not matches:
+        return ""
+    names: list[str] = []
+    for match in matches[:3]:
+        names.append(match)
+        if match in flags:
+            names.append(flags[match])
+    return f"; did you mean {' or '.join(names)}?"
 
 
 def to_dict(obj: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from objtrain.cli.common import DEVICE_HELP, make_console
-from objtrain.config import load_yaml, packaged_config, parse_overrides
+from objtrain.config import dotted_keys, key_hint, load_yaml, packaged_config, parse_overrides
 from objtrain.errors import UserError
 from objtrain.training import accounting
 from objtrain.training.config import TrainConfig, build_config, config_dict, merged
@@ -141,6 +141,7 @@ def run(
     if objective is None and isinstance(section, dict) and "name" not in section:  # else build_config says
         raise UserError("--objective is required (or a --config naming one); see `objtrain corrupt --list`")
     cfg = build_config(data_dict)
+    _check_objective_keys(cfg, kv)
     run_dir = output or Path("runs") / f"{cfg.objective.name}-{cfg.model.kind or 'default'}-{cfg.model.size}"
 
     console = Console(stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty())
@@ -166,6 +167,44 @@ def run(
             f"interrupted at step {result.step}; saved {result.checkpoint}", highlight=False, markup=False
         )
         raise typer.Exit(143 if result.stopped == "SIGTERM" else 130)
+
+
+# The flags that set a run key, for hints ("did you mean optim.lr or --lr?").
+FLAGS = {"objective.name": "--objective", "model.kind": "--model-kind", "model.size": "--model",
+         "batch.seq_len": "--seq-len", "batch.batch_size": "--batch-size",
+         "batch.micro_batch_size": "--micro-batch-size", "budget.steps": "--steps",
+         "budget.tokens": "--tokens", "budget.seconds": "--time", "optim.lr": "--lr", "seed": "--seed",
+         "precision.dtype": "--dtype", "precision.compile": "--compile", "device": "--device",
+         "checkpoint.every": "--save-every", "checkpoint.keep": "--keep"}  # fmt: skip
+
+
+def _check_objective_keys(cfg: TrainConfig, kv: dict[str, Any]) -> None:
+    """A KEY=VALUE the objective does not know but that names a run setting the wrong way (`lr=1e-3`,
+    `optimizer.lr=1e-3`) is refused with the run key and flag it probably meant; other unknown keys are
+    left to the objective's own check (with its did-you-mean)."""
+    from dataclasses import fields
+
+    from objtrain.models.config import ModelConfig
+    from objtrain.objectives.registry import objective_class
+
+    typed = kv.get("objective", {}).get("overrides", {})
+    if not typed:
+        return
+    known = {f.name for f in fields(objective_class(cfg.objective.name).Config)}
+    dotted = dotted_keys(TrainConfig) + [f"model.{f.name}" for f in fields(ModelConfig)]
+    for key, value in typed.items():
+        if key in known:
+            continue
+        # {"optimizer": {"lr": ...}} came from optimizer.lr=...: name it as typed
+        while isinstance(value, dict) and len(value) == 1:
+            ((sub, value),) = value.items()
+            key = f"{key}.{sub}"
+        hint = key_hint(key, dotted, FLAGS)
+        if hint:
+            raise UserError(
+                f"unknown key {key!r}: not a setting of objective {cfg.objective.name} "
+                f"(its keys: {', '.join(sorted(known)) or 'none'}) nor a run key{hint}"
+            )
 
 
 def _without_nproc(argv: list[str]) -> list[str]:

@@ -1,11 +1,13 @@
 """One progress display across the arms of a comparison, fed by the training loop's `on_record`.
 
 On a terminal: a bar for the runs done and one for the current run's steps (with its latest loss and
-validation). Elsewhere (logs, CI): one plain line when a run starts, validates and ends.
+validation). Elsewhere (logs, CI, a pipe): one plain line when a run starts, validates and ends, and one
+every tenth of its steps (step N/total, loss, elapsed, ETA), so a long arm is never silent for minutes.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rich import progress as rp
@@ -52,6 +54,8 @@ class ArmsProgress:
 
     def start(self, key: str) -> None:
         self.current = key
+        self.t0 = time.monotonic()
+        self.first: int | None = None
         if self.bar is not None:
             self.bar.reset(self.arm, total=self.totals.get(key), description=key, info="", visible=True)
         else:
@@ -67,6 +71,26 @@ class ArmsProgress:
         elif self.enabled and record.get("split") == "val":
             val = "  ".join(f"{k} {v:.4f}" for k, v in record.items() if k.startswith("val_") and v)
             self._say(f"{self.current}: step {record['step']}  {val}")
+        elif self.enabled and "loss" in record:
+            self._plain_step(record)
+
+    def _plain_step(self, record: dict[str, Any]) -> None:
+        step = int(record["step"])
+        if self.first is None:
+            self.first = step - 1  # a resumed arm counts its rate from where it resumed
+        total = self.totals.get(self.current or "")
+        every = max((total or 100) // 10, 1)
+        if step % every and step != total:
+            return
+        elapsed = time.monotonic() - self.t0
+        done = step - self.first
+        eta = ""
+        if total:
+            eta = f"  ETA {_clock(elapsed / max(done, 1) * (total - step))}"
+        of = f"/{total}" if total else ""
+        self._say(
+            f"{self.current}: step {step}{of}  loss {record['loss']:.3f}  elapsed {_clock(elapsed)}{eta}"
+        )
 
     def evaluating(self, key: str) -> None:
         if self.bar is not None:
@@ -88,3 +112,8 @@ class ArmsProgress:
         if self.bar is not None:
             self.bar.advance(self.all)
             self.bar.update(self.arm, visible=False)
+
+
+def _clock(seconds: float) -> str:
+    s = round(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"

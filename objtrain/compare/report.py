@@ -308,6 +308,9 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
         ]
     header, rows = metric_rows(results)
     out += ["## What each arm learnt", "", _markdown_table(header, rows), ""]
+    lines = verdict(results)
+    if lines:
+        out += ["**Verdict.**", "", *(f"- {line}" for line in lines), ""]
     seeds_note = (
         f"mean ± sample std over {n_seeds} seeds ({', '.join(map(str, results['seeds']))}); **bold** = best "
         f"arm for the metric (none when every arm has the same value); {MARK} = the 95% interval of its "
@@ -385,10 +388,54 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
     return "\n".join(out)
 
 
+# The metrics a verdict names, in order, when the arms were ranked on them: what a left-to-right model pays
+# (bits per byte), what infilling, masking and a probe gain.
+HEADLINE = (
+    "bits_per_byte",
+    "infill_exact_match",
+    "masked_accuracy",
+    "span_target_accuracy",
+    "probe_accuracy",
+)
+
+
+def verdict(results: dict[str, Any]) -> list[str]:
+    """The answer in a few lines: per headline metric the best arm and every other arm's gap to it, the
+    literature's expectation beside it, and how sure one seed can be."""
+    arms = {a["name"]: a for a in results["arms"]}
+    ranked = [m for m in HEADLINE if m in results["rankings"]] or list(results["rankings"])[:2]
+    lines = []
+    for metric in ranked:
+        r = results["rankings"][metric]
+        best = r["best"]
+        top = arms[best]["metrics"][metric]["mean"]
+        others = []
+        for name, arm in arms.items():
+            value = arm["metrics"].get(metric, {}).get("mean")
+            if name == best or value is None:
+                continue
+            gap = f"{(value - top) / abs(top):+.1%}" if top else f"{value - top:+.4g}"
+            spread = f", {MARK} within the seed spread" if name in r["within_seed_spread"] else ""
+            others.append(f"{name} {value:.4g} ({gap}{spread})")
+        better = "lower" if r["lower_is_better"] else "higher"
+        values = {arm["metrics"].get(metric, {}).get("mean") for arm in arms.values()} - {None}
+        if len(values) == 1:  # a tie is no ranking: say so rather than crown the first arm
+            lines.append(
+                f"{metric} ({better} is better): every arm at {top:.4g}, no difference at this budget"
+            )
+            continue
+        lines.append(f"{metric} ({better} is better): {best} best at {top:.4g}; " + ", ".join(others))
+    if results["experiment"].get("expect"):
+        lines.append(f"the literature: {results['experiment']['expect']}")
+    if len(results["seeds"]) == 1:
+        lines.append("one seed: how much of each gap is seed noise is not measured (--seeds 3 measures it)")
+    return lines
+
+
 def print_tables(results: dict[str, Any], console: Console) -> None:
     for title, (header, rows) in (
-        ("what each arm learnt", metric_rows(results)),
         ("what each arm cost", cost_rows(results)),
+        ("what each arm learnt", metric_rows(results)),
     ):
         table = Table(title=title, title_justify="left")
         for i, h in enumerate(header):
@@ -396,6 +443,11 @@ def print_tables(results: dict[str, Any], console: Console) -> None:
         for row in rows:
             table.add_row(*(_rich(cell) for cell in row))
         console.print(table)
+    lines = verdict(results)
+    if lines:
+        console.print("[bold]verdict[/]")
+        for line in lines:
+            console.print(f"  {escape(line)}")
 
 
 def _rich(cell: str) -> str:

@@ -60,8 +60,13 @@ def _map(path: Path, dtype: np.dtype, count: int, rerun: str) -> np.ndarray:
 
 def _read_meta(path: Path, kind: str, version: int, rerun: str) -> dict[str, Any]:
     path = Path(path)
+    what = "token store" if kind == "token_store" else "packed store"
+    if path.is_file():  # a text file given where a store goes: never suggest writing a store over it
+        make = f"`objtrain tokenize {path} -o STORE`"
+        if kind == "packed_store":
+            make += " (then `objtrain pack STORE -o PACKED`)"
+        raise UserError(f"{path} is a file, not a {what}: make one from it with {make}")
     if not (path / META_FILE).is_file():
-        what = "token store" if kind == "token_store" else "packed store"
         raise UserError(f"{path} is not a {what} (no {META_FILE}): create it with {rerun}")
     meta = read_json(path / META_FILE)
     if not isinstance(meta, dict) or meta.get("kind") != kind:

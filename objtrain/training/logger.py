@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,15 +44,26 @@ class MetricsLog:
 
 
 class TensorBoard:
-    """Scalars to RUN/tensorboard when the optional `tensorboard` package is installed, else nothing."""
+    """Scalars to RUN/tensorboard when the optional `tensorboard` package is installed, else nothing:
+    `missing` is then the note to show, once per process (a compare's arms would repeat it)."""
+
+    MISSING = (
+        "note: logging.tensorboard is on but the tensorboard package is not installed, so no event files "
+        "are written (pip install 'objtrain[tensorboard]', or logging.tensorboard=false to silence this)"
+    )
+    _said = False
 
     def __init__(self, path: Path, enabled: bool) -> None:
         self.writer = None
+        self.missing = ""
         if not enabled:
             return
         try:
             from torch.utils.tensorboard import SummaryWriter
         except (ImportError, ModuleNotFoundError):
+            if not TensorBoard._said:
+                TensorBoard._said = True
+                self.missing = self.MISSING
             return
         self.writer = SummaryWriter(str(path), max_queue=1000)
 
@@ -68,12 +80,16 @@ class TensorBoard:
 
 
 class Progress:
-    """A rich bar on a terminal (step, loss, lr, tokens/s, ETA, data wait), plain lines otherwise."""
+    """A rich bar on a terminal (step, loss, lr, tokens/s, ETA, data wait), plain lines otherwise: the same
+    facts in words (`step 40/300  loss ...  grad 0.81  ...  elapsed 1:02  ETA 6:43`), for logs and CI."""
 
     def __init__(self, console: Console, total: int, start: int, every: int, enabled: bool = True) -> None:
         self.console = console
         self.every = max(every, 1)
         self.enabled = enabled
+        self.total = total
+        self.start = start
+        self.t0 = time.monotonic()
         self.interactive = enabled and console.is_terminal and not console.is_dumb_terminal
         self.bar: rp.Progress | None = None
         if self.interactive:
@@ -98,18 +114,36 @@ class Progress:
         )
         if self.bar is not None:
             self.bar.update(self.task, completed=step, info=info)
-        elif step % self.every == 0 or step == 1:
-            self.console.print(f"step {step}  {info}", highlight=False)
+        elif step % self.every == 0 or step == self.start + 1 or step == self.total:
+            elapsed = time.monotonic() - self.t0
+            done = step - self.start
+            eta = elapsed / done * (self.total - step) if done > 0 else float("nan")
+            grad = record.get("grad_norm")
+            grad_text = f"  grad {grad:.3g}" if isinstance(grad, (int, float)) else ""
+            self.console.print(
+                f"step {step}/{self.total}  {info}{grad_text}  elapsed {_clock(elapsed)}  ETA {_clock(eta)}",
+                highlight=False,
+            )
 
     def note(self, text: str) -> None:
         if not self.enabled:
             return
+        # plain text: a note may quote brackets (pip install 'objtrain[tensorboard]') that markup would eat
         if self.bar is not None:
-            self.bar.console.print(text, highlight=False)
+            self.bar.console.print(text, highlight=False, markup=False)
         else:
-            self.console.print(text, highlight=False)
+            self.console.print(text, highlight=False, markup=False)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
             self.bar = None
+
+
+def _clock(seconds: float) -> str:
+    """`1:02`, `1:02:03`; `?` before the first step gives a rate."""
+    if not math.isfinite(seconds):
+        return "?"
+    s = round(seconds)
+    h, rest = divmod(s, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"

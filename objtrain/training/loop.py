@@ -745,6 +745,8 @@ def _run(
     progress = Progress(console, total, state.step, cfg.logging.every, enabled=show)
     if show:
         _announce(progress, plan, n_params, total, state.step)
+    if show and tb.missing:
+        progress.note(tb.missing)
 
     last_loss = float("nan")
     mfus: list[float] = []

@@ -29,3 +29,78 @@ def test_cpu_peak_is_the_high_water_mark_from_the_last_reset() -> None:
     del block
     memory.reset()
     assert memory.peak_bytes() < after  # the reset drops the mark to what is resident now
+
+
+def test_the_cpu_matmul_yardstick_counts_cpu_time_not_time_lost_to_other_programs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MFU on a CPU is quoted against a matmul timed at start-up. Timed by the wall clock, a start-up beside
+    other programs shrank that yardstick and later steps read MFU above 100%; the process's CPU time over
+    its threads does not grow while other programs hold the cores."""
+    from objtrain.training import accounting
+
+    clock = {"wall": 0.0, "cpu": 0.0}
+
+    def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        # every product runs 1 ms on each of 2 threads, but the machine is shared: 3 ms pass on the wall
+        clock["wall"] += 3e-3
+        clock["cpu"] += 2e-3
+        return a
+
+    monkeypatch.setattr(accounting.time, "perf_counter", lambda: clock["wall"])
+    monkeypatch.setattr(accounting.time, "process_time", lambda: clock["cpu"])
+    monkeypatch.setattr(torch.Tensor, "__matmul__", matmul)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    accounting.measured_peak_flops.cache_clear()
+    try:
+        peak = accounting.measured_peak_flops("cpu", "fp32")
+    finally:
+        accounting.measured_peak_flops.cache_clear()
+    assert peak == pytest.approx(2 * 512**3 / 1e-3)  # the 1 ms the product itself ran, not the 3 ms waited
+
+
+def test_the_objtrain_command_lets_idle_openmp_threads_sleep_unless_the_user_chose() -> None:
+    from objtrain.__main__ import openmp_defaults
+
+    env: dict[str, str] = {}
+    openmp_defaults(env)
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    for chosen in ({"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "300000"}):
+        env = dict(chosen)
+        openmp_defaults(env)
+        assert env == chosen
+
+
+PROBE = """
+import os, sys
+seen = []
+
+
+class Spy:  # records the variable at the moment torch is first imported
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" and not seen:
+            seen.append(os.environ.get("OMP_WAIT_POLICY"))
+        return None
+
+
+sys.meta_path.insert(0, Spy())
+sys.argv = ["objtrain", "--version"]
+from objtrain.__main__ import main
+try:
+    main()
+except SystemExit:
+    pass
+print(seen)
+"""
+
+
+@pytest.mark.slow
+def test_the_objtrain_command_sets_the_waiting_before_torch_loads_openmp() -> None:
+    """libgomp reads OMP_WAIT_POLICY once, when torch loads it: the command must set it before that."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip().splitlines()[-1] == "['PASSIVE']", done.stdout + done.stderr

@@ -1,0 +1,73 @@
+"""A comparison ends on its answer: the learnt table, then a verdict naming the best arm per headline metric
+and every other arm's gap to it (the last thing `make demo` prints)."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from objtrain.compare.report import markdown, print_tables, verdict
+
+
+def _metric(mean: float) -> dict:
+    return {"mean": mean, "std": None, "n": 1}
+
+
+def _results() -> dict:
+    arms = []
+    for name, bpb, em in (("clm", 2.0, 0.0), ("fim-0.5", 2.05, 0.25)):
+        arms.append({
+            "name": name, "objective": "fim", "objective_overrides": {}, "model_kind": "decoder",
+            "model_size": "tiny", "model_overrides": {}, "seq_len": 128, "batch_size": 16, "steps": 10,
+            "cost": {k: _metric(1.0) for k in ("parameters", "tokens", "flops", "seconds", "tokens_per_s",
+                                               "peak_memory_bytes")},
+            "metrics": {"bits_per_byte": _metric(bpb), "infill_exact_match": _metric(em)},
+            "runs": [{"run_dir": f"arms/{name}", "train": {"config": {"data": {"store": "store"}}}}],
+        })  # fmt: skip
+    return {
+        "experiment": {"name": "fim-vs-clm", "question": "q?", "expect": "FIM for free.", "source": None},
+        "budget": {"name": "default", "kind": "tokens", "value": 1000},
+        "seeds": [0],
+        "evaluation": {"suite": True, "data": None, "options": {}},
+        "machine": {"platform": "x", "cpu_count": 2, "torch_threads": 2, "torch": "2", "python": "3"},
+        "wall_seconds": 1.0,
+        "arms": arms,
+        "rankings": {
+            "bits_per_byte": {"lower_is_better": True, "best": "clm", "within_seed_spread": [], "gaps": {}},
+            "infill_exact_match": {
+                "lower_is_better": False,
+                "best": "fim-0.5",
+                "within_seed_spread": [],
+                "gaps": {},
+            },
+        },
+    }
+
+
+def test_the_verdict_names_the_best_arm_and_each_gap() -> None:
+    lines = verdict(_results())
+    assert lines[0] == "bits_per_byte (lower is better): clm best at 2; fim-0.5 2.05 (+2.5%)"
+    assert lines[1] == "infill_exact_match (higher is better): fim-0.5 best at 0.25; clm 0 (-100.0%)"
+    assert lines[2] == "the literature: FIM for free."
+    assert "one seed" in lines[3]
+
+
+def test_the_printed_report_ends_on_the_learnt_table_and_the_verdict() -> None:
+    results = _results()
+    buffer = io.StringIO()
+    print_tables(results, Console(file=buffer, width=200, force_terminal=False))
+    text = buffer.getvalue()
+    assert text.index("what each arm cost") < text.index("what each arm learnt") < text.index("verdict")
+    assert text.rstrip().endswith(verdict(results)[-1])
+    assert "**Verdict.**" in markdown(results, [])
+
+
+def test_a_tie_is_said_as_no_difference() -> None:
+    results = _results()
+    for arm in results["arms"]:
+        arm["metrics"]["infill_exact_match"] = _metric(0.0)
+    assert (
+        verdict(results)[1]
+        == "infill_exact_match (higher is better): every arm at 0, no difference at this budget"
+    )
