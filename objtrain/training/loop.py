@@ -94,6 +94,7 @@ class Plan:
     accumulation: int
     resume_from: Path | None
     has_valid: bool
+    init: Any = None  # objtrain.interop.init_from.InitSource: the weights --init-from starts from
 
 
 @dataclass
@@ -170,10 +171,7 @@ def prepare(
     micro, accumulation = check_divisible(cfg, world.world_size)
     has_valid = source.has_split(cfg.data.valid_split)
     if cfg.validation.every >= 0 and not has_valid:
-        raise UserError(
-            f"{source.path} has no {cfg.data.valid_split!r} split to validate on "
-            "(set validation.every=-1 to train without validation)"
-        )
+        raise UserError(no_valid_split(source, cfg.data.valid_split))
     # Both splits are read and checked now, before anything is written: a damaged store leaves no run behind.
     if cfg.validation.every >= 0:
         source.documents(cfg.data.valid_split)
@@ -199,6 +197,13 @@ def prepare(
             raise UserError(
                 f"{run_dir} has checkpoints but none is complete; refusing to restart from scratch"
             )
+    init = None
+    if cfg.init_from is not None and resume_from is None:  # a resumed run has its own weights
+        from objtrain.interop import init_from
+
+        init = init_from.load_source(Path(cfg.init_from))
+        init_from.check_tokenizer(init, source.tokenizer.model_proto, source.path)
+        model_cfg = init_from.model_config(init, model_cfg, overrides)
     dtype = accounting.choose_dtype(cfg.precision.dtype, device)
     check_precision(dtype, device)
     return Plan(
@@ -215,6 +220,21 @@ def prepare(
         accumulation,
         resume_from,
         has_valid,
+        init,
+    )
+
+
+def no_valid_split(source: DataSource, split: str) -> str:
+    """The refusal for a store without validation data, with the ways out: a corpus of a few whole files
+    has too few documents to split, so cutting them into paragraphs or lines is usually the fix."""
+    splits = source.store.meta.get("splits", {})
+    unit = "rows" if source.packed_length else "documents"
+    total = sum(int(info.get(unit, 0)) for info in splits.values() if isinstance(info, dict))
+    few = f" (its {total:,} {unit} are too few to split)" if total < 100 else ""
+    return (
+        f"{source.path} has no {split!r} split to validate on{few}: re-run `objtrain tokenize` with "
+        "--doc-split blank-line (paragraphs) or --doc-split line to cut files into more documents, or a "
+        "larger --valid-fraction; or train without validation: validation.every=-1"
     )
 
 
@@ -502,7 +522,13 @@ class Trainer:
         cfg, device = plan.cfg, plan.device
         self.plan = plan
         torch.manual_seed(cfg.seed)
-        self.model = build_model(plan.model_cfg).to(device)
+        self.model = build_model(plan.model_cfg)
+        self.init_notes: list[str] = []
+        if plan.init is not None and plan.resume_from is None:
+            from objtrain.interop import init_from
+
+            self.init_notes = init_from.apply(self.model, plan.init)
+        self.model = self.model.to(device)
         self.sharded = cfg.parallel == "fsdp" and plan.world.distributed
         if self.sharded:
             dist.shard(self.model, plan.world, device)
@@ -713,6 +739,11 @@ def _run(
     if log is not None and plan.resume_from is not None:
         event = {"event": "resume", "step": state.step, "from": plan.resume_from.name}
         log.write(event | accounting.numerics(device) | {"numerics_changed": trainer.numerics_changed})
+    if plan.init is not None and trainer.checkpoint is None and world.is_main:
+        notes = "".join(f"; {note}" for note in trainer.init_notes)
+        console.print(f"initialised from {plan.init.description}{notes}", markup=False)
+        if log is not None:
+            log.write({"event": "init_from", "from": str(plan.init.path), "notes": trainer.init_notes})
     if trainer.numerics_changed and world.is_main:
         changes = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in trainer.numerics_changed.items())
         console.print(

@@ -189,3 +189,29 @@ def test_did_you_mean_for_eval_skip() -> None:
 
     with pytest.raises(UserError, match="did you mean 'probe'"):
         EvalOptions(skip=("probes",))
+
+
+def test_too_small_to_split_says_the_choices(tmp_path: Path, model_file: Path, objtrain_cli: Cli) -> None:
+    """One file is one document: it lands in train, valid is empty, and train says what to do."""
+    (tmp_path / "one.txt").write_text("def f():\n    return 1\n\n\ndef g():\n    return 2\n" * 20)
+    code, out, err = objtrain_cli(
+        "tokenize", tmp_path / "one.txt", "--tokenizer", model_file, "-o", tmp_path / "s"
+    )
+    assert code == 0 and "valid split is empty" in out, err
+    code, _, err = objtrain_cli(
+        "train", tmp_path / "s", "--objective", "clm", "--steps", "1", "-o", tmp_path / "r"
+    )
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "its 1 documents are too few to split" in err
+    assert "--doc-split blank-line" in err and "--doc-split line" in err and "validation.every=-1" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_train_help_shows_defaults(objtrain_cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # one line per option, whatever the terminal
+    code, out, _ = objtrain_cli("train", "--help")
+    flat = " ".join(out.split())
+    assert code == 0
+    assert "300 when no budget is given" in flat  # the default budget
+    for shown in ("default: (tiny)", "default: (16)", "default: (0.001)", "default: (auto)"):
+        assert shown in flat, shown
