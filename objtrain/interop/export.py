@@ -101,10 +101,14 @@ def export_checkpoint(source: Path, output: Path, force: bool = False) -> Export
             )
     elif cfg.kind == "encoder":
         if cfg.n_segments or cfg.n_classes:
-            raise UserError(
-                f"{path}: this encoder has segment embeddings or a pooled classification head (NSP/SOP), "
-                "which EuroBertForMaskedLM cannot hold; export an encoder trained without them (mlm, span)"
-            )
+            trained = json.dumps([ckpt.training.get("objective"), ckpt.training.get("objective_config")])
+            if "nsp" in trained or "sop" in trained:
+                raise UserError(
+                    f"{path}: this encoder was trained with sentence pairs (NSP/SOP): its segment embedding "
+                    "and pooled classification head are part of it, and EuroBertForMaskedLM cannot hold them"
+                )
+            # the zoo's encoders carry both; an objective without sentence pairs never trains them
+            notes.append("segment embedding and pooled head left out (untrained: the objective uses neither)")
         architecture = "EuroBertForMaskedLM"
         tensors = llama.export_layers(weights, cfg, [f"blocks.{i}" for i in range(cfg.n_layer)])
         config = llama.llama_config(cfg, _max_positions(ckpt), architecture, "eurobert")

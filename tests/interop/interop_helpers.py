@@ -17,6 +17,7 @@ def tiny_checkpoint(
     kind: str = "decoder",
     seed: int = 0,
     qk_scale: float = 8.0,
+    objective: str | None = None,
     **overrides: int,
 ) -> Path:
     """A random tiny model saved as an objtrain checkpoint. q and k are scaled up so that attention is far
@@ -32,6 +33,6 @@ def tiny_checkpoint(
                 param[: 2 * cfg.d_model] *= qk_scale
             if "norm" in name:  # gains away from 1, so a misplaced norm shows
                 param.uniform_(0.5, 1.5)
-    objective = {"decoder": "clm", "encoder": "mlm", "encdec": "span"}[kind]
+    objective = objective or {"decoder": "clm", "encoder": "mlm", "encdec": "span"}[kind]
     save_checkpoint(path, model, tokenizer.specials, tokenizer, {"objective": objective, "seq_len": 64})
     return path

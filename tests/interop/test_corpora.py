@@ -215,3 +215,15 @@ def test_train_help_shows_defaults(objtrain_cli: Cli, monkeypatch: pytest.Monkey
     assert "300 when no budget is given" in flat  # the default budget
     for shown in ("default: (tiny)", "default: (16)", "default: (0.001)", "default: (auto)"):
         assert shown in flat, shown
+
+
+def test_real_datasets_save_to_disk(
+    tmp_path: Path, model_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    datasets = pytest.importorskip("datasets", reason="the 'datasets' package is not installed")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    train = datasets.Dataset.from_dict({"text": TEXTS, "n": list(range(len(TEXTS)))})
+    datasets.DatasetDict({"train": train}).save_to_disk(str(tmp_path / "dd"), num_shards={"train": 3})
+    summary = tokenize_corpus([tmp_path / "dd"], tmp_path / "s", reuse(model_file))
+    assert documents(tmp_path / "s") == TEXTS and summary.n_sources == 3

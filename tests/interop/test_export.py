@@ -79,13 +79,19 @@ def test_encoder_exports_as_eurobert(tmp_path: Path, tokenizer: Tokenizer) -> No
         assert float((_objtrain_logits(ours.model, ids) - hf(input_ids=ids).logits).abs().max()) < 1e-4
 
 
-def test_encdec_and_nsp_encoder_are_refused(tmp_path: Path, tokenizer: Tokenizer) -> None:
+def test_encdec_and_nsp_encoder_are_refused_mlm_heads_left_out(tmp_path: Path, tokenizer: Tokenizer) -> None:
     with pytest.raises(UserError, match="encoder-decoder"):
         export_checkpoint(tiny_checkpoint(tmp_path / "ed", tokenizer, kind="encdec"), tmp_path / "hf")
-    nsp = tiny_checkpoint(tmp_path / "nsp", tokenizer, kind="encoder", n_segments=2, n_classes=2)
-    with pytest.raises(UserError, match="pooled classification head"):
+    nsp = tiny_checkpoint(
+        tmp_path / "nsp", tokenizer, kind="encoder", objective="nsp", n_segments=2, n_classes=2
+    )
+    with pytest.raises(UserError, match="sentence pairs"):
         export_checkpoint(nsp, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+    # an MLM encoder of the zoo has both too, untrained: they are left out, and said so
+    mlm = tiny_checkpoint(tmp_path / "mlm", tokenizer, kind="encoder", n_segments=2, n_classes=2)
+    summary = export_checkpoint(mlm, tmp_path / "hf")
+    assert any("pooled head left out" in note for note in summary.notes)
 
 
 def test_autotokenizer_round_trip_and_special_ids(
