@@ -235,11 +235,20 @@ def load_tokenizer(path: Path) -> tuple[Tokenizer, str]:
     """A tokenizer to reuse and its model type: from a token store (its meta.json fixes the specials) or a
     bare .model file (the sentinel count is read from its pieces)."""
     path = Path(path)
+    if path.is_dir() and not (path / META_FILE).is_file() and (path / TOKENIZER_FILE).is_file():
+        path = path / TOKENIZER_FILE  # a checkpoint, or a Hugging Face export that keeps tokenizer.model
+    elif path.is_dir() and not (path / META_FILE).is_file() and (path / "tokenizer.json").is_file():
+        path = path / "tokenizer.json"
     if path.is_dir():
         store = TokenStore.open(path)
         return store.tokenizer, store.meta["tokenizer"]["model_type"]
     if not path.is_file():
         raise UserError(f"--tokenizer not found: {path}")
+    if path.name.endswith(".json"):
+        raise UserError(
+            f"{path}: Hugging Face tokenizer.json files are not supported yet: objtrain's stores need its "
+            "sentencepiece model with its fixed special-token ids (give a store, a checkpoint or a .model)"
+        )
     model = path.read_bytes()
     try:
         n_sentinels = _count_sentinels(model)

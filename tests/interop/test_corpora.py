@@ -227,3 +227,16 @@ def test_real_datasets_save_to_disk(
     datasets.DatasetDict({"train": train}).save_to_disk(str(tmp_path / "dd"), num_shards={"train": 3})
     summary = tokenize_corpus([tmp_path / "dd"], tmp_path / "s", reuse(model_file))
     assert documents(tmp_path / "s") == TEXTS and summary.n_sources == 3
+
+
+def test_tokenizer_that_is_not_one_is_one_line(tmp_path: Path, objtrain_cli: Cli) -> None:
+    (tmp_path / "a.txt").write_text("hello\n")
+    (tmp_path / "junk.model").write_bytes(b"\x00not a model at all")
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE"}}))
+    for bad, match in (
+        (tmp_path / "junk.model", "is not a sentencepiece model"),
+        (tmp_path / "tokenizer.json", "not supported yet"),
+    ):
+        code, _, err = objtrain_cli("tokenize", tmp_path / "a.txt", "--tokenizer", bad, "-o", tmp_path / "s")
+        assert code == 2 and match in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "s").exists()

@@ -135,3 +135,16 @@ def test_cli_torn_checkpoint_refused_leaving_nothing(
     assert not (tmp_path / "hf").exists()
     code, _, err = objtrain_cli("export", tmp_path / "nothing", "-o", tmp_path / "hf")
     assert code == 2 and "no checkpoint or run directory" in err
+
+
+def test_an_export_serves_as_tokenize_tokenizer(
+    tmp_path: Path, tokenizer: Tokenizer, objtrain_cli: Callable[..., tuple[int, str, str]]
+) -> None:
+    export_checkpoint(tiny_checkpoint(tmp_path / "ck", tokenizer), tmp_path / "hf")
+    (tmp_path / "a.txt").write_text("def f(x):\n    return x\n")
+    code, _, err = objtrain_cli(
+        "tokenize", tmp_path / "a.txt", "--tokenizer", tmp_path / "hf", "-o", tmp_path / "s"
+    )
+    assert code == 0, err
+    meta = json.loads((tmp_path / "s" / "meta.json").read_text())
+    assert meta["tokenizer"]["hash"] == tokenizer.hash
