@@ -91,7 +91,8 @@ def print_summary(console: Console, summary: TokenizeSummary, doc_split: str = "
     )
     if summary.skipped:
         console.print(
-            f"[yellow]skipped {len(summary.skipped)} binary or non-UTF-8 files[/] (listed in meta.json)"
+            f"[yellow]skipped {len(summary.skipped)} unreadable files[/] (binary, not UTF-8, or without the "
+            "text column; listed in meta.json)"
         )
         for skipped in summary.skipped[:5]:
             console.print(f"  {skipped.path}: {skipped.reason}", highlight=False, markup=False)

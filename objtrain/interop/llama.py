@@ -55,7 +55,7 @@ def export_layers(weights: dict[str, Tensor], cfg: ModelConfig, layer_names: lis
         out[f"{hf}.mlp.down_proj.weight"] = weights[f"{name}.mlp.w2.weight"]
     out["model.embed_tokens.weight"] = weights["embed.weight"]
     out["model.norm.weight"] = weights["lm_head.norm.weight"]
-    return {k: v.detach().contiguous().clone() for k, v in out.items()}
+    return {k: v.detach().float().contiguous().clone() for k, v in out.items()}  # config says float32
 
 
 def decoder_to_llama(weights: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:

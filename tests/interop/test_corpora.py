@@ -240,3 +240,17 @@ def test_tokenizer_that_is_not_one_is_one_line(tmp_path: Path, objtrain_cli: Cli
         code, _, err = objtrain_cli("tokenize", tmp_path / "a.txt", "--tokenizer", bad, "-o", tmp_path / "s")
         assert code == 2 and match in err and len(err.strip().splitlines()) == 1, err
         assert not (tmp_path / "s").exists()
+
+
+def test_parquet_without_the_field_inside_a_directory_is_skipped(tmp_path: Path, model_file: Path) -> None:
+    pa = pytest.importorskip("pyarrow", reason="the 'parquet' extra (pyarrow) is not installed")
+    import pyarrow.parquet as pq
+
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"text": TEXTS[:5]}), tmp_path / "in" / "a.parquet")
+    pq.write_table(pa.table({"body": ["x"]}), tmp_path / "in" / "b.parquet")
+    summary = tokenize_corpus([tmp_path / "in"], tmp_path / "s", reuse(model_file))
+    assert documents(tmp_path / "s") == TEXTS[:5]
+    assert [s.path.name for s in summary.skipped] == ["b.parquet"] and "no 'text' column" in summary.skipped[
+        0
+    ].reason
