@@ -254,3 +254,24 @@ def test_parquet_without_the_field_inside_a_directory_is_skipped(tmp_path: Path,
     assert [s.path.name for s in summary.skipped] == ["b.parquet"] and "no 'text' column" in summary.skipped[
         0
     ].reason
+
+
+def test_missing_extra_is_one_line_naming_it(tmp_path: Path) -> None:
+    """Without the optional packages (hidden here), the commands that need them say which extra to install."""
+    import subprocess
+    import sys
+
+    (tmp_path / "a.parquet").write_bytes(b"PAR1")
+    (tmp_path / "b.jsonl.zst").write_bytes(b"x")
+    hide = "import sys; sys.modules.update({m: None for m in ('transformers', 'pyarrow', 'zstandard')}); "
+    run = "from objtrain.cli import main; sys.argv = ['objtrain', *sys.argv[1:]]; main()"
+    for args, extra in (
+        (["export", str(tmp_path), "-o", str(tmp_path / "hf")], "objtrain[hf]"),
+        (["tokenize", str(tmp_path / "a.parquet"), "-o", str(tmp_path / "s")], "objtrain[parquet]"),
+        (["tokenize", str(tmp_path / "b.jsonl.zst"), "-o", str(tmp_path / "s")], "objtrain[parquet]"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-c", hide + run, *args], capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 2 and extra in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
