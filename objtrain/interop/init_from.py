@@ -191,3 +191,19 @@ def apply(model: nn.Module, source: InitSource) -> list[str]:
     if dropped:
         notes.append(f"left out (this objective does not use them): {', '.join(dropped)}")
     return notes
+
+
+def resumed_model_config(checkpoint: Path, planned: ModelConfig) -> tuple[ModelConfig, str | None]:
+    """On --resume: the model of a run that started --init-from is the one its checkpoint records (the
+    source's shape), returned with that source; any other run's is the one planned from its flags."""
+    from objtrain.models.checkpoint import read_config
+    from objtrain.models.zoo import config_from_dict
+
+    try:
+        meta = read_config(checkpoint)
+    except UserError:
+        return planned, None  # the restore itself reports a damaged checkpoint
+    origin = (meta.get("training") or {}).get("init_from")
+    if not origin:
+        return planned, None
+    return config_from_dict(meta["model"]), str(origin)

@@ -95,6 +95,7 @@ class Plan:
     resume_from: Path | None
     has_valid: bool
     init: Any = None  # objtrain.interop.init_from.InitSource: the weights --init-from starts from
+    init_origin: str | None = None  # what the run started from, kept in every checkpoint across resumes
 
 
 @dataclass
@@ -197,13 +198,18 @@ def prepare(
             raise UserError(
                 f"{run_dir} has checkpoints but none is complete; refusing to restart from scratch"
             )
-    init = None
-    if cfg.init_from is not None and resume_from is None:  # a resumed run has its own weights
+    init, init_origin = None, cfg.init_from
+    if cfg.init_from is not None and resume_from is None:
         from objtrain.interop import init_from
 
         init = init_from.load_source(Path(cfg.init_from))
         init_from.check_tokenizer(init, source.tokenizer.model_proto, source.path)
         model_cfg = init_from.model_config(init, model_cfg, overrides)
+    elif resume_from is not None:
+        from objtrain.interop import init_from
+
+        # a run started --init-from has the source's shape: its checkpoints say so, whatever the flags now
+        model_cfg, init_origin = init_from.resumed_model_config(resume_from, model_cfg)
     dtype = accounting.choose_dtype(cfg.precision.dtype, device)
     check_precision(dtype, device)
     return Plan(
@@ -221,6 +227,7 @@ def prepare(
         resume_from,
         has_valid,
         init,
+        init_origin,
     )
 
 
@@ -440,6 +447,8 @@ def _training_info(plan: Plan, step: int, tokens: int) -> dict[str, Any]:
         "tokens": tokens,
         "seed": cfg.seed,
     }
+    if plan.init_origin is not None:
+        info["init_from"] = plan.init_origin
     if plan.objective.name == "fim":
         info["fim_mode"] = "spm" if float(objective_config.get("spm_rate", 0.0)) > 0.5 else "psm"
     return info

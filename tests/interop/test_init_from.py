@@ -204,3 +204,24 @@ def test_refusals_are_one_line_and_leave_no_run(
         from objtrain.interop import init_from
 
         init_from.check_tokenizer(init_from.load_source(other), b"a different model", store)
+
+
+def test_a_run_started_from_weights_resumes_with_its_shape(
+    tmp_path: Path, store: Path, tokenizer: Tokenizer
+) -> None:
+    """The source's shape is not the --model size's: a resume must rebuild the source's shape, with or
+    without --init-from given again, and keep saying where the run started."""
+    import shutil
+
+    from objtrain.training.loop import train
+
+    src = tiny_checkpoint(tmp_path / "ck", tokenizer)
+    run = tmp_path / "run"
+    train(config(store, src, "clm", checkpoint={"every": 2, "keep": 5}), run)
+    shutil.rmtree(run / "checkpoints" / "step-00000004")
+    (run / "checkpoints" / "latest").unlink()
+    cfg = config(store, src, "clm", checkpoint={"every": 2, "keep": 5})
+    cfg.init_from = None  # resumed as users do: the same command without --init-from
+    assert train(cfg, run, resume=True).step == 4
+    meta = json.loads((run / "checkpoints" / "step-00000004" / "config.json").read_text())
+    assert meta["model"]["d_model"] == 64 and meta["training"]["init_from"] == str(src)
