@@ -894,8 +894,9 @@ def _run(
 
 def _announce(progress: Progress, plan: Plan, n_params: int, total: int, step: int) -> None:
     cfg = plan.cfg
+    size = "--init-from" if plan.init_origin else cfg.model.size  # the source's shape, not a zoo size
     progress.note(
-        f"{plan.objective.name} on a {cfg.model.size} {plan.model_cfg.kind} "
+        f"{plan.objective.name} on a {size} {plan.model_cfg.kind} "
         f"({n_params / 1e6:.2f}M params), "
         f"{total} steps of {cfg.batch.batch_size} x {plan.seq_len}, {plan.dtype} on {plan.device}, "
         f"{plan.world.world_size} process{'es' if plan.world.world_size > 1 else ''}"
