@@ -52,7 +52,7 @@ def main() -> int:
         return 2
     out = Path(sys.argv[1])
     if not (SHARED_DATA / "gutenberg-en" / "manifest.tsv").is_file():
-        print(f"skipping: {SHARED_DATA / 'gutenberg-en'} not found (the shared corpora are not on this machine)")
+        print(f"skipping: {SHARED_DATA / 'gutenberg-en'} not found (no shared corpora on this machine)")
         return 0
     store = out / "prose"
     if (store / "meta.json").is_file():

@@ -18,7 +18,7 @@ from rich.markup import escape
 from typer.main import get_command
 
 import objtrain
-from objtrain.cli import common, compare, corrupt, evaluate, generate, pack, tokenize, train
+from objtrain.cli import common, compare, corrupt, evaluate, export, generate, pack, tokenize, train
 from objtrain.errors import UserError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -83,6 +83,7 @@ app.command("train")(_guarded(train.run))
 app.command("eval")(_guarded(evaluate.run))
 app.command("compare")(_guarded(compare.run))
 app.command("generate")(_guarded(generate.run))
+app.command("export")(_guarded(export.run))
 
 
 def command() -> Any:

@@ -18,13 +18,17 @@ from objtrain.errors import UserError
 HELP = """Tokenize a corpus into a token store (train and valid splits, memory-mapped).
 
 Inputs are files and directories (walked recursively, hidden entries skipped): `*.jsonl` files hold one JSON
-object per line (text in --text-field), anything else is UTF-8 text, either may be gzipped (`.gz`). A text
-file is one document unless --doc-split cuts it at blank lines or lines. `--corpus stdlib` adds the Python
-standard library's own `.py` files (without site-packages and without its test suites).
+object per line (text in --text-field), `*.parquet` files and `datasets` save_to_disk folders (`*.arrow`)
+hold the text in column --text-field, anything else is UTF-8 text; JSONL and text may be compressed
+(`.gz`, `.zst`). A text file is one document unless --doc-split cuts it at blank lines or lines.
+`--corpus stdlib` adds the Python standard library's own `.py` files (without site-packages and without
+its test suites).
 
 A binary or non-UTF-8 file found inside a directory is skipped and counted (listed in meta.json); the same
-file named explicitly is refused. Exact round trip: every stored document decodes to its text byte for byte
-(with --no-byte-fallback, characters the vocabulary lacks become <unk> instead, and are counted).
+file named explicitly is refused. A malformed record (a JSONL line that is not JSON or lacks the text
+field, a null text cell) is skipped and counted (the first ones listed in meta.json); --strict refuses it.
+Exact round trip: every stored document decodes to its text byte for byte (with --no-byte-fallback,
+characters the vocabulary lacks become <unk> instead, and are counted).
 
 Example: objtrain tokenize --corpus stdlib --vocab-size 4096 -o runs/demo/store
 """
@@ -87,10 +91,18 @@ def print_summary(console: Console, summary: TokenizeSummary, doc_split: str = "
     )
     if summary.skipped:
         console.print(
-            f"[yellow]skipped {len(summary.skipped)} binary or non-UTF-8 files[/] (listed in meta.json)"
+            f"[yellow]skipped {len(summary.skipped)} unreadable files[/] (binary, not UTF-8, or without the "
+            "text column; listed in meta.json)"
         )
         for skipped in summary.skipped[:5]:
             console.print(f"  {skipped.path}: {skipped.reason}", highlight=False, markup=False)
+    if summary.bad_records.count:
+        first = summary.bad_records.examples[0]
+        console.print(
+            f"[yellow]skipped {summary.bad_records.count:,} malformed records[/] (first: "
+            f"{escape(first['where'])}: {escape(first['reason'])}; listed in meta.json; "
+            "--strict refuses them)"
+        )
     if summary.empty_documents:
         console.print(f"dropped {summary.empty_documents:,} empty documents")
     if summary.unknown:
@@ -138,7 +150,12 @@ def run(
     exclude: Annotated[
         list[str] | None, typer.Option(help="Glob of files in directories to leave out.")
     ] = None,
-    text_field: Annotated[str, typer.Option(help="JSONL field holding the text.")] = "text",
+    text_field: Annotated[
+        str, typer.Option(help="JSONL field or Parquet/Arrow column holding the text.")
+    ] = "text",
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Refuse a malformed record instead of skipping and counting it.")
+    ] = False,
     doc_split: Annotated[
         str, typer.Option(help="How a text file becomes documents: file, blank-line or line.")
     ] = "file",
@@ -172,6 +189,7 @@ def run(
         include=tuple(include or ()),
         exclude=tuple(exclude or ()),
         text_field=text_field,
+        strict=strict,
         doc_split=doc_split,  # type: ignore[arg-type]  # checked by tokenize_corpus
         model_type=model_type,  # type: ignore[arg-type]
         vocab_size=vocab_size,

@@ -14,7 +14,7 @@ from objtrain.cli.common import DEVICE_HELP, make_console
 from objtrain.config import dotted_keys, key_hint, load_yaml, packaged_config, parse_overrides
 from objtrain.errors import UserError
 from objtrain.training import accounting
-from objtrain.training.config import TrainConfig, build_config, config_dict, merged
+from objtrain.training.config import DEFAULT_STEPS, TrainConfig, build_config, config_dict, merged
 from objtrain.training.loop import Plan, prepare, total_steps, train
 
 HELP = """Pre-train a model with one objective (or a mixture), on a token or packed store.
@@ -28,6 +28,7 @@ Example: objtrain train --objective fim --model tiny --steps 200 -o runs/fim
 """
 
 SECTIONS = set(TrainConfig.__dataclass_fields__)
+_DEFAULTS = TrainConfig()  # what --help shows for the flags left unset
 MODEL_KEYS = {"kind", "size", "overrides"}
 
 
@@ -66,39 +67,86 @@ def run(
         None, "--config", "-c", help="A run YAML, or the name of a shipped one in configs/train/ (fim-tiny)."
     ),
     objective: str = typer.Option(
-        None, "--objective", "-O", help="Objective name (objtrain corrupt --list)."
+        None, "--objective", "-O", help="Objective name (objtrain corrupt --list).", show_default="required"
     ),
     model_kind: str = typer.Option(
-        None, "--model-kind", help="decoder | encoder | encdec (default: the objective's first)."
+        None,
+        "--model-kind",
+        help="decoder | encoder | encdec.",
+        show_default="the objective's first",
     ),
     model: str = typer.Option(
-        None, "--model", help="Model size in configs/models/: debug, tiny, small, base."
+        None,
+        "--model",
+        help="Model size in configs/models/: debug, tiny, small, base.",
+        show_default=_DEFAULTS.model.size,
     ),
     output: Path = typer.Option(
-        None, "--output", "-o", help="Run directory (default: runs/OBJECTIVE-KIND-SIZE)."
+        None, "--output", "-o", help="Run directory.", show_default="runs/OBJECTIVE-KIND-SIZE"
     ),
     seq_len: int = typer.Option(
-        None, "--seq-len", help="Model positions per row (default: the packed rows, else 256)."
+        None, "--seq-len", help="Model positions per row.", show_default="the packed rows, else 256"
     ),
-    batch_size: int = typer.Option(None, "--batch-size", help="Global rows per optimizer step."),
+    batch_size: int = typer.Option(
+        None,
+        "--batch-size",
+        help="Global rows per optimizer step.",
+        show_default=str(_DEFAULTS.batch.batch_size),
+    ),
     micro_batch_size: int = typer.Option(
-        None, "--micro-batch-size", help="Rows per forward; accumulation follows."
+        None,
+        "--micro-batch-size",
+        help="Rows per forward; accumulation follows.",
+        show_default="batch size / processes",
     ),
-    steps: int = typer.Option(None, "--steps", help="Budget: optimizer steps."),
+    steps: int = typer.Option(
+        None,
+        "--steps",
+        help="Budget: optimizer steps (one of --steps, --tokens, --time).",
+        show_default=f"{DEFAULT_STEPS} when no budget is given",
+    ),
     tokens: int = typer.Option(None, "--tokens", help="Budget: model input tokens."),
     time_budget: float = typer.Option(None, "--time", help="Budget: seconds of training."),
-    lr: float = typer.Option(None, "--lr", help="Peak learning rate."),
-    seed: int = typer.Option(None, "--seed", help="Seed of the weights, data order and corruption."),
-    dtype: str = typer.Option(
-        None, "--dtype", help="auto | fp32 | bf16 | fp16 (auto: bf16 only where fast)."
+    lr: float = typer.Option(
+        None, "--lr", help="Peak learning rate.", show_default=f"{_DEFAULTS.optim.lr:g}"
     ),
-    device: str = typer.Option(None, "--device", help=DEVICE_HELP + " Default: auto."),
-    compile_: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile each block."),
-    save_every: int = typer.Option(None, "--save-every", help="Steps between checkpoints (0: at the end)."),
-    keep: int = typer.Option(None, "--keep", help="Newest checkpoints kept."),
+    seed: int = typer.Option(
+        None,
+        "--seed",
+        help="Seed of the weights, data order and corruption.",
+        show_default=str(_DEFAULTS.seed),
+    ),
+    dtype: str = typer.Option(
+        None,
+        "--dtype",
+        help="auto | fp32 | bf16 | fp16 (auto: bf16 only where fast).",
+        show_default=_DEFAULTS.precision.dtype,
+    ),
+    device: str = typer.Option(None, "--device", help=DEVICE_HELP, show_default=_DEFAULTS.device),
+    compile_: bool = typer.Option(
+        None, "--compile/--no-compile", help="torch.compile each block.", show_default="--no-compile"
+    ),
+    save_every: int = typer.Option(
+        None,
+        "--save-every",
+        help="Steps between checkpoints (0: at the end).",
+        show_default=str(_DEFAULTS.checkpoint.every),
+    ),
+    keep: int = typer.Option(
+        None, "--keep", help="Newest checkpoints kept.", show_default=str(_DEFAULTS.checkpoint.keep)
+    ),
+    init_from: Path = typer.Option(
+        None,
+        "--init-from",
+        help="Start from these weights: an objtrain run or checkpoint, or a local Hugging Face Llama "
+        "directory (decoders). The model's shape comes from it; the objective may be any its kind trains.",
+        show_default="a fresh init",
+    ),
     resume: bool = typer.Option(False, "--resume", help="Continue RUN from its newest complete checkpoint."),
     force: bool = typer.Option(False, "--force", help="Replace an existing RUN."),
-    nproc: int = typer.Option(None, "--nproc", help="Processes on this machine (launches torchrun)."),
+    nproc: int = typer.Option(
+        None, "--nproc", help="Processes on this machine (launches torchrun).", show_default="1"
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print sizes, FLOPs and memory, then exit."),
 ) -> None:
     data, kv = split_args(args or [])
@@ -129,6 +177,7 @@ def run(
     put("device", device)
     put("checkpoint.every", save_every)
     put("checkpoint.keep", keep)
+    put("init_from", str(init_from) if init_from is not None else None)
     budget = {
         k: v for k, v in (("steps", steps), ("tokens", tokens), ("seconds", time_budget)) if v is not None
     }

@@ -50,6 +50,7 @@ COST = (
     ("peak_memory_bytes", "peak MiB"),
 )
 MARK = "≈"
+NONE: dict[str, Any] = {"mean": None, "std": None, "n": 0}  # a cost an older results.json lacks
 
 
 def build_results(c: Comparison) -> dict[str, Any]:
@@ -116,7 +117,7 @@ def build_results(c: Comparison) -> dict[str, Any]:
                 "gaps": r.gaps,
             }
     exp = c.experiment
-    claims = [verdict(claim, by_seed.get(claim.metric, {}), len(c.seeds)) for claim in exp.claims]
+    claims = [claim_verdict(claim, by_seed.get(claim.metric, {}), len(c.seeds)) for claim in exp.claims]
     return {
         "experiment": {
             "name": exp.name,
@@ -140,7 +141,7 @@ def build_results(c: Comparison) -> dict[str, Any]:
     }
 
 
-def verdict(claim: Claim, per_seed: dict[str, dict[int, float]], n_seeds: int) -> dict[str, Any]:
+def claim_verdict(claim: Claim, per_seed: dict[str, dict[int, float]], n_seeds: int) -> dict[str, Any]:
     """The claim with our paired difference `a - b` and the verdict: agrees, disagrees or not resolved
     (the 95% interval decides; for `equal`, the interval against ±margin), or "no published comparison"."""
     a, b = claim.arms
@@ -262,7 +263,12 @@ def cost_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     for arm in results["arms"]:
         model = f"{arm['model_kind']} {arm['model_size']}"
         rows.append(
-            [arm["name"], _objective_text(arm), model, *(_cost_cell(k, arm["cost"][k]) for k, _ in COST)]
+            [
+                arm["name"],
+                _objective_text(arm),
+                model,
+                *(_cost_cell(k, arm["cost"].get(k, NONE)) for k, _ in COST),
+            ]
         )
     return header, rows
 
@@ -427,6 +433,8 @@ def verdict(results: dict[str, Any]) -> list[str]:
         lines.append(f"{metric} ({better} is better): {best} best at {top:.4g}; " + ", ".join(others))
     if results["experiment"].get("expect"):
         lines.append(f"the literature: {results['experiment']['expect']}")
+    for c in results.get("claims", []):
+        lines.append(f"claim: {c['claim']}: {c['verdict']}")
     if len(results["seeds"]) == 1:
         lines.append("one seed: how much of each gap is seed noise is not measured (--seeds 3 measures it)")
     return lines

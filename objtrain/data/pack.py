@@ -36,7 +36,7 @@ from objtrain.data.store import (
     TokenStore,
     doc_dtype,
 )
-from objtrain.errors import UserError
+from objtrain.errors import UserError, did_you_mean
 from objtrain.io import atomic_dir, check_output_free, write_json
 
 PackMode = Literal["concat", "bestfit"]
@@ -297,7 +297,10 @@ def _write_split(
 
 def _check(config: PackConfig) -> None:
     if config.mode not in PACK_MODES:
-        raise UserError(f"unknown --mode {config.mode!r} (choose from: {', '.join(PACK_MODES)})")
+        raise UserError(
+            f"unknown --mode {config.mode!r}{did_you_mean(config.mode, PACK_MODES)} "
+            f"(choose from: {', '.join(PACK_MODES)})"
+        )
     if config.seq_len < MIN_SEQ_LEN:
         raise UserError(
             f"--seq-len {config.seq_len} is too small: a row needs at least {MIN_SEQ_LEN} tokens "

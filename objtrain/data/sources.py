@@ -1,7 +1,10 @@
 """Where documents come from: files, directories and the standard library, and how a file becomes documents.
 
-Formats, chosen by file name: `*.jsonl` is one JSON object per line with the text in one field; anything else
-is UTF-8 text; either may be gzipped (`*.gz`). A text file is one document unless `doc_split` cuts it:
+Formats, chosen by file name: `*.jsonl` is one JSON object per line with the text in one field; `*.parquet`
+is a Parquet file with the text in one column (read a row group at a time); `*.arrow` is an Arrow IPC
+stream (a `datasets` `save_to_disk` folder holds these, next to its `state.json`, which gives their order);
+anything else is UTF-8 text. JSONL and text may be compressed (`*.gz`, `*.zst`). A text file is one document
+unless `doc_split` cuts it:
 - `blank-line`: a document is a run of non-blank lines, without the line break that ends its last line;
 - `line`: every non-blank line is a document, without its line break.
 Lines end at `\\n` only, so `\\r\\n` files keep their `\\r` inside documents and decode back exactly.
@@ -9,6 +12,8 @@ Lines end at `\\n` only, so `\\r\\n` files keep their `\\r` inside documents and
 Bad files: a binary (NUL byte) or non-UTF-8 file met while walking a directory is *skipped and counted*
 (real corpus folders hold stray images, archives, Latin-1 leftovers; one should not sink a long run),
 while the same file named explicitly on the command line is *refused*: the user asked for it by name.
+Bad records: a JSONL line that is not JSON or lacks the text field, or a null in a Parquet/Arrow text
+column, is skipped and counted (`BadRecords`) unless the caller asks for strictness (`tokenize --strict`).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import Any, BinaryIO, Literal
 
 from objtrain.errors import UserError
 
@@ -42,21 +47,51 @@ STDLIB_EXCLUDED_DIRS = frozenset(
 BLOCK = 1 << 20
 
 
+Format = Literal["text", "jsonl", "parquet", "arrow"]
+TABLE_FORMATS = ("parquet", "arrow")  # columnar files: records in a text column, read by pyarrow
+Compression = Literal["", "gz", "zst"]
+# Files of a `datasets` save_to_disk folder that are its bookkeeping, not text.
+DATASETS_FILES = frozenset({"state.json", "dataset_info.json", "dataset_dict.json"})
+
+
 @dataclass(frozen=True)
 class Source:
     """One readable input file."""
 
     path: Path
-    format: Literal["text", "jsonl"]
-    compressed: bool
+    format: Format
+    compression: Compression
     size: int  # bytes on disk
     sha256: str  # of the bytes on disk
+
+    @property
+    def compressed(self) -> bool:
+        return bool(self.compression)
 
 
 @dataclass(frozen=True)
 class Skipped:
     path: Path
     reason: str
+
+
+class BadRecords:
+    """Malformed records met while reading (JSONL lines, null table cells): counted, the first few kept
+    with their place for meta.json, or refused at once when `strict`."""
+
+    KEEP = 20
+
+    def __init__(self, strict: bool = False) -> None:
+        self.strict = strict
+        self.count = 0
+        self.examples: list[dict[str, Any]] = []
+
+    def add(self, where: str, reason: str) -> None:
+        if self.strict:
+            raise UserError(f"{where}: {reason} (drop --strict to skip and count such records)")
+        self.count += 1
+        if len(self.examples) < self.KEEP:
+            self.examples.append({"where": where, "reason": reason})
 
 
 def stdlib_root() -> Path:
@@ -106,7 +141,10 @@ def find_files(
                 dirnames[:] = sorted(
                     d for d in dirnames if not d.startswith(".") and (Path(dirpath) / d).resolve() != skip_key
                 )
-                for name in sorted(filenames):
+                names = sorted(filenames)
+                if DATASETS_FILES & set(names):
+                    names = _datasets_files(Path(dirpath), names)
+                for name in names:
                     if name.startswith("."):
                         continue
                     file = Path(dirpath) / name
@@ -122,73 +160,131 @@ def find_files(
     return found
 
 
-def file_format(path: Path) -> tuple[Literal["text", "jsonl"], bool]:
+def _datasets_files(directory: Path, names: list[str]) -> list[str]:
+    """A `datasets` save_to_disk folder: its `.arrow` data files in the order `state.json` lists them
+    (sorted names without one), never its JSON bookkeeping, which is not text to train on."""
+    arrow = [n for n in names if n.endswith(".arrow")]
+    try:
+        listed = [f["filename"] for f in json.loads((directory / "state.json").read_text())["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        listed = []
+    if listed and sorted(listed) == sorted(arrow):
+        arrow = listed
+    return [*arrow, *(n for n in names if n not in DATASETS_FILES and not n.endswith(".arrow"))]
+
+
+def file_format(path: Path) -> tuple[Format, Compression]:
     name = path.name.lower()
-    compressed = name.endswith(".gz")
-    if compressed:
-        name = name[:-3]
-    return ("jsonl" if name.endswith(".jsonl") else "text"), compressed
+    compression: Compression = ""
+    for suffix in ("gz", "zst"):
+        if name.endswith("." + suffix):
+            compression, name = suffix, name[: -len(suffix) - 1]  # type: ignore[assignment]
+    if not compression and name.endswith(".parquet"):
+        return "parquet", ""
+    if not compression and name.endswith(".arrow"):
+        return "arrow", ""
+    return ("jsonl" if name.endswith(".jsonl") else "text"), compression
 
 
-def _open_binary(path: Path, compressed: bool) -> BinaryIO:
-    if compressed:
+def _open_binary(path: Path, compression: Compression) -> BinaryIO:
+    if compression == "gz":
         return gzip.open(path, "rb")  # type: ignore[return-value]
+    if compression == "zst":
+        from objtrain.interop import require
+
+        zstandard = require("zstandard", f"reading {path.name}")
+        # frames written with --long=31 need a window past zstd's default decoder limit of 2^27
+        decoder = zstandard.ZstdDecompressor(max_window_size=2**31)
+        return decoder.stream_reader(open(path, "rb"), read_across_frames=True, closefd=True)  # type: ignore[no-any-return]
     return open(path, "rb")
 
 
-def scan(path: Path, explicit: bool) -> Source | Skipped:
-    """Hash a file and check that it is UTF-8 text without NUL bytes, reading it in blocks.
+def _read_errors() -> tuple[type[BaseException], ...]:
+    """What reading a damaged compressed file raises: gzip's errors, and zstandard's when it is installed."""
+    errors: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error)
+    try:
+        import zstandard
+
+        errors += (zstandard.ZstdError,)
+    except ImportError:
+        pass
+    return errors
+
+
+def _check_text(stream: BinaryIO) -> str | None:
+    """Why a stream is not UTF-8 text without NUL bytes, or None when it is."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    while block := stream.read(BLOCK):
+        nul = block.find(b"\x00")
+        if nul >= 0:
+            return f"binary file (NUL byte at offset {offset + nul})"
+        try:
+            decoder.decode(block)
+        except UnicodeDecodeError as exc:
+            return f"not UTF-8 text (invalid byte at offset {offset + exc.start})"
+        offset += len(block)
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return "not UTF-8 text (truncated character at the end)"
+    return None
+
+
+def scan(path: Path, explicit: bool, text_field: str = "text") -> Source | Skipped:
+    """Hash a file and check that it is readable: UTF-8 text without NUL bytes (read in blocks), or a
+    Parquet/Arrow file with a string column `text_field` (its footer or schema only).
 
     Raises `UserError` for a bad file named explicitly; returns `Skipped` for one found in a directory.
     """
-    fmt, compressed = file_format(path)
+    fmt, compression = file_format(path)
     digest = hashlib.sha256()
+    reason: str | None
     try:
         with open(path, "rb") as raw:
             while block := raw.read(BLOCK):
                 digest.update(block)
         size = path.stat().st_size
-        reason = None
-        decoder = codecs.getincrementaldecoder("utf-8")()
-        offset = 0
-        with _open_binary(path, compressed) as stream:
-            while block := stream.read(BLOCK):
-                nul = block.find(b"\x00")
-                if nul >= 0:
-                    reason = f"binary file (NUL byte at offset {offset + nul})"
-                    break
-                try:
-                    decoder.decode(block)
-                except UnicodeDecodeError as exc:
-                    reason = f"not UTF-8 text (invalid byte at offset {offset + exc.start})"
-                    break
-                offset += len(block)
-            else:
-                try:
-                    decoder.decode(b"", final=True)
-                except UnicodeDecodeError:
-                    reason = "not UTF-8 text (truncated character at the end)"
-    except (OSError, EOFError, zlib.error) as exc:
-        reason = f"unreadable ({exc.__class__.__name__}: {exc})" if compressed else f"unreadable ({exc})"
+        if fmt in TABLE_FORMATS:
+            from objtrain.interop import tables
+
+            reason = tables.check(path, fmt, text_field)
+        else:
+            with _open_binary(path, compression) as stream:
+                reason = _check_text(stream)
+    except _read_errors() as exc:
+        reason = f"unreadable ({exc.__class__.__name__}: {exc})" if compression else f"unreadable ({exc})"
     if reason is not None:
         if explicit:
+            what = "a Parquet or Arrow file with a text column" if fmt in TABLE_FORMATS else "UTF-8 text"
             raise UserError(
-                f"{path}: {reason}; objtrain reads UTF-8 text (files inside a directory are skipped instead)"
+                f"{path}: {reason}; objtrain reads {what} (files inside a directory are skipped instead)"
             )
         return Skipped(path, reason)
-    return Source(path, fmt, compressed, size, digest.hexdigest())
+    return Source(path, fmt, compression, size, digest.hexdigest())
 
 
 def _text_stream(source: Source) -> io.TextIOWrapper:
     # newline="\n": lines end at \n only and come back untranslated, so \r\n and lone \r survive.
-    return io.TextIOWrapper(_open_binary(source.path, source.compressed), encoding="utf-8", newline="\n")
+    return io.TextIOWrapper(_open_binary(source.path, source.compression), encoding="utf-8", newline="\n")
 
 
-def iter_documents(source: Source, doc_split: DocSplit = "file", text_field: str = "text") -> Iterator[str]:
-    """Documents of one file, in file order. Empty documents are yielded too (the caller counts them)."""
+def iter_documents(
+    source: Source, doc_split: DocSplit = "file", text_field: str = "text", bad: BadRecords | None = None
+) -> Iterator[str]:
+    """Documents of one file, in file order. Empty documents are yielded too (the caller counts them).
+
+    Malformed records (JSONL, Parquet, Arrow) go to `bad`: skipped and counted, or refused when it is
+    strict; without `bad` they are refused."""
+    bad = bad if bad is not None else BadRecords(strict=True)
+    if source.format in TABLE_FORMATS:
+        from objtrain.interop import tables
+
+        yield from tables.iter_texts(source.path, source.format, text_field, bad)
+        return
     with _text_stream(source) as stream:
         if source.format == "jsonl":
-            yield from _jsonl_documents(source.path, stream, text_field)
+            yield from _jsonl_documents(source.path, stream, text_field, bad)
         elif doc_split == "file":
             yield stream.read()
         else:
@@ -241,25 +337,26 @@ def _paragraphs(blocks: Iterator[str]) -> Iterator[str]:
         yield last[:-1] if last[-1] == "\r" else last
 
 
-def _jsonl_documents(path: Path, stream: io.TextIOWrapper, field: str) -> Iterator[str]:
+def _jsonl_documents(path: Path, stream: io.TextIOWrapper, field: str, bad: BadRecords) -> Iterator[str]:
     for lineno, line in enumerate(stream, 1):
         if not line.strip():
             continue
+        where = f"{path}:{lineno}"
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise UserError(f"{path}:{lineno}: malformed JSON ({exc.msg}, column {exc.colno})") from None
+            bad.add(where, f"malformed JSON ({exc.msg}, column {exc.colno})")
+            continue
         if not isinstance(record, dict) or field not in record:
-            raise UserError(
-                f"{path}:{lineno}: no {field!r} field in this record (choose one with --text-field)"
-            )
+            bad.add(where, f"no {field!r} field in this record (choose one with --text-field)")
+            continue
         text = record[field]
         if not isinstance(text, str):
-            raise UserError(f"{path}:{lineno}: field {field!r} is {type(text).__name__}, not a string")
+            bad.add(where, f"field {field!r} is {type(text).__name__}, not a string")
+            continue
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
-            raise UserError(
-                f"{path}:{lineno}: field {field!r} holds a lone surrogate escape, not text"
-            ) from None
+            bad.add(where, f"field {field!r} holds a lone surrogate escape, not text")
+            continue
         yield text

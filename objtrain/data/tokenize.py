@@ -40,7 +40,7 @@ from objtrain.data.store import (
     token_dtype,
 )
 from objtrain.data.tokenizer import ModelType, Tokenizer, fixed_special_names, train_sentencepiece
-from objtrain.errors import UserError
+from objtrain.errors import UserError, did_you_mean
 from objtrain.io import atomic_dir, check_output_free, write_json
 from objtrain.specials import N_FIXED, Specials
 
@@ -54,7 +54,8 @@ class TokenizeConfig:
     corpus: str | None = None  # a built-in corpus ("stdlib") in addition to the inputs
     include: tuple[str, ...] = ()  # globs for files inside directories; empty = every file
     exclude: tuple[str, ...] = ()
-    text_field: str = "text"  # JSONL field holding the text
+    text_field: str = "text"  # JSONL field or Parquet/Arrow column holding the text
+    strict: bool = False  # refuse a malformed record instead of skipping and counting it
     doc_split: DocSplit = "file"  # how a text file becomes documents
     model_type: ModelType = "unigram"
     vocab_size: int = 8192
@@ -83,6 +84,7 @@ class TokenizeSummary:
     n_sources: int
     skipped: list[Skipped]
     empty_documents: int
+    bad_records: src.BadRecords
     vocab_size: int
     tokenizer_trained: bool
     train_seconds: float
@@ -134,13 +136,18 @@ def _check_config(config: TokenizeConfig, inputs: Sequence[Path]) -> None:
     if not inputs and config.corpus is None:
         raise UserError("nothing to tokenize: give input files or directories, or --corpus stdlib")
     if config.corpus is not None and config.corpus not in src.CORPORA:
-        raise UserError(f"unknown --corpus {config.corpus!r} (choose from: {', '.join(src.CORPORA)})")
+        hint = did_you_mean(config.corpus, src.CORPORA)
+        raise UserError(f"unknown --corpus {config.corpus!r}{hint} (choose from: {', '.join(src.CORPORA)})")
     if config.doc_split not in src.DOC_SPLITS:
         raise UserError(
-            f"unknown --doc-split {config.doc_split!r} (choose from: {', '.join(src.DOC_SPLITS)})"
+            f"unknown --doc-split {config.doc_split!r}{did_you_mean(config.doc_split, src.DOC_SPLITS)} "
+            f"(choose from: {', '.join(src.DOC_SPLITS)})"
         )
     if config.model_type not in MODEL_TYPES:
-        raise UserError(f"unknown --model-type {config.model_type!r} (choose from: {', '.join(MODEL_TYPES)})")
+        hint = did_you_mean(config.model_type, MODEL_TYPES)
+        raise UserError(
+            f"unknown --model-type {config.model_type!r}{hint} (choose from: {', '.join(MODEL_TYPES)})"
+        )
     if config.num_threads < 0:
         raise UserError(f"--threads must be >= 0 (0 = every core), got {config.num_threads}")
     if not 0.0 <= config.valid_fraction < 1.0:
@@ -162,19 +169,23 @@ def collect_sources(
     sources: list[Source] = []
     skipped: list[Skipped] = []
     for path, explicit in files:
-        result = src.scan(path, explicit)
+        result = src.scan(path, explicit, config.text_field)
         (sources if isinstance(result, Source) else skipped).append(result)  # type: ignore[arg-type]
         progress.advance(1)
     if not sources:
-        why = f" ({len(skipped)} skipped as binary or not UTF-8)" if skipped else ""
+        why = f" ({len(skipped)} skipped: {skipped[0].reason}, ...)" if skipped else ""
         raise UserError(f"empty corpus: no readable text files among the inputs{why}")
     return sources, skipped
 
 
-def _documents(sources: Sequence[Source], config: TokenizeConfig) -> Iterator[tuple[int, str, bytes]]:
-    """(source index, text, UTF-8 bytes) of every document, empty ones included."""
+def _documents(
+    sources: Sequence[Source], config: TokenizeConfig, bad: src.BadRecords | None = None
+) -> Iterator[tuple[int, str, bytes]]:
+    """(source index, text, UTF-8 bytes) of every document, empty ones included; malformed records are
+    counted in `bad` (a throwaway counter when None: the sampling pass reads them too)."""
+    bad = bad if bad is not None else src.BadRecords(config.strict)
     for index, source in enumerate(sources):
-        for text in src.iter_documents(source, config.doc_split, config.text_field):
+        for text in src.iter_documents(source, config.doc_split, config.text_field, bad):
             yield index, text, text.encode("utf-8")
 
 
@@ -224,11 +235,20 @@ def load_tokenizer(path: Path) -> tuple[Tokenizer, str]:
     """A tokenizer to reuse and its model type: from a token store (its meta.json fixes the specials) or a
     bare .model file (the sentinel count is read from its pieces)."""
     path = Path(path)
+    if path.is_dir() and not (path / META_FILE).is_file() and (path / TOKENIZER_FILE).is_file():
+        path = path / TOKENIZER_FILE  # a checkpoint, or a Hugging Face export that keeps tokenizer.model
+    elif path.is_dir() and not (path / META_FILE).is_file() and (path / "tokenizer.json").is_file():
+        path = path / "tokenizer.json"
     if path.is_dir():
         store = TokenStore.open(path)
         return store.tokenizer, store.meta["tokenizer"]["model_type"]
     if not path.is_file():
         raise UserError(f"--tokenizer not found: {path}")
+    if path.name.endswith(".json"):
+        raise UserError(
+            f"{path}: Hugging Face tokenizer.json files are not supported yet: objtrain's stores need its "
+            "sentencepiece model with its fixed special-token ids (give a store, a checkpoint or a .model)"
+        )
     model = path.read_bytes()
     try:
         n_sentinels = _count_sentinels(model)
@@ -308,8 +328,10 @@ def encode_documents(
     directory: Path,
     config: TokenizeConfig,
     progress: Progress,
+    bad: src.BadRecords | None = None,
 ) -> tuple[dict[str, SplitCounts], list[int], int]:
-    """Encode every document into `directory`; returns split counts, documents per source, empty documents."""
+    """Encode every document into `directory`; returns split counts, documents per source, empty documents.
+    Malformed records are counted in `bad`."""
     dtype = token_dtype(tokenizer.vocab_size)
     threads = config.num_threads or default_threads()
     writers = {name: _SplitWriter(directory, name, dtype, tokenizer.specials.unk) for name in SPLITS}
@@ -332,7 +354,7 @@ def encode_documents(
                     _write_chunk(done, future.result(), writers)
 
             chunk = _Chunk()
-            for index, text, data in _documents(sources, config):
+            for index, text, data in _documents(sources, config, bad):
                 if not data:
                     empty += 1
                     continue
@@ -395,20 +417,27 @@ def tokenize_corpus(
         train_seconds = time.perf_counter() - t0
         tokenizer, model_type = Tokenizer(model, specials), config.model_type
 
+    bad = src.BadRecords(config.strict)
     with atomic_dir(output, force=force) as tmp:
-        splits, per_source, empty = encode_documents(sources, tokenizer, tmp, config, progress)
+        splits, per_source, empty = encode_documents(sources, tokenizer, tmp, config, progress, bad)
         if sum(s.documents for s in splits.values()) == 0:
-            raise UserError("empty corpus: the inputs hold no text")
+            why = (
+                f" ({bad.count} malformed records skipped, e.g. {bad.examples[0]['reason']})"
+                if bad.count
+                else ""
+            )
+            raise UserError(f"empty corpus: the inputs hold no text{why}")
         (tmp / TOKENIZER_FILE).write_bytes(tokenizer.model_proto)
-        write_json(
-            tmp / META_FILE, _meta(config, tokenizer, splits, sources, per_source, skipped, empty, model_type)
-        )
+        meta = _meta(config, tokenizer, splits, sources, per_source, skipped, empty, model_type)
+        meta["malformed_records"] = {"count": bad.count, "first": bad.examples}
+        write_json(tmp / META_FILE, meta)
     return TokenizeSummary(
         path=output,
         splits=splits,
         n_sources=len(sources),
         skipped=skipped,
         empty_documents=empty,
+        bad_records=bad,
         vocab_size=tokenizer.vocab_size,
         tokenizer_trained=config.tokenizer is None,
         train_seconds=train_seconds,
@@ -461,6 +490,7 @@ def _meta(
                 "path": str(s.path),
                 "format": s.format,
                 "compressed": s.compressed,
+                "compression": s.compression or None,
                 "bytes": s.size,
                 "sha256": s.sha256,
                 "documents": n,

@@ -38,7 +38,7 @@ import yaml
 from objtrain.data.default import default_store_path
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.devices import resolve_device
-from objtrain.errors import UserError
+from objtrain.errors import UserError, did_you_mean
 from objtrain.evaluation import corrupted, infill, lm, middle, probe
 from objtrain.evaluation import generate as gen
 from objtrain.models.checkpoint import Checkpoint, load_checkpoint
@@ -132,7 +132,8 @@ class EvalOptions:
                 raise UserError(f"{flag} must be at least 1, got {value}")
         unknown = sorted(set(self.skip) - set(PARTS))
         if unknown:
-            raise UserError(f"--skip {unknown[0]!r} is not a part (parts: {', '.join(PARTS)})")
+            hint = did_you_mean(unknown[0], PARTS)
+            raise UserError(f"--skip {unknown[0]!r} is not a part{hint} (parts: {', '.join(PARTS)})")
         if self.probe_pooling not in ("mean", "last", "first", "pooled"):
             raise UserError(
                 f"--probe-pooling must be mean, last, first or pooled, got {self.probe_pooling!r}"

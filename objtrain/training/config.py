@@ -161,6 +161,9 @@ class TrainConfig:
     # Over several processes: "ddp" replicates the model and sums gradients; "fsdp" shards parameters,
     # gradients and optimizer state (FSDP2 fully_shard per block), for models that do not fit one device.
     parallel: Literal["ddp", "fsdp"] = "ddp"
+    # Start from these weights (an objtrain run/checkpoint or a Hugging Face Llama directory) instead of
+    # a fresh init; the model's shape comes from them. Ignored when --resume finds a checkpoint.
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
         if self.workers < 0:

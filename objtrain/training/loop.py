@@ -94,6 +94,8 @@ class Plan:
     accumulation: int
     resume_from: Path | None
     has_valid: bool
+    init: Any = None  # objtrain.interop.init_from.InitSource: the weights --init-from starts from
+    init_origin: str | None = None  # what the run started from, kept in every checkpoint across resumes
 
 
 @dataclass
@@ -170,10 +172,7 @@ def prepare(
     micro, accumulation = check_divisible(cfg, world.world_size)
     has_valid = source.has_split(cfg.data.valid_split)
     if cfg.validation.every >= 0 and not has_valid:
-        raise UserError(
-            f"{source.path} has no {cfg.data.valid_split!r} split to validate on "
-            "(set validation.every=-1 to train without validation)"
-        )
+        raise UserError(no_valid_split(source, cfg.data.valid_split))
     # Both splits are read and checked now, before anything is written: a damaged store leaves no run behind.
     if cfg.validation.every >= 0:
         source.documents(cfg.data.valid_split)
@@ -199,6 +198,18 @@ def prepare(
             raise UserError(
                 f"{run_dir} has checkpoints but none is complete; refusing to restart from scratch"
             )
+    init, init_origin = None, cfg.init_from
+    if cfg.init_from is not None and resume_from is None:
+        from objtrain.interop import init_from
+
+        init = init_from.load_source(Path(cfg.init_from))
+        init_from.check_tokenizer(init, source.tokenizer.model_proto, source.path)
+        model_cfg = init_from.model_config(init, model_cfg, overrides)
+    elif resume_from is not None:
+        from objtrain.interop import init_from
+
+        # a run started --init-from has the source's shape: its checkpoints say so, whatever the flags now
+        model_cfg, init_origin = init_from.resumed_model_config(resume_from, model_cfg)
     dtype = accounting.choose_dtype(cfg.precision.dtype, device)
     check_precision(dtype, device)
     return Plan(
@@ -215,6 +226,22 @@ def prepare(
         accumulation,
         resume_from,
         has_valid,
+        init,
+        init_origin,
+    )
+
+
+def no_valid_split(source: DataSource, split: str) -> str:
+    """The refusal for a store without validation data, with the ways out: a corpus of a few whole files
+    has too few documents to split, so cutting them into paragraphs or lines is usually the fix."""
+    splits = source.store.meta.get("splits", {})
+    unit = "rows" if source.packed_length else "documents"
+    total = sum(int(info.get(unit, 0)) for info in splits.values() if isinstance(info, dict))
+    few = f" (its {total:,} {unit} are too few to split)" if total < 100 else ""
+    return (
+        f"{source.path} has no {split!r} split to validate on{few}: re-run `objtrain tokenize` with "
+        "--doc-split blank-line (paragraphs) or --doc-split line to cut files into more documents, or a "
+        "larger --valid-fraction; or train without validation: validation.every=-1"
     )
 
 
@@ -420,6 +447,8 @@ def _training_info(plan: Plan, step: int, tokens: int) -> dict[str, Any]:
         "tokens": tokens,
         "seed": cfg.seed,
     }
+    if plan.init_origin is not None:
+        info["init_from"] = plan.init_origin
     if plan.objective.name == "fim":
         info["fim_mode"] = "spm" if float(objective_config.get("spm_rate", 0.0)) > 0.5 else "psm"
     return info
@@ -502,7 +531,13 @@ class Trainer:
         cfg, device = plan.cfg, plan.device
         self.plan = plan
         torch.manual_seed(cfg.seed)
-        self.model = build_model(plan.model_cfg).to(device)
+        self.model = build_model(plan.model_cfg)
+        self.init_notes: list[str] = []
+        if plan.init is not None and plan.resume_from is None:
+            from objtrain.interop import init_from
+
+            self.init_notes = init_from.apply(self.model, plan.init)
+        self.model = self.model.to(device)
         self.sharded = cfg.parallel == "fsdp" and plan.world.distributed
         if self.sharded:
             dist.shard(self.model, plan.world, device)
@@ -713,6 +748,11 @@ def _run(
     if log is not None and plan.resume_from is not None:
         event = {"event": "resume", "step": state.step, "from": plan.resume_from.name}
         log.write(event | accounting.numerics(device) | {"numerics_changed": trainer.numerics_changed})
+    if plan.init is not None and trainer.checkpoint is None and world.is_main:
+        notes = "".join(f"; {note}" for note in trainer.init_notes)
+        console.print(f"initialised from {plan.init.description}{notes}", markup=False)
+        if log is not None:
+            log.write({"event": "init_from", "from": str(plan.init.path), "notes": trainer.init_notes})
     if trainer.numerics_changed and world.is_main:
         changes = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in trainer.numerics_changed.items())
         console.print(
@@ -856,8 +896,9 @@ def _run(
 
 def _announce(progress: Progress, plan: Plan, n_params: int, total: int, step: int) -> None:
     cfg = plan.cfg
+    size = "--init-from" if plan.init_origin else cfg.model.size  # the source's shape, not a zoo size
     progress.note(
-        f"{plan.objective.name} on a {cfg.model.size} {plan.model_cfg.kind} "
+        f"{plan.objective.name} on a {size} {plan.model_cfg.kind} "
         f"({n_params / 1e6:.2f}M params), "
         f"{total} steps of {cfg.batch.batch_size} x {plan.seq_len}, {plan.dtype} on {plan.device}, "
         f"{plan.world.world_size} process{'es' if plan.world.world_size > 1 else ''}"

@@ -78,10 +78,11 @@ def test_binary_and_non_utf8_files(cli: Cli, tmp_path: Path, model_file: Path) -
 
 
 def test_malformed_jsonl_names_file_and_line(cli: Cli, tmp_path: Path, model_file: Path) -> None:
+    """With --strict; without it malformed records are skipped and counted (tests/interop)."""
     path = tmp_path / "data.jsonl"
     path.write_text('{"text": "ok"}\n\n{"text": "broken\n')
     out = tmp_path / "s"
-    args = ("tokenize", path, "--tokenizer", model_file, "-o", out)
+    args = ("tokenize", path, "--tokenizer", model_file, "--strict", "-o", out)
     assert_refused(cli(*args), f"{path}:3: malformed JSON", out)
     path.write_text('{"text": "ok"}\n{"body": "no text"}\n')
     assert_refused(cli(*args), f"{path}:2: no 'text' field", out)

@@ -253,9 +253,7 @@ def test_infill_kinds_take_what_help_and_errors_offer(cli, debug_checkpoint, cod
         "--infill-kinds must be line, lines, span, both or all, got 'rows'",
     )
     code, help_text, _ = cli("--help")
-    assert code == 0 and "(2-6 lines)" in " ".join(
-        help_text.split()
-    )
+    assert code == 0 and "(2-6 lines)" in " ".join(help_text.split())
 
 
 def test_the_table_heading_is_one_line() -> None:

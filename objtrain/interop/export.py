@@ -1,0 +1,222 @@
+"""`objtrain export`: a checkpoint -> a Hugging Face directory that stock `transformers` loads.
+
+What each model kind becomes:
+- decoder -> `LlamaForCausalLM` (stock class; exact: same blocks, RoPE rows reordered, see `llama.py`).
+  An MTP model exports its trunk with head 1, a plain next-token model; heads 2..n are left out.
+- encoder -> `EuroBertForMaskedLM` (stock since transformers 5: Llama blocks without the causal mask,
+  final norm, tied MLM head). Segment embeddings and the NSP/SOP pooler have no place there: a model
+  trained with them is refused rather than exported without them.
+- encoder-decoder: no stock class computes it (T5 has relative-position biases, T5Gemma sandwich norms):
+  not exported.
+
+Every export is checked before it is kept: `transformers` loads the written directory, its logits on
+sample rows equal objtrain's (fp32, 1e-4), and greedy decoding of 32 tokens is identical (decoders).
+A failed check leaves no directory behind (the directory is written under a temporary name).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from objtrain.errors import UserError
+from objtrain.interop import llama, quiet_transformers, require
+from objtrain.io import atomic_dir, check_output_free, save_tensors, write_json
+from objtrain.models.checkpoint import Checkpoint, clean_state_dict, load_checkpoint, resolve_checkpoint
+
+TOLERANCE = 1e-4  # max |logit difference| accepted, fp32, relative to max(1, |logits|.max())
+GREEDY_TOKENS = 32
+SAMPLE_TEXT = (
+    "def add(a, b):\n    return a + b\n\n\nclass Point:\n    def __init__(self, x, y):\n"
+    "        self.x, self.y = x, y\n\nThe quick brown fox jumps over the lazy dog.\n"
+    "\u00e9\u00e8 \u4e2d\u6587 \U0001f600\n"
+)
+
+
+@dataclass
+class ExportSummary:
+    path: Path
+    checkpoint: Path
+    architecture: str
+    max_logit_diff: float
+    greedy_tokens: int
+    parameters: int
+    notes: list[str]
+
+
+def _max_positions(ckpt: Checkpoint) -> int:
+    """The longest row the model trained on (a default for generation lengths in transformers)."""
+    training = ckpt.training
+    for key in ("seq_len", "max_seq_len"):
+        value = training.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    resolved = training.get("resolved") if isinstance(training.get("resolved"), dict) else {}
+    value = resolved.get("seq_len") if resolved else None
+    return value if isinstance(value, int) and value > 0 else 2048
+
+
+def _tokenizer_files(ckpt: Checkpoint, directory: Path) -> None:
+    """tokenizer.json + tokenizer_config.json built from the sentencepiece model by transformers' own
+    converter (which follows the model's settings: no dummy prefix, no whitespace folding, byte fallback),
+    with every objtrain special registered at its id; `tokenizer.model` is kept beside them."""
+    from objtrain.interop.hf_tokenizer import save_hf_tokenizer
+
+    assert ckpt.tokenizer is not None
+    save_hf_tokenizer(ckpt.tokenizer, directory)
+
+
+def export_checkpoint(source: Path, output: Path, force: bool = False) -> ExportSummary:
+    """Write `output` from the checkpoint (or run's newest checkpoint) at `source`, checked by loading it
+    back with transformers. Raises `UserError` for bad input or a failed check; `output` then stays as it
+    was."""
+    output = Path(output)
+    require("transformers", "objtrain export")
+    check_output_free(
+        output, force, inputs=[Path(source)], replaces=("a Hugging Face export", ("config.json",))
+    )
+    path = resolve_checkpoint(Path(source))
+    ckpt = load_checkpoint(path)
+    if ckpt.tokenizer is None:
+        raise UserError(
+            f"{path} holds no tokenizer.model: an export needs the tokenizer the model was trained with"
+        )
+    cfg = ckpt.config
+    notes: list[str] = []
+    weights = clean_state_dict(ckpt.model)
+    if cfg.kind == "decoder":
+        architecture = "LlamaForCausalLM"
+        tensors = llama.decoder_to_llama(weights, cfg)
+        config = llama.llama_config(cfg, _max_positions(ckpt))
+        if cfg.mtp_heads > 1:
+            notes.append(
+                "MTP model: exported its trunk with head 1 as a plain causal LM; "
+                f"heads 2..{cfg.mtp_heads} left out"
+            )
+    elif cfg.kind == "encoder":
+        if cfg.n_segments or cfg.n_classes:
+            trained = json.dumps([ckpt.training.get("objective"), ckpt.training.get("objective_config")])
+            if "nsp" in trained or "sop" in trained:
+                raise UserError(
+                    f"{path}: this encoder was trained with sentence pairs (NSP/SOP): its segment embedding "
+                    "and pooled classification head are part of it, and EuroBertForMaskedLM cannot hold them"
+                )
+            # the zoo's encoders carry both; an objective without sentence pairs never trains them
+            notes.append("segment embedding and pooled head left out (untrained: the objective uses neither)")
+        architecture = "EuroBertForMaskedLM"
+        tensors = llama.export_layers(weights, cfg, [f"blocks.{i}" for i in range(cfg.n_layer)])
+        config = llama.llama_config(cfg, _max_positions(ckpt), architecture, "eurobert")
+        config.update(mask_token_id=ckpt.specials.mask, classifier_pooling="bos")
+    else:
+        raise UserError(
+            "encoder-decoder models have no stock transformers class that computes them exactly "
+            "(T5 uses relative-position biases, T5Gemma sandwich norms); export supports decoder and encoder"
+        )
+    config["transformers_version"] = require("transformers", "objtrain export").__version__
+    config["objtrain"] = {
+        "checkpoint": str(path),
+        "objective": ckpt.training.get("objective"),
+        "kind": cfg.kind,
+    }
+
+    with atomic_dir(output, force=force) as tmp:
+        save_tensors(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+        write_json(tmp / "config.json", config)
+        if cfg.kind == "decoder":
+            write_json(
+                tmp / "generation_config.json",
+                {"bos_token_id": 2, "eos_token_id": 3, "pad_token_id": 0, "do_sample": False},
+            )
+        _tokenizer_files(ckpt, tmp)
+        diff, greedy = check_export(ckpt, tmp)
+    return ExportSummary(
+        output, path, architecture, diff, greedy, sum(t.numel() for t in tensors.values()), notes
+    )
+
+
+def sample_rows(ckpt: Checkpoint, n_rows: int = 3, length: int = 64, seed: int = 0) -> Tensor:
+    """Rows of ids to compare logits on: the sample text encoded, and random ordinary tokens."""
+    assert ckpt.tokenizer is not None
+    vocab = ckpt.config.vocab_size
+    first = ckpt.specials.first_ordinary
+    text = ckpt.tokenizer.encode(SAMPLE_TEXT * 8)[:length]
+    text += [first] * (length - len(text))
+    generator = torch.Generator().manual_seed(seed)
+    rows = [torch.tensor(text)]
+    for _ in range(n_rows - 1):
+        rows.append(torch.randint(first, vocab, (length,), generator=generator))
+    return torch.stack(rows)
+
+
+def check_export(ckpt: Checkpoint, directory: Path) -> tuple[float, int]:
+    """Load `directory` with transformers and compare with the objtrain model: max |logit diff| over the
+    sample rows (relative to the logits' scale), then greedy decoding (decoders). Raises `UserError`."""
+    transformers = quiet_transformers()
+    model = ckpt.model.float().eval()
+    cfg = ckpt.config
+    auto = transformers.AutoModelForCausalLM if cfg.kind == "decoder" else transformers.AutoModelForMaskedLM
+    try:
+        hf = auto.from_pretrained(str(directory), dtype=torch.float32).eval()
+    except Exception as exc:  # transformers raises many types; any of them means the export is unusable
+        raise UserError(f"transformers could not load the export: {type(exc).__name__}: {exc}") from None
+    ids = sample_rows(ckpt, length=min(64, _max_positions(ckpt)))
+    with torch.no_grad():
+        ours = _objtrain_logits(model, ids)
+        theirs = hf(input_ids=ids).logits.float()
+    scale = max(1.0, float(ours.abs().max()))
+    diff = float((ours - theirs).abs().max()) / scale
+    if not math.isfinite(diff) or diff > TOLERANCE:
+        raise UserError(
+            f"load-back check failed: transformers' logits differ from objtrain's by {diff:.2e} "
+            f"(relative; at most {TOLERANCE:g} allowed); nothing written"
+        )
+    if cfg.kind != "decoder":
+        return diff, 0
+    from objtrain.evaluation.generate import generate_decoder
+
+    prompt = ids[0, :8].tolist()
+    ours_ids = list(generate_decoder(model, prompt, GREEDY_TOKENS))  # type: ignore[arg-type]
+    generation = transformers.GenerationConfig(
+        max_new_tokens=GREEDY_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0, bos_token_id=2
+    )
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), generation_config=generation)
+    theirs_ids = out[0, len(prompt) :].tolist()
+    if theirs_ids != ours_ids:
+        first = next((i for i, (a, b) in enumerate(zip(ours_ids, theirs_ids, strict=False)) if a != b), None)
+        raise UserError(
+            f"load-back check failed: greedy decoding differs at token {first} of {GREEDY_TOKENS} "
+            "(transformers vs objtrain); nothing written"
+        )
+    return diff, len(ours_ids)
+
+
+def _objtrain_logits(model: Any, ids: Tensor) -> Tensor:
+    """Logits of single-document rows: causal for a decoder, bidirectional for an encoder."""
+    from objtrain.batch import Batch
+
+    B, T = ids.shape
+    positions = torch.arange(T).expand(B, T)
+    attention = "causal" if model.config.kind == "decoder" else "bidirectional"
+    batch = Batch(ids, ids, positions, torch.zeros_like(ids), attention)
+    return model(batch).logits.float()
+
+
+def describe(summary: ExportSummary) -> list[str]:
+    lines = [
+        f"exported {summary.checkpoint} as {summary.architecture} to {summary.path} "
+        f"({summary.parameters:,} parameters)",
+        f"load-back check: transformers' logits equal objtrain's to {summary.max_logit_diff:.1e} (relative)"
+        + (f", greedy decoding of {summary.greedy_tokens} tokens identical" if summary.greedy_tokens else ""),
+    ]
+    return lines + summary.notes
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    return json.loads((Path(directory) / "config.json").read_text())

@@ -1,0 +1,227 @@
+"""`objtrain train --init-from`: a new run starts from an objtrain checkpoint's or a Hugging Face Llama
+directory's weights, exactly (logits equal before the first step), with any objective of its kind."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from interop_helpers import tiny_checkpoint
+
+from objtrain.batch import Batch
+from objtrain.data.tokenize import TokenizeConfig, tokenize_corpus
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.errors import UserError
+from objtrain.models.checkpoint import load_checkpoint
+from objtrain.training.config import build_config, merged
+from objtrain.training.loop import Trainer, prepare
+
+Cli = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory, stdlib_texts: list[str], tokenizer: Tokenizer) -> Path:
+    root = tmp_path_factory.mktemp("init")
+    (root / "corpus").mkdir()
+    for i, text in enumerate(stdlib_texts):
+        (root / "corpus" / f"m{i}.py").write_text(text, encoding="utf-8")
+    (root / "tok.model").write_bytes(tokenizer.model_proto)
+    cfg = TokenizeConfig(tokenizer=root / "tok.model", doc_split="blank-line", valid_fraction=0.1)
+    tokenize_corpus([root / "corpus"], root / "store", cfg)
+    return root / "store"
+
+
+def config(store: Path, init_from: Path, objective: str = "clm", **sections: Any) -> Any:
+    base: dict[str, Any] = {
+        "data": {"store": str(store)},
+        "model": {"size": "debug"},
+        "objective": {"name": objective},
+        "batch": {"seq_len": 64, "batch_size": 8},
+        "budget": {"steps": 4},
+        "validation": {"every": -1},
+        "logging": {"tensorboard": False, "sample": False},
+        "precision": {"dtype": "fp32"},
+        "device": "cpu",
+        "workers": 0,
+        "init_from": str(init_from),
+    }
+    return build_config(merged(base, sections))
+
+
+def logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    B, T = ids.shape
+    batch = Batch(ids, ids, torch.arange(T).expand(B, T), torch.zeros_like(ids), "causal")
+    with torch.no_grad():
+        return model(batch).logits
+
+
+def test_from_objtrain_checkpoint_logits_equal_and_heads_follow_the_objective(
+    tmp_path: Path, store: Path, tokenizer: Tokenizer
+) -> None:
+    src = tiny_checkpoint(tmp_path / "ck", tokenizer)
+    ids = torch.randint(300, tokenizer.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
+    expected = logits(load_checkpoint(src).model, ids)
+    trainer = Trainer(prepare(config(store, src, "fim"), tmp_path / "run"))
+    assert torch.equal(logits(trainer.model.eval(), ids), expected)
+    assert trainer.model.config.d_model == 64  # the source's shape, not the debug size's
+    # MTP adds heads 2..n fresh; head 1 and the trunk are the source's
+    trainer = Trainer(prepare(config(store, src, "mtp"), tmp_path / "run2"))
+    assert torch.equal(logits(trainer.model.eval(), ids), expected)
+    assert any("fresh" in note and "mtp" in note for note in trainer.init_notes)
+
+
+def test_from_hugging_face_llama_logits_equal(tmp_path: Path, store: Path, tokenizer: Tokenizer) -> None:
+    transformers = pytest.importorskip(
+        "transformers", reason="the 'hf' extra (transformers) is not installed"
+    )
+    pytest.importorskip("google.protobuf", reason="the 'hf' extra (protobuf) is not installed")
+    from objtrain.interop.export import export_checkpoint
+
+    src = tiny_checkpoint(tmp_path / "ck", tokenizer, seed=3)
+    export_checkpoint(src, tmp_path / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).eval()
+    ids = torch.randint(300, tokenizer.vocab_size, (2, 40), generator=torch.Generator().manual_seed(1))
+    trainer = Trainer(prepare(config(store, tmp_path / "hf", "fim"), tmp_path / "run"))
+    with torch.no_grad():
+        theirs = hf(input_ids=ids).logits
+    assert float((logits(trainer.model.eval(), ids) - theirs).abs().max()) < 1e-4
+    # the mapping in and out is exact: the same weights as the checkpoint exported
+    original = load_checkpoint(src).model.state_dict()
+    assert all(torch.equal(original[k], v) for k, v in trainer.model.state_dict().items())
+
+
+def test_cli_trains_on_with_falling_loss(
+    tmp_path: Path, store: Path, tokenizer: Tokenizer, objtrain_cli: Cli
+) -> None:
+    common = [
+        "--model",
+        "debug",
+        "--seq-len",
+        "64",
+        "--batch-size",
+        "8",
+        "--dtype",
+        "fp32",
+        "--device",
+        "cpu",
+    ]
+    quiet = ["workers=0", "logging.tensorboard=false", "logging.sample=false", "validation.every=-1"]
+    code, _, err = objtrain_cli(
+        "train",
+        store,
+        "--objective",
+        "clm",
+        "--steps",
+        "30",
+        "--lr",
+        "3e-3",
+        *common,
+        *quiet,
+        "-o",
+        tmp_path / "clm",
+    )
+    assert code == 0, err
+    code, _, err = objtrain_cli(
+        "train",
+        store,
+        "--objective",
+        "fim",
+        "--init-from",
+        tmp_path / "clm",
+        "--steps",
+        "12",
+        "--lr",
+        "1e-3",
+        *common,
+        *quiet,
+        "-o",
+        tmp_path / "fim",
+    )
+    assert code == 0, err
+    assert "initialised from" in err
+
+    def losses(run: str) -> list[float]:
+        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        return [r["loss"] for r in map(json.loads, lines) if "loss" in r and "step" in r]
+
+    records = [json.loads(line) for line in (tmp_path / "fim" / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("event") == "init_from" for r in records)
+    clm, fim = losses("clm"), losses("fim")
+    # FIM starts near where CLM ended, far below a fresh model's first loss, and keeps falling
+    assert fim[0] < clm[0] - 0.5 and fim[0] < clm[-1] + 0.5
+    assert sum(fim[-3:]) / 3 < sum(fim[:3]) / 3
+
+
+def test_refusals_are_one_line_and_leave_no_run(
+    tmp_path: Path, store: Path, tokenizer: Tokenizer, objtrain_cli: Cli
+) -> None:
+    def refused(source: Path, match: str, objective: str = "clm") -> None:
+        out = tmp_path / "run"
+        code, _, err = objtrain_cli(
+            "train", store, "--objective", objective, "--init-from", source, "--steps", "2", "-o", out
+        )
+        assert code == 2 and match in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, (
+            err
+        )
+        assert not out.exists()
+
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(
+        json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})
+    )
+    refused(gpt2, "Llama-architecture (LlamaForCausalLM) directories only")
+    gqa = tmp_path / "gqa"
+    gqa.mkdir()
+    llama_cfg = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 2,
+        "vocab_size": tokenizer.vocab_size,
+        "intermediate_size": 192,
+    }
+    (gqa / "config.json").write_text(json.dumps(llama_cfg))
+    refused(gqa, "grouped-query attention")
+    (gqa / "config.json").write_text(json.dumps(llama_cfg | {"num_key_value_heads": 4}))
+    refused(gqa, "no model.safetensors")
+    refused(tmp_path / "missing", "nothing at")
+    encoder = tiny_checkpoint(tmp_path / "enc", tokenizer, kind="encoder")
+    refused(encoder, "is an encoder model; this objective trains a decoder")
+    # another tokenizer than the store's
+    other = tiny_checkpoint(tmp_path / "other", tokenizer)
+    (other / "tokenizer.model").write_bytes(tokenizer.model_proto)
+    meta = json.loads((other / "config.json").read_text())
+    meta["tokenizer"]["sha256"] = None
+    (other / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(UserError, match="another tokenizer"):
+        from objtrain.interop import init_from
+
+        init_from.check_tokenizer(init_from.load_source(other), b"a different model", store)
+
+
+def test_a_run_started_from_weights_resumes_with_its_shape(
+    tmp_path: Path, store: Path, tokenizer: Tokenizer
+) -> None:
+    """The source's shape is not the --model size's: a resume must rebuild the source's shape, with or
+    without --init-from given again, and keep saying where the run started."""
+    import shutil
+
+    from objtrain.training.loop import train
+
+    src = tiny_checkpoint(tmp_path / "ck", tokenizer)
+    run = tmp_path / "run"
+    train(config(store, src, "clm", checkpoint={"every": 2, "keep": 5}), run)
+    shutil.rmtree(run / "checkpoints" / "step-00000004")
+    (run / "checkpoints" / "latest").unlink()
+    cfg = config(store, src, "clm", checkpoint={"every": 2, "keep": 5})
+    cfg.init_from = None  # resumed as users do: the same command without --init-from
+    assert train(cfg, run, resume=True).step == 4
+    meta = json.loads((run / "checkpoints" / "step-00000004" / "config.json").read_text())
+    assert meta["model"]["d_model"] == 64 and meta["training"]["init_from"] == str(src)
