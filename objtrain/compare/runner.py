@@ -157,7 +157,13 @@ def plan_comparison(
         # What the arms train on must match; the evaluation may change (finished arms are re-evaluated).
         for part in (saved, now):
             if isinstance(part.get("experiment"), dict):
-                part["experiment"] = {k: v for k, v in part["experiment"].items() if k != "eval"}
+                # what is measured and how it is judged (eval, claims) may change; the question and the
+                # words around it too
+                part["experiment"] = {
+                    k: v
+                    for k, v in part["experiment"].items()
+                    if k not in ("eval", "claims", "question", "expect", "source")
+                }
         for key in ("experiment", "budget", "seeds", "data"):
             if saved.get(key) != now[key]:
                 what = "seeds differ from those" if key == "seeds" else f"{key} differs from the one"

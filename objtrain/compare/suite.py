@@ -63,6 +63,7 @@ def check_options(options: dict[str, Any]) -> None:
             probe.read_labelled(labelled)
     if built.infill_file is not None:
         infill.read_infill_file(built.infill_file)
+    suite.check_probe_tasks(built)
 
 
 def _build_options(suite: Any, options: dict[str, Any]) -> Any:

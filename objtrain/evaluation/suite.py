@@ -140,8 +140,6 @@ class EvalOptions:
             )
         if self.probe_layers not in ("best", "last"):
             raise UserError(f"--probe-layers must be best or last, got {self.probe_layers!r}")
-        if self.probe_tasks and self.probe_data is None:
-            raise UserError("--probe-task needs --probe-data (the directory holding sst2/, trec/, cola/)")
         if self.probe_valid is not None and self.probe_train is None:
             raise UserError("--probe-valid needs --probe (the training file)")
         bad = [k for k in self.infill_kinds if k not in INFILL_KINDS]
@@ -298,9 +296,7 @@ def evaluate(
         for path in (options.probe_train, options.probe_valid):
             if path is not None:
                 probe.read_labelled(path)
-        for name in options.probe_tasks:
-            assert options.probe_data is not None
-            probe.task_files(name, options.probe_data)
+        check_probe_tasks(options)
     if "infill" not in options.skip and options.infill_file is not None:
         infill.read_infill_file(options.infill_file)
     tokenizer = ckpt.tokenizer
@@ -376,6 +372,15 @@ def evaluate(
     result["seconds"] = time.perf_counter() - started
     result["part_seconds"] = {k: round(v, 3) for k, v in timings.items()}
     return result
+
+
+def check_probe_tasks(options: EvalOptions) -> None:
+    """Named probe tasks need their directory, and their files must read (one line otherwise)."""
+    if options.probe_tasks and options.probe_data is None:
+        raise UserError("--probe-task needs --probe-data (the directory holding sst2/, trec/, cola/)")
+    for name in options.probe_tasks:
+        assert options.probe_data is not None
+        probe.task_files(name, options.probe_data)
 
 
 def _left_to_right(

@@ -121,3 +121,34 @@ def test_published_findings_regenerate_from_their_results() -> None:
         )
     for name in findings.FINDINGS:
         assert (name in published) or f"`{name}`" in index
+
+
+def test_named_probe_tasks_pass_as_eval_options(write_experiment, tmp_path: Path) -> None:
+    from objtrain.cli.compare import parse_eval_options
+
+    for rel in ("sst2/stsa.binary.train", "sst2/stsa.binary.dev", "sst2/stsa.binary.test"):
+        (tmp_path / "probes" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "probes" / rel).write_text("1 a good film\n0 a bad film\n")
+    options = parse_eval_options([f"probe_data={tmp_path / 'probes'}", "probe_tasks=sst2,cola"])
+    assert options == {"probe_data": str(tmp_path / "probes"), "probe_tasks": ["sst2", "cola"]}
+    exp = load_experiment(write_experiment())
+    exp.eval.options = {"probe_data": str(tmp_path / "probes"), "probe_tasks": ["sst2"]}
+    plan_comparison(exp, tmp_path / "ok")  # accepted: the files read
+    exp.eval.options = options  # cola's files are not there: refused before anything trains
+    from objtrain.errors import UserError
+
+    with pytest.raises(UserError, match="cola"):
+        plan_comparison(exp, tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
+
+
+def test_resume_accepts_new_claims(write_experiment, tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    c = plan_comparison(load_experiment(write_experiment()), out)
+    run_comparison(c, evaluator=FakeSuite(), show_progress=False)
+    path = write_experiment(claims=CLAIMS[:1], question="a sharper question")
+    c = plan_comparison(load_experiment(path), out, resume=True)
+    suite = FakeSuite()
+    run_comparison(c, evaluator=suite, show_progress=False)
+    assert suite.calls == []  # nothing trained or evaluated again
+    assert write_report(c)["claims"][0]["claim"] == "b below a"
