@@ -191,6 +191,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=2.0, help="per measurement")
     p.add_argument("--rounds", type=int, default=2, help="alternations of baseline and this tree per cell")
     p.add_argument("--baseline", default="ef5ed71", help="commit to compare with ('' = this tree only)")
+    p.add_argument("--baseline-tree", type=Path, help="a directory holding the baseline's objtrain/ instead")
     p.add_argument("--json", type=Path)
     a = p.parse_args()
     if a.worker:
@@ -200,7 +201,10 @@ def main() -> None:
         store = a.store or default_store(Path(tmp))
         vocab = json.loads((store / "meta.json").read_text())["vocab_size"]
         sides = {"this": Worker(ROOT, store)}
-        if a.baseline:
+        if a.baseline_tree:
+            a.baseline = str(a.baseline_tree)
+            sides = {"base": Worker(a.baseline_tree.resolve(), store), **sides}
+        elif a.baseline:
             sides = {"base": Worker(baseline_tree(a.baseline, Path(tmp)), store), **sides}
         print(
             f"loader rows/s, one process, one thread, micro-batch {a.batch}, store {store}; "
