@@ -74,7 +74,7 @@ actual next starts the following chunk. A negative's B is read from the end of t
 `tail`), which the front never reaches: a passage starting at the sentence start nearest to len(next)
 tokens before the tail, after at least one skipped sentence, inside the run of the last text before the
 tail, the first one ending at the row's last sentence start (not at its cut). Where the tail has no such
-passage, or its run is shorter than the actual next while an earlier one is not, B is read before A as
+passage, or its run is shorter than half the actual next while an earlier one is not, B is read before A as
 in step 5 (text already shown: its positions are counted once). When the front reaches the tail, it reads
 the row's cut last sentence, and the pairs after that take their B before A. The row's raw text is thus
 read once except those fallbacks: unused is ~3 tokens per pair plus the fallbacks (3.3% on the standard
@@ -559,10 +559,20 @@ class SentenceOrderPrediction(_SentencePairs):
         return Second(chunks.split, chunks.end - chunks.split, swap, swap, torch.zeros_like(swap), {})
 
 
-def _column(rr: RowRandom, k: int, stream: str) -> Tensor:
-    """(B, 1) float64: column k of `rr.uniform64(n, stream)` for any n > k, hashed alone."""
-    bits = rr.bits_at(torch.full((rr.rows.numel(), 1), k, dtype=torch.int64), stream)
-    return ((bits >> 11) & ((1 << 53) - 1)).to(torch.float64) * (1.0 / (1 << 53))
+class _Columns:
+    """Column k of `rr.uniform64(n, stream)` (any n > k), as (B, 1): hashed in blocks of columns, not one
+    call per column (the walk asks for four per step)."""
+
+    def __init__(self, rr: RowRandom) -> None:
+        self.rr = rr
+        self.grids: dict[str, Tensor] = {}
+
+    def __call__(self, k: int, stream: str) -> Tensor:
+        grid = self.grids.get(stream)
+        if grid is None or grid.size(1) <= k:
+            grid = self.rr.uniform64(max(16, 2 * (k + 1)), stream)
+            self.grids[stream] = grid
+        return grid[:, k : k + 1]
 
 
 def put_back_pairs(
@@ -592,6 +602,7 @@ def put_back_pairs(
     tail = torch.where(ends_clean | (own.before[:, L:] == 0), L, last_start)
     rest = tail.clone()
     closed = torch.zeros_like(cur, dtype=torch.bool)  # the front reads the rest: no more B from the tail
+    column = _Columns(rr)
     fields: dict[str, list[Tensor]] = {n: [] for n in Pairs.__dataclass_fields__ if n != "flags"}
     flags: dict[str, list[Tensor]] = {"same_document_negatives": [], "donor_negatives": []}
     for step in range(L + 1):
@@ -607,7 +618,7 @@ def put_back_pairs(
             break
         # the chunk: `length` tokens (short with short_seq_prob), moved forward to a sentence start within
         # half a chunk, inside its document run, before the tail, and no longer than the room left
-        u = _column(rr, step, "pairs/length")
+        u = column(step, "pairs/length")
         drawn = torch.where(
             u < config.short_seq_prob, 2 + (u * ((K - 1) / max(config.short_seq_prob, 1e-300))).long(), K
         ).clamp(max=K)
@@ -620,7 +631,7 @@ def put_back_pairs(
         size = end - cur
         valid = active & (size >= 2)
         # the split: a random sentence start strictly inside, else a random token (as `chunk_rows`)
-        u = _column(rr, step, "pairs/split")
+        u = column(step, "pairs/split")
         bounds = torch.cat([(cur + 1).clamp(max=L), end.clamp(0, L)], 1)
         first, last = own.before.gather(1, bounds).chunk(2, 1)
         inner = last - first
@@ -631,7 +642,7 @@ def put_back_pairs(
         want = end - split
         # i.i.d. per pair, as BERT's coin: which pairs a row makes depends on the labels before them (a
         # put-back shifts the rest), so labels balanced along the row would bias the share; fresh draws do not
-        negative = valid & (_column(rr, step, "nsp/random") < config.random_next_rate)
+        negative = valid & (column(step, "nsp/random") < config.random_next_rate)
         # B from the tail: the sentence start nearest to `tail - want`, at or after the sentence start
         # following the split (one sentence skipped: never the actual next), to the tail or its run's end
         # inside the document run of the last text before the tail (a B from an earlier run would leave the
@@ -650,18 +661,19 @@ def put_back_pairs(
         q = torch.where(use_before, q_before, q_after)
         from_tail = (t1 >= 0) & (q >= floor_) & (q < b_end) & ~closed
         # else before A (text already shown: nothing is lost), a random sentence start with room first
-        u = _column(rr, step, "nsp/random_start")
         roomy, before_a = own.before.gather(1, torch.cat([(cur - want + 1).clamp(0, L), cur], 1)).chunk(2, 1)
-        n = torch.where(roomy > 0, roomy, before_a)
-        q_early = own.nth_start((u * n).long()).clamp(max=L - 1)
-        early_end = own.end_near(q_early, want, torch.minimum(own.run_end(q_early), cur))
-        has_early = n > 0
-        # a tail run too short for the whole B gives way to a roomy passage before A: B's length would
-        # otherwise tell negatives apart where documents are short
+        # a tail run shorter than half the actual next gives way to a roomy passage before A: B's length
+        # would otherwise tell negatives apart where documents are short
         from_tail = from_tail & ((b_end - run_from >= want // 2) | (roomy == 0))
-        negative = negative & (from_tail | has_early)
-        b_start = torch.where(from_tail, q, q_early)
-        b_len = torch.where(from_tail, b_end - q, early_end - q_early)
+        b_start, b_len = q, b_end - q
+        if bool((negative & ~from_tail).any()):  # only then: the draws are per (row, step) all the same
+            u = column(step, "nsp/random_start")
+            n = torch.where(roomy > 0, roomy, before_a)
+            q_early = own.nth_start((u * n).long()).clamp(max=L - 1)
+            early_end = own.end_near(q_early, want, torch.minimum(own.run_end(q_early), cur))
+            negative = negative & (from_tail | (n > 0))
+            b_start = torch.where(from_tail, q, q_early)
+            b_len = torch.where(from_tail, b_len, early_end - q_early)
         a = split - cur
         b = torch.where(negative, b_len, want)
         a, b = truncated_lengths(a, b, torch.minimum(room, a + b).clamp(min=0))
