@@ -88,8 +88,12 @@ class Batch:
         return self
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """The batch on `device`. A non-blocking copy to a GPU goes through pinned (page-locked) host memory:
+        from ordinary pageable memory CUDA copies synchronously whatever `non_blocking` says, so the step
+        would wait for its input."""
+        pin = pins_for(torch.device(device), non_blocking)
         moved = {
-            f.name: (v.to(device, non_blocking=non_blocking) if isinstance(v, Tensor) else v)
+            f.name: (_moved(v, device, non_blocking, pin) if isinstance(v, Tensor) else v)
             for f in dataclasses.fields(self)
             for v in [getattr(self, f.name)]
         }
@@ -102,6 +106,17 @@ class Batch:
             for f in dataclasses.fields(self)
             if isinstance(getattr(self, f.name), Tensor)
         }
+
+
+def pins_for(device: torch.device, non_blocking: bool) -> bool:
+    """Whether a host tensor is pinned before its copy to `device`: for non-blocking copies to CUDA."""
+    return non_blocking and device.type == "cuda"
+
+
+def _moved(value: Tensor, device: torch.device | str, non_blocking: bool, pin: bool) -> Tensor:
+    if pin and value.device.type == "cpu" and not value.is_pinned():
+        value = value.pin_memory()
+    return value.to(device, non_blocking=non_blocking)
 
 
 @dataclass

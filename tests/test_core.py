@@ -93,3 +93,23 @@ def test_a_config_path_that_is_a_directory_says_so(tmp_path: Path) -> None:
     (tmp_path / "run.yaml").mkdir()
     with pytest.raises(UserError, match=r"run\.yaml is a directory, not a YAML file"):
         load_yaml(tmp_path / "run.yaml")
+
+
+def test_batches_go_to_a_gpu_through_pinned_memory() -> None:
+    """Non-blocking copies to CUDA are pinned first (from pageable memory CUDA copies synchronously, so the
+    step would wait for its input); CPU targets and blocking copies are not pinned (pinning needs CUDA)."""
+    import torch
+
+    from objtrain.batch import Batch, pins_for
+
+    assert pins_for(torch.device("cuda"), True) and pins_for(torch.device("cuda", 1), True)
+    assert not pins_for(torch.device("cuda"), False) and not pins_for(torch.device("cpu"), True)
+    ids = torch.arange(12).view(2, 6)
+    batch = Batch(ids, ids.clone(), ids.clone(), torch.zeros_like(ids), "causal")
+    moved = batch.to("cpu", non_blocking=True)
+    pairs = zip(batch.tensors().values(), moved.tensors().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
+    if torch.cuda.is_available():  # the copy itself, where a GPU is present
+        on_gpu = batch.to("cuda", non_blocking=True)
+        torch.cuda.synchronize()
+        assert on_gpu.input_ids.is_cuda and torch.equal(on_gpu.input_ids.cpu(), ids)

@@ -18,11 +18,20 @@ decoded fragment and re-encodes the three parts: mid-token completion is trainab
 Python loop over the FIM-selected fragments. Re-encoding can change the token count (and a fragment cut
 mid-character at the row start decodes to a replacement character), so rows are truncated or padded.
 `level: token` draws the boundaries over tokens: fully vectorised, no tokenizer, exactly invertible.
+
+Decoding (`PieceDecoder`) joins each token's UTF-8 bytes from a table built once and decodes them in one
+call, ~30x faster than sentencepiece's decode, which was a quarter of a char-level batch; the text is
+sentencepiece's to the character (reserved tokens give nothing and split runs of byte pieces, `<unk>` gives
+" ⁇ ", each byte of an invalid sequence one U+FFFD; tested against sentencepiece), so batches are
+unchanged.
 """
 
 from __future__ import annotations
 
+import codecs
+import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -38,6 +47,48 @@ from objtrain.objectives.clm import causal_batch, causal_raw_used
 from objtrain.objectives.mlm import below
 from objtrain.objectives.rng import RowRandom
 from objtrain.specials import Specials
+
+
+def _replace_each_byte(error: UnicodeDecodeError) -> tuple[str, int]:
+    """One U+FFFD per byte of an invalid UTF-8 sequence, as sentencepiece decodes byte pieces (Python's
+    own "replace" gives one per maximal invalid subsequence)."""
+    return "\ufffd" * (error.end - error.start), error.end
+
+
+codecs.register_error("objtrain-replace-each-byte", _replace_each_byte)
+
+
+class PieceDecoder:
+    """`tokenizer.sp.decode` of many id lists at once, from a table of each token's bytes (module doc)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        sp = tokenizer.sp
+        self.table: list[bytes] = []
+        self.reserved: set[int] = set()
+        for i in range(sp.get_piece_size()):
+            if sp.is_control(i):  # specials and sentinels decode to nothing
+                self.table.append(b"")
+                self.reserved.add(i)
+            elif sp.is_unknown(i):
+                self.table.append(" \u2047 ".encode())
+            elif sp.is_byte(i):  # <0xNN>
+                self.table.append(bytes([int(sp.id_to_piece(i)[3:5], 16)]))
+            else:
+                self.table.append(sp.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
+
+    def _text(self, ids: list[int]) -> str:
+        table = self.table
+        return b"".join([table[i] for i in ids]).decode("utf-8", "objtrain-replace-each-byte")
+
+    def __call__(self, batch: list[list[int]]) -> list[str]:
+        out = []
+        for ids in batch:
+            if self.reserved.isdisjoint(ids):
+                out.append(self._text(ids))
+            else:  # a reserved token ends a run of byte pieces, as in sentencepiece
+                runs = itertools.groupby(ids, self.reserved.__contains__)
+                out.append("".join(self._text(list(run)) for reserved, run in runs if not reserved))
+        return out
 
 
 @dataclass
@@ -139,7 +190,12 @@ def token_level_fim(
 
 
 def char_level_fim(
-    rows: Tensor, document_ids: Tensor, f: Fragments, specials: Specials, tokenizer: Tokenizer
+    rows: Tensor,
+    document_ids: Tensor,
+    f: Fragments,
+    specials: Specials,
+    tokenizer: Tokenizer,
+    decode: Callable[[list[list[int]]], list[str]] | None = None,
 ) -> tuple[Tensor, Tensor, int]:
     """Character-level FIM: decode each selected fragment, cut it at two uniform character boundaries,
     re-encode the three parts (one batched decode and one batched encode per batch), then rebuild the
@@ -161,7 +217,8 @@ def char_level_fim(
     row_tokens = {r: rows[r].tolist() for r in sorted(set(r_))}
 
     chosen = [k for k in range(len(r_)) if fim[k]]
-    texts = tokenizer.sp.decode([row_tokens[r_[k]][s_[k] : s_[k] + n_[k]] for k in chosen])
+    decode = decode or tokenizer.sp.decode
+    texts = decode([row_tokens[r_[k]][s_[k] : s_[k] + n_[k]] for k in chosen])
     parts: list[str] = []
     for k, text in zip(chosen, texts, strict=True):
         c = len(text) + 1  # boundaries over {0, ..., len(text)}
@@ -222,6 +279,7 @@ class FillInTheMiddle(Objective):
             raise UserError(
                 "fim: level 'char' needs the tokenizer (to decode and re-encode); or set level=token"
             )
+        self.decoder = PieceDecoder(tokenizer) if config.level == "char" and tokenizer is not None else None
 
     def raw_length(self, model_length: int) -> int:
         return model_length + 1
@@ -237,7 +295,9 @@ class FillInTheMiddle(Objective):
             out, out_docs = token_level_fim(rows, document_ids, f, self.specials)
         else:
             assert self.tokenizer is not None
-            out, out_docs, n_pad = char_level_fim(rows, document_ids, f, self.specials, self.tokenizer)
+            out, out_docs, n_pad = char_level_fim(
+                rows, document_ids, f, self.specials, self.tokenizer, self.decoder
+            )
         batch = causal_batch(out, out_docs, cross_document=False)
         real_fragments = f.is_start & (document_ids >= 0) & (f.content > 0)
         batch.stats = {

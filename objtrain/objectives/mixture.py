@@ -11,8 +11,10 @@ length by running each component on an empty batch. When the components use diff
 patterns the merged batch is "prefix" with an explicit `prefix_mask`: causal rows get all False,
 bidirectional rows all True, prefix rows keep theirs.
 
-Row lengths: the mixture's `raw_length(m)` is the largest of its components'; a component that needs
-fewer raw tokens gets the first `raw_length_c(m)` tokens of each of its rows.
+Row lengths: the mixture's `raw_length(m)` (the width of the rows read) is the largest of its
+components'; each row is fed its own component's `raw_lengths` (the loader streams exactly that many
+tokens, the rest of the row is padding), and a component that needs fewer raw tokens gets the first
+`raw_length_c(m)` positions of each of its rows.
 """
 
 from __future__ import annotations
@@ -118,6 +120,18 @@ class Mixture(Objective):
 
     def raw_length(self, model_length: int) -> int:
         return max(comp.raw_length(model_length) for comp in self.components)
+
+    def raw_lengths(self, model_length: int, row_index: Tensor, seed: int) -> Tensor:
+        """Each row's own component's need (`Objective.raw_lengths`), not the largest component's: a row
+        given to a component that needs fewer raw tokens is fed only those, so no mixture weights leave
+        the rest of the row unread (span's 568 against prefix LM's 511 wasted ~5% at 512)."""
+        choice = self.choose(row_index, seed)
+        needs = torch.zeros_like(row_index, dtype=torch.int64)
+        for k, comp in enumerate(self.components):
+            sel = (choice == k).nonzero().squeeze(1)
+            if sel.numel():
+                needs[sel] = comp.raw_lengths(model_length, row_index[sel], seed)
+        return needs
 
     def model_length(self, raw_length: int) -> int:
         """Largest model length whose rows fit in `raw_length` raw tokens (cached per row length)."""

@@ -74,8 +74,18 @@ class MultiTokenPrediction(Objective):
             next_token_labels(rows, document_ids, k, cross, T, out=heads[:, k - 1])
         batch.mtp_labels = heads
         counts = (heads != IGNORE).count_nonzero(dim=(0, 2)).tolist()
-        batch.stats = {"tokens": float((batch.document_ids >= 0).sum())}
+        tokens = float((batch.document_ids >= 0).sum())
+        batch.stats = {"tokens": tokens}
         batch.stats.update({f"head{k}_targets": float(c) for k, c in enumerate(counts, start=1)})
+        # as CLM's: every real input is used, and of the raw row only its last position can be fed and
+        # unused (a target of no head: in the next document, without cross_document_targets). Head k reads
+        # that position as its target at T - k.
+        last_fed = float((document_ids[:, T] >= 0).sum()) if document_ids.size(1) > T else 0.0
+        last_used = torch.zeros(B, dtype=torch.bool, device=rows.device)
+        for k in range(1, min(n, T) + 1):
+            last_used |= heads[:, k - 1, T - k] != IGNORE
+        used_last = float((last_used & (document_ids[:, T] >= 0)).sum()) if document_ids.size(1) > T else 0.0
+        batch.stats.update(raw_tokens_fed=tokens + last_fed, raw_tokens_unused=last_fed - used_last)
         return batch
 
     def head_loss(self, output: ModelOutput, batch: Batch, k: int) -> tuple[Tensor, Tensor]:

@@ -251,3 +251,49 @@ def test_a_document_is_transformed_whatever_follows_it(
         a, b = getattr(full, name), getattr(alone, name)
         assert torch.equal(a[ours], b[ours]), name
     assert bool((alone.document_ids[~ours] == -1).all()) and bool((alone.labels[~ours] == IGNORE).all())
+
+
+def test_piece_decoder_is_sentencepieces_decode(tokenizer: Tokenizer) -> None:
+    """The table decoder gives sentencepiece's text to the character on any ids: byte pieces alone and in
+    runs (valid, truncated and stray UTF-8), reserved tokens among them (they split byte runs), <unk>."""
+    import random
+
+    from objtrain.objectives.fim import PieceDecoder
+
+    sp = tokenizer.sp
+    decoder = PieceDecoder(tokenizer)
+    byte_ids = [i for i in range(sp.get_piece_size()) if sp.is_byte(i)]
+    rng = random.Random(0)
+    V = tokenizer.vocab_size
+    batch = [
+        [rng.choice(byte_ids) if rng.random() < 0.5 else rng.randrange(V) for _ in range(n)]
+        for n in [rng.randint(0, 40) for _ in range(5000)]
+    ]
+    text = "naïve café — ü € 😀 ∑ x\t\n  y ▁ \x00"
+    batch.append(tokenizer.encode(text))
+    assert decoder(batch) == sp.decode(batch)
+    assert decoder([tokenizer.encode(text)]) == [text]
+
+
+def test_char_level_batches_are_the_same_with_sentencepieces_decode(
+    tokenizer: Tokenizer, stdlib_texts: list[str]
+) -> None:
+    """The faster decode changes no batch: char-level FIM with sentencepiece's decode gives the same
+    tensors."""
+    text = "".join(stdlib_texts)
+    ids = tokenizer.encode(text[:60_000])
+    eos_every = [*range(300, len(ids), 517)]
+    tokens = torch.tensor(ids)
+    for i in eos_every:
+        tokens[i] = SP.eos
+    B, L = 24, 257
+    rows = tokens[: B * L].view(B, L)
+    docs = (rows == SP.eos).long().cumsum(1)
+    docs = docs - torch.where(rows == SP.eos, 1, 0)
+    obj = fim(tokenizer)
+    fast = obj(rows, docs, torch.arange(B), 7)
+    obj.decoder = None  # char_level_fim falls back to sentencepiece's decode
+    slow = obj(rows, docs, torch.arange(B), 7)
+    assert fast.stats == slow.stats and fast.stats["fim"] > 0
+    for name, tensor in slow.tensors().items():
+        assert torch.equal(tensor, fast.tensors()[name]), name

@@ -159,3 +159,31 @@ def test_objectives_with_their_own_loss_are_refused() -> None:
         pytest.skip("mtp uses the plain token loss")
     with pytest.raises(UserError, match="own loss"):
         mixture([{"objective": "clm"}, {"objective": "mtp"}])
+
+
+@pytest.mark.parametrize("kind", ["encdec", "decoder"])
+@pytest.mark.parametrize("weights", [(0.5, 0.5), (0.9, 0.1), (0.1, 0.9)])
+def test_each_row_is_fed_its_own_components_need(kind: str, weights: tuple[float, float]) -> None:
+    """A row is fed its own component's raw need, not the largest component's: the loader streams exactly
+    that, so at any weights the mixture leaves no more of its raw text unused than its components do
+    (span's 568 raw tokens at 512 against prefix LM's ~511 left the rest of every prefix-LM row unread)."""
+    from objtrain.training.data import Documents, DocumentStream, leading_batches
+
+    obj = mixture(
+        [{"objective": "span", "weight": weights[0]}, {"objective": "prefix_lm", "weight": weights[1]}], kind
+    )
+    index = torch.arange(64)
+    needs = obj.raw_lengths(512, index, 5)
+    choice = obj.choose(index, 5)
+    for k, comp in enumerate(obj.components):
+        sel = choice == k
+        assert torch.equal(needs[sel], comp.raw_lengths(512, index[sel], 5))
+    assert int(needs.max()) <= obj.raw_length(512)
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.randint(200, 3000, (60,), generator=g)
+    tokens = torch.randint(O, O + 500, (int(lengths.sum()),), generator=g).numpy()
+    docs = Documents(tokens, torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).numpy())
+    stream = DocumentStream(docs, SP.eos, SP.pad, seed=0)
+    batches = leading_batches(stream, obj, 512, 64, 32, seed=5)
+    fed = sum(b.stats["raw_tokens_fed"] for b in batches)
+    assert sum(b.stats["raw_tokens_unused"] for b in batches) / fed <= 0.01

@@ -219,3 +219,28 @@ def test_a_document_is_trained_whatever_follows_it(
                 inside = t + h + 1 < L and int(docs[b, t]) >= 0 and int(docs[b, t]) == int(docs[b, t + h + 1])
                 want = int(rows[b, t + h + 1]) if inside else IGNORE
                 assert int(full.mtp_labels[b, h, t]) == want
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 6), cross=st.booleans(), L=st.integers(1, 40))
+def test_reports_raw_tokens_fed_and_unused(seed: int, n: int, cross: bool, L: int) -> None:
+    """Every objective reports its waste (`corrupt --stats`, the training metrics): the raw positions fed, and
+    of them those in no input and no head's target. Counted from the batch itself: the real inputs, and the
+    raw position each labelled target of any head reads."""
+    rows, docs = packed(seed, 4, L)
+    batch = mtp(n, cross)(rows, docs, torch.arange(4), 0)
+    assert batch.mtp_labels is not None
+    T = L - 1
+    used = torch.zeros_like(docs, dtype=torch.bool)
+    used[:, :T] = docs[:, :T] >= 0
+    for k in range(1, n + 1):
+        t = torch.arange(T)
+        labelled = batch.mtp_labels[:, k - 1] != IGNORE
+        src = (t + k).clamp(max=L - 1).expand_as(labelled)
+        at = torch.where(labelled, src, 0)
+        used.scatter_(1, at, labelled | used.gather(1, at))
+    fed = int((docs >= 0).sum())
+    assert batch.stats["raw_tokens_fed"] == fed
+    assert batch.stats["raw_tokens_unused"] == fed - int((used & (docs >= 0)).sum())
+    clm = CausalLM(CausalLM.Config(cross_document_targets=cross), SP)(rows, docs, torch.arange(4), 0)
+    assert batch.stats["raw_tokens_unused"] == clm.stats["raw_tokens_unused"]

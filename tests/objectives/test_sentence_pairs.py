@@ -337,6 +337,35 @@ def test_padding_on_realistic_rows(tokenizer: Tokenizer, stdlib_texts: list[str]
     for b in batches:
         assert b.stats["target_tokens_dropped"] == 0
         assert 0 <= b.stats["raw_tokens_unused"] <= b.stats["raw_tokens_fed"]
+    if name != "nsp-donor":  # the donor negatives' own next is not put back (module doc)
+        unused = sum(b.stats["raw_tokens_unused"] for b in batches)
+        assert unused / sum(b.stats["raw_tokens_fed"] for b in batches) <= 0.05
+
+
+def test_nsp_puts_the_actual_next_of_a_negative_back(tokenizer: Tokenizer, stdlib_texts: list[str]) -> None:
+    """BERT's generator puts a negative's unused segments back: the pair after a negative starts its A where
+    the negative's A ends (rows of one long document, so no EOS lies between), and no pair shows a raw
+    position twice except a negative's B read before its A (the fallback when the row's tail has no room)."""
+    obj = build(NextSentencePrediction, tokenizer)
+    stream = stdlib_stream(tokenizer, stdlib_texts)
+    rows, docs = stream.rows(np.arange(0, 40 * 512, 512), np.full(40, 512), 512)
+    pairs = obj.make_pairs(rows, docs, RowRandom(3, torch.arange(40)))
+    followed = 0
+    for b in range(40):
+        placed = torch.nonzero(pairs.placed[b]).flatten().tolist()
+        seen = torch.zeros(512, dtype=torch.long)
+        for k, p in enumerate(placed):
+            s0, l0 = int(pairs.first_start[b, p]), int(pairs.first_len[b, p])
+            s1, l1 = int(pairs.second_start[b, p]), int(pairs.second_len[b, p])
+            seen[s0 : s0 + l0] += 1
+            if not (bool(pairs.label[b, p]) and s1 < s0):
+                seen[s1 : s1 + l1] += 1
+            # (the row's last pair may be cut from its front to fit)
+            if bool(pairs.label[b, p]) and k + 2 < len(placed) and bool((docs[b] == docs[b, 0]).all()):
+                assert int(pairs.first_start[b, placed[k + 1]]) == s0 + l0
+                followed += 1
+        assert int(seen.max()) <= 1
+    assert followed >= 20
 
 
 def test_no_attention_across_pairs(tokenizer: Tokenizer, documents: list[list[int]]) -> None:
