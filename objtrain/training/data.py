@@ -219,6 +219,50 @@ class Sources:
         return MixedStream(streams, self.weights, self.names, seed)
 
 
+@dataclass(frozen=True)
+class SourcePlan:
+    """What a run will read from one source: its share of the run's rows as drawn, the raw tokens they
+    take and the passes over the source's stream that makes."""
+
+    name: str
+    path: Path
+    weight: float
+    epoch_tokens: int
+    rows: int
+    raw_tokens: int
+
+    @property
+    def epochs(self) -> float:
+        return self.raw_tokens / max(self.epoch_tokens, 1)
+
+
+def plan_sources(
+    sources: Sources, objective: Objective, model_length: int, seed: int, rows: int
+) -> list[SourcePlan]:
+    """Each source's rows and raw tokens over the run's first `rows` global rows, laid out exactly as
+    the sampler will (`layout`): what `--dry-run` shows. Past 2^22 rows, the counts of the first 2^22
+    are scaled up."""
+    stream = sources.stream("train", seed)
+    mixed = as_mixed(stream)
+    n = min(rows, 1 << 22)
+    index = np.arange(n, dtype=np.int64)
+    needs = row_needs(objective, model_length, index, seed)
+    _, _, after = layout(index, needs, Position(offsets=(0,) * len(mixed)), mixed)
+    offsets, counts = after.per_source(len(mixed))
+    scale = rows / max(n, 1)
+    return [
+        SourcePlan(
+            name or m.path.name,
+            m.path,
+            float(w),
+            int(mixed.epoch_tokens[k]),
+            round(counts[k] * scale),
+            round(offsets[k] * scale),
+        )
+        for k, (name, m, w) in enumerate(zip(sources.names, sources.members, sources.weights, strict=True))
+    ]
+
+
 def _source_names(paths: list[Path], given: list[str | None]) -> list[str]:
     """Each source's name in metrics: its own `name`, else its directory's, made unique by a suffix."""
     names: list[str] = []
