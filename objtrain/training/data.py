@@ -657,12 +657,20 @@ def _to_wire(pair: tuple[WorkItem, Batch]) -> tuple[WorkItem, dict[str, Any]]:
 
 
 def received(wire: Iterator[tuple[WorkItem, dict[str, Any]]]) -> Iterator[tuple[WorkItem, Batch]]:
-    """The loader's (item, batch) pairs back as tensors (views of the received arrays, no copy)."""
-    for item, fields in wire:
-        yield (
-            item,
-            Batch(**{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in fields.items()}),
-        )
+    """The loader's (item, batch) pairs back as tensors (views of the received arrays, no copy). A refusal
+    raised in a worker (a damaged id in a store too large to check at start) comes back as its own one
+    line, not as the worker's traceback torch wraps it in."""
+    try:
+        for item, fields in wire:
+            yield (
+                item,
+                Batch(
+                    **{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in fields.items()}
+                ),
+            )
+    except UserError as exc:
+        last = str(exc).strip().splitlines()[-1]
+        raise UserError(last.split("UserError: ", 1)[-1]) from None
 
 
 def _leave_signals_to_the_trainer(worker_id: int) -> None:

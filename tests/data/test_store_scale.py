@@ -24,6 +24,8 @@ from objtrain.training.data import (
     Position,
     RowSampler,
     Sources,
+    make_loader,
+    received,
 )
 
 BIG = (1 << 32) + 3000  # tokens in the train split
@@ -107,6 +109,14 @@ def test_a_damaged_id_in_a_store_too_large_to_scan_is_refused_when_read(
     stream.rows(np.array([MARK + 100]), np.array([64]), 64)  # rows without it read fine
     with pytest.raises(UserError, match=r"token id 65000, outside the tokenizer's \d+ ids"):
         stream.rows(np.array([MARK + 1]), np.array([64]), 64)
+    # Read by a loader worker, the refusal reaches the training process as its own one line.
+    source = DataSource(damaged)
+    clm = build_objective("clm", source.specials, source.tokenizer, "decoder")
+    sampler = RowSampler(clm, 63, 0, 2, 2, 0, 1, Position(0, (MARK + 1,)), 0, 1, stream=stream)
+    loader = make_loader(CorruptedRows(stream, clm, 63, 0), sampler, workers=1)
+    with pytest.raises(UserError) as err:
+        next(received(iter(loader)))
+    assert str(err.value).startswith("the store holds token id 65000") and "\n" not in str(err.value)
 
 
 def test_a_mixture_with_a_huge_store_draws_and_reads_64_bit_rows(
