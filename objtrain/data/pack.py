@@ -289,15 +289,19 @@ def release_pages(array: np.ndarray) -> None:
 
 
 def _count(split: TokenSplit, seq_len: int, mode: str, n_rows: int) -> PackCounts:
-    lengths = split.lengths
-    positions = int(lengths.sum()) + len(lengths)
-    if mode == "concat":
-        starts = split.offsets[:-1] + np.arange(len(lengths))
-        ends = split.offsets[1:] + np.arange(len(lengths))
-        n_split = int((starts // seq_len != ends // seq_len).sum())
-    else:
-        n_split = int((lengths + 1 > seq_len).sum())
-    return PackCounts(n_rows, len(lengths), positions, n_rows * seq_len - positions, n_split)
+    """The split's counts, over chunks of documents: no full-length temporaries on a store of millions."""
+    n_docs = len(split)
+    positions = split.n_tokens + n_docs
+    n_split = 0
+    step = 1 << 20
+    for d0 in range(0, n_docs, step):
+        offsets = np.asarray(split.offsets[d0 : min(d0 + step, n_docs) + 1], dtype=np.int64)
+        if mode == "concat":
+            docs = np.arange(d0, d0 + len(offsets) - 1)
+            n_split += int(((offsets[:-1] + docs) // seq_len != (offsets[1:] + docs) // seq_len).sum())
+        else:
+            n_split += int((np.diff(offsets) + 1 > seq_len).sum())
+    return PackCounts(n_rows, n_docs, positions, n_rows * seq_len - positions, n_split)
 
 
 def _write_split(
@@ -322,6 +326,8 @@ def _write_split(
         bounds = concat_bounds(np.asarray(split.offsets))
         for r0 in range(0, n_rows, step):
             write(*concat_rows(split, seq_len, eos, pad, r0, min(r0 + step, n_rows), bounds))
+        del bounds  # 16 bytes a document: gone before the counts
+        release_pages(split.offsets)
         return _count(split, seq_len, config.mode, n_rows)
     n_rows = 0
     offsets = np.asarray(split.offsets)
