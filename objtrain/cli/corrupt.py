@@ -7,8 +7,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -100,6 +102,8 @@ def run(
     raw = shown.read_rows(source, obj, seq_len, n_rows, seed, tokenizer_store=tokenizer, text=text)
     if raw.source == "packed" and source is not None:  # after every check, so a refusal stays one line
         packed_note(source)
+    if raw.row_sources is not None:
+        mixture_note(raw)
 
     aggregate = shown.Aggregate()
     records: list[dict[str, Any]] = []  # --format json: one document at the end
@@ -172,8 +176,28 @@ def packed_note(source: Path) -> None:
     )
 
 
+def mixture_note(raw: shown.RawRows) -> None:
+    """One line on stderr: the mixture's sources, their weights and their share of the rows shown."""
+    mixed = raw.stream
+    weights = getattr(mixed, "weights", None)
+    counts = np.bincount(raw.row_sources, minlength=len(raw.source_names))  # type: ignore[arg-type]
+    parts = [
+        f"{name} {counts[k]} row{'s' if counts[k] != 1 else ''}"
+        + (f" (weight {weights[k]:.1%})" if weights is not None else "")
+        for k, name in enumerate(raw.source_names)
+    ]
+    make_console(stderr=True, highlight=False).print(
+        f"note: a mixture: each row's source is drawn as training draws it under --seed, its text read from "
+        f"that store's unshuffled documents; {', '.join(parts)}",
+        markup=False,
+    )
+
+
 def _tokenizer_for(source: Path | None, tokenizer: Path | None, text: str | None) -> tuple[Any, Any]:
     """Tokenizer and specials to configure the objective with (some need word or sentence boundaries)."""
+    if text is None and shown.mixture_file(source):
+        mixture = shown.open_mixture(source)  # type: ignore[arg-type]
+        return mixture.tokenizer, mixture.specials
     if text is not None or (source is not None and source.is_file()):
         if tokenizer is None:
             raise UserError("text needs a tokenizer: pass --tokenizer TOKEN_STORE (or a .model file)")
@@ -233,6 +257,9 @@ def print_row(console: Console, view: shown.RowView, raw: shown.RawRows) -> None
         f"[bold]row {view.row_index}[/]  original {len(view.original)} · input {len(view.input)} · "
         f"targets {len(view.targets)}"
     )
+    source = raw.source_of(view.row_index)
+    if source is not None:  # a mixture: the store this row was drawn from
+        head += f" · source {escape(source)}"
     if view.seq_labels is not None:
         head += f" · pair labels {' '.join(map(str, view.seq_labels)) or 'none'}"
     if console.is_terminal:

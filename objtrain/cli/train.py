@@ -301,11 +301,33 @@ def _dry_run(console: Console, plan: Plan) -> None:
         ("activations", f"{_mib(mem['activation_bytes'])} per micro-batch (estimate)"),
         ("precision / device", f"{plan.dtype} on {plan.device}"),
         ("budget", ", ".join(f"{k} {v}" for k, v in config_dict(cfg)["budget"].items() if v) or "default"),
+        *_data_lines(plan, total),
     ]
     width = max(len(k) for k, _ in lines)
     out = make_console(highlight=False, soft_wrap=True)
     for key, value in lines:
         out.print(f"{key:<{width}}  {value}", markup=False)
+
+
+def _data_lines(plan: Plan, total: int | None) -> list[tuple[str, str]]:
+    """Each source as training will read it: its weight, its share of the run's rows as drawn, and the
+    passes over it the run makes (a time budget: the first 1,000 steps)."""
+    from objtrain.training.data import plan_sources
+
+    steps = total if total is not None else 1000
+    rows = steps * plan.cfg.batch.batch_size
+    sources = plan_sources(plan.source, plan.objective, plan.seq_len, plan.cfg.seed, rows)
+    span = f"over {steps:,} steps" if total is not None else "per 1,000 steps"
+    lines = []
+    for s in sources:
+        share = f"weight {s.weight:.1%}, {s.rows / max(rows, 1):.1%} of rows, " if plan.source.mixture else ""
+        lines.append(
+            (
+                "data" if not lines else "",
+                f"{s.name} ({s.path}): {share}{s.epoch_tokens:,} tokens a pass, {s.epochs:.2f} passes {span}",
+            )
+        )
+    return lines
 
 
 def _mib(n: int) -> str:

@@ -281,7 +281,10 @@ def _objective_text(arm: dict[str, Any]) -> str:
 def _data_text(results: dict[str, Any]) -> str:
     if not results["arms"]:
         return "—"
-    store = results["arms"][0]["runs"][0]["train"]["config"]["data"]["store"]
+    data = results["arms"][0]["runs"][0]["train"]["config"]["data"]
+    if data.get("sources"):  # a mixture: each store with its weight
+        return ", ".join(f"`{s['store']}` (weight {s['weight']:g})" for s in data["sources"])
+    store = data.get("store")
     return f"`{store}`" if store else "the embedded standard library (Python source)"
 
 

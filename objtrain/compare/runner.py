@@ -132,7 +132,7 @@ def plan_comparison(
             cfg, plan, target_len, per_step, steps = _check_arm(
                 exp, arm, seed, spec, tiny, data, scratch, console
             )
-            here = (arm.name, str(plan.source.path.resolve()), _tokenizer_hash(plan))
+            here = (arm.name, plan.source.identity, _tokenizer_hash(plan))
             if identity is None:
                 identity = here
             elif here[1:] != identity[1:]:

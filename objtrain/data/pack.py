@@ -6,18 +6,24 @@ Two modes:
 - `bestfit`: best-fit-decreasing bin packing (the packing of "Fewer Truncations Improve Language Modeling",
   Ding et al. 2024): a document that fits a row (length + eos <= seq_len) is never split; a longer one is cut
   into full rows plus one remainder piece, which is packed like any document. Rows are shuffled by `seed`,
-  because decreasing-size order would put all long documents first.
+  because decreasing-size order would put all long documents first. A split of more than `WINDOW_DOCS`
+  documents (or `WINDOW_TOKENS` tokens) is packed window by window, each window of consecutive documents on
+  its own (its rows shuffled by (seed, window)), so memory stays bounded; a smaller split is one window,
+  packed exactly as before.
 
 Each position also gets its row-local document index (0, 1, 2... in row order, -1 = padding), so attention
 can stay inside documents and positions can restart per document.
 
 Everything but the best-fit assignment loop (one step per document, O(log seq_len) each) is vectorised numpy
-over chunks of rows, so memory stays bounded whatever the store size.
+over chunks of rows, so memory stays bounded whatever the store size: the input is memory-mapped, and the
+pages of it a chunk read are dropped from the process after the chunk (they stay in the page cache), so
+the resident set does not grow with the store either.
 """
 
 from __future__ import annotations
 
 import bisect
+import mmap
 import os
 import shutil
 import time
@@ -43,6 +49,10 @@ PackMode = Literal["concat", "bestfit"]
 PACK_MODES: tuple[str, ...] = ("concat", "bestfit")
 MIN_SEQ_LEN = 2  # one token and its eos
 CHUNK_TOKENS = 1 << 22  # positions assembled per step: bounds memory at ~100 MB of int64 scratch
+# bestfit windows: the layout of a window holds ~60 bytes per piece and the assignment loop ~150 bytes per
+# document, so these bound it at ~100 MB whatever the store size.
+WINDOW_DOCS = 1 << 19
+WINDOW_TOKENS = 1 << 28
 
 
 @dataclass
@@ -148,8 +158,9 @@ def best_fit(sizes: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray, i
     return np.asarray(bin_of, dtype=np.int64), np.asarray(offset_of, dtype=np.int64), len(fill)
 
 
-def bestfit_layout(lengths: np.ndarray, offsets: np.ndarray, seq_len: int, seed: int) -> Layout:
-    """Layout of documents with these lengths (n_docs,) and token offsets (n_docs + 1,) in bestfit mode."""
+def bestfit_layout(lengths: np.ndarray, offsets: np.ndarray, seq_len: int, seed: int | list[int]) -> Layout:
+    """Layout of documents with these lengths (n_docs,) and token offsets (n_docs + 1,) in bestfit mode
+    (`offsets` may start past 0: a window of a split's documents; `source` is then the split's index)."""
     doc, source, size, eos = _pieces(lengths, offsets, seq_len)
     full = size == seq_len
     n_full = int(full.sum())
@@ -255,16 +266,42 @@ def concat_rows(
     return tokens.reshape(n, seq_len), docs.reshape(n, seq_len)
 
 
+def windows(offsets: np.ndarray) -> list[tuple[int, int]]:
+    """Document ranges [d0, d1) of at most `WINDOW_DOCS` documents and about `WINDOW_TOKENS` tokens (at least
+    one document each) that bestfit packs one at a time."""
+    n = len(offsets) - 1
+    out, d0 = [], 0
+    while d0 < n:
+        by_tokens = int(np.searchsorted(offsets, offsets[d0] + WINDOW_TOKENS, side="right")) - 1
+        d1 = min(d0 + WINDOW_DOCS, max(by_tokens, d0 + 1), n)
+        out.append((d0, d1))
+        d0 = d1
+    return out or [(0, 0)]
+
+
+def release_pages(array: np.ndarray) -> None:
+    """Drop the pages of a read-only memory map from this process's resident set (Linux; elsewhere a
+    no-op). They stay in the page cache, so reading them again costs a minor fault, not a disk read."""
+    while array is not None and not isinstance(getattr(array, "_mmap", None), mmap.mmap):
+        array = array.base  # type: ignore[assignment]
+    if array is not None and hasattr(mmap, "MADV_DONTNEED"):
+        array._mmap.madvise(mmap.MADV_DONTNEED)  # type: ignore[attr-defined]
+
+
 def _count(split: TokenSplit, seq_len: int, mode: str, n_rows: int) -> PackCounts:
-    lengths = split.lengths
-    positions = int(lengths.sum()) + len(lengths)
-    if mode == "concat":
-        starts = split.offsets[:-1] + np.arange(len(lengths))
-        ends = split.offsets[1:] + np.arange(len(lengths))
-        n_split = int((starts // seq_len != ends // seq_len).sum())
-    else:
-        n_split = int((lengths + 1 > seq_len).sum())
-    return PackCounts(n_rows, len(lengths), positions, n_rows * seq_len - positions, n_split)
+    """The split's counts, over chunks of documents: no full-length temporaries on a store of millions."""
+    n_docs = len(split)
+    positions = split.n_tokens + n_docs
+    n_split = 0
+    step = 1 << 20
+    for d0 in range(0, n_docs, step):
+        offsets = np.asarray(split.offsets[d0 : min(d0 + step, n_docs) + 1], dtype=np.int64)
+        if mode == "concat":
+            docs = np.arange(d0, d0 + len(offsets) - 1)
+            n_split += int(((offsets[:-1] + docs) // seq_len != (offsets[1:] + docs) // seq_len).sum())
+        else:
+            n_split += int((np.diff(offsets) + 1 > seq_len).sum())
+    return PackCounts(n_rows, n_docs, positions, n_rows * seq_len - positions, n_split)
 
 
 def _write_split(
@@ -277,21 +314,31 @@ def _write_split(
 ) -> PackCounts:
     seq_len = config.seq_len
     token_dt, dt = split.tokens.dtype, doc_dtype(seq_len)
-    if config.mode == "concat":
-        n_rows = -(-(split.n_tokens + len(split)) // seq_len)
-        layout, bounds = None, concat_bounds(np.asarray(split.offsets))
-    else:
-        layout = bestfit_layout(split.lengths, np.asarray(split.offsets), seq_len, config.seed)
-        n_rows = layout.n_rows
     step = max(CHUNK_TOKENS // seq_len, 1)
-    for r0 in range(0, n_rows, step):
-        r1 = min(r0 + step, n_rows)
-        if layout is None:
-            tokens, docs = concat_rows(split, seq_len, eos, pad, r0, r1, bounds)
-        else:
-            tokens, docs = assemble_rows(split, layout, seq_len, eos, pad, r0, r1)
+
+    def write(tokens: np.ndarray, docs: np.ndarray) -> None:
         tokens.astype(token_dt, copy=False).tofile(token_file)
         docs.astype(dt, copy=False).tofile(doc_file)
+        release_pages(split.tokens)
+
+    if config.mode == "concat":
+        n_rows = -(-(split.n_tokens + len(split)) // seq_len)
+        bounds = concat_bounds(np.asarray(split.offsets))
+        for r0 in range(0, n_rows, step):
+            write(*concat_rows(split, seq_len, eos, pad, r0, min(r0 + step, n_rows), bounds))
+        del bounds  # 16 bytes a document: gone before the counts
+        release_pages(split.offsets)
+        return _count(split, seq_len, config.mode, n_rows)
+    n_rows = 0
+    offsets = np.asarray(split.offsets)
+    for w, (d0, d1) in enumerate(windows(offsets)):
+        seed = config.seed if w == 0 else [config.seed, w]  # one window: the rows of an unwindowed pack
+        lengths = np.diff(offsets[d0 : d1 + 1]).astype(np.int64)
+        layout = bestfit_layout(lengths, offsets[d0 : d1 + 1], seq_len, seed)
+        for r0 in range(0, layout.n_rows, step):
+            write(*assemble_rows(split, layout, seq_len, eos, pad, r0, min(r0 + step, layout.n_rows)))
+        n_rows += layout.n_rows
+        del layout
     return _count(split, seq_len, config.mode, n_rows)
 
 

@@ -205,6 +205,10 @@ def resolve_data(ckpt: Checkpoint, data: str | Path | None, split: str) -> EvalD
             try:
                 cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8")) or {}
                 store = (cfg.get("data") or {}).get("store")
+                # a mixture is scored on its largest source (named in the result) unless --data says
+                sources = (cfg.get("data") or {}).get("sources") or []
+                if sources:
+                    store = max(sources, key=lambda s: float(s.get("weight", 1.0)))["store"]
             except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
                 raise UserError(
                     f"{run / 'config.yaml'} cannot be read for the run's store: pass --data STORE_OR_TEXT"

@@ -236,11 +236,7 @@ def read_state(path: Path) -> dict[str, Any]:
         if (key == "step" or key in state) and not is_count(state.get(key)):
             raise damaged(f"has no usable {key!r} (found {state.get(key)!r})")
     position = state.get("position")
-    if not (
-        isinstance(position, dict)
-        and set(position) == {"rows", "offset"}
-        and all(map(is_count, position.values()))
-    ):
+    if not _usable_position(position):
         raise damaged(f"has no usable 'position' (found {position!r})")
     seconds = state.get("seconds", 0.0)
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < math.inf:
@@ -250,6 +246,24 @@ def read_state(path: Path) -> dict[str, Any]:
     if state.get("scaler") is not None and not isinstance(state["scaler"], dict):
         raise damaged("has a 'scaler' that is not a mapping")
     return state
+
+
+def _usable_position(position: Any) -> bool:
+    """{"rows", "offset"} counts (one store), or a mixture's rows and equally long lists of counts."""
+    if not isinstance(position, dict):
+        return False
+    if set(position) == {"rows", "offset"}:
+        return all(map(is_count, position.values()))
+    if set(position) != {"rows", "offsets", "source_rows"}:
+        return False
+    offsets, rows = position["offsets"], position["source_rows"]
+    return (
+        is_count(position["rows"])
+        and isinstance(offsets, list)
+        and isinstance(rows, list)
+        and len(offsets) == len(rows) > 0
+        and all(map(is_count, offsets + rows))
+    )
 
 
 @dataclass

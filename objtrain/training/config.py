@@ -1,6 +1,7 @@
 """`TrainConfig`: everything a run is, in one YAML (saved resolved as RUN/config.yaml).
 
-    data:       store: PATH (token or packed store; null = the embedded standard-library store)
+    data:       store: PATH (token or packed store; null = the embedded standard-library store), or
+                sources: [{store: PATH, weight: W, name: N}, ...] (a mixture: rows drawn by weight)
     model:      kind, size, overrides
     objective:  name, overrides
     batch:      seq_len, batch_size (global rows), micro_batch_size
@@ -28,9 +29,37 @@ from objtrain.errors import UserError
 
 
 @dataclass
+class SourceConfig:
+    """One store of a mixture: each global row reads it with probability weight / sum of weights."""
+
+    store: str
+    weight: float = 1.0
+    name: str | None = None  # in metrics (source/NAME/...); default: the store's directory name
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.weight) and self.weight > 0):
+            raise ValueError(f"a source's weight must be a positive number, got {self.weight}")
+        if self.name is not None and (not self.name or "/" in self.name):
+            raise ValueError(f"a source's name must be non-empty and hold no '/', got {self.name!r}")
+
+
+@dataclass
 class DataConfig:
     store: str | None = None  # token store or packed store; None = the embedded standard-library store
+    sources: list[SourceConfig] | None = None  # a weighted mixture of stores instead of `store`
     valid_split: str = "valid"
+
+    def __post_init__(self) -> None:
+        if self.sources is not None and self.store is not None:
+            raise ValueError(
+                f"give data.store or data.sources, not both (store {self.store!r} and "
+                f"{len(self.sources)} sources)"
+            )
+        if self.sources is not None and not self.sources:
+            raise ValueError("data.sources is empty: give at least one {store: PATH, weight: W}")
+        names = [s.name for s in self.sources or [] if s.name is not None]
+        if len(set(names)) < len(names):
+            raise ValueError(f"data.sources: two sources share a name ({', '.join(names)})")
 
 
 @dataclass
@@ -189,7 +218,13 @@ def config_dict(cfg: TrainConfig) -> dict[str, Any]:
             return [plain(v) for v in value]
         return value
 
-    return plain(to_dict(cfg))
+    out = plain(to_dict(cfg))
+    # One form of each: a single store's config reads as it always has (a resume compares sections).
+    if out["data"].get("sources") is None:
+        out["data"].pop("sources", None)
+    else:
+        out["data"].pop("store", None)
+    return out
 
 
 def merged(base: dict[str, Any], *updates: dict[str, Any]) -> dict[str, Any]:

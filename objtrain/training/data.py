@@ -8,6 +8,18 @@ checkpoint only records them. Step b owns rows [b*GB, (b+1)*GB); rank r, micro-s
 starting at b*GB + m*W*mb + r*mb, so a row index always maps to the same raw tokens and corruption, whatever
 the number of processes or micro-batches, and no row is read twice.
 
+Mixtures (`data.sources`): each store keeps its own seeded stream and its own offset; which source
+global row g reads is drawn from (seed, g) alone, with the normalised weights as probabilities
+(`MixedStream.source_of`), and row g takes its need from that source's stream, after the rows before it
+that drew the same source. The position becomes (rows, one offset per source), still a function of
+(seed, rows consumed), so exact resume, any process or micro-batch layout and "no row read twice" hold per
+source. A source that reaches the end of its stream starts its next shuffled epoch, independently of the
+others. With one source no draw is made and everything is as it was.
+
+Corpus scale: stores are memory maps read at 64-bit offsets; opening one reads its meta, its document
+offsets and, for stores up to `FULL_CHECK_TOKENS`, every token once to check ids; larger stores check the
+ids of each row as it is read instead, so a rank touches only the pages of its own rows.
+
 A packed store is read as a document stream too (its rows, without padding, split at document changes):
 the loader cuts rows of the length the objective needs, so model rows always fill `seq_len`.
 
@@ -38,6 +50,10 @@ from objtrain.objectives.base import Objective
 from objtrain.objectives.rng import RowRandom
 from objtrain.specials import Specials
 
+# Up to this many tokens a split's ids are all checked against the vocabulary when it is opened (~0.1 s);
+# a larger split is checked row by row as it is read, so opening it touches no token pages.
+FULL_CHECK_TOKENS = 1 << 27
+
 
 @dataclass
 class Documents:
@@ -46,6 +62,9 @@ class Documents:
     tokens: np.ndarray
     offsets: np.ndarray
     closed: bool = False  # documents end with their EOS already (packed stores); else the stream adds it
+    # Ids not checked when the store was opened (a store past `FULL_CHECK_TOKENS`): every row read is
+    # checked against this vocabulary size instead. None = checked already.
+    check_ids_below: int | None = None
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -102,15 +121,169 @@ class DataSource:
         if len(docs) == 0 or docs.offsets[-1] == 0:
             raise UserError(f"{self.path} has no tokens in its {split!r} split")
         # An id past the vocabulary would fail deep inside the model's embedding (or index another row's
-        # weights on a GPU): one pass over the split here names the store instead.
-        largest = int(np.max(docs.tokens))
-        if largest >= self.tokenizer.vocab_size:
-            raise UserError(
-                f"{self.path}: its {split!r} split holds token id {largest}, outside the tokenizer's "
-                f"{self.tokenizer.vocab_size} ids: the store is damaged; re-run {rerun}"
-            )
+        # weights on a GPU): one pass over the split here names the store instead. A split too large to
+        # scan at start is checked as its rows are read (`DocumentStream.rows`).
+        vocab = self.tokenizer.vocab_size
+        if len(docs.tokens) > FULL_CHECK_TOKENS and np.iinfo(docs.tokens.dtype).max >= vocab:
+            docs.check_ids_below = vocab
+        elif len(docs.tokens):
+            largest = int(np.max(docs.tokens))
+            if largest >= vocab:
+                raise UserError(
+                    f"{self.path}: its {split!r} split holds token id {largest}, outside the tokenizer's "
+                    f"{vocab} ids: the store is damaged; re-run {rerun}"
+                )
         self._documents[split] = docs
         return docs
+
+
+class Sources:
+    """What a run trains on: one store, or several mixed by weight (`data.sources`), all of one tokenizer.
+
+    With one store it reads as that `DataSource`. `stream` gives a `DocumentStream` for one store and a
+    `MixedStream` for several; `documents` checks the split of every store and returns the first's.
+    """
+
+    def __init__(
+        self, paths: list[Path], weights: list[float] | None = None, names: list[str | None] | None = None
+    ) -> None:
+        if not paths:
+            raise UserError("data.sources is empty: give at least one {store: PATH, weight: W}")
+        self.members = [DataSource(Path(p)) for p in paths]
+        weights = list(weights) if weights is not None else [1.0] * len(paths)
+        if any(not (np.isfinite(w) and w > 0) for w in weights):
+            raise UserError(f"data.sources: every weight must be a positive number, got {weights}")
+        self.weights = np.asarray(weights, dtype=np.float64) / float(np.sum(weights))
+        self.names = _source_names([Path(p) for p in paths], names or [None] * len(paths))
+        first = self.members[0]
+        for other in self.members[1:]:
+            if other.tokenizer.hash != first.tokenizer.hash or other.specials != first.specials:
+                raise UserError(
+                    f"data.sources: {other.path} was tokenized with another tokenizer "
+                    f"({other.tokenizer.hash}) than {first.path} ({first.tokenizer.hash}); a mixture trains "
+                    f"one vocabulary: tokenize it with --tokenizer {first.path}"
+                )
+
+    @property
+    def mixture(self) -> bool:
+        return len(self.members) > 1
+
+    @property
+    def path(self) -> Path:
+        """The first store's path (the only one's, without a mixture)."""
+        return self.members[0].path
+
+    @property
+    def identity(self) -> str:
+        """What the run reads, as text: the store's resolved path, or each store with its weight."""
+        if not self.mixture:
+            return str(self.path.resolve())
+        return ", ".join(
+            f"{m.path.resolve()} ({w:.4g})" for m, w in zip(self.members, self.weights, strict=True)
+        )
+
+    @property
+    def specials(self) -> Specials:
+        return self.members[0].specials
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.members[0].tokenizer
+
+    @property
+    def store(self) -> TokenStore | PackedStore:
+        return self.members[0].store
+
+    @property
+    def packed_length(self) -> int | None:
+        """The packed stores' row length when every packed store of the mixture agrees on one."""
+        lengths = {m.packed_length for m in self.members if m.packed_length is not None}
+        return lengths.pop() if len(lengths) == 1 else None
+
+    def has_split(self, name: str) -> bool:
+        return self.lacking(name) is None
+
+    def lacking(self, name: str) -> Path | None:
+        """The first store without (tokens in) split `name`, or None when every store has it."""
+        return next((m.path for m in self.members if not m.has_split(name)), None)
+
+    def documents(self, split: str) -> Documents:
+        for member in self.members[1:]:
+            member.documents(split)  # each store's split read and checked once
+        return self.members[0].documents(split)
+
+    def stream(self, split: str, seed: int, shuffle: bool = True) -> DocumentStream | MixedStream:
+        streams = [m.stream(split, seed, shuffle) for m in self.members]
+        if not self.mixture:
+            return streams[0]
+        return MixedStream(streams, self.weights, self.names, seed)
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    """What a run will read from one source: its share of the run's rows as drawn, the raw tokens they
+    take and the passes over the source's stream that makes."""
+
+    name: str
+    path: Path
+    weight: float
+    epoch_tokens: int
+    rows: int
+    raw_tokens: int
+
+    @property
+    def epochs(self) -> float:
+        return self.raw_tokens / max(self.epoch_tokens, 1)
+
+
+def plan_sources(
+    sources: Sources, objective: Objective, model_length: int, seed: int, rows: int
+) -> list[SourcePlan]:
+    """Each source's rows and raw tokens over the run's first `rows` global rows, laid out exactly as
+    the sampler will (`layout`): what `--dry-run` shows. Past 2^22 rows, the counts of the first 2^22
+    are scaled up."""
+    stream = sources.stream("train", seed)
+    mixed = as_mixed(stream)
+    n = min(rows, 1 << 22)
+    index = np.arange(n, dtype=np.int64)
+    needs = row_needs(objective, model_length, index, seed)
+    _, _, after = layout(index, needs, Position(offsets=(0,) * len(mixed)), mixed)
+    offsets, counts = after.per_source(len(mixed))
+    scale = rows / max(n, 1)
+    return [
+        SourcePlan(
+            name or m.path.name,
+            m.path,
+            float(w),
+            int(mixed.epoch_tokens[k]),
+            round(counts[k] * scale),
+            round(offsets[k] * scale),
+        )
+        for k, (name, m, w) in enumerate(zip(sources.names, sources.members, sources.weights, strict=True))
+    ]
+
+
+def _source_names(paths: list[Path], given: list[str | None]) -> list[str]:
+    """Each source's name in metrics: its own `name`, else its directory's, made unique by a suffix."""
+    names: list[str] = []
+    for path, name in zip(paths, given, strict=True):
+        base = name or path.resolve().name or "store"
+        candidate, n = base, 2
+        while candidate in names:
+            candidate, n = f"{base}-{n}", n + 1
+        names.append(candidate)
+    return names
+
+
+def open_sources(store: str | None, sources: list[Any] | None) -> Sources:
+    """`data.store` or `data.sources` (items with `store`, `weight` and an optional `name`) opened."""
+    if sources:
+        return Sources(
+            [Path(s.store) for s in sources], [float(s.weight) for s in sources], [s.name for s in sources]
+        )
+    if store is None:
+        raise UserError("no data: give data.store or data.sources")
+    return Sources([Path(store)])
 
 
 def _kind(path: Path) -> str:
@@ -195,6 +368,15 @@ class DocumentStream:
             start = self.docs.offsets[doc]
             values = np.full(slot.shape, self.eos, dtype=np.int64)
             values[inside] = self.docs.tokens[start[inside] + local[inside]]
+            if (
+                self.docs.check_ids_below is not None
+                and values.size
+                and values.max() >= self.docs.check_ids_below
+            ):
+                raise UserError(
+                    f"the store holds token id {int(values.max())}, outside the tokenizer's "
+                    f"{self.docs.check_ids_below} ids: the store is damaged; re-tokenize it"
+                )
             tokens[sel] = values
             slot_key[sel] = e * (len(self.docs) + 1) + slot
         tokens[~valid] = self.pad
@@ -204,12 +386,149 @@ class DocumentStream:
         return torch.from_numpy(tokens), document_ids
 
 
+class MixedStream:
+    """Several document streams (one per source, each with its own seeded epochs) and the weights that
+    decide, row by row, which one a global row reads (see the module docstring)."""
+
+    def __init__(
+        self, streams: list[DocumentStream], weights: np.ndarray, names: list[str], seed: int
+    ) -> None:
+        self.streams = streams
+        self.weights = np.asarray(weights, dtype=np.float64)
+        self.cumulative = np.cumsum(self.weights)
+        self.cumulative[-1] = 1.0  # rounding never leaves a draw past the last source
+        self.names = names
+        self.seed = seed
+        self.epoch_tokens = np.array([s.epoch_tokens for s in streams], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.streams)
+
+    def source_of(self, rows: np.ndarray) -> np.ndarray:
+        """(B,) int64 source of each global row: a uniform draw from (seed, row) against the cumulative
+        weights, so each row's source is independent of every other row and of the batch layout."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(self.streams) == 1:
+            return np.zeros(len(rows), dtype=np.int64)
+        bits = RowRandom(self.seed, torch.from_numpy(rows)).bits(1, "data/source")[:, 0].numpy()
+        uniform = (bits.view(np.uint64) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+        return np.minimum(np.searchsorted(self.cumulative, uniform, side="right"), len(self.streams) - 1)
+
+    def layout(
+        self, rows: np.ndarray, needs: np.ndarray, start: Position
+    ) -> tuple[np.ndarray, np.ndarray, Position]:
+        """(source, stream offset) of consecutive global `rows` taking `needs` raw tokens each from
+        `start`, and the position after them: each source's rows lie back to back in its own stream."""
+        return layout(rows, needs, start, self)
+
+    def rows(
+        self, sources: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, width: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`DocumentStream.rows` of each row in its own source's stream."""
+        if len(self.streams) == 1:
+            return self.streams[0].rows(offsets, lengths, width)
+        tokens = torch.empty((len(offsets), width), dtype=torch.int64)
+        document_ids = torch.empty((len(offsets), width), dtype=torch.int64)
+        for k in np.unique(sources):
+            sel = sources == k
+            t, d = self.streams[int(k)].rows(offsets[sel], lengths[sel], width)
+            where = torch.from_numpy(np.flatnonzero(sel))
+            tokens[where] = t
+            document_ids[where] = d
+        return tokens, document_ids
+
+    def one_pass(self, sources: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> int:
+        """How many leading rows end within one pass over their own source (at least one)."""
+        ok = offsets + lengths <= self.epoch_tokens[sources]
+        return max(len(ok) if ok.all() else int(np.argmin(ok)), 1)
+
+    def figures(self, position: Position, seq_len: int) -> dict[str, float]:
+        """Per-source metrics after `position`: rows, model tokens, raw tokens read, epochs (passes over
+        the source's stream, fractional) and the share of rows."""
+        out: dict[str, float] = {}
+        offsets, counts = position.per_source(len(self.streams))
+        for k, name in enumerate(self.names):
+            out[f"source/{name}/rows"] = counts[k]
+            out[f"source/{name}/tokens"] = counts[k] * seq_len
+            out[f"source/{name}/raw_tokens"] = offsets[k]
+            out[f"source/{name}/epochs"] = offsets[k] / int(self.epoch_tokens[k])
+            out[f"source/{name}/share"] = counts[k] / max(position.rows, 1)
+        return out
+
+    def epochs_started(self, before: Position, after: Position) -> list[tuple[str, int]]:
+        """(source name, epoch) of each source whose stream moved into a new epoch between the two."""
+        a, _ = before.per_source(len(self.streams))
+        b, _ = after.per_source(len(self.streams))
+        return [
+            (name, int(b[k] // self.epoch_tokens[k]))
+            for k, name in enumerate(self.names)
+            if b[k] // self.epoch_tokens[k] > a[k] // self.epoch_tokens[k]
+        ]
+
+
+def as_mixed(stream: DocumentStream | MixedStream) -> MixedStream:
+    """A stream as a mixture (one source, no draw, the same rows as the stream itself)."""
+    if isinstance(stream, MixedStream):
+        return stream
+    return MixedStream([stream], np.ones(1), [""], stream.seed)
+
+
 @dataclass(frozen=True)
 class Position:
-    """Where the data stands: rows consumed and the stream offset after them (saved in checkpoints)."""
+    """Where the data stands (saved in checkpoints): rows consumed and each source's stream offset after
+    them; with several sources, also the rows each has given."""
 
     rows: int = 0
-    offset: int = 0
+    offsets: tuple[int, ...] = (0,)
+    source_rows: tuple[int, ...] = ()  # () = one source, every row
+
+    @property
+    def offset(self) -> int:
+        """The stream offset of a single-source run."""
+        return self.offsets[0]
+
+    def per_source(self, n: int) -> tuple[list[int], list[int]]:
+        """(offsets, rows) of each of `n` sources (a fresh position counts zero for each)."""
+        offsets = list(self.offsets) + [0] * (n - len(self.offsets))
+        rows = list(self.source_rows) if self.source_rows else [self.rows] + [0] * (n - 1)
+        return offsets[:n], rows + [0] * (n - len(rows))
+
+    def to_dict(self) -> dict[str, Any]:
+        if len(self.offsets) == 1 and not self.source_rows:  # as single-store checkpoints always were
+            return {"rows": self.rows, "offset": self.offsets[0]}
+        return {"rows": self.rows, "offsets": list(self.offsets), "source_rows": list(self.source_rows)}
+
+    @classmethod
+    def from_dict(cls, saved: dict[str, Any]) -> Position:
+        if "offsets" in saved:
+            return cls(
+                int(saved["rows"]), tuple(map(int, saved["offsets"])), tuple(map(int, saved["source_rows"]))
+            )
+        return cls(int(saved.get("rows", 0)), (int(saved.get("offset", 0)),))
+
+
+def layout(
+    rows: np.ndarray, needs: np.ndarray, start: Position, mixed: MixedStream | None = None
+) -> tuple[np.ndarray, np.ndarray, Position]:
+    """(source of each row, its stream offset, the position after them) for consecutive global `rows` that
+    take `needs` raw tokens each from `start`; one source (`mixed` None or of one stream): the rows lie
+    back to back in the stream."""
+    needs = np.asarray(needs, dtype=np.int64)
+    if mixed is None or len(mixed) == 1:
+        offsets = row_starts(needs, start.offsets[0])
+        after = Position(start.rows + len(rows), (int(start.offsets[0] + needs.sum()),))
+        return np.zeros(len(rows), dtype=np.int64), offsets, after
+    sources = mixed.source_of(rows)
+    before, counts = start.per_source(len(mixed))
+    offsets = np.empty(len(rows), dtype=np.int64)
+    for k in range(len(mixed)):
+        sel = sources == k
+        n = needs[sel]
+        if n.size:
+            offsets[sel] = row_starts(n, before[k])
+        before[k] += int(n.sum())
+        counts[k] += int(sel.sum())
+    return sources, offsets, Position(start.rows + len(rows), tuple(before), tuple(counts))
 
 
 @dataclass(frozen=True)
@@ -222,6 +541,7 @@ class WorkItem:
     offsets: np.ndarray
     lengths: np.ndarray
     after: Position  # the data position once this step's last micro-batch is consumed
+    sources: np.ndarray | None = None  # each row's source in a mixture (None: the one store)
 
 
 def row_needs(objective: Objective, model_length: int, rows: np.ndarray, seed: int) -> np.ndarray:
@@ -264,6 +584,7 @@ class RowSampler(Sampler[WorkItem]):
         start: Position,
         first_step: int,
         steps: int,
+        stream: DocumentStream | MixedStream | None = None,
     ) -> None:
         self.objective = objective
         self.model_length = model_length
@@ -275,6 +596,7 @@ class RowSampler(Sampler[WorkItem]):
         self.start = start
         self.first_step = first_step
         self.steps = steps
+        self.mixed = as_mixed(stream) if stream is not None else None  # None: one source
 
     def __len__(self) -> int:
         return max(self.steps - self.first_step, 0) * self.accumulation
@@ -288,20 +610,21 @@ class RowSampler(Sampler[WorkItem]):
         for step in range(self.first_step, self.steps):
             rows = np.arange(position.rows, position.rows + self.global_batch, dtype=np.int64)
             lengths = row_needs(self.objective, self.model_length, rows, self.seed)
-            offsets = row_starts(lengths, position.offset)
-            after = Position(position.rows + self.global_batch, int(position.offset + lengths.sum()))
+            sources, offsets, after = layout(rows, lengths, position, self.mixed)
             mb, W = self.micro_batch, self.world_size
             for m in range(self.accumulation):
                 lo = m * W * mb + self.rank * mb
                 sl = slice(lo, lo + mb)
-                yield WorkItem(step, m, rows[sl], offsets[sl], lengths[sl], after)
+                yield WorkItem(step, m, rows[sl], offsets[sl], lengths[sl], after, sources[sl])
             position = after
 
 
 class CorruptedRows(Dataset[tuple[WorkItem, Batch]]):
     """Work item -> (item, Batch): read the raw rows from the stream and apply the objective."""
 
-    def __init__(self, stream: DocumentStream, objective: Objective, model_length: int, seed: int) -> None:
+    def __init__(
+        self, stream: DocumentStream | MixedStream, objective: Objective, model_length: int, seed: int
+    ) -> None:
         self.stream = stream
         self.objective = objective
         self.width = objective.raw_length(model_length)
@@ -312,7 +635,14 @@ class CorruptedRows(Dataset[tuple[WorkItem, Batch]]):
 
     def __getitem__(self, item: WorkItem) -> tuple[WorkItem, Batch]:  # type: ignore[override]
         batch = read_batch(
-            self.stream, self.objective, item.rows, item.offsets, item.lengths, self.width, self.seed
+            self.stream,
+            self.objective,
+            item.rows,
+            item.offsets,
+            item.lengths,
+            self.width,
+            self.seed,
+            item.sources,
         )
         return item, batch
 
@@ -327,12 +657,20 @@ def _to_wire(pair: tuple[WorkItem, Batch]) -> tuple[WorkItem, dict[str, Any]]:
 
 
 def received(wire: Iterator[tuple[WorkItem, dict[str, Any]]]) -> Iterator[tuple[WorkItem, Batch]]:
-    """The loader's (item, batch) pairs back as tensors (views of the received arrays, no copy)."""
-    for item, fields in wire:
-        yield (
-            item,
-            Batch(**{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in fields.items()}),
-        )
+    """The loader's (item, batch) pairs back as tensors (views of the received arrays, no copy). A refusal
+    raised in a worker (a damaged id in a store too large to check at start) comes back as its own one
+    line, not as the worker's traceback torch wraps it in."""
+    try:
+        for item, fields in wire:
+            yield (
+                item,
+                Batch(
+                    **{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in fields.items()}
+                ),
+            )
+    except UserError as exc:
+        last = str(exc).strip().splitlines()[-1]
+        raise UserError(last.split("UserError: ", 1)[-1]) from None
 
 
 def _leave_signals_to_the_trainer(worker_id: int) -> None:
@@ -376,13 +714,14 @@ def make_loader(dataset: CorruptedRows, sampler: RowSampler, workers: int) -> Da
 
 
 def donor_offsets(
-    rows: np.ndarray, offsets: np.ndarray, width: int, seed: int, epoch_tokens: int
+    rows: np.ndarray, offsets: np.ndarray, width: int, seed: int, epoch_tokens: int | np.ndarray
 ) -> np.ndarray:
     """Stream offsets of each row's donor text (`Objective.donor_length`), as BERT draws a random document
     for a random next sentence: a place drawn from (seed, row) at least `width` tokens after the row's own
     start and less than one epoch after it, so a donor never holds the row's own text. A pure function of
-    (seed, row, the row's offset): a row reads the same donor whatever batch or process reads it."""
-    room = np.uint64(max(epoch_tokens - 2 * width, 1))
+    (seed, row, the row's offset): a row reads the same donor whatever batch or process reads it.
+    `epoch_tokens` is one stream's, or each row's own source's (B,) in a mixture."""
+    room = np.maximum(np.asarray(epoch_tokens, dtype=np.int64) - 2 * width, 1).astype(np.uint64)
     draw = RowRandom(seed, torch.from_numpy(np.asarray(rows, dtype=np.int64))).bits(1, "data/donor")[:, 0]
     return (
         np.asarray(offsets, dtype=np.int64) + width + (draw.numpy().view(np.uint64) % room).astype(np.int64)
@@ -390,31 +729,35 @@ def donor_offsets(
 
 
 def read_batch(
-    stream: DocumentStream,
+    stream: DocumentStream | MixedStream,
     objective: Objective,
     rows: np.ndarray,
     offsets: np.ndarray,
     lengths: np.ndarray,
     width: int,
     seed: int,
+    sources: np.ndarray | None = None,
 ) -> Batch:
     """Global rows `rows` read from `stream` at `offsets` with `lengths` raw tokens (padded to `width`), plus
     their donor text when the objective asks for it, corrupted under `seed`: the one way every caller (the
-    loader, validation, evaluation, `corrupt`) turns stream positions into a batch."""
+    loader, validation, evaluation, `corrupt`) turns stream positions into a batch. In a mixture each row
+    reads its own source (`sources`, by default drawn again from the rows), donors included."""
     rows = np.asarray(rows, dtype=np.int64)
-    tokens, document_ids = stream.rows(offsets, lengths, width)
+    mixed = as_mixed(stream)
+    sources = mixed.source_of(rows) if sources is None else np.asarray(sources, dtype=np.int64)
+    tokens, document_ids = mixed.rows(sources, offsets, lengths, width)
     extra = {}
     need = objective.donor_length(width)
     if need:
-        at = donor_offsets(rows, offsets, need, seed, stream.epoch_tokens)
-        extra["donors"] = stream.rows(at, np.full(len(rows), need, dtype=np.int64), need)
+        at = donor_offsets(rows, offsets, need, seed, mixed.epoch_tokens[sources])
+        extra["donors"] = mixed.rows(sources, at, np.full(len(rows), need, dtype=np.int64), need)
     batch = objective(tokens, document_ids, torch.from_numpy(rows), seed, **extra)
     batch.stats["raw_tokens_fed"] = float(np.sum(lengths))
     return batch.mark_layout()
 
 
 def leading_batches(
-    stream: DocumentStream,
+    stream: DocumentStream | MixedStream,
     objective: Objective,
     model_length: int,
     rows: int,
@@ -423,11 +766,13 @@ def leading_batches(
     within_epoch: bool = True,
 ) -> list[Batch]:
     """Rows 0..rows-1 of `stream`, each of the length the objective needs, corrupted under `seed`, in batches
-    of `micro` rows. With `within_epoch`, only the rows that fit in one pass (`rows_in_one_pass`)."""
+    of `micro` rows. With `within_epoch`, only the rows that fit in one pass (`rows_in_one_pass`); in a
+    mixture, the rows before the first that would run past one pass over its source."""
+    mixed = as_mixed(stream)
     index = np.arange(rows, dtype=np.int64)
     lengths = row_needs(objective, model_length, index, seed)
-    offsets = row_starts(lengths)
-    n = rows_in_one_pass(offsets, lengths, stream.epoch_tokens) if within_epoch else rows
+    sources, offsets, _ = layout(index, lengths, Position(offsets=(0,) * len(mixed)), mixed)
+    n = mixed.one_pass(sources, offsets, lengths) if within_epoch else rows
     width = objective.raw_length(model_length)
     return [
         read_batch(
@@ -438,14 +783,25 @@ def leading_batches(
             lengths[lo : lo + micro],
             width,
             seed,
+            sources[lo : lo + micro],
         )
         for lo in range(0, n, micro)
     ]
 
 
 def validation_batches(
-    docs: Documents, specials: Specials, objective: Objective, model_length: int, rows: int, micro: int
+    docs: Documents | Sources,
+    specials: Specials,
+    objective: Objective,
+    model_length: int,
+    rows: int,
+    micro: int,
+    split: str = "valid",
 ) -> list[Batch]:
-    """The fixed validation set: the first `rows` rows of the unshuffled valid split, seed 0, every time."""
-    stream = DocumentStream(docs, specials.eos, specials.pad, seed=0, shuffle=False)
+    """The fixed validation set: the first `rows` rows of the unshuffled valid split, seed 0, every time;
+    of a mixture (`Sources`), the rows of each store's unshuffled `split`, mixed by the weights at seed 0."""
+    if isinstance(docs, Sources):
+        stream: DocumentStream | MixedStream = docs.stream(split, 0, shuffle=False)
+    else:
+        stream = DocumentStream(docs, specials.eos, specials.pad, seed=0, shuffle=False)
     return leading_batches(stream, objective, model_length, rows, micro, seed=0)

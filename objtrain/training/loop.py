@@ -55,11 +55,13 @@ from objtrain.training import distributed as dist
 from objtrain.training.config import DEFAULT_STEPS, TrainConfig, check_divisible, config_dict
 from objtrain.training.data import (
     CorruptedRows,
-    DataSource,
+    MixedStream,
     Position,
     RowSampler,
+    Sources,
     leading_batches,
     make_loader,
+    open_sources,
     received,
     validation_batches,
     workers_stopped,
@@ -86,7 +88,7 @@ class Plan:
     world: dist.World
     device: torch.device
     dtype: str
-    source: DataSource
+    source: Sources  # one store, or a mixture (data.sources)
     objective: Objective
     model_cfg: ModelConfig
     seq_len: int
@@ -141,11 +143,12 @@ def prepare(
         raise UserError(f"{checkpoints} is not a directory: {run_dir} is not a run to resume")
 
     store = cfg.data.store
-    if store is None:
+    if store is None and not cfg.data.sources:
         store = str(_embedded_store(world, console))
-    source = DataSource(Path(store))
+    source = open_sources(store, cfg.data.sources)
     if force and run_dir.exists():
-        check_output_free(run_dir, True, [source.path], replaces=("a training run", RUN_MARKERS))
+        paths = [m.path for m in source.members]
+        check_output_free(run_dir, True, paths, replaces=("a training run", RUN_MARKERS))
     objective = build_objective(
         cfg.objective.name,
         source.specials,
@@ -231,9 +234,12 @@ def prepare(
     )
 
 
-def no_valid_split(source: DataSource, split: str) -> str:
+def no_valid_split(sources: Any, split: str) -> str:
     """The refusal for a store without validation data, with the ways out: a corpus of a few whole files
-    has too few documents to split, so cutting them into paragraphs or lines is usually the fix."""
+    has too few documents to split, so cutting them into paragraphs or lines is usually the fix. For a
+    mixture, the first store that lacks the split."""
+    lacking = sources.lacking(split) if hasattr(sources, "lacking") else sources.path
+    source = next((m for m in getattr(sources, "members", [sources]) if m.path == lacking), sources)
     splits = source.store.meta.get("splits", {})
     unit = "rows" if source.packed_length else "documents"
     total = sum(int(info.get(unit, 0)) for info in splits.values() if isinstance(info, dict))
@@ -268,7 +274,7 @@ def _embedded_store(world: dist.World, console: Console | None) -> Path:
     return path
 
 
-def _probe_objective(objective: Objective, source: DataSource, seq_len: int, seed: int) -> None:
+def _probe_objective(objective: Objective, source: Sources, seq_len: int, seed: int) -> None:
     """Corrupt two real rows now, so a seq-len too short for the objective is refused before any work."""
     stream = source.stream("train", seed)  # a damaged split says so itself, not as a --seq-len problem
     try:
@@ -495,7 +501,7 @@ class RunState:
         return cls(
             step=step,
             optimizer_steps=int(saved.get("optimizer_steps", step)),
-            position=Position(**saved["position"]) if "position" in saved else Position(),
+            position=Position.from_dict(saved["position"]) if "position" in saved else Position(),
             tokens=int(saved.get("tokens", 0)),
             target_tokens=int(saved.get("target_tokens", 0)),
             seconds=float(saved.get("seconds", 0.0)),
@@ -505,7 +511,7 @@ class RunState:
         return {
             "step": self.step,
             "optimizer_steps": self.optimizer_steps,
-            "position": {"rows": self.position.rows, "offset": self.position.offset},
+            "position": self.position.to_dict(),
             "tokens": self.tokens,
             "target_tokens": self.target_tokens,
             "seconds": self.seconds,
@@ -694,12 +700,15 @@ class ValidationSets:
     @classmethod
     def build(cls, plan: Plan) -> ValidationSets:
         cfg, source = plan.cfg, plan.source
-        docs = source.documents(cfg.data.valid_split)
+        split = cfg.data.valid_split
+        docs = source if source.mixture else source.documents(split)  # a mixture: its stores' splits mixed
         rows, micro = cfg.validation.rows, plan.micro_batch
-        sets = cls(validation_batches(docs, source.specials, plan.objective, plan.seq_len, rows, micro))
+        sets = cls(
+            validation_batches(docs, source.specials, plan.objective, plan.seq_len, rows, micro, split)
+        )
         if plan.model_cfg.kind == "decoder" and plan.objective.name in LEFT_TO_RIGHT:
             clm = build_objective("clm", source.specials, source.tokenizer, "decoder")
-            sets.lm_batches = validation_batches(docs, source.specials, clm, plan.seq_len, rows, micro)
+            sets.lm_batches = validation_batches(docs, source.specials, clm, plan.seq_len, rows, micro, split)
             sets.byte_table = accounting.token_bytes(source.tokenizer)
         return sets
 
@@ -773,6 +782,7 @@ def _run(
         state.position,
         state.step,
         total,
+        stream=stream,
     )
     loader = make_loader(CorruptedRows(stream, plan.objective, plan.seq_len, cfg.seed), sampler, cfg.workers)
     validating = cfg.validation.every >= 0 and plan.has_valid
@@ -814,7 +824,7 @@ def _run(
             out = trainer.step(batches)
 
             state.step += 1
-            state.position = items[-1][0].after
+            before, state.position = state.position, items[-1][0].after
             state.tokens += tokens_per_step
             state.target_tokens += int(out.n_targets)
             if device.type == "cuda":
@@ -841,6 +851,12 @@ def _run(
                 **out.metrics,
                 **_realised(batches),
             }
+            if isinstance(stream, MixedStream):  # per source: rows, tokens, epochs; a new epoch is an event
+                record |= stream.figures(state.position, plan.seq_len)
+                for name, epoch in stream.epochs_started(before, state.position):
+                    if log is not None:
+                        log.write({"event": "epoch", "step": state.step, "source": name, "epoch": epoch})
+                    progress.note(f"step {state.step}: source {name} starts epoch {epoch + 1}")
             mfus.append(record["mfu"])
             if trainer.scaler is not None:
                 record["loss_scale"] = trainer.scaler.get_scale()
@@ -889,6 +905,10 @@ def _run(
     )
     if show:
         _summary(console, result, peak_source)
+        if isinstance(stream, MixedStream):
+            console.print(
+                _mixture_summary(stream, state.position, plan.seq_len), highlight=False, markup=False
+            )
         if not stopped and cfg.logging.sample and not trainer.sharded:  # sharded: generating is collective
             _sample(console, plan, trainer.model)
     return result
@@ -955,7 +975,7 @@ def _resolved(plan: Plan, total: int) -> dict[str, Any]:
         "processes": plan.world.world_size,
         "dtype": plan.dtype,
         "device": str(plan.device),
-        "data": str(plan.source.path),
+        "data": plan.source.identity if plan.source.mixture else str(plan.source.path),
     }
 
 
@@ -1025,6 +1045,17 @@ def _summary(console: Console, r: TrainResult, peak_source: str) -> None:
         f"checkpoint {escape(str(r.checkpoint))}",
         highlight=False,
     )
+
+
+def _mixture_summary(stream: MixedStream, position: Position, seq_len: int) -> str:
+    """One line: each source's share of rows against its weight, its tokens and its epochs."""
+    figures = stream.figures(position, seq_len)
+    parts = [
+        f"{name} {figures[f'source/{name}/share']:.1%} of rows (weight {w:.1%}), "
+        f"{int(figures[f'source/{name}/tokens']):,} tokens, {figures[f'source/{name}/epochs']:.2f} epochs"
+        for name, w in zip(stream.names, stream.weights, strict=True)
+    ]
+    return "sources: " + "; ".join(parts)
 
 
 def _sample(console: Console, plan: Plan, model: nn.Module) -> None:

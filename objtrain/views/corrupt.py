@@ -1,8 +1,10 @@
 """Looking at what an objective does to real rows: the library behind `objtrain corrupt`.
 
-- `read_rows`: a token store, a packed store, a text file or a string -> raw rows (B, L) with document ids
-  and global row indices: a token store's and a text's rows as long as training cuts them for the
-  objective, a packed store's rows as they were packed (training streams its documents instead);
+- `read_rows`: a token store, a packed store, a mixture (a YAML with `data.sources`, such as a train
+  config), a text file or a string -> raw rows (B, L) with document ids and global row indices: a token
+  store's and a text's rows as long as training cuts them for the objective, a packed store's rows as they
+  were packed (training streams its documents instead), a mixture's rows each from the source training
+  draws for it under the seed;
 - `attention_mask`: the (B, T, T) pattern a model builds from a `Batch` (the rules of `objtrain.batch`);
 - `align_row`: original, model input and target of one row, aligned column by column and classified
   (kept / masked / replaced / deleted / inserted / sentinel / special) for display;
@@ -37,6 +39,12 @@ from objtrain.training.data import (
     DataSource,
     Documents,
     DocumentStream,
+    MixedStream,
+    Position,
+    Sources,
+    as_mixed,
+    layout,
+    open_sources,
     read_batch,
     row_needs,
     row_starts,
@@ -59,9 +67,47 @@ class RawRows:
     source: str  # "packed", "tokens", "text"
     # Where the rows were read: the unshuffled document stream, each row's offset in it and its raw tokens
     # (its need, or less at the end of the source); None for rows built by hand (no donor text then).
-    stream: DocumentStream | None = None
+    stream: DocumentStream | MixedStream | None = None
     offsets: np.ndarray | None = None
     lengths: np.ndarray | None = None
+    # A mixture: each row's source (index into `source_names`), as training draws it under the seed.
+    row_sources: np.ndarray | None = None
+    source_names: list[str] = field(default_factory=list)
+
+    def source_of(self, row_index: int) -> str | None:
+        """The name of the source global row `row_index` was read from (None: not a mixture)."""
+        if self.row_sources is None:
+            return None
+        at = int(np.flatnonzero(self.row_index.numpy() == row_index)[0])
+        return self.source_names[int(self.row_sources[at])]
+
+
+def mixture_file(path: Path | None) -> bool:
+    """A YAML file that names data (a train config's `data:` or a bare `sources:` list): a mixture to read
+    as training does, not text to corrupt."""
+    if path is None or not Path(path).is_file() or Path(path).suffix not in (".yaml", ".yml"):
+        return False
+    import yaml
+
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(doc, dict) and ("data" in doc or "sources" in doc)
+
+
+def open_mixture(path: Path) -> Sources:
+    """The stores a YAML file's `data:` section (or its bare `sources:` list) names, checked as `train`
+    checks them (one tokenizer)."""
+    from objtrain.config import from_dict, load_yaml
+    from objtrain.training.config import DataConfig
+
+    doc = load_yaml(Path(path))
+    section = doc.get("data") if "data" in doc else {"sources": doc.get("sources")}
+    data = from_dict(DataConfig, section or {}, where=f"{path}: data")
+    if data.store is None and not data.sources:
+        raise UserError(f"{path} names no data: give data.store or data.sources")
+    return open_sources(data.store, data.sources)
 
 
 def _is_packed_store(path: Path) -> bool:
@@ -157,6 +203,8 @@ def read_rows(
     index = torch.arange(n_rows, dtype=torch.int64)
     need = row_needs(objective, model_length, index.numpy(), seed)
     packed_lengths = None
+    if text is None and mixture_file(source):
+        return _mixture_rows(open_mixture(Path(source)), objective, model_length, index, need, seed)  # type: ignore[arg-type]
     if text is not None or (source is not None and Path(source).is_file()):
         if tokenizer_store is None:
             raise UserError("text needs a tokenizer: pass --tokenizer TOKEN_STORE (or a .model file)")
@@ -206,6 +254,32 @@ def read_rows(
     offsets = offsets[:n]
     tokens, document_ids = stream.rows(offsets, lengths, width)
     return RawRows(tokens, document_ids, index[:n], specials, tokenizer, kind, stream, offsets, lengths)
+
+
+def _mixture_rows(
+    sources: Sources, objective: Objective, model_length: int, index: Tensor, need: np.ndarray, seed: int
+) -> RawRows:
+    """Rows of a mixture: each row's source drawn as training draws it under `seed`, its text from that
+    source's unshuffled stream after the rows before it that drew the same source."""
+    mixed = as_mixed(sources.stream("train", seed, shuffle=False))
+    rows = index.numpy()
+    which, offsets, _ = layout(rows, need, Position(offsets=(0,) * len(mixed)), mixed)
+    n = mixed.one_pass(which, offsets, need)
+    width = objective.raw_length(model_length)
+    tokens, document_ids = mixed.rows(which[:n], offsets[:n], need[:n], width)
+    return RawRows(
+        tokens,
+        document_ids,
+        index[:n],
+        sources.specials,
+        sources.tokenizer,
+        "mixture",
+        mixed,
+        offsets[:n],
+        need[:n],
+        which[:n],
+        list(sources.names),
+    )
 
 
 def _text_documents(path: Path) -> list[str]:
@@ -530,6 +604,7 @@ def row_record(objective: Objective, view: RowView, batch: Batch, b: int, raw: R
         "objective": objective.name,
         "model_kind": objective.model_kind,
         "row_index": view.row_index,
+        **({"source": raw.source_of(view.row_index)} if raw.row_sources is not None else {}),
         "original": view.original,
         "input": view.input,
         "target": view.targets,
@@ -736,7 +811,10 @@ def corrupt_rows(
         if raw.stream is None or raw.offsets is None or raw.lengths is None:
             yield objective(raw.tokens[sl], raw.document_ids[sl], raw.row_index[sl], seed), start
             continue
-        batch = read_batch(raw.stream, objective, rows[sl], raw.offsets[sl], raw.lengths[sl], width, seed)
+        which = raw.row_sources[sl] if raw.row_sources is not None else None
+        batch = read_batch(
+            raw.stream, objective, rows[sl], raw.offsets[sl], raw.lengths[sl], width, seed, which
+        )
         yield batch, start
 
 

@@ -185,3 +185,47 @@ def test_packed_store_names_a_damaged_meta_field(
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(UserError, match=rf"meta.json has {fragment}.*damaged.*objtrain pack"):
         PackedStore.open(tmp_path / "p").split("valid")
+
+
+def test_bestfit_in_windows_keeps_every_document_whole_and_once(
+    tmp_path: Path, store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A store past the window is packed window by window (bounded memory): still lossless, a document that
+    # fits still in one row, and each window's rows its own documents.
+    import objtrain.data.pack as pack
+
+    whole = pack_store(store, tmp_path / "whole", PackConfig(seq_len=64, mode="bestfit", seed=2))
+    n_docs = len(TokenStore.open(store).split("train"))
+    monkeypatch.setattr(pack, "WINDOW_DOCS", n_docs // 3)
+    windowed = pack_store(store, tmp_path / "win", PackConfig(seq_len=64, mode="bestfit", seed=2))
+    third = n_docs // 3
+    assert len(pack.windows(np.asarray(TokenStore.open(store).split("train").offsets))) == -(-n_docs // third)
+    source = TokenStore.open(store).split("train")
+    split = PackedStore.open(tmp_path / "win").split("train")
+    tokens, ids = split.rows(0, len(split))
+    got = sorted(map(tuple, segments(tokens.numpy(), ids.numpy())))
+    fits = [(*source.doc(i).tolist(), EOS) for i in range(len(source)) if len(source.doc(i)) < 64]
+    assert all(d in set(got) for d in fits)
+    assert sum(map(len, got)) == source.n_tokens + len(source)  # every token once, nothing added
+    # rows of window 0 hold only window-0 documents: its rows come first
+    layout0 = bestfit_layout(source.lengths[:third], np.asarray(source.offsets[: third + 1]), 64, 2)
+    first = set(map(tuple, segments(*assemble_rows(source, layout0, 64, EOS, PAD, 0, 1))))
+    assert first <= set(map(tuple, segments(tokens[:1].numpy(), ids[:1].numpy())))
+    assert windowed.splits["train"].tokens == whole.splits["train"].tokens
+    assert windowed.splits["train"].rows >= whole.splits["train"].rows  # packing in windows fits no better
+    # the unwindowed store is what it always was: one window packs exactly as before
+    monkeypatch.setattr(pack, "WINDOW_DOCS", n_docs)
+    pack_store(store, tmp_path / "again", PackConfig(seq_len=64, mode="bestfit", seed=2))
+    assert (tmp_path / "again" / "train.tokens.bin").read_bytes() == (
+        tmp_path / "whole" / "train.tokens.bin"
+    ).read_bytes()
+
+
+def test_packing_drops_the_pages_it_read(store: Path) -> None:
+    import objtrain.data.pack as pack
+
+    split = TokenStore.open(store).split("train")
+    assert split.tokens[:100].sum() > 0
+    pack.release_pages(split.tokens)  # a memory map: madvise, and the data reads back the same
+    assert np.array_equal(split.tokens[:100], TokenStore.open(store).split("train").tokens[:100])
+    pack.release_pages(np.zeros(4))  # not a map: nothing to do
