@@ -113,7 +113,10 @@ def build_sweep_results(s: Sweep, replicates: int = 1000) -> dict[str, Any]:
     for spec_arm in exp.arms:
         if spec_arm.name not in arms:
             continue
-        cells = list(arms[spec_arm.name]["cells"].values())
+        size_order = {size: i for i, size in enumerate(spec.sizes)}
+        cells = sorted(
+            arms[spec_arm.name]["cells"].values(), key=lambda c: (size_order.get(c["size"], 0), c["budget"])
+        )
         for metric in metrics:
             lower = suite.direction(metric) == "lower"
             chosen = _frontier(cells, metric, lower, spec.kind == "flops") if sized else cells
