@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from test_refusals import refused, run_cli
 
 from objtrain.compare import sweep as sweep_mod
-from objtrain.compare.experiment import experiment_from_dict
+from objtrain.compare.experiment import experiment_from_dict, load_experiment
 from objtrain.compare.runner import Interrupted
 from objtrain.compare.sweep import parse_sweep, plan_sweep, run_sweep
 from objtrain.compare.sweep_report import write_sweep_report
@@ -200,3 +200,19 @@ def test_a_size_sweep_reports_its_frontier(compare_store: Path, tmp_path: Path) 
     assert frontier and all(r["metric"] == "val_bpb" for r in frontier)
     assert all(r["tokens_per_parameter"] == pytest.approx(r["tokens"] / r["parameters"]) for r in frontier)
     assert "Chinchilla" in (tmp_path / "report" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("name", ["objectives-scaling", "fim-scaling"])
+def test_the_shipped_sweeps_plan_with_every_shorter_point_branched(
+    name: str, compare_store: Path, tmp_path: Path
+) -> None:
+    exp = load_experiment(Path(name))
+    spec = parse_sweep(None, exp.sweep, tiny=False)
+    assert spec is not None and spec.points[-1] / spec.points[0] >= 30
+    s = plan_sweep(exp, tmp_path / "report", spec, data=str(compare_store))
+    assert len(s.cells) == len(exp.arms) * len(spec.points)
+    for cell in s.cells:
+        longest = cell.source is None
+        assert longest == (cell.value == spec.points[-1]), cell.run.key
+        if not longest:  # branched where its own decay begins: it trains a fifth of its steps itself
+            assert cell.run.steps - cell.branch_step == max(round(0.2 * cell.run.steps), 1), cell.run.key
