@@ -19,7 +19,7 @@ from objtrain.compare import sweep as sweep_mod
 from objtrain.compare.experiment import experiment_from_dict, load_experiment
 from objtrain.compare.runner import Interrupted
 from objtrain.compare.sweep import parse_sweep, plan_sweep, run_sweep
-from objtrain.compare.sweep_report import write_sweep_report
+from objtrain.compare.sweep_report import _frontier, write_sweep_report
 from objtrain.errors import UserError
 from objtrain.training import checkpoint as ckpt
 from objtrain.training.loop import train
@@ -216,3 +216,24 @@ def test_the_shipped_sweeps_plan_with_every_shorter_point_branched(
         assert longest == (cell.value == spec.points[-1]), cell.run.key
         if not longest:  # branched where its own decay begins: it trains a fifth of its steps itself
             assert cell.run.steps - cell.branch_step == max(round(0.2 * cell.run.steps), 1), cell.run.key
+
+
+def test_the_frontier_is_the_best_size_per_budget_or_the_points_no_cheaper_run_beats() -> None:
+    def cell(size: str, budget: float, flops: float, value: float) -> dict[str, Any]:
+        return {"size": size, "budget": budget, "flops": [flops], "metrics": {"val_bpb": [value, value]}}
+
+    cells = [
+        cell("debug", 1e12, 1.0e12, 3.0),
+        cell("tiny", 1e12, 0.9e12, 3.2),  # cheaper, worse: not the best at its budget
+        cell("debug", 1e13, 1.0e13, 2.8),
+        cell("tiny", 1e13, 0.95e13, 2.5),
+    ]
+    best = _frontier(cells, "val_bpb", lower=True, by_budget=True)
+    assert [(c["size"], c["budget"]) for c in best] == [("debug", 1e12), ("tiny", 1e13)]
+    # By compute alone (a tokens sweep) the cheaper tiny point at 0.9e12 is on the envelope too.
+    envelope = _frontier(cells, "val_bpb", lower=True, by_budget=False)
+    assert [(c["size"], c["flops"][0]) for c in envelope] == [
+        ("tiny", 0.9e12),
+        ("debug", 1.0e12),
+        ("tiny", 0.95e13),
+    ]
