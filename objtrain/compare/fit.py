@@ -33,6 +33,7 @@ ALPHAS = np.geomspace(1e-3, 3.0, 481)  # the exponent grid: steps of 1.7%
 MIN_POINTS = 3  # E, A and α need at least three distinct compute values
 EXTRAPOLATION = 3.0  # a crossover past 3x the largest measured compute is an extrapolation
 SEARCH = 1000.0  # crossovers are looked for up to this factor past the largest measured compute
+UNRESOLVED = 0.1  # a crossing (or none) that more than this share of replicates contradicts is not resolved
 
 
 @dataclass
@@ -375,10 +376,20 @@ def crossover(name_a: str, fa: Fit, name_b: str, fb: Fit) -> Crossover:
             if crossed.sum() >= 2:
                 lo, hi = np.exp(np.percentile(np.log(cs[crossed]), [2.5, 97.5]))
                 interval = (float(lo), float(hi))
-    if not math.isfinite(c_star):
+    # The verdict is the fitted curves'; where a fair share of the replicates disagree, it is not resolved.
+    crossed = math.isfinite(c_star)
+    doubt = ""
+    if share is not None and (share < 1 - UNRESOLVED if crossed else share >= UNRESOLVED):
+        doubt = (
+            f" (but {1 - share:.0%} of bootstrap replicates do not cross: not resolved)"
+            if crossed
+            else f" (but {share:.0%} of bootstrap replicates do cross: not resolved)"
+        )
+    if not crossed:
         return Crossover(
             "none", None, interval, share, within, before, before, c_lo, c_hi,
-            f"no crossover within the swept range (nor up to {SEARCH:g}x past it): {before} stays ahead",
+            f"no crossover within the swept range (nor up to {SEARCH:g}x past it): {before} stays "
+            f"ahead{doubt}",
         )  # fmt: skip
     after = name_b if before == name_a else name_a
     if c_star <= c_hi:
@@ -393,4 +404,4 @@ def crossover(name_a: str, fa: Fit, name_b: str, fb: Fit) -> Crossover:
                 "point (extrapolated)"
             ),
         )
-    return Crossover(status, c_star, interval, share, within, before, after, c_lo, c_hi, note)
+    return Crossover(status, c_star, interval, share, within, before, after, c_lo, c_hi, note + doubt)

@@ -106,3 +106,11 @@ def test_the_fit_is_deterministic_under_its_seed() -> None:
     values = noisy(PowerLaw(1.5, 3e4, 0.35))
     one, two = fit_curve(C, values, replicates=100, seed=3), fit_curve(C, values, replicates=100, seed=3)
     assert one.intervals == two.intervals
+
+
+def test_two_curves_the_seeds_cannot_tell_apart_are_not_resolved() -> None:
+    law = PowerLaw(1.0, 1e4, 0.3)
+    fa = fit_curve(C, noisy(law, sigma=0.02, seed=1), replicates=300)
+    fb = fit_curve(C, noisy(law, sigma=0.02, seed=2), replicates=300)
+    x = crossover("a", fa, "b", fb)
+    assert "not resolved" in x.note, x
