@@ -33,7 +33,6 @@ ALPHAS = np.geomspace(1e-3, 3.0, 481)  # the exponent grid: steps of 1.7%
 MIN_POINTS = 3  # E, A and α need at least three distinct compute values
 EXTRAPOLATION = 3.0  # a crossover past 3x the largest measured compute is an extrapolation
 SEARCH = 1000.0  # crossovers are looked for up to this factor past the largest measured compute
-UNRESOLVED = 0.1  # a crossing (or none) that more than this share of replicates contradicts is not resolved
 
 
 @dataclass
@@ -280,10 +279,15 @@ class Crossover:
     c_lo: float
     c_hi: float
     note: str = ""
+    resolved: bool | None = None  # whether the replicates' gap band supports the verdict (see crossover)
+    # The gap L_a - L_b over the swept range: (C, 2.5%, 97.5%) over paired replicates.
+    gap_band: list[tuple[float, float, float]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "status": self.status,
+            "resolved": self.resolved,
+            "gap_band": [list(row) for row in self.gap_band],
             "flops": self.c_star,
             "interval": list(self.interval) if self.interval else None,
             "crossing_share": self.crossing_share,
@@ -376,20 +380,37 @@ def crossover(name_a: str, fa: Fit, name_b: str, fb: Fit) -> Crossover:
             if crossed.sum() >= 2:
                 lo, hi = np.exp(np.percentile(np.log(cs[crossed]), [2.5, 97.5]))
                 interval = (float(lo), float(hi))
-    # The verdict is the fitted curves'; where a fair share of the replicates disagree, it is not resolved.
+    # Is the verdict resolved? The model-free companion of the crossing (findings.md section 4.3): the gap
+    # L_a - L_b over the swept range in every paired replicate. An order is resolved where the 95% band of
+    # the gap excludes 0; a crossover within the range, where the band excludes 0 at both ends with
+    # opposite signs; no crossover, where it excludes 0 over the whole range.
+    band: list[tuple[float, float, float]] = []
+    resolved: bool | None = None
+    if fa.boot is not None and fb.boot is not None and len(fa.boot) == len(fb.boot):
+        both = np.isfinite(fa.boot[:, 0]) & np.isfinite(fb.boot[:, 0])
+        if both.sum() >= 20:
+            grid = np.geomspace(c_lo, c_hi, 9)
+            ba, bb = fa.boot[both], fb.boot[both]
+            gaps = np.stack(
+                [PowerLaw(*ra)(grid) - PowerLaw(*rb)(grid) for ra, rb in zip(ba, bb, strict=True)]
+            )
+            lo, hi = np.percentile(gaps, [2.5, 97.5], axis=0)
+            band = [(float(c), float(a), float(b)) for c, a, b in zip(grid, lo, hi, strict=True)]
+            sign = np.where(lo > 0, 1, np.where(hi < 0, -1, 0))
     crossed = math.isfinite(c_star)
-    doubt = ""
-    if share is not None and (share < 1 - UNRESOLVED if crossed else share >= UNRESOLVED):
-        doubt = (
-            f" (but {1 - share:.0%} of bootstrap replicates do not cross: not resolved)"
-            if crossed
-            else f" (but {share:.0%} of bootstrap replicates do cross: not resolved)"
-        )
+    if band:
+        if crossed and c_star <= c_hi:
+            resolved = bool(sign[0] != 0 and sign[-1] == -sign[0])
+        else:
+            resolved = bool((sign != 0).all() and (sign == sign[0]).all())
+    doubt = (
+        "" if resolved is not False else " (not resolved: the seeds' bootstrap band of the gap includes 0)"
+    )
     if not crossed:
         return Crossover(
             "none", None, interval, share, within, before, before, c_lo, c_hi,
             f"no crossover within the swept range (nor up to {SEARCH:g}x past it): {before} stays "
-            f"ahead{doubt}",
+            f"ahead{doubt}", resolved, band,
         )  # fmt: skip
     after = name_b if before == name_a else name_a
     if c_star <= c_hi:
@@ -404,4 +425,6 @@ def crossover(name_a: str, fa: Fit, name_b: str, fb: Fit) -> Crossover:
                 "point (extrapolated)"
             ),
         )
-    return Crossover(status, c_star, interval, share, within, before, after, c_lo, c_hi, note + doubt)
+    return Crossover(
+        status, c_star, interval, share, within, before, after, c_lo, c_hi, note + doubt, resolved, band
+    )

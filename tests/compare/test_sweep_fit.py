@@ -75,6 +75,7 @@ def test_the_crossover_of_two_known_curves_lies_in_its_interval() -> None:
     assert x.c_star == pytest.approx(c_star, rel=0.3)
     assert x.interval is not None and x.interval[0] <= c_star <= x.interval[1]
     assert x.crossing_share is not None and x.crossing_share > 0.9
+    assert x.resolved and "not resolved" not in x.note
 
 
 def test_no_crossover_and_extrapolated_crossovers_are_said_so() -> None:
@@ -85,6 +86,7 @@ def test_no_crossover_and_extrapolated_crossovers_are_said_so() -> None:
     x = crossover("a", fa, "b", fb)
     assert x.status == "none" and x.c_star is None
     assert "no crossover within the swept range" in x.note and x.ahead_before == "a"
+    assert x.resolved and all(hi < 0 for _, _, hi in x.gap_band)  # a below b everywhere
     # b falls faster and catches a far past the largest point: an extrapolation, marked.
     c_star = C[-1] * 50
     a = PowerLaw(2.0, 0.5 * c_star**0.3, 0.3)
@@ -113,4 +115,4 @@ def test_two_curves_the_seeds_cannot_tell_apart_are_not_resolved() -> None:
     fa = fit_curve(C, noisy(law, sigma=0.02, seed=1), replicates=300)
     fb = fit_curve(C, noisy(law, sigma=0.02, seed=2), replicates=300)
     x = crossover("a", fa, "b", fb)
-    assert "not resolved" in x.note, x
+    assert "not resolved" in x.note and x.resolved is False, x
