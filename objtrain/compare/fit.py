@@ -59,6 +59,8 @@ class Fit:
     values: list[float]
     lower_is_better: bool
     E_at_bound: bool = False  # E held at 0: the no-offset power law
+    residual_rms: float | None = None  # of the point means about the fitted curve
+    seed_std: float | None = None  # mean over points of the seeds' sample std: the noise to compare it with
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)  # E, A, alpha: 95%
     replicates: int = 0  # bootstrap draws
     converged: int = 0  # of which the refit converged
@@ -84,6 +86,8 @@ class Fit:
             "reason": self.reason,
             "law": self.law.to_dict() if self.law is not None else None,
             "E_at_bound": self.E_at_bound,
+            "residual_rms": self.residual_rms,
+            "seed_std": self.seed_std,
             "intervals": {k: list(v) for k, v in self.intervals.items()},
             "replicates": self.replicates,
             "converged_replicates": self.converged,
@@ -207,6 +211,11 @@ def fit_curve(
         return fit
     fit.law = PowerLaw(float(e[0]), float(a[0] * ref ** alpha[0]), float(alpha[0]))
     fit.E_at_bound = bool(bound[0])
+    fit.residual_rms = float(np.sqrt(np.mean((means - fit.law(c)) ** 2)))
+    if v.shape[1] > 1 and (np.isfinite(v).sum(axis=1) > 1).any():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            fit.seed_std = float(np.nanmean(np.nanstd(v, axis=1, ddof=1)))
     if replicates > 0:
         boot = bootstrap(c, v, nonneg, lower_is_better, replicates, seed, ref)
         fit.boot = boot

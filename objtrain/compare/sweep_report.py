@@ -226,7 +226,8 @@ def _interval(fit: dict[str, Any], key: str) -> str:
 
 
 def fit_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    header = ["metric", "arm", "fit", "E [95%]", "A [95%]", "α [95%]", "points", "replicates converged"]
+    header = ["metric", "arm", "fit", "E [95%]", "A [95%]", "α [95%]", "points", "residual rms (seed std)",
+              "replicates converged"]  # fmt: skip
     rows = []
     for metric in results["metrics"]:
         for arm, f in results["fits"].get(metric, {}).items():
@@ -239,11 +240,12 @@ def fit_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                 )
                 rows.append([metric, arm, "ok", e, _g(law["A"]) + _interval(f, "A"),
                              _g(law["alpha"]) + _interval(f, "alpha"), str(len(f["points"])),
+                             f"{_g(f['residual_rms'], 2)} ({_g(f['seed_std'], 2)})",
                              f"{f['converged_replicates']}/{f['replicates']}"])  # fmt: skip
             else:
                 what = "too few points" if f["status"] == "too_few_points" else "not converged"
                 rows.append(
-                    [metric, arm, f"{what}: {f['reason']}", "—", "—", "—", str(len(f["points"])), "—"]
+                    [metric, arm, f"{what}: {f['reason']}", "—", "—", "—", str(len(f["points"])), "—", "—"]
                 )
     return header, rows
 
@@ -318,7 +320,9 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
     out += [
         f"Fitted on the mean over seeds at each point; 95% intervals are percentiles of "
         f"{results['bootstrap_replicates']} bootstrap refits that resample seeds and points. A fit marked "
-        "not converged or too few points is not drawn. Expect α of roughly 0.1 to 0.2 where E is identified "
+        "not converged or too few points is not drawn. A residual rms well above the seed std means the "
+        "points bend in a way the power law cannot follow (early training, say): read its exponent with "
+        "care. Expect α of roughly 0.1 to 0.2 where E is identified "
         "(Chinchilla-form frontiers; reference findings.md section 4.2); these budgets lie far below every "
         "published scaling study, so no published exponent is a target here.",
         "",
