@@ -27,6 +27,9 @@ def test_fit_recovers_a_known_curve_within_its_intervals(law: PowerLaw) -> None:
         lo, hi = fit.intervals[name]
         assert lo <= true <= hi, (name, true, lo, hi)
     assert abs(fit.law.alpha - law.alpha) < 0.1 * law.alpha
+    # the points scatter about the curve as the seeds do about their mean
+    assert fit.seed_std is not None and 0.005 < fit.seed_std < 0.02
+    assert fit.residual_rms is not None and fit.residual_rms < 2 * fit.seed_std
 
 
 def test_noise_free_points_give_the_curve_back() -> None:
