@@ -61,6 +61,7 @@ class Fit:
     E_at_bound: bool = False  # E held at 0: the no-offset power law
     residual_rms: float | None = None  # of the point means about the fitted curve
     seed_std: float | None = None  # mean over points of the seeds' sample std: the noise to compare it with
+    no_interval: str = ""  # why there are no intervals, where the bootstrap cannot give any
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)  # E, A, alpha: 95%
     replicates: int = 0  # bootstrap draws
     converged: int = 0  # of which the refit converged
@@ -87,6 +88,7 @@ class Fit:
             "law": self.law.to_dict() if self.law is not None else None,
             "E_at_bound": self.E_at_bound,
             "residual_rms": self.residual_rms,
+            "no_interval": self.no_interval,
             "seed_std": self.seed_std,
             "intervals": {k: list(v) for k, v in self.intervals.items()},
             "replicates": self.replicates,
@@ -216,6 +218,11 @@ def fit_curve(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             fit.seed_std = float(np.nanmean(np.nanstd(v, axis=1, ddof=1)))
+    if v.shape[1] == 1 and distinct <= MIN_POINTS:
+        # One seed and three points: every replicate would redraw the same three points, so a bootstrap
+        # would show no spread at all, which is not the same as none.
+        fit.no_interval = "one seed and three points leave nothing to resample"
+        replicates = 0
     if replicates > 0:
         boot = bootstrap(c, v, nonneg, lower_is_better, replicates, seed, ref)
         fit.boot = boot

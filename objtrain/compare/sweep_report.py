@@ -121,6 +121,8 @@ def build_sweep_results(s: Sweep, replicates: int = 1000) -> dict[str, Any]:
             lower = suite.direction(metric) == "lower"
             chosen = _frontier(cells, metric, lower, spec.kind == "flops") if sized else cells
             chosen = [cell for cell in chosen if metric in cell["metrics"]]
+            if not chosen:
+                continue  # the arm has no such metric (a decoder's validation bpb for an encoder)
             compute = [float(np.mean(cell["flops"])) for cell in chosen]
             values = [cell["metrics"][metric] for cell in chosen]
             fits.setdefault(metric, {})[spec_arm.name] = fitting.fit_curve(
@@ -241,7 +243,8 @@ def fit_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                 rows.append([metric, arm, "ok", e, _g(law["A"]) + _interval(f, "A"),
                              _g(law["alpha"]) + _interval(f, "alpha"), str(len(f["points"])),
                              f"{_g(f['residual_rms'], 2)} ({_g(f['seed_std'], 2)})",
-                             f"{f['converged_replicates']}/{f['replicates']}"])  # fmt: skip
+                             f"{f['converged_replicates']}/{f['replicates']}" if f["replicates"]
+                             else f"no interval: {f['no_interval']}"])  # fmt: skip
             else:
                 what = "too few points" if f["status"] == "too_few_points" else "not converged"
                 rows.append(

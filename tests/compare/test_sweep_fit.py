@@ -119,3 +119,12 @@ def test_two_curves_the_seeds_cannot_tell_apart_are_not_resolved() -> None:
     fb = fit_curve(C, noisy(law, sigma=0.02, seed=2), replicates=300)
     x = crossover("a", fa, "b", fb)
     assert "not resolved" in x.note and x.resolved is False, x
+
+
+def test_one_seed_and_three_points_give_no_interval_and_no_resolved_verdict() -> None:
+    c3 = C[[0, 3, 6]]
+    fa = fit_curve(c3, PowerLaw(2.0, 1e4, 0.3)(c3), replicates=100)
+    fb = fit_curve(c3, PowerLaw(1.0, 1e4, 0.3)(c3), replicates=100)
+    assert fa.ok and not fa.intervals and fa.no_interval and fa.replicates == 0
+    x = crossover("a", fa, "b", fb)
+    assert x.status == "none" and x.resolved is None and x.interval is None
