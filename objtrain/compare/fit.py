@@ -419,9 +419,11 @@ def crossover(name_a: str, fa: Fit, name_b: str, fb: Fit) -> Crossover:
             resolved = bool(sign[0] != 0 and sign[-1] == -sign[0])
         else:
             resolved = bool((sign != 0).all() and (sign == sign[0]).all())
-    doubt = (
-        "" if resolved is not False else " (not resolved: the seeds' bootstrap band of the gap includes 0)"
-    )
+    doubt = {
+        True: "",
+        False: " (not resolved: the seeds' bootstrap band of the gap includes 0)",
+        None: " (no bootstrap band: the fitted curves' verdict alone)",
+    }[resolved]
     if not crossed:
         return Crossover(
             "none", None, interval, share, within, before, before, c_lo, c_hi,
