@@ -420,14 +420,11 @@ def plot(s: Sweep, results: dict[str, Any]) -> list[str]:
                 ax.plot(solid, f.law(solid), "-", color=colour, label=f"{arm['name']} (α={f.law.alpha:.2g})")
                 dashed = np.geomspace(f.c_max, f.c_max * fitting.EXTRAPOLATION * 3, 60)
                 ax.plot(dashed, f.law(dashed), "--", color=colour, alpha=0.7)
-            else:
+            elif any(metric in cell["metrics"] for cell in arm["cells"]):
                 ax.plot([], [], "o", color=colour, label=f"{arm['name']} (no fit)")
-        for x in results["crossovers"]:
-            if (
-                x["metric"] == metric
-                and x["flops"] is not None
-                and x["flops"] <= right * fitting.EXTRAPOLATION * 3
-            ):
+        for x in results["crossovers"]:  # only those the seeds resolve: the table has them all
+            near = x["flops"] is not None and x["flops"] <= right * fitting.EXTRAPOLATION * 3
+            if x["metric"] == metric and near and x["resolved"]:
                 ax.axvline(x["flops"], color="grey", lw=0.8, ls="-" if not x["extrapolated"] else "--")
         if right > 0:
             ax.axvspan(
@@ -443,7 +440,8 @@ def plot(s: Sweep, results: dict[str, Any]) -> list[str]:
     marks = f"; markers: {', '.join(f'{m} {k}' for k, m in sizes.items())}" if sizes else ""
     fig.suptitle(
         f"{results['experiment']['name']}: metric vs compute (points: mean, bars: seed std; solid: fit over "
-        f"the measured range, dashed: extrapolation; shaded: past {fitting.EXTRAPOLATION:g}x{marks})",
+        f"the measured range, dashed: extrapolation; shaded: past {fitting.EXTRAPOLATION:g}x; grey lines: "
+        f"crossovers the seeds resolve{marks})",
         fontsize=9,
     )
     fig.tight_layout()
