@@ -7,11 +7,14 @@ from typing import Any
 
 import typer
 import yaml
+from rich.console import Console
 from rich.markup import escape
 
 from objtrain.cli.common import interrupt_note, make_console
 from objtrain.compare import load_experiment, plan_comparison, run_comparison, write_report
+from objtrain.compare.experiment import Experiment
 from objtrain.compare.runner import Interrupted
+from objtrain.compare.sweep import SweepSpec, parse_sweep, plan_sweep, run_sweep
 from objtrain.errors import UserError
 
 HELP = """Train several arms under one equal budget, evaluate them with the same suite, report side by side.
@@ -43,10 +46,20 @@ def run(
     ),
     resume: bool = typer.Option(False, "--resume", help="Continue REPORT: finished arms are kept."),
     force: bool = typer.Option(False, "--force", help="Replace an existing REPORT."),
+    sweep: list[str] = typer.Option(
+        None,
+        "--sweep",
+        help="Train every arm at every point: tokens=2e5,6e5,2e6,6e6 or flops=..., and optionally "
+        "--sweep size=debug,tiny,small; at least 3 points spanning 30x. Fits loss against FLOPs per arm.",
+    ),
 ) -> None:
     console = make_console(stderr=True, highlight=False)
     exp = load_experiment(experiment)
     exp.eval.options = {**exp.eval.options, **parse_eval_options(eval_options or [])}
+    spec = parse_sweep(sweep, exp.sweep, budget == "tiny")
+    if spec is not None:
+        _run_sweep(exp, spec, output, budget, seeds, data, resume, force, console)
+        return
     comparison = plan_comparison(
         exp, output, budget, seeds, resume=resume, force=force, data=data, console=console
     )
@@ -80,6 +93,34 @@ def parse_eval_options(pairs: list[str]) -> dict[str, Any]:
             value = [v.strip() for v in value.split(",") if v.strip()]
         out[key.strip()] = value
     return out
+
+
+def _run_sweep(
+    exp: Experiment,
+    spec: SweepSpec,
+    output: Path,
+    budget: str | None,
+    seeds: int,
+    data: str | None,
+    resume: bool,
+    force: bool,
+    console: Console,
+) -> None:
+    from objtrain.compare.sweep_report import write_sweep_report
+
+    s = plan_sweep(exp, output, spec, budget, seeds, resume=resume, force=force, data=data, console=console)
+    console.print(
+        f"[bold]{escape(exp.name)}[/]: {len(exp.arms)} arms x {escape(spec.describe())} x "
+        f"{len(s.comparison.seeds)} seed(s) = {len(s.cells)} runs, report in {escape(str(output))}"
+    )
+    interrupt_note(f"interrupted; finished points are kept in {output}: continue with --resume")
+    try:
+        run_sweep(s, console=console)
+    except Interrupted as exc:
+        console.print(f"[bold red]{escape(str(exc))}[/]")
+        raise typer.Exit(130) from None
+    write_sweep_report(s, make_console(highlight=False))
+    console.print(f"report: {output / 'report.md'} (results.json and curves.png beside it)", markup=False)
 
 
 run.__doc__ = HELP

@@ -7,6 +7,7 @@
     seed: 0
     budget: {tokens: 2000000}           # tokens | flops | seconds: the control every arm shares
     budgets: {quick: {tokens: 200000}}  # named alternatives for --budget NAME (`tiny` is built in)
+    sweep: {tokens: [2e5, 2e6, 6e6]}    # optional: train every arm at every point (objtrain.compare.sweep)
     train:                              # run settings shared by every arm (a TrainConfig without
       batch: {seq_len: 128, batch_size: 16}  # data, seed and budget)
     eval: {data: null, options: {}}     # what the suite scores: null = the store's valid split
@@ -133,6 +134,8 @@ class Experiment:
     train: dict[str, Any] = field(default_factory=dict)
     eval: EvalSpec = field(default_factory=EvalSpec)
     claims: list[Claim] = field(default_factory=list)  # what the literature found, checked by the report
+    # A compute sweep (objtrain.compare.sweep): {tokens: [...]} or {flops: [...]}, optionally {size: [...]}.
+    sweep: dict[str, Any] = field(default_factory=dict)
     source: str = ""  # the YAML it was read from
 
     def __post_init__(self) -> None:

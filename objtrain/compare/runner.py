@@ -101,19 +101,7 @@ def plan_comparison(
 ) -> Comparison:
     """Every check, nothing written (the embedded store may be built once into the user's cache)."""
     report_dir = Path(report_dir)
-    if resume and force:  # which one was meant is a guess either way: an arm's training or its deletion
-        raise UserError("--resume continues REPORT and --force replaces it: give one of them")
-    if seeds < 1:
-        raise UserError(f"--seeds must be at least 1, got {seeds}")
-    if report_dir.exists():
-        if not (resume or force):
-            raise UserError(
-                f"{report_dir} already exists (pass --resume to continue it or --force to replace it)"
-            )
-        if not report_dir.is_dir():
-            raise UserError(f"{report_dir} exists and is not a directory")
-        if any(report_dir.iterdir()) and not (report_dir / PLAN).is_file():
-            raise UserError(f"{report_dir} exists and is not a comparison report; choose another -o")
+    check_report_dir(report_dir, seeds, resume, force)
     budget_name, spec = resolve_budget(exp, budget)
     tiny = budget_name == "tiny"
     seed_list = [exp.seed + k for k in range(seeds)]
@@ -172,6 +160,23 @@ def plan_comparison(
                     "use the same settings, another -o, or --force to start over"
                 )
     return comparison
+
+
+def check_report_dir(report_dir: Path, seeds: int, resume: bool, force: bool) -> None:
+    """The refusals about REPORT itself and --seeds, shared by a comparison and a sweep."""
+    if resume and force:  # which one was meant is a guess either way: an arm's training or its deletion
+        raise UserError("--resume continues REPORT and --force replaces it: give one of them")
+    if seeds < 1:
+        raise UserError(f"--seeds must be at least 1, got {seeds}")
+    if report_dir.exists():
+        if not (resume or force):
+            raise UserError(
+                f"{report_dir} already exists (pass --resume to continue it or --force to replace it)"
+            )
+        if not report_dir.is_dir():
+            raise UserError(f"{report_dir} exists and is not a directory")
+        if any(report_dir.iterdir()) and not (report_dir / PLAN).is_file():
+            raise UserError(f"{report_dir} exists and is not a comparison report; choose another -o")
 
 
 def _check_arm(
@@ -281,28 +286,43 @@ def run_comparison(
                         )
                 else:
                     progress.skip(run.key, "trained; evaluating")
-                progress.evaluating(run.key)
-                t0 = time.perf_counter()
-                metrics = evaluator(run.run_dir, c.eval_data, c.eval_options)
-                eval_seconds = time.perf_counter() - t0
-                record = {
-                    "arm": run.arm.name,
-                    "seed": run.seed,
-                    "run_dir": str(run.run_dir),
-                    "train": train_summary(run),
-                    "eval": _jsonable(metrics),
-                    "eval_seconds": eval_seconds,
-                    "eval_data": c.eval_data,
-                    "eval_options": _jsonable(c.eval_options),
-                }
-                write_json(path, record)
-                c.results[run.key] = record
-                progress.done(run.key, record)
+                evaluate_run(c, run, evaluator, progress)
     finally:
         c.seconds = float(previous.get("seconds", 0.0)) + time.perf_counter() - started
         if c.report_dir.is_dir():
             write_json(c.report_dir / PLAN, plan_dict(c) | {"seconds": c.seconds})
     return c
+
+
+def kept_result(c: Comparison, run: Run) -> dict[str, Any] | None:
+    """The run's results file if it was evaluated with the comparison's evaluation, else None."""
+    path = result_path(c.report_dir, run.key)
+    if not path.is_file():
+        return None
+    kept = read_json(path, "arm result")
+    same = kept.get("eval_data") == c.eval_data and kept.get("eval_options") == _jsonable(c.eval_options)
+    return kept if same else None
+
+
+def evaluate_run(c: Comparison, run: Run, evaluator: suite.Evaluator, progress: ArmsProgress) -> None:
+    """Evaluate a trained run and write its results file (which marks it done)."""
+    progress.evaluating(run.key)
+    t0 = time.perf_counter()
+    metrics = evaluator(run.run_dir, c.eval_data, c.eval_options)
+    eval_seconds = time.perf_counter() - t0
+    record = {
+        "arm": run.arm.name,
+        "seed": run.seed,
+        "run_dir": str(run.run_dir),
+        "train": train_summary(run),
+        "eval": _jsonable(metrics),
+        "eval_seconds": eval_seconds,
+        "eval_data": c.eval_data,
+        "eval_options": _jsonable(c.eval_options),
+    }
+    write_json(result_path(c.report_dir, run.key), record)
+    c.results[run.key] = record
+    progress.done(run.key, record)
 
 
 def result_path(report_dir: Path, key: str) -> Path:

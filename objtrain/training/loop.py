@@ -24,7 +24,7 @@ import shutil
 import signal
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -468,18 +468,20 @@ def train(
     console: Console | None = None,
     show_progress: bool = True,
     on_record: Callable[[dict[str, Any]], None] | None = None,
+    save_at: Collection[int] = (),
 ) -> TrainResult:
     """Train `cfg` into `run_dir` (see the module docstring); returns what the run did.
 
     `on_record` sees every metrics record (training steps, and validations with `"split": "val"`) on the
-    main process: `objtrain compare` draws its progress across arms from it.
+    main process: `objtrain compare` draws its progress across arms from it. `save_at`: steps to save a
+    checkpoint at besides `checkpoint.every` (a compare sweep branches shorter runs from them).
     """
     console = console or Console(stderr=True, highlight=False)
     world = dist.setup(resolve_device(cfg.device).type)
     try:
         plan = prepare(cfg, run_dir, resume=resume, force=force, world=world, console=console)
         hook = on_record if world.is_main else None
-        return _run(plan, console, show_progress and world.is_main, force, hook)
+        return _run(plan, console, show_progress and world.is_main, force, hook, frozenset(save_at))
     finally:
         dist.teardown()
 
@@ -719,6 +721,7 @@ def _run(
     show: bool,
     force: bool,
     on_record: Callable[[dict[str, Any]], None] | None,
+    save_at: frozenset[int] = frozenset(),
 ) -> TrainResult:
     cfg, world, device, run_dir = plan.cfg, plan.world, plan.device, plan.run_dir
     if device.type == "cpu":
@@ -870,7 +873,7 @@ def _run(
 
             if validating and trainer.due(cfg.validation.every):
                 validation = run_validation()
-            if trainer.due(cfg.checkpoint.every):
+            if trainer.due(cfg.checkpoint.every) or (state.step in save_at and not trainer.finished):
                 trainer.save(log)
             stop = torch.tensor([float(flag.signal is not None)], device=device)
             if float(dist.all_reduce_max(stop, world)) > 0:

@@ -1,0 +1,453 @@
+"""Compute sweeps: every arm trained at every budget point (and model size), then curves fitted over FLOPs.
+
+    objtrain compare EXPERIMENT --sweep tokens=2e5,6e5,2e6,6e6 [--sweep size=debug,tiny,small]
+
+    REPORT/arms/NAME/<point>/[seed-S/]   one ordinary training run per arm, point (and seed):
+                                         `objtrain eval` and `objtrain generate` work on each
+    REPORT/results/NAME.<point>[.seed-S].json   its cost and metrics, written once trained and evaluated
+
+A point is `tokens-2e5` (or `flops-1e13`), prefixed by its model size in a size sweep (`tiny.tokens-2e5`).
+A budget sweep has at least 3 points spanning at least 30x; anything less is refused before any work.
+
+Branching instead of retraining. Within one chain (arm, size, seed) the runs differ only in their budget,
+so they see the same initial weights, the same rows in the same order and the same corruptions (all pure
+functions of the seed and the rows consumed). What differs is the learning rate, a pure function of
+(step, total steps). The sweep computes, for each shorter point, the longest prefix of steps over which
+its schedule gives exactly the learning rate of the chain's longest run at every step; with a
+warmup-stable-decay schedule that is the whole warmup and stable phase, up to where the shorter run's
+decay begins (with `constant`, the whole run). The longest run saves a checkpoint at each such step; the
+shorter run is started from a copy of it whose `state.json` says what the shorter run's own checkpoint at
+that step would say (its total steps and its config: nothing else in the checkpoint depends on the
+budget), and the training loop's exact resume trains its decay. A resumed run is bit-identical to the run
+never stopped (the loop's guarantee: weights, Adam moments, data position and RNG states are restored),
+so the branched run ends where a separate run from scratch would, step for step; a test checks the final
+weights are equal. Where the schedules differ from the first steps (cosine over different horizons) the
+prefix is just the warmup, and where it is empty the point trains from scratch. So that warmups line up,
+a fractional warmup becomes a fixed number of steps in a sweep: the fraction of the shortest point's run
+(Porian et al. 2024 keep warmup short against the shortest run for the same reason).
+
+Resume: a point with a results file is done; a trained point is only evaluated; a half-trained one
+continues through the loop's own resume; a point to branch whose source checkpoint exists is branched,
+never retrained. So Ctrl-C and `--resume` anywhere in a sweep train no step twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+
+from objtrain.compare import suite
+from objtrain.compare.experiment import ArmSpec, BudgetSpec, Experiment
+from objtrain.compare.progress import ArmsProgress
+from objtrain.compare.runner import (
+    PLAN,
+    Comparison,
+    Interrupted,
+    Run,
+    _check_arm,
+    _tokenizer_hash,
+    check_report_dir,
+    evaluate_run,
+    finished_checkpoint,
+    kept_result,
+    plan_dict,
+)
+from objtrain.errors import UserError, did_you_mean
+from objtrain.io import atomic_dir, atomic_file, read_json, write_json
+from objtrain.models.checkpoint import mark_latest
+from objtrain.models.zoo import model_sizes
+from objtrain.training import checkpoint as ckpt
+from objtrain.training.config import ScheduleConfig, config_dict
+from objtrain.training.loop import train
+from objtrain.training.optim import lr_factor, warmup_steps
+
+MIN_POINTS = 3
+MIN_SPAN = 30.0
+KINDS = ("tokens", "flops")
+# `--budget tiny` with a sweep and no budget axis given: a smoke sweep spanning 32x.
+TINY_POINTS = (2048.0, 8192.0, 65536.0)
+
+
+@dataclass
+class SweepSpec:
+    kind: str  # tokens | flops
+    points: list[float]  # ascending
+    sizes: list[str] = field(default_factory=list)  # [] = each arm's own size
+
+    def to_dict(self) -> dict[str, Any]:
+        return {self.kind: self.points, "size": self.sizes}
+
+    def describe(self) -> str:
+        span = self.points[-1] / self.points[0]
+        first, last = self.points[0], self.points[-1]
+        text = f"{len(self.points)} {self.kind} budgets from {first:.3g} to {last:.3g} ({span:.0f}x)"
+        return text + (f" x sizes {', '.join(self.sizes)}" if self.sizes else "")
+
+
+def _values(key: str, raw: Any) -> list[Any]:
+    if isinstance(raw, str):
+        parts = [p.strip() for p in raw.split(",")]
+    elif isinstance(raw, (list, tuple)):
+        parts = list(raw)
+    else:
+        parts = [raw]
+    if not parts or any(p == "" for p in parts):
+        raise UserError(f"--sweep {key}=: give comma-separated values, e.g. {key}=2e5,6e5,2e6")
+    return parts
+
+
+def _numbers(kind: str, raw: Any) -> list[float]:
+    out = []
+    for p in _values(kind, raw):
+        try:
+            v = float(str(p).replace("_", ""))
+        except ValueError:
+            raise UserError(f"--sweep {kind}=: {p!r} is not a number") from None
+        if not (math.isfinite(v) and v > 0):
+            raise UserError(f"--sweep {kind}=: every point must be positive and finite, got {p!r}")
+        if kind == "tokens" and v != int(v):
+            raise UserError(f"--sweep tokens=: {p!r} is not a whole number of tokens")
+        out.append(v)
+    if len(set(out)) != len(out):
+        raise UserError(f"--sweep {kind}=: a point is given twice")
+    return sorted(out)
+
+
+def parse_sweep(cli: list[str] | None, configured: dict[str, Any], tiny: bool) -> SweepSpec | None:
+    """The sweep from the experiment's `sweep:` with `--sweep KEY=V1,V2,...` options laid over it per key
+    (None when neither gives one). Refused in one line: an unknown key, a seconds sweep, two budget axes,
+    fewer than 3 points, a span under 30x, an unknown or repeated size."""
+    given: dict[str, Any] = dict(configured)
+    from_cli: dict[str, Any] = {}
+    for item in cli or []:
+        key, sep, value = item.partition("=")
+        key = key.strip().lower()
+        if not sep:
+            raise UserError(f"--sweep {item!r}: write KEY=V1,V2,... (tokens=, flops= or size=)")
+        if key in from_cli:
+            raise UserError(f"--sweep {key}= is given twice")
+        from_cli[key] = value
+    if any(k in KINDS for k in from_cli):  # a budget axis on the command line replaces the file's
+        given = {k: v for k, v in given.items() if k not in KINDS}
+    given.update(from_cli)
+    if not given:
+        return None
+    for key in given:
+        if key == "seconds":
+            raise UserError(
+                "--sweep seconds=: a sweep is over compute (tokens= or flops=); seconds are no FLOPs count"
+            )
+        if key not in (*KINDS, "size"):
+            raise UserError(
+                f"--sweep: unknown key {key!r}{did_you_mean(key, (*KINDS, 'size'))} (tokens, flops, size)"
+            )
+    axes = [k for k in KINDS if k in given]
+    if len(axes) > 1:
+        raise UserError("--sweep: give one budget axis, tokens= or flops=, not both")
+    if tiny and not any(k in KINDS for k in from_cli):
+        given = {k: v for k, v in given.items() if k not in KINDS} | {"tokens": list(TINY_POINTS)}
+        axes = ["tokens"]
+    if not axes:
+        raise UserError(
+            "--sweep: name the budget axis, e.g. tokens=2e5,6e5,2e6,6e6 (size= alone sweeps nothing)"
+        )
+    kind = axes[0]
+    points = _numbers(kind, given[kind])
+    text = ",".join(f"{p:g}" for p in points)
+    if len(points) < MIN_POINTS:
+        raise UserError(
+            f"--sweep {kind}={text}: a sweep needs at least {MIN_POINTS} points to fit a curve, "
+            f"got {len(points)}"
+        )
+    span = points[-1] / points[0]
+    if span < MIN_SPAN:
+        raise UserError(
+            f"--sweep {kind}={text}: spans {span:.3g}x; a sweep must span at least {MIN_SPAN:g}x "
+            "(a power law's exponent is not measurable over less)"
+        )
+    sizes: list[str] = []
+    if "size" in given:
+        known = model_sizes()
+        for s in _values("size", given["size"]):
+            name = next((k for k in known if k.lower() == str(s).lower()), None)
+            if name is None:
+                raise UserError(
+                    f"--sweep size=: unknown model size {s!r}{did_you_mean(str(s), known)} "
+                    f"({', '.join(known)})"
+                )
+            if name in sizes:
+                raise UserError(f"--sweep size=: {name!r} is given twice")
+            sizes.append(name)
+    return SweepSpec(kind, points, sizes)
+
+
+def point_label(kind: str, value: float, size: str | None) -> str:
+    """`tokens-2e5`, `tokens-4096`, `flops-1.5e13`, `tiny.tokens-2e5`: short, exact to 7 digits."""
+    mantissa, exponent = f"{value:.6e}".split("e")
+    mantissa = mantissa.rstrip("0").rstrip(".")
+    short = f"{mantissa}e{int(exponent)}"
+    plain = str(int(value)) if value == int(value) else short  # 4096 reads better than 4.096e3
+    text = f"{kind}-{min(short, plain, key=len)}"
+    return f"{size}.{text}" if size else text
+
+
+@dataclass
+class Cell:
+    """One arm at one point and seed: an ordinary run, perhaps branched from its chain's longest run."""
+
+    run: Run
+    label: str
+    size: str  # the model size trained
+    value: float  # the point's budget (tokens or FLOPs)
+    chain: tuple[str, str, int]  # (arm, size, seed)
+    branch_step: int = 0  # > 0: starts from the chain's longest run's checkpoint at this step
+    source: Run | None = None  # that longest run
+
+
+@dataclass
+class Sweep:
+    comparison: Comparison
+    spec: SweepSpec
+    cells: list[Cell]  # in training order: per chain the longest run first, then the others ascending
+
+
+def shared_prefix(schedule: ScheduleConfig, steps: int, longest: int) -> int:
+    """How many first steps a `steps`-step run shares with a `longest`-step run of the same schedule: the
+    longest prefix over which their learning rates are equal at every step (see the module doc)."""
+    for s in range(steps):
+        if lr_factor(s, steps, schedule) != lr_factor(s, longest, schedule):
+            return s
+    return steps
+
+
+def plan_sweep(
+    exp: Experiment,
+    report_dir: Path,
+    spec: SweepSpec,
+    budget: str | None = None,
+    seeds: int = 1,
+    resume: bool = False,
+    force: bool = False,
+    data: str | None = None,
+    console: Console | None = None,
+) -> Sweep:
+    """Every check, nothing written: the report directory, each arm at each point, the sweep itself."""
+    report_dir = Path(report_dir)
+    check_report_dir(report_dir, seeds, resume, force)
+    if budget not in (None, "default", "tiny"):
+        raise UserError(
+            f"--budget {budget}: a sweep sets each point's budget itself; only --budget tiny (smoke-run "
+            "settings) goes with --sweep"
+        )
+    tiny = budget == "tiny"
+    seed_list = [exp.seed + k for k in range(seeds)]
+    eval_options = suite.options_for(exp.eval.options, tiny)
+    suite.check_options(eval_options)
+    if exp.eval.data is not None and not Path(exp.eval.data).exists():
+        raise UserError(f"eval data not found: {exp.eval.data} (the experiment's eval.data)")
+    scratch = Path(tempfile.gettempdir()) / "objtrain-compare-check-does-not-exist"
+    identity: tuple[str, str, str] | None = None
+    cells: list[Cell] = []
+    sizes: list[str | None] = list(spec.sizes) or [None]
+    for seed in seed_list:
+        for arm in exp.arms:
+            for size in sizes:
+                sized = arm if size is None else dataclasses.replace(
+                    arm, model=dataclasses.replace(arm.model, size=size)
+                )  # fmt: skip
+                chain: list[Cell] = []
+                for value in spec.points:
+                    point = BudgetSpec(**{spec.kind: int(value) if spec.kind == "tokens" else value})
+                    cfg, plan, target_len, per_step, steps = _check_arm(
+                        exp, sized, seed, point, tiny, data, scratch, console
+                    )
+                    here = (arm.name, str(plan.source.path.resolve()), _tokenizer_hash(plan))
+                    if identity is None:
+                        identity = here
+                    elif here[1:] != identity[1:]:
+                        raise UserError(
+                            f"arms disagree on data: {identity[0]!r} uses {identity[1]}, {arm.name!r} uses "
+                            f"{here[1]}; arms of one comparison train on the same store"
+                        )
+                    label = point_label(spec.kind, value, size)
+                    key = f"{arm.name}.{label}" + ("" if seeds == 1 else f".seed-{seed}")
+                    run_dir = report_dir / "arms" / arm.name / label / ("" if seeds == 1 else f"seed-{seed}")
+                    run = Run(sized, seed, key, Path(run_dir), cfg, plan, target_len, per_step, steps)
+                    chain.append(Cell(run, label, cfg.model.size, value, (arm.name, cfg.model.size, seed)))
+                cells += _link_chain(chain)
+    budget_spec = BudgetSpec(
+        **{spec.kind: int(spec.points[-1]) if spec.kind == "tokens" else spec.points[-1]}
+    )
+    comparison = Comparison(
+        exp,
+        report_dir,
+        "sweep",
+        budget_spec,
+        seed_list,
+        [c.run for c in cells],
+        tiny,
+        data,
+        resume,
+        exp.eval.data,
+        eval_options,
+    )
+    sweep = Sweep(comparison, spec, cells)
+    if report_dir.exists() and resume and (report_dir / PLAN).is_file():
+        saved = read_json(report_dir / PLAN, "comparison plan")
+        now = sweep_plan_dict(sweep)
+        if not isinstance(saved, dict):
+            raise UserError(f"{report_dir / PLAN} is not a comparison plan: use another -o, or --force")
+        for part in (saved, now):
+            if isinstance(part.get("experiment"), dict):
+                part["experiment"] = {
+                    k: v for k, v in part["experiment"].items() if k not in ("eval", "sweep")
+                }
+        for key in ("experiment", "sweep", "seeds", "data", "tiny"):
+            if saved.get(key) != now.get(key):
+                raise UserError(
+                    f"--resume: the {key} differs from the one {report_dir} was started with; "
+                    "use the same settings, another -o, or --force to start over"
+                )
+    return sweep
+
+
+def _link_chain(chain: list[Cell]) -> list[Cell]:
+    """Fix the chain's warmup in steps, pick each shorter point's branch step; longest run first."""
+    steps = [c.run.steps or 1 for c in chain]
+    first = chain[0].run.cfg.schedule
+    warm = warmup_steps(first, min(steps))
+    for cell in chain:
+        cell.run.cfg.schedule.warmup = warm  # the same warmup in steps at every point (module doc)
+        # Every branch checkpoint, the final one and one saved on Ctrl-C stay until the sweep is done.
+        cell.run.cfg.checkpoint.keep = max(cell.run.cfg.checkpoint.keep, len(chain) + 2)
+    order = sorted(range(len(chain)), key=lambda i: (steps[i], i))
+    longest = chain[order[-1]]
+    total = steps[order[-1]]
+    for i in order[:-1]:
+        cell = chain[i]
+        shared = shared_prefix(cell.run.cfg.schedule, steps[i], total)
+        if shared > 0:
+            cell.branch_step, cell.source = shared, longest.run
+    return [longest] + [chain[i] for i in order[:-1]]
+
+
+def sweep_plan_dict(s: Sweep) -> dict[str, Any]:
+    return plan_dict(s.comparison) | {"sweep": s.spec.to_dict(), "tiny": s.comparison.tiny}
+
+
+def run_sweep(
+    s: Sweep,
+    evaluator: suite.Evaluator | None = None,
+    console: Console | None = None,
+    show_progress: bool = True,
+) -> Sweep:
+    """Train (or branch) and evaluate every cell not done yet; see the module doc."""
+    c = s.comparison
+    console = console or Console(stderr=True, highlight=False)
+    evaluator = evaluator or suite.default_evaluator
+    started = time.perf_counter()
+    if c.report_dir.exists() and not c.resume:  # --force: every check has passed
+        shutil.rmtree(c.report_dir)
+    c.report_dir.mkdir(parents=True, exist_ok=True)
+    previous = read_json(c.report_dir / PLAN, "comparison plan") if (c.report_dir / PLAN).is_file() else {}
+    write_json(c.report_dir / PLAN, sweep_plan_dict(s) | {"seconds": float(previous.get("seconds", 0.0))})
+    saves: dict[Path, set[int]] = {}
+    for cell in s.cells:
+        if cell.source is not None and cell.branch_step < (cell.source.steps or 0):
+            saves.setdefault(cell.source.run_dir, set()).add(cell.branch_step)
+    progress = ArmsProgress(
+        console, [(cell.run.key, cell.run.steps) for cell in s.cells], enabled=show_progress
+    )
+    try:
+        with progress:
+            for cell in s.cells:
+                run = cell.run
+                kept = kept_result(c, run)
+                if kept is not None:
+                    c.results[run.key] = kept
+                    progress.skip(run.key, "done")
+                    continue
+                if finished_checkpoint(run.run_dir) is not None:
+                    progress.skip(run.key, "trained; evaluating")
+                else:
+                    if not run.run_dir.exists() and cell.source is not None:
+                        branch(cell)
+                        progress.skip(run.key, f"branched at step {cell.branch_step} from {cell.source.key}")
+                    progress.start(run.key)
+                    result = train(
+                        run.cfg,
+                        run.run_dir,
+                        resume=run.run_dir.exists(),
+                        console=console,
+                        show_progress=False,
+                        on_record=progress.record,
+                        save_at=saves.get(run.run_dir, ()),
+                    )
+                    if result.stopped:
+                        raise Interrupted(
+                            f"interrupted during {run.key!r} (checkpoint saved at step {result.step}); "
+                            "finished points are kept: continue with --resume"
+                        )
+                evaluate_run(c, run, evaluator, progress)
+    finally:
+        c.seconds = float(previous.get("seconds", 0.0)) + time.perf_counter() - started
+        if c.report_dir.is_dir():
+            write_json(c.report_dir / PLAN, sweep_plan_dict(s) | {"seconds": c.seconds})
+    return s
+
+
+def branch(cell: Cell) -> None:
+    """Create the cell's run directory from its chain's longest run at `branch_step` (module doc): the
+    checkpoint copied with the state the cell's own run would have saved there, `latest` naming it, the
+    longest run's metrics up to that step, the cell's config. The directory appears whole or not at all."""
+    assert cell.source is not None
+    step = cell.branch_step
+    src = ckpt.checkpoints_dir(cell.source.run_dir) / ckpt.step_name(step)
+    if not ckpt.is_complete(src):
+        raise UserError(
+            f"{cell.run.key}: the checkpoint at step {step} of {cell.source.run_dir} it branches from is "
+            "missing or damaged; start the sweep again with --force"
+        )
+    state = json.loads((src / ckpt.STATE).read_text(encoding="utf-8"))
+    # Only the schedule's length and the config depend on the budget; everything else (weights, Adam
+    # moments, data position, counters, RNG states) is what the cell's own run holds at this step.
+    state["total_steps"] = cell.run.steps
+    state["config"] = config_dict(cell.run.cfg)
+    with atomic_dir(cell.run.run_dir) as tmp:
+        shutil.copytree(src, tmp / "checkpoints" / src.name)
+        with open(tmp / "checkpoints" / src.name / ckpt.STATE, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(state, indent=2, allow_nan=False) + "\n")
+        mark_latest(tmp, src.name)
+        lines = []
+        metrics = cell.source.run_dir / "metrics.jsonl"
+        if metrics.is_file():
+            for line in metrics.read_text(encoding="utf-8").splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if "event" not in record and int(record.get("step", step + 1)) <= step:
+                    lines.append(line)
+        lines.append(json.dumps({"event": "branch", "step": step, "from": str(src)}))
+        with atomic_file(tmp / "metrics.jsonl", "w") as handle:
+            handle.write("\n".join(lines) + "\n")
+        with atomic_file(tmp / "config.yaml", "w") as handle:
+            yaml.safe_dump(config_dict(cell.run.cfg) | {"branched_from": str(src)}, handle, sort_keys=False)
+
+
+def sweep_from_experiment(exp: Experiment, cli: list[str] | None, budget: str | None) -> SweepSpec | None:
+    """The sweep `objtrain compare` runs, or None for an ordinary comparison."""
+    return parse_sweep(cli, exp.sweep, budget == "tiny")
+
+
+__all__ = ["ArmSpec", "Cell", "Sweep", "SweepSpec", "branch", "parse_sweep", "plan_sweep", "run_sweep"]

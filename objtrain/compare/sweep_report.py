@@ -1,0 +1,477 @@
+"""A sweep's report: fitted compute curves, crossovers, the compute-optimal frontier; results.json,
+report.md, curves.png.
+
+Per arm and metric (validation bits per byte and the arm's own loss from training, every suite metric with
+a direction) the points are the runs' values at their training FLOPs (the estimate compare uses: 6N per
+token plus attention, encoder and decoder apart); `objtrain.compare.fit` fits E + A·C^(-α) with bootstrap
+intervals. With a size sweep, an arm's curve is fitted over its frontier: at each FLOPs budget the best
+size (FLOPs sweep), or the points no cheaper run beats (tokens sweep, where sizes differ in compute at
+equal tokens). The frontier is chosen on the seed means and held fixed in the bootstrap (a simplification:
+a replicate does not re-choose it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from itertools import combinations
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from objtrain.compare import fit as fitting
+from objtrain.compare import suite
+from objtrain.compare.runner import machine
+from objtrain.compare.sweep import Sweep, sweep_plan_dict
+from objtrain.io import atomic_file, write_json
+
+PRIMARY = ("val_bpb", "bits_per_byte", "val_loss")  # metrics first in this order, then alphabetically
+CHINCHILLA_TOKENS_PER_PARAMETER = 20.0  # Hoffmann et al. 2022: compute-optimal tokens per parameter
+
+
+def _ordered(metrics: set[str]) -> list[str]:
+    return [m for m in PRIMARY if m in metrics] + sorted(m for m in metrics if m not in PRIMARY)
+
+
+def _run_metrics(record: dict[str, Any]) -> dict[str, float]:
+    numbers = suite.numeric_metrics(record["eval"])
+    for key in ("val_loss", "val_bpb"):
+        if record["train"].get(key) is not None:
+            numbers[key] = float(record["train"][key])
+    return {k: v for k, v in numbers.items() if suite.direction(k) in ("lower", "higher")}
+
+
+def collect(s: Sweep) -> dict[str, Any]:
+    """Per arm, per (size, point) cell: compute, tokens, parameters and each metric per seed."""
+    c = s.comparison
+    seeds = c.seeds
+    arms: dict[str, dict[str, Any]] = {}
+    for cell in s.cells:
+        record = c.results.get(cell.run.key)
+        if record is None:
+            continue
+        arm = arms.setdefault(cell.run.arm.name, {"cells": {}})
+        key = cell.label
+        entry = arm["cells"].setdefault(
+            key,
+            {
+                "label": cell.label,
+                "size": cell.size,
+                "budget": cell.value,
+                "flops": [],
+                "tokens": [],
+                "parameters": record["train"]["parameters"],
+                "parameters_no_embedding": record["train"]["parameters_no_embedding"],
+                "steps": record["train"]["steps"],
+                "branched_at_step": cell.branch_step or None,
+                "metrics": {},
+                "runs": [],
+            },
+        )
+        entry["flops"].append(float(record["train"]["flops"]))
+        entry["tokens"].append(int(record["train"]["tokens"]))
+        entry["runs"].append(record["run_dir"])
+        k = seeds.index(cell.run.seed)
+        for metric, value in _run_metrics(record).items():
+            entry["metrics"].setdefault(metric, [math.nan] * len(seeds))[k] = value
+    return arms
+
+
+def _frontier(cells: list[dict[str, Any]], metric: str, lower: bool, by_budget: bool) -> list[dict[str, Any]]:
+    """The cells on the compute-optimal frontier for `metric` (module doc)."""
+    scored = []
+    for cell in cells:
+        vals = [v for v in cell["metrics"].get(metric, []) if math.isfinite(v)]
+        if vals:
+            scored.append((float(np.mean(cell["flops"])), float(np.mean(vals)), cell))
+    sign = 1.0 if lower else -1.0
+    if by_budget:
+        best: dict[float, tuple[float, float, dict[str, Any]]] = {}
+        for item in scored:
+            b = item[2]["budget"]
+            if b not in best or sign * item[1] < sign * best[b][1]:
+                best[b] = item
+        return [best[b][2] for b in sorted(best)]
+    out, record = [], math.inf
+    for _, value, cell in sorted(scored, key=lambda t: t[0]):
+        if sign * value < record:
+            out.append(cell)
+            record = sign * value
+    return out
+
+
+def build_sweep_results(s: Sweep, replicates: int = 1000) -> dict[str, Any]:
+    c, spec, exp = s.comparison, s.spec, s.comparison.experiment
+    arms = collect(s)
+    sized = bool(spec.sizes)
+    metrics = _ordered({m for a in arms.values() for cell in a["cells"].values() for m in cell["metrics"]})
+    fits: dict[str, dict[str, fitting.Fit]] = {}
+    out_arms = []
+    frontiers: dict[str, list[dict[str, Any]]] = {}
+    for spec_arm in exp.arms:
+        if spec_arm.name not in arms:
+            continue
+        size_order = {size: i for i, size in enumerate(spec.sizes)}
+        cells = sorted(
+            arms[spec_arm.name]["cells"].values(), key=lambda c: (size_order.get(c["size"], 0), c["budget"])
+        )
+        for metric in metrics:
+            lower = suite.direction(metric) == "lower"
+            chosen = _frontier(cells, metric, lower, spec.kind == "flops") if sized else cells
+            chosen = [cell for cell in chosen if metric in cell["metrics"]]
+            if not chosen:
+                continue  # the arm has no such metric (a decoder's validation bpb for an encoder)
+            compute = [float(np.mean(cell["flops"])) for cell in chosen]
+            values = [cell["metrics"][metric] for cell in chosen]
+            fits.setdefault(metric, {})[spec_arm.name] = fitting.fit_curve(
+                compute, values, lower_is_better=lower, replicates=replicates, seed=exp.seed
+            )
+            if sized and metric == _primary(cells):
+                frontiers[spec_arm.name] = chosen
+        out_arms.append(
+            {
+                "name": spec_arm.name,
+                "objective": spec_arm.objective.name,
+                "objective_overrides": spec_arm.objective.overrides,
+                "model_kind": "",
+                "cells": [_cell_dict(cell) for cell in cells],
+            }
+        )
+    for arm in out_arms:
+        kinds = {c.results[cell.run.key]["train"]["model_kind"] for cell in s.cells
+                 if cell.run.arm.name == arm["name"] and cell.run.key in c.results}  # fmt: skip
+        arm["model_kind"] = ", ".join(sorted(kinds))
+    crossovers = []
+    same_objective = (
+        len({json.dumps([a.objective.name, a.objective.overrides], sort_keys=True) for a in exp.arms}) == 1
+    )
+    for metric in metrics:
+        if metric in suite.OWN_LOSSES and not same_objective:
+            continue  # each arm's own objective: not one quantity across arms
+        for a, b in combinations([n for n in (x.name for x in exp.arms) if n in fits.get(metric, {})], 2):
+            x = fitting.crossover(a, fits[metric][a], b, fits[metric][b])
+            crossovers.append({"metric": metric, "arms": [a, b], **x.to_dict()})
+    frontier_rows = []
+    for arm, cells in frontiers.items():
+        metric = _primary(list(arms[arm]["cells"].values()))
+        for cell in cells:
+            tokens = float(np.mean(cell["tokens"]))
+            frontier_rows.append(
+                {
+                    "arm": arm,
+                    "metric": metric,
+                    "budget": cell["budget"],
+                    "size": cell["size"],
+                    "flops": float(np.mean(cell["flops"])),
+                    "tokens": tokens,
+                    "parameters": cell["parameters"],
+                    "tokens_per_parameter": tokens / cell["parameters"],
+                    "tokens_per_non_embedding_parameter": tokens / max(cell["parameters_no_embedding"], 1),
+                    "value": float(np.nanmean(cell["metrics"][metric])),
+                }
+            )
+    return {
+        "experiment": {
+            "name": exp.name,
+            "question": exp.question,
+            "expect": exp.expect,
+            "source": exp.source,
+        },
+        "plan": sweep_plan_dict(s),
+        "sweep": spec.to_dict() | {"span": spec.points[-1] / spec.points[0]},
+        "seeds": c.seeds,
+        "evaluation": {"suite": suite.available(), "data": c.eval_data, "options": c.eval_options},
+        "machine": machine(),
+        "wall_seconds": c.seconds,
+        "metrics": metrics,
+        "arms": out_arms,
+        "fits": {m: {a: f.to_dict() for a, f in per.items()} for m, per in fits.items()},
+        "crossovers": crossovers,
+        "frontier": frontier_rows,
+        "chinchilla_tokens_per_parameter": CHINCHILLA_TOKENS_PER_PARAMETER,
+        "bootstrap_replicates": replicates,
+        "_fits": fits,  # dropped before writing: the objects the plot draws
+    }
+
+
+def _primary(cells: list[dict[str, Any]]) -> str:
+    have = {m for cell in cells for m in cell["metrics"]}
+    return next((m for m in PRIMARY if m in have), sorted(have)[0] if have else "val_loss")
+
+
+def _cell_dict(cell: dict[str, Any]) -> dict[str, Any]:
+    out = dict(cell)
+    out["metrics"] = {
+        m: {"values": [v if math.isfinite(v) else None for v in vals], **_mean_std(vals)}
+        for m, vals in cell["metrics"].items()
+    }
+    return out
+
+
+def _mean_std(vals: list[float]) -> dict[str, float | int | None]:
+    finite = [v for v in vals if math.isfinite(v)]
+    if not finite:
+        return {"mean": None, "std": None, "n": 0}
+    std = float(np.std(finite, ddof=1)) if len(finite) > 1 else None
+    return {"mean": float(np.mean(finite)), "std": std, "n": len(finite)}
+
+
+def _g(x: float | None, digits: int = 3) -> str:
+    return "—" if x is None or not math.isfinite(x) else f"{x:.{digits}g}"
+
+
+def _interval(fit: dict[str, Any], key: str) -> str:
+    iv = fit["intervals"].get(key)
+    return f" [{_g(iv[0])}, {_g(iv[1])}]" if iv else ""
+
+
+def fit_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    header = ["metric", "arm", "fit", "E [95%]", "A [95%]", "α [95%]", "points", "residual rms (seed std)",
+              "replicates converged"]  # fmt: skip
+    rows = []
+    for metric in results["metrics"]:
+        for arm, f in results["fits"].get(metric, {}).items():
+            if f["status"] == "ok":
+                law = f["law"]
+                e = (
+                    _g(law["E"])
+                    + _interval(f, "E")
+                    + (" (held at 0: no-offset law)" if f["E_at_bound"] else "")
+                )
+                rows.append([metric, arm, "ok", e, _g(law["A"]) + _interval(f, "A"),
+                             _g(law["alpha"]) + _interval(f, "alpha"), str(len(f["points"])),
+                             f"{_g(f['residual_rms'], 2)} ({_g(f['seed_std'], 2)})",
+                             f"{f['converged_replicates']}/{f['replicates']}" if f["replicates"]
+                             else f"no interval: {f['no_interval']}"])  # fmt: skip
+            else:
+                what = "too few points" if f["status"] == "too_few_points" else "not converged"
+                rows.append(
+                    [metric, arm, f"{what}: {f['reason']}", "—", "—", "—", str(len(f["points"])), "—", "—"]
+                )
+    return header, rows
+
+
+def crossover_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    header = ["metric", "arms", "crossover (FLOPs)", "95% interval", "where", "replicates crossing"]
+    rows = []
+    for x in results["crossovers"]:
+        a, b = x["arms"]
+        iv = x["interval"] if x["flops"] is not None else None  # replicates' crossings: results.json
+        interval = f"[{_g(iv[0])}, {_g(iv[1])}]" if iv else "—"
+        share = (
+            "—"
+            if x["crossing_share"] is None
+            else f"{x['crossing_share']:.0%} (inside the range {x['within_range_share']:.0%})"
+        )
+        if x["status"] in ("within", "near", "extrapolated"):
+            where = f"{x['ahead_after']} overtakes {x['ahead_before']}: {x['note']}"
+            c_star = _g(x["flops"]) + (" (extrapolated)" if x["extrapolated"] else "")
+        else:
+            where, c_star = x["note"], "—"
+        rows.append([x["metric"], f"{a} vs {b}", c_star, interval, where, share])
+    return header, rows
+
+
+def frontier_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    header = ["arm", "metric", "budget", "best size", "params", "tokens", "FLOPs", "value", "tokens/param",
+              "tokens/non-emb. param"]  # fmt: skip
+    rows = []
+    for r in results["frontier"]:
+        rows.append([r["arm"], r["metric"], _g(r["budget"]), r["size"], f"{r['parameters'] / 1e6:.2f}M",
+                     f"{r['tokens']:,.0f}", _g(r["flops"]), _g(r["value"], 4),
+                     f"{r['tokens_per_parameter']:.2g}",
+                     f"{r['tokens_per_non_embedding_parameter']:.2g}"])  # fmt: skip
+    return header, rows
+
+
+def point_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    metrics = results["metrics"][:4]
+    header = ["arm", "point", "size", "steps", "tokens", "FLOPs", "branched at", *metrics]
+    rows = []
+    for arm in results["arms"]:
+        for cell in sorted(arm["cells"], key=lambda c: float(np.mean(c["flops"]))):
+            vals = []
+            for m in metrics:
+                v = cell["metrics"].get(m)
+                if v is None or v["mean"] is None:
+                    vals.append("—")
+                else:
+                    vals.append(f"{v['mean']:.4g}" + (f" ± {v['std']:.2g}" if v["std"] is not None else ""))
+            rows.append([arm["name"], cell["label"], cell["size"], str(cell["steps"]),
+                         f"{np.mean(cell['tokens']):,.0f}", _g(float(np.mean(cell["flops"]))),
+                         str(cell["branched_at_step"] or "—"), *vals])  # fmt: skip
+    return header, rows
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def markdown(results: dict[str, Any], plots: list[str]) -> str:
+    exp, m = results["experiment"], results["machine"]
+    sw = results["sweep"]
+    kind = "tokens" if "tokens" in sw else "flops"
+    out = [f"# Compute sweep: {exp['name']}", ""]
+    if exp["question"]:
+        out += [f"**Question.** {exp['question']}", ""]
+    if exp["expect"]:
+        out += [f"**What the literature found.** {exp['expect']}", ""]
+    out += ["## Fitted curves: L(C) = E + A·C^(−α), C in training FLOPs", "", _table(*fit_rows(results)), ""]
+    out += [
+        f"Fitted on the mean over seeds at each point; 95% intervals are percentiles of "
+        f"{results['bootstrap_replicates']} bootstrap refits that resample seeds and points. A fit marked "
+        "not converged or too few points is not drawn. A residual rms well above the seed std means the "
+        "points bend in a way the power law cannot follow (early training, say): read its exponent with "
+        "care. Expect α of roughly 0.1 to 0.2 where E is identified "
+        "(Chinchilla-form frontiers; reference findings.md section 4.2); these budgets lie far below every "
+        "published scaling study, so no published exponent is a target here.",
+        "",
+        "## Crossovers",
+        "",
+        _table(*crossover_rows(results))
+        if results["crossovers"]
+        else "No pair of arms shares a metric with fitted curves.",
+        "",
+        "A crossover is where one arm's fitted curve overtakes the other's, looked for from the smallest "
+        f"shared compute up to {fitting.SEARCH:g}x past the largest; past {fitting.EXTRAPOLATION:g}x the "
+        "largest measured point it is an extrapolation (marked, and dashed in the plot). The interval is "
+        "over paired replicates (the same seeds and points drawn for both arms) that cross. Each arm's own "
+        "loss is compared only between arms of the same objective.",
+        "",
+    ]
+    if results["frontier"]:
+        out += [
+            "## Compute-optimal frontier",
+            "",
+            _table(*frontier_rows(results)),
+            "",
+            f"Chinchilla's compute-optimal ratio is about {results['chinchilla_tokens_per_parameter']:g} "
+            "training tokens per parameter (Hoffmann et al. 2022, total parameters). Tokens here are model "
+            "input positions; parameters include the embeddings (and non-embedding beside). A best size at "
+            "the smallest or largest size of the grid means the optimum lies outside it: extend the grid "
+            "before reading the ratio.",
+            "",
+        ]
+    out += ["## Points", "", _table(*point_rows(results)), ""]
+    out += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
+    out += [
+        "## What was run",
+        "",
+        f"- Experiment: `{exp['source'] or exp['name']}`",
+        f"- Sweep: {kind} at {', '.join(_g(p) for p in sw[kind])} ({sw['span']:.0f}x)"
+        + (f", sizes {', '.join(sw['size'])}" if sw["size"] else ""),
+        f"- Seeds: {', '.join(map(str, results['seeds']))} (seed k is shared by every arm and point)",
+        "- Shorter points branch from the longest run of their chain where the schedule lets them (a "
+        "warmup-stable-decay run's stable phase): the branched run equals a separate run step for step "
+        "(`objtrain/compare/sweep.py` says why); `branched at` in the points table names the step.",
+        "- Evaluation: "
+        + (
+            f"the `objtrain eval` suite, options {json.dumps(results['evaluation']['options'])}"
+            if results["evaluation"]["suite"]
+            else suite.describe_missing()
+        ),
+        f"- Wall time: {results['wall_seconds']:.0f} s for the whole sweep",
+        f"- Machine: {m.get('cpu') or m['platform']}, {m['cpu_count']} CPUs, {m['torch_threads']} torch "
+        f"threads, torch {m['torch']}" + (f", objtrain {m['commit']}" if m.get("commit") else ""),
+        "",
+        "Each point is a normal training run: `objtrain eval RUN` and `objtrain generate RUN` work on it.",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def plot(s: Sweep, results: dict[str, Any]) -> list[str]:
+    """curves.png: per metric, each arm's points (mean, seed-std bars) and fitted curve, log-log."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fits: dict[str, dict[str, fitting.Fit]] = results["_fits"]
+    metrics = [m for m in results["metrics"] if m in fits]
+    if not metrics:
+        return []
+    colours = {a.name: f"C{i % 10}" for i, a in enumerate(s.comparison.experiment.arms)}
+    markers = ["o", "s", "^", "D", "v", "P"]
+    sizes = {size: markers[i % len(markers)] for i, size in enumerate(s.spec.sizes)}
+    cols = min(len(metrics), 3)
+    nrows = math.ceil(len(metrics) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.4 * cols, 4.2 * nrows), squeeze=False)
+    for ax in axes.flat[len(metrics) :]:
+        ax.axis("off")
+    for ax, metric in zip(axes.flat, metrics, strict=False):
+        right = 0.0
+        for arm in results["arms"]:
+            colour = colours[arm["name"]]
+            for cell in arm["cells"]:
+                v = cell["metrics"].get(metric)
+                if v is None or v["mean"] is None or v["mean"] <= 0:
+                    continue
+                x = float(np.mean(cell["flops"]))
+                ax.errorbar(x, v["mean"], yerr=v["std"] or 0.0, fmt=sizes.get(cell["size"], "o"), ms=5,
+                            capsize=3, color=colour, alpha=0.9)  # fmt: skip
+                right = max(right, x)
+            f = fits[metric].get(arm["name"])
+            if f is not None and f.ok and f.law is not None:
+                solid = np.geomspace(f.c_min, f.c_max, 100)
+                ax.plot(solid, f.law(solid), "-", color=colour, label=f"{arm['name']} (α={f.law.alpha:.2g})")
+                dashed = np.geomspace(f.c_max, f.c_max * fitting.EXTRAPOLATION * 3, 60)
+                ax.plot(dashed, f.law(dashed), "--", color=colour, alpha=0.7)
+            elif any(metric in cell["metrics"] for cell in arm["cells"]):
+                ax.plot([], [], "o", color=colour, label=f"{arm['name']} (no fit)")
+        for x in results["crossovers"]:  # only those the seeds resolve: the table has them all
+            near = x["flops"] is not None and x["flops"] <= right * fitting.EXTRAPOLATION * 3
+            if x["metric"] == metric and near and x["resolved"]:
+                ax.axvline(x["flops"], color="grey", lw=0.8, ls="-" if not x["extrapolated"] else "--")
+        if right > 0:
+            ax.axvspan(
+                right * fitting.EXTRAPOLATION, right * fitting.EXTRAPOLATION * 3, color="grey", alpha=0.08
+            )
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        better = suite.direction(metric)
+        ax.set_title(f"{metric} ({better} is better)", fontsize=9)
+        ax.set_xlabel("training FLOPs (estimated)")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    marks = f"; markers: {', '.join(f'{m} {k}' for k, m in sizes.items())}" if sizes else ""
+    fig.suptitle(
+        f"{results['experiment']['name']}: metric vs compute (points: mean, bars: seed std; solid: fit over "
+        f"the measured range, dashed: extrapolation; shaded: past {fitting.EXTRAPOLATION:g}x; grey lines: "
+        f"crossovers the seeds resolve{marks})",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    with atomic_file(s.comparison.report_dir / "curves.png", "wb") as handle:
+        fig.savefig(handle, format="png", dpi=110)
+    plt.close(fig)
+    return ["curves.png"]
+
+
+def write_sweep_report(s: Sweep, console: Console | None = None, replicates: int = 1000) -> dict[str, Any]:
+    """results.json, curves.png, then report.md (each written whole or not at all)."""
+    results = build_sweep_results(s, replicates)
+    plots = plot(s, results)
+    results.pop("_fits")
+    results["plots"] = plots
+    write_json(s.comparison.report_dir / "results.json", results)
+    with atomic_file(s.comparison.report_dir / "report.md", "w") as handle:
+        handle.write(markdown(results, plots))
+    if console is not None:
+        for title, (header, rows) in (
+            ("fitted curves", fit_rows(results)),
+            ("crossovers", crossover_rows(results)),
+        ):
+            table = Table(title=title, title_justify="left")
+            for h in header:
+                table.add_column(h)
+            for row in rows:
+                table.add_row(*row)
+            console.print(table)
+    return results
+
+
+__all__ = ["build_sweep_results", "write_sweep_report"]

@@ -1,0 +1,239 @@
+"""`objtrain compare --sweep`: refused sweeps, branched runs equal to separate ones, a resumed sweep that
+trains no step twice, and a report that fits what it can and says what it cannot."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from compare_helpers import FakeSuite, experiment
+from safetensors.torch import load_file
+from test_refusals import refused, run_cli
+
+from objtrain.compare import sweep as sweep_mod
+from objtrain.compare.experiment import experiment_from_dict, load_experiment
+from objtrain.compare.runner import Interrupted
+from objtrain.compare.sweep import parse_sweep, plan_sweep, run_sweep
+from objtrain.compare.sweep_report import _frontier, write_sweep_report
+from objtrain.errors import UserError
+from objtrain.training import checkpoint as ckpt
+from objtrain.training.loop import train
+
+ROWS = 4 * 32  # tokens a step in the debug experiment
+WSD = {"kind": "wsd", "warmup": 1, "decay_ratio": 0.25, "min_lr_ratio": 0.0}
+
+
+def sweep_experiment(store: Path, arms: list[dict[str, Any]] | None = None, **train: Any) -> dict[str, Any]:
+    data = experiment(
+        store, arms or [{"name": "clm", "objective": "clm", "model": {"kind": "decoder", "size": "debug"}}]
+    )
+    data["train"]["schedule"] = dict(WSD)
+    data["train"].update(train)
+    return data
+
+
+def final_weights(run_dir: Path) -> dict[str, Any]:
+    return load_file(str(ckpt.latest_checkpoint(run_dir) / "model.safetensors"))
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--sweep", "tokens=1e4,1e6"], "at least 3 points"),
+        (["--sweep", "tokens=1e4,5e4,1e5"], "spans 10x; a sweep must span at least 30x"),
+        (["--sweep", "seconds=1,10,100"], "seconds are no FLOPs count"),
+        (["--sweep", "tokenz=1e4,1e5,1e6"], "did you mean 'tokens'"),
+        (["--sweep", "tokens=1e4,1e5,1e6", "--sweep", "flops=1e9,1e10,1e11"], "one budget axis"),
+        (["--sweep", "tokens=1e4,1e4,1e6"], "given twice"),
+        (["--sweep", "tokens=1e4,-5,1e6"], "positive"),
+        (["--sweep", "tokens=1e4,1e5,1e6", "--sweep", "size=debug,huge"], "unknown model size 'huge'"),
+        (["--sweep", "size=debug,tiny"], "name the budget axis"),
+        (["--sweep", "tokens=1e4,1e5,1e6", "--budget", "500"], "only --budget tiny"),
+    ],
+)
+def test_a_refused_sweep_exits_2_with_one_line_and_writes_nothing(
+    write_experiment, tmp_path, monkeypatch, capsys, args: list[str], fragment: str
+) -> None:
+    out = tmp_path / "report"
+    refused(run_cli(monkeypatch, capsys, "compare", write_experiment(), "-o", out, *args), fragment)
+    assert not out.exists()
+
+
+def test_the_experiment_file_carries_a_sweep_and_the_command_line_replaces_its_axis() -> None:
+    spec = parse_sweep(None, {"tokens": [2e5, 6e5, 2e6, 6e6], "size": ["debug", "tiny"]}, tiny=False)
+    assert spec is not None and spec.kind == "tokens" and spec.points[-1] == 6e6
+    assert spec.sizes == ["debug", "tiny"]
+    spec = parse_sweep(["flops=1e12,1e13,1e14"], {"tokens": [2e5, 6e5, 2e6], "size": "debug"}, tiny=False)
+    assert spec is not None and spec.kind == "flops" and spec.sizes == ["debug"]
+    assert parse_sweep(None, {}, tiny=False) is None
+    with pytest.raises(UserError, match="30x"):
+        parse_sweep(None, {"tokens": "1000,2000,3000"}, tiny=False)
+
+
+def test_a_branched_point_ends_bit_identical_to_a_separate_run(compare_store: Path, tmp_path: Path) -> None:
+    exp = experiment_from_dict(sweep_experiment(compare_store))
+    spec = parse_sweep([f"tokens={ROWS},{8 * ROWS},{32 * ROWS}"], {}, tiny=False)
+    assert spec is not None
+    s = plan_sweep(exp, tmp_path / "report", spec)
+    run_sweep(s, evaluator=FakeSuite(), show_progress=False)
+    by_steps = {cell.run.steps: cell for cell in s.cells}
+    middle = by_steps[8]
+    assert middle.source is not None and middle.branch_step == 6  # decay over its last 2 steps
+    assert by_steps[32].branch_step == 0 and by_steps[32].source is None
+    separate = tmp_path / "separate"
+    train(middle.run.cfg, separate, show_progress=False)
+    branched, alone = final_weights(middle.run.run_dir), final_weights(separate)
+    assert branched.keys() == alone.keys()
+    for name in alone:
+        assert branched[name].equal(alone[name]), name
+    # The branched run reads as a whole run: its metrics start at step 1 and name the branch.
+    lines = [json.loads(x) for x in (middle.run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in lines if "loss" in r and "event" not in r]
+    assert steps == list(range(1, 9))
+    assert any(r.get("event") == "branch" and r["step"] == 6 for r in lines)
+
+
+def test_a_cosine_schedule_shares_only_its_warmup(compare_store: Path, tmp_path: Path) -> None:
+    data = sweep_experiment(compare_store, schedule={"kind": "cosine", "warmup": 2})
+    exp = experiment_from_dict(data)
+    spec = parse_sweep([f"tokens={ROWS * 4},{8 * ROWS},{128 * ROWS}"], {}, tiny=False)
+    assert spec is not None
+    s = plan_sweep(exp, tmp_path / "report", spec)
+    # Warmup (2 steps) and the first step of the decay, whose cosine starts at 1.0 in any horizon.
+    assert sorted(c.branch_step for c in s.cells) == [0, 3, 3]
+
+
+def _trained_steps(record: dict[Path, int]) -> Any:
+    """A `train` that adds the steps each call trained to `record[run_dir]`."""
+
+    def counting(cfg: Any, run_dir: Path, **kwargs: Any) -> Any:
+        latest = ckpt.latest_checkpoint(run_dir) if run_dir.exists() else None
+        start = json.loads((latest / ckpt.STATE).read_text())["step"] if latest is not None else 0
+        result = train(cfg, run_dir, **kwargs)
+        record[run_dir] = record.get(run_dir, 0) + result.step - start
+        return result
+
+    return counting
+
+
+def test_a_sweep_interrupted_and_resumed_trains_no_step_twice(
+    compare_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    arms = [
+        {"name": "clm", "objective": "clm", "model": {"kind": "decoder", "size": "debug"}},
+        {"name": "mlm", "objective": "mlm", "model": {"kind": "encoder", "size": "debug"}},
+    ]
+    exp = experiment_from_dict(sweep_experiment(compare_store, arms))
+    spec = parse_sweep([f"tokens={ROWS},{4 * ROWS},{32 * ROWS}"], {}, tiny=False)
+    assert spec is not None
+    report = tmp_path / "report"
+    trained: dict[Path, int] = {}
+    monkeypatch.setattr(sweep_mod, "train", _trained_steps(trained))
+
+    # Ctrl-C at step 20 of mlm's longest run, after clm's whole chain is done.
+    real = sweep_mod.ArmsProgress.record
+
+    def record(self: Any, rec: dict[str, Any]) -> None:
+        real(self, rec)
+        if self.current and self.current.startswith("mlm.") and rec.get("step") == 20 and "loss" in rec:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(sweep_mod.ArmsProgress, "record", record)
+    suite = FakeSuite()
+    with pytest.raises(Interrupted, match=r"interrupted during 'mlm\.tokens-4096'"):
+        run_sweep(plan_sweep(exp, report, spec), evaluator=suite, show_progress=False)
+    monkeypatch.setattr(sweep_mod.ArmsProgress, "record", real)
+    assert len(suite.calls) == 3  # clm's three points
+
+    with pytest.raises(UserError, match="--resume"):
+        plan_sweep(exp, report, spec)
+    other = parse_sweep([f"tokens={ROWS},{8 * ROWS},{32 * ROWS}"], {}, tiny=False)
+    assert other is not None
+    with pytest.raises(UserError, match="sweep differs"):
+        plan_sweep(exp, report, other, resume=True)
+    s = plan_sweep(exp, report, spec, resume=True)
+    run_sweep(s, evaluator=suite, show_progress=False)
+    assert len(suite.calls) == 6  # nothing evaluated twice
+    for cell in s.cells:
+        own = cell.run.steps - cell.branch_step  # what the cell trains itself; the rest is its chain's
+        assert trained.get(cell.run.run_dir, 0) == own, cell.run.key
+    # A second resume finds everything done: no training, no evaluation.
+    before = dict(trained)
+    run_sweep(plan_sweep(exp, report, spec, resume=True), evaluator=suite, show_progress=False)
+    assert trained == before and len(suite.calls) == 6
+
+
+def test_the_report_fits_what_it_can_and_reports_what_it_cannot(compare_store: Path, tmp_path: Path) -> None:
+    exp = experiment_from_dict(sweep_experiment(compare_store))
+    spec = parse_sweep([f"tokens={ROWS},{4 * ROWS},{16 * ROWS},{32 * ROWS}"], {}, tiny=False)
+    assert spec is not None
+    s = plan_sweep(exp, tmp_path / "report", spec)
+    run_sweep(s, evaluator=FakeSuite(), show_progress=False)  # probe_accuracy: 0.5 at every point
+    results = write_sweep_report(s, replicates=50)
+    flat = results["fits"]["probe_accuracy"]["clm"]
+    assert flat["status"] == "not_converged" and flat["law"] is None
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "| probe_accuracy | clm | not converged:" in report
+    assert (tmp_path / "report" / "curves.png").stat().st_size > 0
+    saved = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert saved["sweep"]["tokens"] == spec.points and saved["plots"] == ["curves.png"]
+    cells = saved["arms"][0]["cells"]
+    assert [c["label"] for c in cells] == ["tokens-128", "tokens-512", "tokens-2048", "tokens-4096"]
+    assert all(len(c["flops"]) == 1 and c["flops"][0] > 0 for c in cells)
+    assert yaml.safe_load((s.cells[0].run.run_dir / "config.yaml").read_text())["seed"] == 0
+
+
+def test_a_size_sweep_reports_its_frontier(compare_store: Path, tmp_path: Path) -> None:
+    exp = experiment_from_dict(sweep_experiment(compare_store))
+    spec = parse_sweep([f"tokens={ROWS},{4 * ROWS},{32 * ROWS}", "size=debug,tiny"], {}, tiny=False)
+    assert spec is not None
+    s = plan_sweep(exp, tmp_path / "report", spec)
+    assert {c.run.run_dir.name for c in s.cells} >= {"debug.tokens-128", "tiny.tokens-4096"}
+    run_sweep(s, evaluator=FakeSuite(), show_progress=False)
+    results = write_sweep_report(s, replicates=20)
+    frontier = results["frontier"]
+    assert frontier and all(r["metric"] == "val_bpb" for r in frontier)
+    assert all(r["tokens_per_parameter"] == pytest.approx(r["tokens"] / r["parameters"]) for r in frontier)
+    assert "Chinchilla" in (tmp_path / "report" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("name", ["objectives-scaling", "fim-scaling"])
+def test_the_shipped_sweeps_plan_with_every_shorter_point_branched(
+    name: str, compare_store: Path, tmp_path: Path
+) -> None:
+    exp = load_experiment(Path(name))
+    spec = parse_sweep(None, exp.sweep, tiny=False)
+    assert spec is not None and spec.points[-1] / spec.points[0] >= 30
+    s = plan_sweep(exp, tmp_path / "report", spec, data=str(compare_store))
+    assert len(s.cells) == len(exp.arms) * len(spec.points)
+    for cell in s.cells:
+        longest = cell.source is None
+        assert longest == (cell.value == spec.points[-1]), cell.run.key
+        if not longest:  # branched where its own decay begins: it trains a fifth of its steps itself
+            assert cell.run.steps - cell.branch_step == max(round(0.2 * cell.run.steps), 1), cell.run.key
+
+
+def test_the_frontier_is_the_best_size_per_budget_or_the_points_no_cheaper_run_beats() -> None:
+    def cell(size: str, budget: float, flops: float, value: float) -> dict[str, Any]:
+        return {"size": size, "budget": budget, "flops": [flops], "metrics": {"val_bpb": [value, value]}}
+
+    cells = [
+        cell("debug", 1e12, 1.0e12, 3.0),
+        cell("tiny", 1e12, 0.9e12, 3.2),  # cheaper, worse: not the best at its budget
+        cell("debug", 1e13, 1.0e13, 2.8),
+        cell("tiny", 1e13, 0.95e13, 2.5),
+    ]
+    best = _frontier(cells, "val_bpb", lower=True, by_budget=True)
+    assert [(c["size"], c["budget"]) for c in best] == [("debug", 1e12), ("tiny", 1e13)]
+    # By compute alone (a tokens sweep) the cheaper tiny point at 0.9e12 is on the envelope too.
+    envelope = _frontier(cells, "val_bpb", lower=True, by_budget=False)
+    assert [(c["size"], c["flops"][0]) for c in envelope] == [
+        ("tiny", 0.9e12),
+        ("debug", 1.0e12),
+        ("tiny", 0.95e13),
+    ]

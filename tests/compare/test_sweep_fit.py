@@ -1,0 +1,130 @@
+"""The compute-curve fit: known curves recovered within their intervals, crossovers found where they are,
+curves that are not power laws refused rather than drawn."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from objtrain.compare.fit import EXTRAPOLATION, PowerLaw, crossover, fit_curve
+
+C = np.geomspace(1e12, 1e14, 7)
+
+
+def noisy(law: PowerLaw, seeds: int = 3, sigma: float = 0.01, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return law(C)[:, None] + rng.normal(0.0, sigma, size=(len(C), seeds))
+
+
+@pytest.mark.parametrize(
+    "law", [PowerLaw(1.5, 3e4, 0.35), PowerLaw(0.8, 2e3, 0.2), PowerLaw(2.0, 5e7, 0.6)], ids=str
+)
+def test_fit_recovers_a_known_curve_within_its_intervals(law: PowerLaw) -> None:
+    fit = fit_curve(C, noisy(law), replicates=500, seed=0)
+    assert fit.ok and fit.law is not None
+    assert fit.converged > 450
+    for name, true in (("E", law.E), ("A", law.A), ("alpha", law.alpha)):
+        lo, hi = fit.intervals[name]
+        assert lo <= true <= hi, (name, true, lo, hi)
+    assert abs(fit.law.alpha - law.alpha) < 0.1 * law.alpha
+    # the points scatter about the curve as the seeds do about their mean
+    assert fit.seed_std is not None and 0.005 < fit.seed_std < 0.02
+    assert fit.residual_rms is not None and fit.residual_rms < 2 * fit.seed_std
+
+
+def test_noise_free_points_give_the_curve_back() -> None:
+    law = PowerLaw(1.2, 1e4, 0.3)
+    fit = fit_curve(C, law(C), replicates=0)
+    assert fit.law is not None
+    law_back = fit.law.to_dict()
+    assert law_back["E"] == pytest.approx(1.2, rel=1e-3)
+    assert law_back["alpha"] == pytest.approx(0.3, rel=1e-3)
+    assert law_back["A"] == pytest.approx(1e4, rel=1e-2)
+
+
+def test_higher_is_better_metrics_fit_a_rising_curve() -> None:
+    law = PowerLaw(0.9, -2e3, 0.25)  # an accuracy rising towards 0.9
+    fit = fit_curve(C, noisy(law, sigma=0.002), lower_is_better=False, replicates=200)
+    assert fit.ok and fit.law is not None and fit.law.A < 0
+    lo, hi = fit.intervals["E"]
+    assert lo <= 0.9 <= hi
+
+
+@pytest.mark.parametrize(
+    ("values", "status"),
+    [
+        (np.full((7, 2), 0.5), "not_converged"),  # flat: no power law
+        (np.linspace(3.0, 4.0, 7)[:, None], "not_converged"),  # a loss that rises with compute
+        (np.array([[3.0], [2.5], [np.nan], [np.nan], [np.nan], [np.nan], [np.nan]]), "too_few_points"),
+    ],
+)
+def test_a_curve_that_cannot_be_fitted_is_reported_not_drawn(values: np.ndarray, status: str) -> None:
+    fit = fit_curve(C, values, replicates=50)
+    assert fit.status == status and fit.law is None and fit.reason
+    assert fit.to_dict()["law"] is None
+
+
+def test_the_crossover_of_two_known_curves_lies_in_its_interval() -> None:
+    # a is ahead at small compute, b falls faster; both are 2.5 at C* = 1e13.
+    c_star = 1e13
+    a = PowerLaw(2.0, 0.5 * c_star**0.3, 0.3)
+    b = PowerLaw(1.5, 1.0 * c_star**0.4, 0.4)
+    assert float(a(c_star)) == pytest.approx(float(b(c_star)))
+    fa = fit_curve(C, noisy(a, sigma=0.005, seed=1), replicates=500, seed=7)
+    fb = fit_curve(C, noisy(b, sigma=0.005, seed=2), replicates=500, seed=7)
+    x = crossover("a", fa, "b", fb)
+    assert x.status == "within"
+    assert x.ahead_before == "a" and x.ahead_after == "b"
+    assert x.c_star == pytest.approx(c_star, rel=0.3)
+    assert x.interval is not None and x.interval[0] <= c_star <= x.interval[1]
+    assert x.crossing_share is not None and x.crossing_share > 0.9
+    assert x.resolved and "not resolved" not in x.note
+
+
+def test_no_crossover_and_extrapolated_crossovers_are_said_so() -> None:
+    a = PowerLaw(1.0, 1e4, 0.3)
+    b = PowerLaw(1.2, 1e4, 0.3)  # b is a shifted up: never crosses
+    fa = fit_curve(C, noisy(a, sigma=0.002), replicates=100)
+    fb = fit_curve(C, noisy(b, sigma=0.002), replicates=100)
+    x = crossover("a", fa, "b", fb)
+    assert x.status == "none" and x.c_star is None
+    assert "no crossover within the swept range" in x.note and x.ahead_before == "a"
+    assert x.resolved and all(hi < 0 for _, _, hi in x.gap_band)  # a below b everywhere
+    # b falls faster and catches a far past the largest point: an extrapolation, marked.
+    c_star = C[-1] * 50
+    a = PowerLaw(2.0, 0.5 * c_star**0.3, 0.3)
+    b = PowerLaw(1.5, 1.0 * c_star**0.4, 0.4)
+    x = crossover("a", fit_curve(C, a(C), replicates=0), "b", fit_curve(C, b(C), replicates=0))
+    assert x.status == "extrapolated" and x.to_dict()["extrapolated"]
+    assert x.c_star is not None and x.c_star > EXTRAPOLATION * C[-1]
+    assert x.c_star == pytest.approx(c_star, rel=0.05)
+
+
+def test_a_crossover_with_an_unfitted_arm_is_not_computed() -> None:
+    fa = fit_curve(C, noisy(PowerLaw(1.0, 1e4, 0.3)), replicates=20)
+    flat = fit_curve(C, np.full((7, 1), 2.0), replicates=20)
+    x = crossover("a", fa, "flat", flat)
+    assert x.status == "no_fit" and "flat" in x.note and x.c_star is None
+
+
+def test_the_fit_is_deterministic_under_its_seed() -> None:
+    values = noisy(PowerLaw(1.5, 3e4, 0.35))
+    one, two = fit_curve(C, values, replicates=100, seed=3), fit_curve(C, values, replicates=100, seed=3)
+    assert one.intervals == two.intervals
+
+
+def test_two_curves_the_seeds_cannot_tell_apart_are_not_resolved() -> None:
+    law = PowerLaw(1.0, 1e4, 0.3)
+    fa = fit_curve(C, noisy(law, sigma=0.02, seed=1), replicates=300)
+    fb = fit_curve(C, noisy(law, sigma=0.02, seed=2), replicates=300)
+    x = crossover("a", fa, "b", fb)
+    assert "not resolved" in x.note and x.resolved is False, x
+
+
+def test_one_seed_and_three_points_give_no_interval_and_no_resolved_verdict() -> None:
+    c3 = C[[0, 3, 6]]
+    fa = fit_curve(c3, PowerLaw(2.0, 1e4, 0.3)(c3), replicates=100)
+    fb = fit_curve(c3, PowerLaw(1.0, 1e4, 0.3)(c3), replicates=100)
+    assert fa.ok and not fa.intervals and fa.no_interval and fa.replicates == 0
+    x = crossover("a", fa, "b", fb)
+    assert x.status == "none" and x.resolved is None and x.interval is None
