@@ -30,8 +30,20 @@ WRITE_ERRNOS = frozenset(
 )
 
 
+# numpy's `tofile` reports a write the disk cut short without an errno: "600000 requested and 28672 written".
+_SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")
+
+
 def is_unwritable(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS
+    if not isinstance(exc, OSError):
+        return False
+    return exc.errno in WRITE_ERRNOS or (exc.errno is None and bool(_SHORT_WRITE.search(str(exc))))
+
+
+def _reason(exc: OSError) -> str:
+    if exc.errno is None and _SHORT_WRITE.search(str(exc)):
+        return "No space left on device (a write was cut short)"
+    return exc.strerror or str(exc)
 
 
 class Unwritable(UserError):
@@ -44,7 +56,7 @@ class Unwritable(UserError):
 
 def unwritable(exc: OSError, output: Path | str, kept: str = "") -> Unwritable:
     """The one line for a write that failed: which output, why, and (`kept`) what is left of it."""
-    return Unwritable(output, exc.strerror or str(exc), kept)
+    return Unwritable(output, _reason(exc), kept)
 
 
 def check_writable(path: Path) -> None:
@@ -68,7 +80,7 @@ def check_writable(path: Path) -> None:
         if not is_unwritable(exc):
             raise
         where = "" if probe_dir == path else f" (in {probe_dir})"
-        raise Unwritable(path, f"{exc.strerror or exc}{where}", "nothing was written") from None
+        raise Unwritable(path, f"{_reason(exc)}{where}", "nothing was written") from None
 
 
 def save_tensors(tensors: dict[str, Any], path: Path, metadata: dict[str, str] | None = None) -> None:

@@ -55,6 +55,7 @@ from objtrain.io import (
     check_output_free,
     check_writable,
     is_unwritable,
+    unwritable,
 )
 from objtrain.models.base import TrunkOutput
 from objtrain.models.checkpoint import unwrap
@@ -79,7 +80,13 @@ from objtrain.training.data import (
 )
 from objtrain.training.host_memory import keep_freed_memory
 from objtrain.training.logger import MetricsLog, Progress, TensorBoard
-from objtrain.training.optim import build_optimizer, lr_factor, scaled_step, set_lr
+from objtrain.training.optim import (
+    build_optimizer,
+    describe_extension,
+    extended_lr_factor,
+    scaled_step,
+    set_lr,
+)
 
 DEFAULT_SEQ_LEN = 256
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints")  # what makes a directory a training run
@@ -191,7 +198,8 @@ def _resolve(
     if cfg.data.store is not None:  # recorded absolute: `objtrain eval RUN` finds it from any directory
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, store=str(source.path.absolute())))
     if force and run_dir.exists():
-        check_output_free(run_dir, True, [source.path], replaces=("a training run", RUN_MARKERS))
+        markers = (*RUN_MARKERS, OutputLock.NAME)  # a run killed as it began holds only its lock
+        check_output_free(run_dir, True, [source.path], replaces=("a training run", markers))
     objective = build_objective(
         cfg.objective.name,
         source.specials,
@@ -523,7 +531,7 @@ def train(
         if isinstance(exc, Unwritable):
             where, reason = exc.output, exc.reason
         elif is_unwritable(exc):
-            where, reason = str(exc.filename or run_dir), str(exc.strerror or exc)
+            where, reason = str(exc.filename or run_dir), unwritable(exc, run_dir).reason
         else:
             raise
         last = ckpt.latest_checkpoint(Path(run_dir))
@@ -611,11 +619,38 @@ class Trainer:
         if self.scaler is not None and saved.get("scaler"):
             self.scaler.load_state_dict(saved["scaler"])
         self.loss_of = self._compile() if cfg.precision.compile else None
-        if "total_steps" in saved:  # the schedule is that of the whole run, fixed when it started
+        self.extension = ""  # what the schedule does from a resume that raised the run's total
+        if "total_steps" in saved:  # the schedule is that of the whole run, fixed when it started...
             self.total = int(saved["total_steps"])
+            self.totals = [(int(a), int(b)) for a, b in saved.get("schedule_totals") or [(0, self.total)]]
+            if saved["config"].get("budget") != config_dict(cfg)["budget"]:  # ...or raised since
+                self._extend(saved)
         else:
             self.total = total_steps(cfg, plan, lambda: _time_one_step(plan, self.model, self.scaler))
+            self.totals = [(0, self.total)]
         self.checkpoint = plan.resume_from  # the last complete checkpoint
+
+    def _extend(self, saved: dict[str, Any]) -> None:
+        """`--resume` with a bigger budget: the run goes on to the new total (`extended_lr_factor`);
+        a smaller one, or a --time budget (fixed by timing a step when the run began), is refused."""
+        cfg = self.plan.cfg
+        if cfg.budget.seconds is not None or saved["config"].get("budget", {}).get("seconds") is not None:
+            raise UserError(
+                "--resume: a --time budget is fixed as the run starts; extend a run by --steps or --tokens"
+            )
+        new = total_steps(cfg, self.plan)
+        if new < self.total:
+            raise UserError(
+                f"--resume: the budget gives {new} steps, fewer than the run's {self.total}: a run can be "
+                "extended, not shortened (its schedule is fixed up to its end); start a new run (-o)"
+            )
+        if new == self.total:
+            return
+        at = self.state.optimizer_steps
+        before = extended_lr_factor(at, self.totals, cfg.schedule)
+        self.extension = describe_extension(at, self.total, new, cfg.schedule, before)
+        self.totals.append((at, new))
+        self.total = new
 
     def restore_rng(self) -> None:
         """Put a resumed run's RNG back as it was after its last saved step. Called right before the first
@@ -691,7 +726,7 @@ class Trainer:
             raise NonFiniteLoss(
                 f"the {what} is {loss if what == 'loss' else grad_norm} at step {self.state.step + 1}{where}"
             )
-        lr = optim_cfg.lr * lr_factor(self.state.optimizer_steps, self.total, plan.cfg.schedule)
+        lr = optim_cfg.lr * extended_lr_factor(self.state.optimizer_steps, self.totals, plan.cfg.schedule)
         set_lr(self.optimizer, lr)
         if self.scaler is not None:
             self.state.optimizer_steps += scaled_step(self.optimizer, self.scaler)
@@ -719,6 +754,7 @@ class Trainer:
                 {
                     **state.to_dict(),
                     "total_steps": self.total,
+                    "schedule_totals": [list(t) for t in self.totals],
                     "world_size": world.world_size,
                     "micro_batch": plan.micro_batch,
                     "seq_len": plan.seq_len,
@@ -805,8 +841,12 @@ def _run(
     log = MetricsLog(run_dir / "metrics.jsonl") if world.is_main else None
     tb = TensorBoard(run_dir / "tensorboard", cfg.logging.tensorboard and world.is_main)
     if log is not None and plan.resume_from is not None:
-        event = {"event": "resume", "step": state.step, "from": plan.resume_from.name}
+        event = {"event": "resume", "step": state.step, "from": plan.resume_from.name, "total_steps": total}
+        if trainer.extension:
+            event["schedule"] = trainer.extension
         log.write(event | accounting.numerics(device) | {"numerics_changed": trainer.numerics_changed})
+    if trainer.extension and world.is_main:
+        console.print(f"schedule: {trainer.extension}", markup=False)
     if trainer.numerics_changed and world.is_main:
         changes = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in trainer.numerics_changed.items())
         console.print(
@@ -1104,7 +1144,7 @@ def _check_resume(plan: Plan, state: dict[str, Any]) -> None:
     """The schedule is that of the whole run: refuse a resume that changes what the run is."""
     saved = state.get("config", {})
     now = config_dict(plan.cfg)
-    for section in ("model", "objective", "optim", "schedule", "budget", "data"):
+    for section in ("model", "objective", "optim", "schedule", "data"):  # a budget may grow: `_extend`
         if section == "data" and _same_data(saved.get(section), now.get(section)):
             continue
         if saved.get(section) != now.get(section):
