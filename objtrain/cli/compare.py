@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from objtrain.cli.common import interrupt_note, make_console
 from objtrain.compare import load_experiment, plan_comparison, run_comparison, write_report
-from objtrain.compare.runner import Comparison, Interrupted
+from objtrain.compare.runner import PLAN, Comparison, Interrupted
 from objtrain.errors import UserError
 from objtrain.io import OutputLock, check_writable
 
@@ -44,7 +44,9 @@ def run(
     check_writable(output)  # a read-only or full output: now, not after the first arm has trained
     lock = OutputLock(output, "-o")
     try:
-        if output.is_dir():  # held before anything in it is read: a second compare into it is refused
+        # A report is held before anything in it is read: a second compare into it is refused. A folder
+        # of the user's with the name is refused by the plan, untouched.
+        if output.is_dir() and any((output / m).exists() for m in (PLAN, OutputLock.NAME)):
             lock.acquire()
         comparison = plan_comparison(
             exp, output, budget, seeds, resume=resume, force=force, data=data, console=console

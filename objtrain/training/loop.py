@@ -166,7 +166,10 @@ def prepare(
         raise UserError(f"{run_dir} exists and is not a run directory")
     if world.is_main:  # a read-only mount, no permission, a full disk: now, not after the model is built
         check_writable(run_dir)
-    lock = OutputLock(run_dir, "-o").acquire() if world.is_main and run_dir.is_dir() else None
+    # Only a run is locked here: a folder of the user's that has the name is refused below, untouched.
+    markers = (*RUN_MARKERS, OutputLock.NAME)
+    ours = run_dir.is_dir() and (not any(run_dir.iterdir()) or any((run_dir / m).exists() for m in markers))
+    lock = OutputLock(run_dir, "-o").acquire() if world.is_main and ours else None
     try:
         plan = _resolve(cfg, run_dir, resume, force, world, device, console)
     except BaseException:

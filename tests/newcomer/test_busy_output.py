@@ -8,12 +8,12 @@ from pathlib import Path
 import yaml
 from newcomer_helpers import Result
 
-from objtrain.io import OutputLock
-
 
 def test_a_report_in_use_is_refused_and_a_free_one_is_written(
     cli: Callable[..., Result], small_store: Path, tmp_path: Path
 ) -> None:
+    from objtrain.io import OutputLock
+
     exp = tmp_path / "exp.yaml"
     exp.write_text(
         yaml.safe_dump({

@@ -81,6 +81,7 @@ def test_refuses_an_existing_run_and_a_store_without_a_valid_split(
         [str(train_store), *QUICK, "--objective", "clm", "-o", str(run), "--force"], monkeypatch, capsys
     )
     assert code == 2 and "is not a training run" in err and (run / "mine.txt").read_text() == "keep me"
+    assert [p.name for p in run.iterdir()] == ["mine.txt"]  # not even a lock file left in it
 
     from objtrain.data.tokenize import TokenizeConfig, tokenize_corpus
 

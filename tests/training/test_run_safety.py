@@ -22,11 +22,9 @@ from safetensors.torch import load_file
 
 from objtrain import devices
 from objtrain.errors import UserError
-from objtrain.io import OutputLock
 from objtrain.training import accounting
 from objtrain.training import checkpoint as ckpt
 from objtrain.training.loop import prepare, train
-from objtrain.training.optim import extended_lr_factor
 
 
 def records(run: Path) -> list[dict]:
@@ -96,6 +94,8 @@ def test_a_resume_keeps_the_precision_the_run_started_in(
 def test_a_run_directory_in_use_is_refused_and_a_dead_holders_lock_taken_over(
     train_store: Path, tmp_path: Path, small_config
 ) -> None:
+    from objtrain.io import OutputLock
+
     run = tmp_path / "run"
     cfg = small_config(train_store, budget={"steps": 2})
     train(cfg, run, show_progress=False)
@@ -314,7 +314,7 @@ def test_a_wsd_run_extended_in_its_stable_phase_stays_stable(
 
 def test_the_extended_schedule_equals_the_original_before_the_raise() -> None:
     from objtrain.training.config import ScheduleConfig
-    from objtrain.training.optim import lr_factor
+    from objtrain.training.optim import extended_lr_factor, lr_factor
 
     for kind in ("cosine", "linear", "constant", "wsd"):
         cfg = ScheduleConfig(kind=kind, warmup=10, min_lr_ratio=0.1, decay_ratio=0.2)  # type: ignore[arg-type]
