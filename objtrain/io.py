@@ -185,6 +185,8 @@ def atomic_dir(path: Path, force: bool = False) -> Iterator[Path]:
     check_output_free(path, force)
     kept = "the previous one is kept" if path.exists() else "nothing was written"
     tmp: Path | None = None
+    old = path.with_name(f".{path.name}.old")
+    moved = False
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent))
@@ -193,14 +195,18 @@ def atomic_dir(path: Path, force: bool = False) -> Iterator[Path]:
         if path.exists() or path.is_symlink():
             # Move the old output aside first so a crash between the two renames loses nothing
             # (clean_stale puts it back). The old output may be a file or a link: --force replaces only it.
-            old = path.with_name(f".{path.name}.old")
             _remove(old)
             os.replace(path, old)
+            moved = True
             os.replace(tmp, path)
+            moved = False
             _remove(old)
         else:
             os.replace(tmp, path)
     except BaseException as exc:
+        if moved and not (path.exists() or path.is_symlink()):
+            with contextlib.suppress(OSError):
+                os.replace(old, path)  # the previous output back where it was
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         if is_unwritable(exc):  # a full disk, a read-only mount: one line, and nothing half-written

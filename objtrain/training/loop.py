@@ -1093,11 +1093,19 @@ def provenance() -> dict[str, Any]:
         "torch": str(torch.__version__),  # a str subclass YAML cannot represent
         "python": platform.python_version(),
         "host": platform.node(),
-        "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv else "",
+        "command": _command_line(),
         "cwd": os.getcwd(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     return out
+
+
+def _command_line() -> str:
+    """This process's command line as a shell would take it (`python -m objtrain` shown as `objtrain`)."""
+    if not sys.argv:
+        return ""
+    head = Path(sys.argv[0]).name
+    return shlex.join(["objtrain" if head == "__main__.py" else head, *sys.argv[1:]])
 
 
 def _git_commit(root: Path) -> str | None:
