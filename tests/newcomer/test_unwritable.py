@@ -66,9 +66,9 @@ def text(tmp_path: Path, stdlib_texts: list[str]) -> Path:
     return path
 
 
-def test_tokenize_into_a_read_only_directory(tmp_path: Path, text: Path) -> None:
+def test_tokenize_into_a_read_only_directory(tmp_path: Path, text: Path, small_store: Path) -> None:
     ro = tmp_path / "ro"
-    done = run_unwritable(ro, "tokenize", text, "--vocab-size", "300", "-o", ro / "store")
+    done = run_unwritable(ro, "tokenize", text, "--tokenizer", small_store, "-o", ro / "store")
     assert_one_line(done, str(ro / "store"))
     assert not (ro / "store").exists() and list(ro.iterdir()) == []
 
