@@ -151,7 +151,7 @@ def test_two_cli_runs_into_one_directory_the_second_is_refused(train_store: Path
         assert _text(run / "metrics.jsonl").count("\n") >= lines_before
     finally:
         first.send_signal(signal.SIGTERM)
-        first.communicate(timeout=120)
+        first.communicate(timeout=600)
 
 
 def _text(path: Path) -> str:
