@@ -2,9 +2,12 @@
 
 torch accepts `torch.device("cuda")` on a CPU-only build and fails later with an AssertionError deep in a
 call; `torch.device("tpu")` raises a RuntimeError. Both become a UserError here, before any work.
+`auto_dtype` is what `--dtype auto` resolves to on a device.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
@@ -50,3 +53,42 @@ def resolve_device(name: str) -> torch.device:
     if base == "mps" and not _mps_available():
         raise UserError("--device mps: Apple's MPS backend is not available here (use --device cpu or auto)")
     return torch.device(base)
+
+
+def cpu_features() -> set[str]:
+    """The CPU's instruction-set features as torch's cpuinfo reports them (else /proc/cpuinfo's flags)."""
+    get = getattr(getattr(torch._C, "_cpu", None), "_get_cpu_capability", None)
+    if get is not None:
+        try:
+            return {name for name, on in get().items() if on is True}
+        except (RuntimeError, TypeError, AttributeError):
+            pass
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
+def auto_dtype(device: torch.device) -> tuple[str, str]:
+    """(dtype, why) for `--dtype auto`: a decision from what the device has, never from a timing, so the
+    same command on the same machine always trains in the same precision (a timed bf16-vs-fp32 matmul
+    flipped between runs under load).
+
+    CUDA: bf16 where supported, else fp16 with loss scaling. CPU: bf16 only with AMX (tile units, several
+    times fp32's matmul rate); AVX512-BF16 alone gives a margin that end-to-end training mostly loses to
+    conversions (the timed choice flipped on it), so fp32 keeps the full precision there. MPS: fp32."""
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return "bf16", "this GPU supports bf16"
+        return "fp16", "this GPU has no bf16"
+    if device.type == "cpu":
+        features = cpu_features()
+        if "amx_bf16" in features:
+            return "bf16", "this CPU has AMX bf16 units"
+        has = "AVX512-BF16 but no AMX" if "avx512_bf16" in features else "no AMX bf16 units"
+        return "fp32", f"this CPU has {has}"
+    return "fp32", f"{device.type} trains in fp32"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import os
 import re
@@ -19,6 +21,66 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+# What a write that cannot happen raises: a read-only mount, no permission, an immutable file, a full disk
+# or quota. Each becomes one line (`unwritable`), never a traceback; any other OSError is a bug and keeps it.
+WRITE_ERRNOS = frozenset(
+    {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.ETXTBSY}
+)
+
+
+# numpy's `tofile` reports a write the disk cut short without an errno: "600000 requested and 28672 written".
+_SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")
+
+
+def is_unwritable(exc: BaseException) -> bool:
+    if not isinstance(exc, OSError):
+        return False
+    return exc.errno in WRITE_ERRNOS or (exc.errno is None and bool(_SHORT_WRITE.search(str(exc))))
+
+
+def _reason(exc: OSError) -> str:
+    if exc.errno is None and _SHORT_WRITE.search(str(exc)):
+        return "No space left on device (a write was cut short)"
+    return exc.strerror or str(exc)
+
+
+class Unwritable(UserError):
+    """An output that could not be written (`WRITE_ERRNOS`); `reason` is the system's words for it."""
+
+    def __init__(self, output: Path | str, reason: str, kept: str = "") -> None:
+        self.output, self.reason = str(output), reason
+        super().__init__(f"cannot write {output}: {reason}" + (f" ({kept})" if kept else ""))
+
+
+def unwritable(exc: OSError, output: Path | str, kept: str = "") -> Unwritable:
+    """The one line for a write that failed: which output, why, and (`kept`) what is left of it."""
+    return Unwritable(output, _reason(exc), kept)
+
+
+def check_writable(path: Path) -> None:
+    """Refuse, before any work, an output that cannot be written: `path` itself if it exists, else the
+    nearest existing directory above it, must take a new file (a read-only mount, missing permission or an
+    immutable directory fail here, and a disk already full)."""
+    path = Path(path).absolute()
+    probe_dir = path
+    while not probe_dir.exists() and probe_dir != probe_dir.parent:
+        probe_dir = probe_dir.parent
+    if not probe_dir.is_dir():
+        return  # a file in the way: the command's own checks name that
+    try:
+        fd, name = tempfile.mkstemp(prefix=".objtrain-probe-", dir=probe_dir)
+        try:
+            os.write(fd, b"\0")
+        finally:
+            os.close(fd)
+            os.unlink(name)
+    except OSError as exc:
+        if not is_unwritable(exc):
+            raise
+        where = "" if probe_dir == path else f" (in {probe_dir})"
+        raise Unwritable(path, f"{_reason(exc)}{where}", "nothing was written") from None
 
 
 def save_tensors(tensors: dict[str, Any], path: Path, metadata: dict[str, str] | None = None) -> None:
@@ -41,6 +103,7 @@ def check_output_free(
     holding one of the marker files, i.e. an earlier output of the same command, never a folder of the
     user's that happens to have the name."""
     path = Path(path)
+    check_writable(path)
     target = path.resolve()
     cwd = Path.cwd().resolve()
     if target == cwd or target in cwd.parents:
@@ -120,43 +183,59 @@ def atomic_dir(path: Path, force: bool = False) -> Iterator[Path]:
     path = Path(path)
     clean_stale(path)
     check_output_free(path, force)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent))
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; outputs get the user's usual permissions
+    kept = "the previous one is kept" if path.exists() else "nothing was written"
+    tmp: Path | None = None
+    old = path.with_name(f".{path.name}.old")
+    moved = False
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent))
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; outputs get the user's usual permissions
         yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if path.exists() or path.is_symlink():
+            # Move the old output aside first so a crash between the two renames loses nothing
+            # (clean_stale puts it back). The old output may be a file or a link: --force replaces only it.
+            _remove(old)
+            os.replace(path, old)
+            moved = True
+            os.replace(tmp, path)
+            moved = False
+            _remove(old)
+        else:
+            os.replace(tmp, path)
+    except BaseException as exc:
+        if moved and not (path.exists() or path.is_symlink()):
+            with contextlib.suppress(OSError):
+                os.replace(old, path)  # the previous output back where it was
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if is_unwritable(exc):  # a full disk, a read-only mount: one line, and nothing half-written
+            raise unwritable(exc, path, kept) from None  # type: ignore[arg-type]
         raise
-    if path.exists() or path.is_symlink():
-        # Move the old output aside first so a crash between the two renames loses nothing
-        # (clean_stale puts it back). The old output may be a file or a link: --force replaces only it.
-        old = path.with_name(f".{path.name}.old")
-        _remove(old)
-        os.replace(path, old)
-        os.replace(tmp, path)
-        _remove(old)
-    else:
-        os.replace(tmp, path)
 
 
 @contextlib.contextmanager
 def atomic_file(path: Path, mode: str = "wb") -> Iterator[Any]:
     """Open a temporary sibling of `path` for writing; fsync and rename it into place on success."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale(path)
-    fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
+    kept = "the previous one is kept" if path.exists() else "nothing was written"
+    tmp_name: str | None = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale(path)
+        fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
         os.chmod(tmp_name, 0o666 & ~_umask())  # mkstemp makes 0600
         with os.fdopen(fd, mode) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
+    except BaseException as exc:
+        if tmp_name is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp_name)
+        if is_unwritable(exc):
+            raise unwritable(exc, path, kept) from None  # type: ignore[arg-type]
         raise
 
 
@@ -179,3 +258,62 @@ def read_json(path: Path, what: str = "file") -> Any:
 def is_count(value: Any, least: int = 0) -> bool:
     """An int (not a bool) of at least `least`: what a count read back from JSON must be."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+class OutputLock:
+    """An output directory held by one process while it writes there: an exclusive `flock` on `DIR/.lock`.
+
+    A second command into the same directory is refused in one line instead of interleaving its files with
+    the first's. The kernel drops the lock when its holder ends, however it ends (SIGKILL, power loss), so
+    a stale lock of a dead process is simply taken over; the file itself stays, naming the last holder."""
+
+    NAME = ".lock"
+
+    def __init__(self, directory: Path, what: str = "directory") -> None:
+        self.directory = Path(directory)
+        self.what = what
+        self.fd: int | None = None
+
+    def acquire(self) -> OutputLock:
+        if self.fd is not None:
+            return self
+        path = self.directory / self.NAME
+        try:
+            while True:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666 & ~_umask())
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+                    os.close(fd)
+                    by = f" (pid {holder})" if holder.isdigit() else ""
+                    raise UserError(
+                        f"{self.directory} is in use by another objtrain process{by}: wait for it to "
+                        f"end, or choose another {self.what}"
+                    ) from None
+                try:  # the file may have been replaced between the open and the lock: lock the one there
+                    same = os.fstat(fd).st_ino == os.stat(path).st_ino
+                except FileNotFoundError:
+                    same = False
+                if same:
+                    break
+                os.close(fd)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:
+            if is_unwritable(exc):
+                raise unwritable(exc, self.directory, "nothing was written") from None
+            raise
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the last descriptor drops the lock
+            self.fd = None
+
+    def __enter__(self) -> OutputLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -20,6 +20,7 @@ from typer.main import get_command
 import objtrain
 from objtrain.cli import common, compare, corrupt, evaluate, export, generate, pack, tokenize, train
 from objtrain.errors import UserError
+from objtrain.io import is_unwritable, unwritable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -129,3 +130,10 @@ def main(argv: list[str] | None = None) -> None:
     except (_PipeClosed, BrokenPipeError):
         _quiet_stdout()
         sys.exit(0)
+    except OSError as exc:  # stdout on a full disk (`> /dev/full`); files say so in objtrain.io
+        if not is_unwritable(exc):
+            raise
+        _quiet_stdout()
+        line = escape(str(unwritable(exc, exc.filename or "the output")))
+        err.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
+        sys.exit(2)

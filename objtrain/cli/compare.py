@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,10 @@ from rich.markup import escape
 from objtrain.cli.common import interrupt_note, make_console
 from objtrain.compare import load_experiment, plan_comparison, run_comparison, write_report
 from objtrain.compare.experiment import Experiment
-from objtrain.compare.runner import Interrupted
+from objtrain.compare.runner import PLAN, Comparison, Interrupted
 from objtrain.compare.sweep import SweepSpec, parse_sweep, plan_sweep, run_sweep
 from objtrain.errors import UserError
+from objtrain.io import OutputLock, check_writable
 
 HELP = """Train several arms under one equal budget, evaluate them with the same suite, report side by side.
 
@@ -60,12 +62,38 @@ def run(
     if spec is not None:
         _run_sweep(exp, spec, output, budget, seeds, data, resume, force, console)
         return
-    comparison = plan_comparison(
-        exp, output, budget, seeds, resume=resume, force=force, data=data, console=console
-    )
+    check_writable(output)  # a read-only or full output: now, not after the first arm has trained
+    lock = OutputLock(output, "-o")
+    try:
+        # A report is held before anything in it is read: a second compare into it is refused. A folder
+        # of the user's with the name is refused by the plan, untouched.
+        if output.is_dir() and any((output / m).exists() for m in (PLAN, OutputLock.NAME)):
+            lock.acquire()
+        comparison = plan_comparison(
+            exp, output, budget, seeds, resume=resume, force=force, data=data, console=console
+        )
+        if lock.fd is None:  # a new report: locked as it is made
+            output.mkdir(parents=True, exist_ok=True)
+            lock.acquire()
+            if any(p.name != OutputLock.NAME for p in output.iterdir()):
+                raise UserError(f"{output} was made by another comparison meanwhile (pass --resume)")
+        elif force:  # --force replaces the report, every check passed; its lock stays held
+            for entry in output.iterdir():
+                if entry.name != OutputLock.NAME:
+                    shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+        # The directory now holds only what a resume keeps (at most its lock): the runner must not
+        # remove it, which it does for a report it is not resuming.
+        comparison.resume = True
+        _compare(comparison, exp.name, output, console)
+    finally:
+        lock.release()
+
+
+def _compare(comparison: Comparison, name: str, output: Path, console: Console) -> None:
+    exp = comparison.experiment
     n = len(comparison.runs)
     console.print(
-        f"[bold]{escape(exp.name)}[/]: {len(exp.arms)} arms x {len(comparison.seeds)} seed(s) = {n} runs, "
+        f"[bold]{escape(name)}[/]: {len(exp.arms)} arms x {len(comparison.seeds)} seed(s) = {n} runs, "
         f"{comparison.budget.describe()} ({comparison.budget_name}), report in {escape(str(output))}"
     )
     interrupt_note(f"interrupted; finished arms are kept in {output}: continue with --resume")

@@ -202,7 +202,8 @@ def run(
         from objtrain.training.distributed import World, launch
 
         check_divisible(cfg, nproc)
-        prepare(cfg, run_dir, resume=resume, force=force, world=World(0, 1, 0), console=console)
+        checked = prepare(cfg, run_dir, resume=resume, force=force, world=World(0, 1, 0), console=console)
+        checked.release()  # the launched rank 0 takes RUN's lock
         argv = _without_nproc(sys.argv[1:])
         raise typer.Exit(launch(nproc, argv))
 

@@ -104,28 +104,6 @@ def peak_flops(device: torch.device, dtype_name: str) -> tuple[float, str]:
     return measured_peak_flops(device.type, dtype_name), "measured matmul"
 
 
-def cpu_has_fast_bf16() -> bool:
-    """bf16 units (AVX512-BF16 or AMX) present and a bf16 matmul clearly faster than fp32 here."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        flags = ""
-    if "avx512_bf16" not in flags and "amx_bf16" not in flags:
-        return False
-    return measured_peak_flops("cpu", "bf16") > 1.3 * measured_peak_flops("cpu", "fp32")
-
-
-def choose_dtype(requested: str, device: torch.device) -> str:
-    """`auto`: bf16 where the device runs it fast, fp16 on GPUs without bf16, else fp32."""
-    if requested != "auto":
-        return requested
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    if device.type == "cpu":
-        return "bf16" if cpu_has_fast_bf16() else "fp32"
-    return "fp32"
-
-
 class PeakMemory:
     """Peak memory over a window: CUDA's allocator peak, or the process's resident high-water mark on CPU
     (reset through /proc/self/clear_refs where Linux allows it)."""

@@ -241,6 +241,13 @@ def read_state(path: Path) -> dict[str, Any]:
     seconds = state.get("seconds", 0.0)
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < math.inf:
         raise damaged(f"has no usable 'seconds' (found {seconds!r})")
+    totals = state.get("schedule_totals")  # [[optimizer step, total steps], ...] since each raise
+    if totals is not None and not (
+        isinstance(totals, list)
+        and totals
+        and all(isinstance(t, list) and len(t) == 2 and all(map(is_count, t)) for t in totals)
+    ):
+        raise damaged(f"has no usable 'schedule_totals' (found {totals!r})")
     if not isinstance(state.get("config"), dict):  # the run's settings, which a resume must match
         raise damaged("has no 'config' mapping")
     if state.get("scaler") is not None and not isinstance(state["scaler"], dict):

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import os
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -49,6 +51,7 @@ from objtrain.errors import UserError
 from objtrain.objectives.base import Objective
 from objtrain.objectives.rng import RowRandom
 from objtrain.specials import Specials
+from objtrain.training.lifetime import die_with_parent
 
 # Up to this many tokens a split's ids are all checked against the vocabulary when it is opened (~0.1 s);
 # a larger split is checked row by row as it is read, so opening it touches no token pages.
@@ -673,13 +676,15 @@ def received(wire: Iterator[tuple[WorkItem, dict[str, Any]]]) -> Iterator[tuple[
         raise UserError(last.split("UserError: ", 1)[-1]) from None
 
 
-def _leave_signals_to_the_trainer(worker_id: int) -> None:
+def _leave_signals_to_the_trainer(worker_id: int, trainer: int = 0) -> None:
     """Loader workers ignore Ctrl-C and SIGTERM. `timeout`, `kill -- -PGID`, Slurm and systemd signal the
     whole process group: a worker dying of it made the DataLoader raise in the training process before the
-    loop could save. The training process saves, then shuts its workers down (they also exit on their own
-    if it dies)."""
+    loop could save. The training process saves, then shuts its workers down; if it dies instead (SIGKILL,
+    OOM), its workers die with it (`objtrain.training.lifetime`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if trainer:
+        die_with_parent(trainer)
 
 
 @contextlib.contextmanager
@@ -698,6 +703,7 @@ def workers_stopped(wire: Iterator[Any]) -> Iterator[None]:
 def make_loader(dataset: CorruptedRows, sampler: RowSampler, workers: int) -> DataLoader:
     """Work items through `workers` processes (0 = in this process), a few micro-batches ahead; iterate it
     through `received`."""
+    init = functools.partial(_leave_signals_to_the_trainer, trainer=os.getpid())  # forked from this process
     return DataLoader(
         dataset,  # type: ignore[arg-type]
         sampler=sampler,
@@ -706,7 +712,7 @@ def make_loader(dataset: CorruptedRows, sampler: RowSampler, workers: int) -> Da
         collate_fn=_to_wire,
         prefetch_factor=4 if workers else None,
         persistent_workers=False,
-        worker_init_fn=_leave_signals_to_the_trainer if workers else None,
+        worker_init_fn=init if workers else None,
         # Each iterator draws a base seed from the global RNG unless given a generator: keep the training
         # RNG (dropout) untouched by data loading (reference training.md section 3).
         generator=torch.Generator().manual_seed(0),

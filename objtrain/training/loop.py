@@ -19,10 +19,16 @@ Data is a pure function of (seed, rows consumed), RNG states are saved: a resume
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
+import platform
+import shlex
 import shutil
 import signal
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Collection
 from contextlib import nullcontext
@@ -40,9 +46,17 @@ from objtrain import IGNORE
 from objtrain.batch import Batch
 from objtrain.config import to_dict
 from objtrain.data.default import default_store
-from objtrain.devices import resolve_device
+from objtrain.devices import auto_dtype, resolve_device
 from objtrain.errors import UserError
-from objtrain.io import atomic_file, check_output_free
+from objtrain.io import (
+    OutputLock,
+    Unwritable,
+    atomic_file,
+    check_output_free,
+    check_writable,
+    is_unwritable,
+    unwritable,
+)
 from objtrain.models.base import TrunkOutput
 from objtrain.models.checkpoint import unwrap
 from objtrain.models.zoo import ModelConfig, build_model, count_parameters, model_config
@@ -68,7 +82,13 @@ from objtrain.training.data import (
 )
 from objtrain.training.host_memory import keep_freed_memory
 from objtrain.training.logger import MetricsLog, Progress, TensorBoard
-from objtrain.training.optim import build_optimizer, lr_factor, scaled_step, set_lr
+from objtrain.training.optim import (
+    build_optimizer,
+    describe_extension,
+    extended_lr_factor,
+    scaled_step,
+    set_lr,
+)
 
 DEFAULT_SEQ_LEN = 256
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints")  # what makes a directory a training run
@@ -98,6 +118,13 @@ class Plan:
     has_valid: bool
     init: Any = None  # objtrain.interop.init_from.InitSource: the weights --init-from starts from
     init_origin: str | None = None  # what the run started from, kept in every checkpoint across resumes
+    dtype_note: str = ""  # how --dtype auto was resolved ("" when given explicitly)
+    lock: OutputLock | None = None  # RUN held by this process (main rank) while it trains
+
+    def release(self) -> None:
+        """Let RUN go (another process may then write it)."""
+        if self.lock is not None:
+            self.lock.release()
 
 
 @dataclass
@@ -126,7 +153,10 @@ def prepare(
     world: dist.World | None = None,
     console: Console | None = None,
 ) -> Plan:
-    """Check everything a run needs and resolve defaults; raise `UserError` before writing anything."""
+    """Check everything a run needs and resolve defaults; raise `UserError` before writing anything.
+
+    An existing RUN (--resume, --force) is locked here, before anything in it is read or cleaned, and
+    stays locked by the returned plan (`Plan.release`); a new RUN is locked when the run creates it."""
     if resume and force:  # --resume would win and silently keep the run --force meant to replace
         raise UserError("--resume continues RUN and --force replaces it: give one of them")
     world = world or dist.World()
@@ -138,6 +168,32 @@ def prepare(
         raise UserError(f"{run_dir} already exists (pass --resume to continue it or --force to replace it)")
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"{run_dir} exists and is not a run directory")
+    if world.is_main:  # a read-only mount, no permission, a full disk: now, not after the model is built
+        check_writable(run_dir)
+    # Only a run is locked here: a folder of the user's that has the name is refused below, untouched.
+    markers = (*RUN_MARKERS, OutputLock.NAME)
+    ours = run_dir.is_dir() and (not any(run_dir.iterdir()) or any((run_dir / m).exists() for m in markers))
+    lock = OutputLock(run_dir, "-o").acquire() if world.is_main and ours else None
+    try:
+        plan = _resolve(cfg, run_dir, resume, force, world, device, console)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    plan.lock = lock
+    return plan
+
+
+def _resolve(
+    cfg: TrainConfig,
+    run_dir: Path,
+    resume: bool,
+    force: bool,
+    world: dist.World,
+    device: torch.device,
+    console: Console | None,
+) -> Plan:
+    """`prepare` past the checks of RUN itself (and its lock)."""
     checkpoints = ckpt.checkpoints_dir(run_dir)
     if resume and checkpoints.exists() and not checkpoints.is_dir():
         raise UserError(f"{checkpoints} is not a directory: {run_dir} is not a run to resume")
@@ -146,9 +202,13 @@ def prepare(
     if store is None and not cfg.data.sources:
         store = str(_embedded_store(world, console))
     source = open_sources(store, cfg.data.sources)
+    if cfg.data.store is not None:  # recorded absolute: `objtrain eval RUN` finds it from any directory
+        absolute = str(Path(cfg.data.store).absolute())
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, store=absolute))
     if force and run_dir.exists():
         paths = [m.path for m in source.members]
-        check_output_free(run_dir, True, paths, replaces=("a training run", RUN_MARKERS))
+        markers = (*RUN_MARKERS, OutputLock.NAME)  # a run killed as it began holds only its lock
+        check_output_free(run_dir, True, paths, replaces=("a training run", markers))
     objective = build_objective(
         cfg.objective.name,
         source.specials,
@@ -213,7 +273,7 @@ def prepare(
 
         # a run started --init-from has the source's shape: its checkpoints say so, whatever the flags now
         model_cfg, init_origin = init_from.resumed_model_config(resume_from, model_cfg)
-    dtype = accounting.choose_dtype(cfg.precision.dtype, device)
+    dtype, dtype_note = _choose_dtype(cfg.precision.dtype, device, resume_from)
     check_precision(dtype, device)
     return Plan(
         cfg,
@@ -231,6 +291,7 @@ def prepare(
         has_valid,
         init,
         init_origin,
+        dtype_note,
     )
 
 
@@ -249,6 +310,25 @@ def no_valid_split(sources: Any, split: str) -> str:
         "--doc-split blank-line (paragraphs) or --doc-split line to cut files into more documents, or a "
         "larger --valid-fraction; or train without validation: validation.every=-1"
     )
+
+
+def _choose_dtype(requested: str, device: torch.device, resume_from: Path | None) -> tuple[str, str]:
+    """(dtype, why): a resumed run keeps the precision it was started in (`auto` takes the checkpoint's;
+    another explicit one is refused); a new run's `auto` is decided by the device's units (`auto_dtype`)."""
+    saved = ckpt.read_state(resume_from).get("dtype") if resume_from is not None else None
+    if resume_from is None or saved not in accounting.DTYPES:  # new, or saved before dtypes were recorded
+        if requested != "auto":
+            return requested, ""
+        dtype, why = auto_dtype(device)
+        return dtype, f"auto: {why}"
+    if requested == "auto":
+        return saved, f"auto: the precision of {resume_from.name}"
+    if requested != saved:
+        raise UserError(
+            f"--resume: the run trains in {saved} ({resume_from.name}); --dtype {requested} would change its "
+            f"precision mid-run: resume with --dtype {saved} or auto, or start a new run (-o)"
+        )
+    return saved, ""
 
 
 def _embedded_store(world: dist.World, console: Console | None) -> Path:
@@ -476,13 +556,31 @@ def train(
     main process: `objtrain compare` draws its progress across arms from it. `save_at`: steps to save a
     checkpoint at besides `checkpoint.every` (a compare sweep branches shorter runs from them).
     """
+    started = time.perf_counter()
     console = console or Console(stderr=True, highlight=False)
     world = dist.setup(resolve_device(cfg.device).type)
+    plan: Plan | None = None
     try:
         plan = prepare(cfg, run_dir, resume=resume, force=force, world=world, console=console)
         hook = on_record if world.is_main else None
-        return _run(plan, console, show_progress and world.is_main, force, hook, frozenset(save_at))
+        return _run(plan, console, show_progress and world.is_main, force, hook, started, frozenset(save_at))
+    except (OSError, Unwritable) as exc:
+        # A write that cannot happen (the disk filled, the mount went read-only): one line naming the
+        # checkpoint that is kept, which a save cut short never replaces.
+        if plan is None:  # refused before anything was written: the line says so already
+            raise
+        if isinstance(exc, Unwritable):
+            where, reason = exc.output, exc.reason
+        elif is_unwritable(exc):
+            where, reason = str(exc.filename or run_dir), unwritable(exc, run_dir).reason
+        else:
+            raise
+        last = ckpt.latest_checkpoint(Path(run_dir))
+        kept = f"the last good checkpoint is {last}" if last is not None else "no checkpoint was saved"
+        raise Unwritable(where, reason, kept) from None
     finally:
+        if plan is not None:
+            plan.release()
         dist.teardown()
 
 
@@ -495,7 +593,8 @@ class RunState:
     position: Position = field(default_factory=Position)  # the data: rows consumed, stream offset
     tokens: int = 0  # model positions trained on
     target_tokens: int = 0  # of which targets of the loss
-    seconds: float = 0.0  # training time, summed over the resumed parts
+    seconds: float = 0.0  # training time (the steps' own), summed over the resumed parts
+    elapsed: float = 0.0  # wall-clock time up to the checkpoint (start-up, validation, saves), summed too
 
     @classmethod
     def restore(cls, saved: dict[str, Any]) -> RunState:
@@ -507,6 +606,7 @@ class RunState:
             tokens=int(saved.get("tokens", 0)),
             target_tokens=int(saved.get("target_tokens", 0)),
             seconds=float(saved.get("seconds", 0.0)),
+            elapsed=float(saved.get("elapsed", saved.get("seconds", 0.0))),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -517,6 +617,7 @@ class RunState:
             "tokens": self.tokens,
             "target_tokens": self.target_tokens,
             "seconds": self.seconds,
+            "elapsed": self.elapsed,
         }
 
 
@@ -565,11 +666,38 @@ class Trainer:
         if self.scaler is not None and saved.get("scaler"):
             self.scaler.load_state_dict(saved["scaler"])
         self.loss_of = self._compile() if cfg.precision.compile else None
-        if "total_steps" in saved:  # the schedule is that of the whole run, fixed when it started
+        self.extension = ""  # what the schedule does from a resume that raised the run's total
+        if "total_steps" in saved:  # the schedule is that of the whole run, fixed when it started...
             self.total = int(saved["total_steps"])
+            self.totals = [(int(a), int(b)) for a, b in saved.get("schedule_totals") or [(0, self.total)]]
+            if saved["config"].get("budget") != config_dict(cfg)["budget"]:  # ...or raised since
+                self._extend(saved)
         else:
             self.total = total_steps(cfg, plan, lambda: _time_one_step(plan, self.model, self.scaler))
+            self.totals = [(0, self.total)]
         self.checkpoint = plan.resume_from  # the last complete checkpoint
+
+    def _extend(self, saved: dict[str, Any]) -> None:
+        """`--resume` with a bigger budget: the run goes on to the new total (`extended_lr_factor`);
+        a smaller one, or a --time budget (fixed by timing a step when the run began), is refused."""
+        cfg = self.plan.cfg
+        if cfg.budget.seconds is not None or saved["config"].get("budget", {}).get("seconds") is not None:
+            raise UserError(
+                "--resume: a --time budget is fixed as the run starts; extend a run by --steps or --tokens"
+            )
+        new = total_steps(cfg, self.plan)
+        if new < self.total:
+            raise UserError(
+                f"--resume: the budget gives {new} steps, fewer than the run's {self.total}: a run can be "
+                "extended, not shortened (its schedule is fixed up to its end); start a new run (-o)"
+            )
+        if new == self.total:
+            return
+        at = self.state.optimizer_steps
+        before = extended_lr_factor(at, self.totals, cfg.schedule)
+        self.extension = describe_extension(at, self.total, new, cfg.schedule, before)
+        self.totals.append((at, new))
+        self.total = new
 
     def restore_rng(self) -> None:
         """Put a resumed run's RNG back as it was after its last saved step. Called right before the first
@@ -645,7 +773,7 @@ class Trainer:
             raise NonFiniteLoss(
                 f"the {what} is {loss if what == 'loss' else grad_norm} at step {self.state.step + 1}{where}"
             )
-        lr = optim_cfg.lr * lr_factor(self.state.optimizer_steps, self.total, plan.cfg.schedule)
+        lr = optim_cfg.lr * extended_lr_factor(self.state.optimizer_steps, self.totals, plan.cfg.schedule)
         set_lr(self.optimizer, lr)
         if self.scaler is not None:
             self.state.optimizer_steps += scaled_step(self.optimizer, self.scaler)
@@ -673,6 +801,7 @@ class Trainer:
                 {
                     **state.to_dict(),
                     "total_steps": self.total,
+                    "schedule_totals": [list(t) for t in self.totals],
                     "world_size": world.world_size,
                     "micro_batch": plan.micro_batch,
                     "seq_len": plan.seq_len,
@@ -721,6 +850,7 @@ def _run(
     show: bool,
     force: bool,
     on_record: Callable[[dict[str, Any]], None] | None,
+    started: float,
     save_at: frozenset[int] = frozenset(),
 ) -> TrainResult:
     cfg, world, device, run_dir = plan.cfg, plan.world, plan.device, plan.run_dir
@@ -749,22 +879,30 @@ def _run(
 
     # Files: only now, after every check; rank 0 writes, the others read nothing from RUN.
     if world.is_main:
-        if force and run_dir.exists() and plan.resume_from is None:
-            shutil.rmtree(run_dir)  # --force replaces the run; every check has passed by now
+        _claim(plan, force)
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-        with atomic_file(run_dir / "config.yaml", "w") as handle:
-            yaml.safe_dump(config_dict(cfg) | {"resolved": _resolved(plan, total)}, handle, sort_keys=False)
+        _write_record(plan, total, state.step)
     dist.barrier(world)
+    elapsed_before = state.elapsed
+
+    def elapsed() -> float:
+        """Wall-clock seconds of the run so far: start-up, validation and saves too, over resumed parts."""
+        return elapsed_before + time.perf_counter() - started
+
     log = MetricsLog(run_dir / "metrics.jsonl") if world.is_main else None
     tb = TensorBoard(run_dir / "tensorboard", cfg.logging.tensorboard and world.is_main)
     if log is not None and plan.resume_from is not None:
-        event = {"event": "resume", "step": state.step, "from": plan.resume_from.name}
+        event = {"event": "resume", "step": state.step, "from": plan.resume_from.name, "total_steps": total}
+        if trainer.extension:
+            event["schedule"] = trainer.extension
         log.write(event | accounting.numerics(device) | {"numerics_changed": trainer.numerics_changed})
     if plan.init is not None and trainer.checkpoint is None and world.is_main:
         notes = "".join(f"; {note}" for note in trainer.init_notes)
         console.print(f"initialised from {plan.init.description}{notes}", markup=False)
         if log is not None:
             log.write({"event": "init_from", "from": str(plan.init.path), "notes": trainer.init_notes})
+    if trainer.extension and world.is_main:
+        console.print(f"schedule: {trainer.extension}", markup=False)
     if trainer.numerics_changed and world.is_main:
         changes = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in trainer.numerics_changed.items())
         console.print(
@@ -810,7 +948,13 @@ def _run(
 
     def run_validation() -> dict[str, float]:
         result = validate(trainer.model, plan, valid, trainer.sharded)
-        where = {"step": state.step, "tokens": state.tokens, "wall_time": state.seconds}
+        where = {
+            "step": state.step,
+            "tokens": state.tokens,
+            "wall_time": state.seconds,
+            "elapsed": elapsed(),
+            "time": time.time(),
+        }
         _log_validation(log, tb, progress, where, result, on_record)
         return result
 
@@ -851,6 +995,8 @@ def _run(
                 "data_wait_frac": wait / step_time,
                 "peak_mem_bytes": memory.peak_bytes(),
                 "wall_time": state.seconds,
+                "elapsed": elapsed(),
+                "time": time.time(),
                 **out.metrics,
                 **_realised(batches),
             }
@@ -874,9 +1020,11 @@ def _run(
             if validating and trainer.due(cfg.validation.every):
                 validation = run_validation()
             if trainer.due(cfg.checkpoint.every) or (state.step in save_at and not trainer.finished):
+                state.elapsed = elapsed()
                 trainer.save(log)
             stop = torch.tensor([float(flag.signal is not None)], device=device)
             if float(dist.all_reduce_max(stop, world)) > 0:
+                state.elapsed = elapsed()
                 trainer.save(log)
                 stopped = "SIGTERM" if flag.signal == signal.SIGTERM else "SIGINT"
                 break
@@ -884,6 +1032,7 @@ def _run(
     if not stopped:
         if validating:
             validation = run_validation()
+        state.elapsed = elapsed()
         trainer.save(log)
     progress.close()
     tb.close()
@@ -923,7 +1072,9 @@ def _announce(progress: Progress, plan: Plan, n_params: int, total: int, step: i
     progress.note(
         f"{plan.objective.name} on a {size} {plan.model_cfg.kind} "
         f"({n_params / 1e6:.2f}M params), "
-        f"{total} steps of {cfg.batch.batch_size} x {plan.seq_len}, {plan.dtype} on {plan.device}, "
+        f"{total} steps of {cfg.batch.batch_size} x {plan.seq_len}, {plan.dtype} "
+        + (f"({plan.dtype_note}) " if plan.dtype_note else "")
+        + f"on {plan.device}, "
         f"{plan.world.world_size} process{'es' if plan.world.world_size > 1 else ''}"
         + (f", resumed at step {step}" if step else "")
     )
@@ -982,6 +1133,83 @@ def _resolved(plan: Plan, total: int) -> dict[str, Any]:
     }
 
 
+def _claim(plan: Plan, force: bool) -> None:
+    """Create (or, with --force, empty) RUN and hold its lock. A new RUN is locked as it is made: were
+    another run to have made it since the checks, this one is refused rather than write into it."""
+    run_dir = plan.run_dir
+    if force and run_dir.exists() and plan.resume_from is None:
+        for entry in run_dir.iterdir():  # --force replaces the run, all checks passed; the lock stays held
+            if entry.name != OutputLock.NAME:
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if plan.lock is None:
+        plan.lock = OutputLock(run_dir, "-o").acquire()
+        if any((run_dir / marker).exists() for marker in RUN_MARKERS):
+            plan.release()
+            raise UserError(f"{run_dir} was made by another run meanwhile (pass --resume to continue it)")
+
+
+def provenance() -> dict[str, Any]:
+    """What made a run: objtrain's version and, installed from a git checkout, its commit (with `+dirty`
+    when the tree had changes), torch and Python, the host, the command line, the time."""
+    import objtrain
+
+    out: dict[str, Any] = {
+        "objtrain": objtrain.__version__,
+        "git_commit": _git_commit(Path(objtrain.__file__).resolve().parent.parent),
+        "torch": str(torch.__version__),  # a str subclass YAML cannot represent
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "command": _command_line(),
+        "cwd": os.getcwd(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    return out
+
+
+def _command_line() -> str:
+    """This process's command line as a shell would take it (`python -m objtrain` shown as `objtrain`)."""
+    if not sys.argv:
+        return ""
+    head = Path(sys.argv[0]).name
+    return shlex.join(["objtrain" if head == "__main__.py" else head, *sys.argv[1:]])
+
+
+def _git_commit(root: Path) -> str | None:
+    if not (root / ".git").exists():
+        return None  # installed from a wheel or an sdist
+    try:
+
+        def git(*args: str) -> str:
+            done = subprocess.run(
+                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=True
+            )
+            return done.stdout.strip()
+
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if dirty else "")
+
+
+RESUMES = "resumes"  # RUN/resumes/NNN-from-step-SSSSSSSS.yaml: one record per resume
+
+
+def _write_record(plan: Plan, total: int, step: int) -> None:
+    """RUN/config.yaml once, when the run starts; each later start (a resume, or a restart of a run with
+    no complete checkpoint) adds its own record under RUN/resumes/ instead: the history stays."""
+    record = config_dict(plan.cfg) | {"resolved": _resolved(plan, total), "provenance": provenance()}
+    target = plan.run_dir / "config.yaml"
+    if target.exists():
+        folder = plan.run_dir / RESUMES
+        n = 1 + sum(1 for p in folder.glob("*.yaml")) if folder.is_dir() else 1
+        target = folder / f"{n:03d}-from-step-{step:08d}.yaml"
+        record["resumed_from"] = plan.resume_from.name if plan.resume_from is not None else None
+    with atomic_file(target, "w") as handle:
+        yaml.safe_dump(record, handle, sort_keys=False)
+
+
 def check_precision(dtype: str, device: torch.device) -> None:
     """Refuse a dtype the device has no business training in."""
     if dtype == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
@@ -994,7 +1222,9 @@ def _check_resume(plan: Plan, state: dict[str, Any]) -> None:
     """The schedule is that of the whole run: refuse a resume that changes what the run is."""
     saved = state.get("config", {})
     now = config_dict(plan.cfg)
-    for section in ("model", "objective", "optim", "schedule", "budget", "data"):
+    for section in ("model", "objective", "optim", "schedule", "data"):  # a budget may grow: `_extend`
+        if section == "data" and _same_data(saved.get(section), now.get(section)):
+            continue
         if saved.get(section) != now.get(section):
             raise UserError(
                 f"--resume: the {section} settings differ from the checkpoint's ({plan.resume_from}); "
@@ -1010,6 +1240,19 @@ def _check_resume(plan: Plan, state: dict[str, Any]) -> None:
     seq_len = state.get("seq_len", saved.get("batch", {}).get("seq_len"))
     if seq_len is not None and seq_len != plan.seq_len:
         raise UserError(f"--resume: --seq-len {plan.seq_len} differs from the checkpoint's {seq_len}")
+
+
+def _same_data(saved: Any, now: Any) -> bool:
+    """The same data settings, the store compared as a path: a run started as `train packed` (recorded so
+    by older versions) resumes as the absolute path it now records."""
+    if not (isinstance(saved, dict) and isinstance(now, dict)):
+        return False
+
+    def where(section: dict[str, Any]) -> dict[str, Any]:
+        store = section.get("store")
+        return section | {"store": None if store is None else str(Path(store).absolute())}
+
+    return where(saved) == where(now)
 
 
 def _numerics_changed(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, tuple[Any, Any]]:

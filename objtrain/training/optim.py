@@ -63,7 +63,10 @@ def lr_factor(step: int, total: int, cfg: ScheduleConfig) -> float:
     Linear warmup `(s+1)/W`, then: cosine or linear decay to `min_lr_ratio` at the last step; constant;
     or warmup-stable-decay (constant, then a linear decay over the last `decay_ratio` of the run).
     """
-    warm = min(warmup_steps(cfg, total), total)
+    return _factor(step, total, min(warmup_steps(cfg, total), total), cfg)
+
+
+def _factor(step: int, total: int, warm: int, cfg: ScheduleConfig) -> float:
     if step < warm:
         return (step + 1) / warm
     m = cfg.min_lr_ratio
@@ -81,6 +84,72 @@ def lr_factor(step: int, total: int, cfg: ScheduleConfig) -> float:
     if cfg.kind == "linear":
         return m + (1 - m) * (1 - p)
     return m + (1 - m) * 0.5 * (1 + math.cos(math.pi * p))
+
+
+def extended_lr_factor(step: int, totals: list[tuple[int, int]], cfg: ScheduleConfig) -> float:
+    """`lr_factor` of a run whose total was raised on resume (`--resume --steps` more than it had).
+
+    `totals` is the run's history: `[(0, S0), (k1, S1), ...]`, each raise made at optimizer step `k` to a
+    total `S`. Before the first raise this is `lr_factor(step, S0)`, so an unextended run is unchanged.
+    From a raise at step k on:
+    - still warming up, a constant schedule, or a wsd run in its stable phase: the schedule of an S-step
+      run with the original warmup (wsd: the stable phase goes on; the decay takes the new run's last
+      `decay_ratio`);
+    - a decay already under way (cosine, linear, or wsd past its stable phase): the rest of that decay is
+      stretched from its value at k to reach `min_lr_ratio` at the new last step, so the lr never jumps;
+      a finished run (already at the floor) goes on at the floor. Re-warming decayed weights to the peak
+      would be a new run, not the rest of this one.
+    Every value is a pure function of (step, totals, config): a resumed run stays bit-identical."""
+    if len(totals) <= 1:
+        return lr_factor(step, totals[0][1], cfg)
+    at, total = totals[-1]
+    if step < at:
+        return extended_lr_factor(step, totals[:-1], cfg)
+    first = totals[0][1]
+    warm = min(warmup_steps(cfg, first), first)
+    before = extended_lr_factor(at, totals[:-1], cfg)
+    if at < warm or cfg.kind == "constant" or (cfg.kind == "wsd" and before >= 1.0):
+        return _factor(step, total, warm, cfg)
+    m = cfg.min_lr_ratio
+    if m >= 1.0:
+        return 1.0
+    left = min(max((before - m) / (1 - m), 0.0), 1.0)  # share of the decay still to go at step k
+    phase = math.acos(2 * left - 1) / math.pi if cfg.kind == "cosine" else 1 - left
+    p = phase + (1 - phase) * min((step - at) / max(total - 1 - at, 1), 1.0)
+    shape = 0.5 * (1 + math.cos(math.pi * p)) if cfg.kind == "cosine" else 1 - p
+    return m + (1 - m) * shape
+
+
+def describe_extension(at: int, old: int, new: int, cfg: ScheduleConfig, before: float) -> str:
+    """One line on what the lr does from a raise of the run's total (`extended_lr_factor`)."""
+    head = f"the run grows from {old} to {new} steps at step {at}"
+    first_warm = warmup_steps(cfg, old)
+    if at < first_warm:
+        return (
+            f"{head}: its warmup ends at step {first_warm} as before, then its {cfg.kind} schedule "
+            f"spans {new} steps"
+        )
+    if cfg.kind == "constant":
+        return f"{head}: the constant lr goes on"
+    if cfg.kind == "wsd" and before >= 1.0:
+        decay = max(round(cfg.decay_ratio * new), 1)
+        return f"{head}: the wsd stable phase goes on; its decay now takes steps {new - decay}-{new}"
+    floor = cfg.min_lr_ratio
+    if before <= floor + 1e-12:
+        return (
+            f"{head}: it had decayed to its final lr ({floor:g} x peak) and goes on at it; for a new decay "
+            "from the peak start a new run from its weights"
+        )
+    what = "the wsd decay" if cfg.kind == "wsd" else f"the {cfg.kind} decay"
+    return (
+        f"{head}: {what} from here ({before:.3g} x peak) is stretched to reach {floor:g} x peak at step "
+        f"{new}, with no jump in the lr"
+        + (
+            " (to continue the stable phase instead, resume from a checkpoint before the decay)"
+            if cfg.kind == "wsd"
+            else ""
+        )
+    )
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

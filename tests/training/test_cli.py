@@ -87,6 +87,7 @@ def test_refuses_an_existing_run_and_a_store_without_a_valid_split(
         [str(train_store), *QUICK, "--objective", "clm", "-o", str(run), "--force"], monkeypatch, capsys
     )
     assert code == 2 and "is not a training run" in err and (run / "mine.txt").read_text() == "keep me"
+    assert [p.name for p in run.iterdir()] == ["mine.txt"]  # not even a lock file left in it
 
     from objtrain.data.tokenize import TokenizeConfig, tokenize_corpus
 
@@ -176,9 +177,36 @@ def _final_weights(run: Path) -> dict[str, torch.Tensor]:
     return load_file(latest / "model.safetensors")
 
 
+def _group(pgid: int) -> list[int]:
+    """Live processes of process group `pgid` (zombies, already dead, are left out)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        state, _, pgrp = stat[stat.rindex(")") + 2 :].split()[:3]
+        if int(pgrp) == pgid and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def _gone(pgid: int, timeout: float = 60.0) -> list[int]:
+    """Wait until no process of group `pgid` is left; returns those still there at the deadline."""
+    deadline = time.time() + timeout
+    while (left := _group(pgid)) and time.time() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process groups from /proc")
 def test_sigkill_at_any_moment_resumes_to_the_same_weights(train_store: Path, tmp_path: Path) -> None:
     # Dropout on: each resumed process must draw the dropout masks the run never stopped drew, so nothing
-    # may touch the global RNG between restoring it and the first resumed step.
+    # may touch the global RNG between restoring it and the first resumed step. The killed runs load with
+    # two worker processes (the straight run with none: data are a pure function of the row), and nothing
+    # of a killed run may outlive it: a worker left behind holds its memory for ever.
     dropout = "model.dropout=0.1"
     straight = tmp_path / "straight"
     subprocess.run(
@@ -201,9 +229,13 @@ def test_sigkill_at_any_moment_resumes_to_the_same_weights(train_store: Path, tm
             time.sleep(0.005)
 
     mid_save = 0
+    helpers_seen = 0
     for attempt in range(3):
-        args = _cli(train_store, run, dropout, "--save-every", "1", *(["--resume"] if attempt else []))
-        proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        resume = ["--resume"] if attempt else []
+        args = _cli(train_store, run, dropout, "--save-every", "1", "workers=2", *resume)
+        proc = subprocess.Popen(
+            args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
         before = steps_logged()
         wait_for(lambda b=before, p=proc: steps_logged() >= b + 2 or p.poll() is not None)
         if attempt == 0:  # kill inside a save: the moment its temporary directory exists
@@ -211,10 +243,17 @@ def test_sigkill_at_any_moment_resumes_to_the_same_weights(train_store: Path, tm
         else:  # anywhere
             time.sleep(rng.uniform(0.0, 0.3))
         assert proc.poll() is None, "the run ended before it could be killed"
+        helpers_seen += len(_group(proc.pid)) - 1
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
+        proc.stderr.close()  # type: ignore[union-attr]
+        left = _gone(proc.pid)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        assert not left, f"processes {left} of a SIGKILLed run survived it"
         mid_save += any(p.name.endswith(".tmp") for p in root.iterdir())
     assert mid_save >= 1  # at least one kill landed in the middle of a save
+    assert helpers_seen > 0  # the runs had loader workers to leave behind
     final = subprocess.run(
         _cli(train_store, run, dropout, "--save-every", "1", "--resume"), env=env, capture_output=True
     )
