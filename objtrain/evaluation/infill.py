@@ -219,6 +219,9 @@ def infill_mode(kind: str, training: dict[str, Any]) -> str:
     """How this model infills: fim-psm, fim-spm, sentinel, left-to-right or none."""
     objective = training.get("objective")
     if kind == "decoder":
+        settings = training.get("objective_config") or {}
+        if objective == "fim" and isinstance(settings, dict) and settings.get("fim_rate") == 0:
+            return "left-to-right"  # FIM at rate 0 is CLM: it never saw the sentinels
         if objective == "fim" or training.get("fim_mode"):
             mode = str(training.get("fim_mode") or "psm")
             return f"fim-{mode}"

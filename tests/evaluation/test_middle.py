@@ -120,3 +120,13 @@ def test_an_unknown_probe_task_is_one_line(tmp_path) -> None:
 
     with pytest.raises(UserError, match="did you mean 'sst2'"):
         probe.task_files("sst", tmp_path)
+
+
+def test_fim_at_rate_zero_infills_left_to_right() -> None:
+    assert infill.infill_mode("decoder", {"objective": "fim", "objective_config": {"fim_rate": 0.0}}) == (
+        "left-to-right"
+    )
+    assert (
+        infill.infill_mode("decoder", {"objective": "fim", "objective_config": {"fim_rate": 0.5}})
+        == "fim-psm"
+    )
