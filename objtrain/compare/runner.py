@@ -151,6 +151,7 @@ def plan_comparison(
                     k: v
                     for k, v in part["experiment"].items()
                     if k not in ("eval", "claims", "question", "expect", "source")
+                    and not (k == "sweep" and not v)  # reports from before sweeps existed have none
                 }
         for key in ("experiment", "budget", "seeds", "data"):
             if saved.get(key) != now[key]:
