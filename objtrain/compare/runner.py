@@ -151,8 +151,9 @@ def plan_comparison(
                     k: v
                     for k, v in part["experiment"].items()
                     if k not in ("eval", "claims", "question", "expect", "source")
-                    and not (k == "sweep" and not v)  # reports from before sweeps existed have none
                 }
+                # A setting added since the report was planned reads as absent while it is unset
+                part["experiment"] = _without_unset(part["experiment"])
         for key in ("experiment", "budget", "seeds", "data"):
             if saved.get(key) != now[key]:
                 what = "seeds differ from those" if key == "seeds" else f"{key} differs from the one"
@@ -400,6 +401,16 @@ def train_summary(run: Run) -> dict[str, Any]:
         {k: r.get(k) for k in ("step", "tokens", "wall_time", "val_loss", "val_bpb") if k in r} for r in vals
     ]
     return out
+
+
+def _without_unset(value: Any) -> Any:
+    """`value` with every mapping entry that is None or an empty mapping left out, recursively."""
+    if isinstance(value, dict):
+        kept = {k: _without_unset(v) for k, v in value.items()}
+        return {k: v for k, v in kept.items() if v is not None and v != {}}
+    if isinstance(value, list):
+        return [_without_unset(v) for v in value]
+    return value
 
 
 def _median(values: list[float]) -> float | None:
