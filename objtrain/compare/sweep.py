@@ -422,6 +422,7 @@ def branch(cell: Cell) -> None:
     # Only the schedule's length and the config depend on the budget; everything else (weights, Adam
     # moments, data position, counters, RNG states) is what the cell's own run holds at this step.
     state["total_steps"] = cell.run.steps
+    state["schedule_totals"] = [[0, cell.run.steps]]  # the schedule's history: one total since step 0
     state["config"] = config_dict(cell.run.cfg)
     with atomic_dir(cell.run.run_dir) as tmp:
         shutil.copytree(src, tmp / "checkpoints" / src.name)
