@@ -5,10 +5,11 @@ The standard library is on every machine, so unit tests need nothing from outsid
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import sysconfig
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,24 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SAMPLE_MODULES = ["textwrap.py", "shlex.py", "fnmatch.py", "bisect.py", "heapq.py", "queue.py", "string.py"]
+
+
+@pytest.fixture(autouse=True)
+def no_loader_worker_left() -> Iterator[None]:
+    """A test that leaves loader worker processes running fails, naming itself, instead of the whole suite
+    hanging at exit or the workers slowing every later test."""
+    from objtrain.training.data import _WORKERS
+
+    before = {id(w) for w in _WORKERS if w.is_alive()}
+    yield
+    left = [w for w in _WORKERS if w.is_alive() and id(w) not in before]
+    if left:
+        gc.collect()  # a dropped iterator shuts its workers down when collected
+        left = [w for w in left if w.is_alive()]
+    for worker in left:
+        worker.kill()
+        worker.join(timeout=5)
+    assert not left, f"{len(left)} loader worker process(es) left running"
 
 
 @pytest.fixture(scope="session")

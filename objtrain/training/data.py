@@ -30,11 +30,14 @@ reads the raw tokens and applies the objective.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import functools
+import multiprocessing
 import os
 import signal
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -700,11 +703,37 @@ def workers_stopped(wire: Iterator[Any]) -> Iterator[None]:
             shutdown()
 
 
+_WORKERS: weakref.WeakSet[multiprocessing.process.BaseProcess] = weakref.WeakSet()
+
+
+def _kill_leftover_workers() -> None:
+    """At interpreter exit, SIGKILL the loader workers still alive (a loader dropped after an error, its
+    iterator kept alive by the traceback). multiprocessing's own exit handler, which runs after this one,
+    sends them SIGTERM, which they ignore, and then joins them: the process would never exit."""
+    for worker in list(_WORKERS):
+        if worker.is_alive():
+            worker.kill()
+            worker.join(timeout=5)
+
+
+class _Loader(DataLoader):
+    """A DataLoader that remembers its worker processes, for `_kill_leftover_workers`."""
+
+    def _get_iterator(self) -> Any:
+        wire = super()._get_iterator()
+        _WORKERS.update(getattr(wire, "_workers", ()))
+        return wire
+
+
 def make_loader(dataset: CorruptedRows, sampler: RowSampler, workers: int) -> DataLoader:
     """Work items through `workers` processes (0 = in this process), a few micro-batches ahead; iterate it
     through `received`."""
     init = functools.partial(_leave_signals_to_the_trainer, trainer=os.getpid())  # forked from this process
-    return DataLoader(
+    if workers:
+        # Registered after multiprocessing's exit handler, so run before it (atexit is last in, first out).
+        atexit.unregister(_kill_leftover_workers)
+        atexit.register(_kill_leftover_workers)
+    return _Loader(
         dataset,  # type: ignore[arg-type]
         sampler=sampler,
         batch_size=None,

@@ -26,6 +26,7 @@ from objtrain.training.data import (
     Sources,
     make_loader,
     received,
+    workers_stopped,
 )
 
 BIG = (1 << 32) + 3000  # tokens in the train split
@@ -114,8 +115,9 @@ def test_a_damaged_id_in_a_store_too_large_to_scan_is_refused_when_read(
     clm = build_objective("clm", source.specials, source.tokenizer, "decoder")
     sampler = RowSampler(clm, 63, 0, 2, 2, 0, 1, Position(0, (MARK + 1,)), 0, 1, stream=stream)
     loader = make_loader(CorruptedRows(stream, clm, 63, 0), sampler, workers=1)
-    with pytest.raises(UserError) as err:
-        next(received(iter(loader)))
+    wire = iter(loader)
+    with workers_stopped(wire), pytest.raises(UserError) as err:
+        next(received(wire))
     assert str(err.value).startswith("the store holds token id 65000") and "\n" not in str(err.value)
 
 
