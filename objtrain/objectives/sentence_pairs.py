@@ -77,10 +77,18 @@ tail, the first one ending at the row's last sentence start (not at its cut). Wh
 passage, or its run is shorter than half the actual next while an earlier one is not, B is read before A as
 in step 5 (text already shown: its positions are counted once). When the front reaches the tail, it reads
 the row's cut last sentence, and the pairs after that take their B before A. The row's raw text is thus
-read once except those fallbacks: unused is ~3 tokens per pair plus the fallbacks (3.3% on the standard
-library packed at 512, against 20.7% before; prose with long sentences at short rows leaves more: 12% on
-wikitext-2 paragraphs at 256, against 23%). With donor text (`same_document_negatives: false`) the row's
-own text after the pairs would go unread, so that mode keeps steps 2 to 6 and their waste.
+read once except those fallbacks. A pair split at a token (a one-sentence chunk) takes, as a negative, a
+B that starts at a token too (after the actual next, exactly as long): B's starting mid-sentence would
+otherwise mark every such pair positive (27% of the pairs on wikitext-2 paragraphs at 256).
+
+Raw need (`raw_lengths`): a row's [CLS] [SEP] [SEP] (3 positions a pair) and its fallback B's take
+positions that no raw token fills, so a full row of raw text cannot all be shown (12% of it went unused on
+wikitext-2 paragraphs at 256). NSP asks for fewer raw tokens than positions, the width less 3 per expected
+pair and an eighth of a chunk for the fallbacks, and the rest is padding. Measured (`corrupt --stats`, 256
+to 2,048 rows): wikitext-2 paragraphs (sentencepiece 2,000) at 256: 3.9-4.2% unused, 3.5% padding; at 512:
+3.1%, 1.4%; the standard library at 512: 0.4%, 2.2%; at 256: 0.4%, 4.4%. With donor text
+(`same_document_negatives: false`) the row's own text after the pairs would go unread, so that mode keeps
+steps 2 to 6 and their waste (26-33%); its need leaves room for the [CLS] [SEP] [SEP] only.
 
 Loss: MLM mean + sentence-pair mean, an unweighted sum as BERT's run_pretraining.py; each mean is over
 the whole optimizer step (all micro-batches and ranks), through `LossOutput.pair_sum`.
@@ -472,6 +480,21 @@ class NextSentencePrediction(_SentencePairs):
     def donor_length(self, width: int) -> int:
         return 0 if self.config.same_document_negatives else width
 
+    def raw_lengths(self, model_length: int, row_index: Tensor, seed: int) -> Tensor:
+        """Fewer raw tokens than positions: every pair spends 3 positions on [CLS] [SEP] [SEP], and a
+        negative whose B cannot come from the row's unread tail (mostly the row's last pair) shows text
+        again. Fed a full row, the text those positions displace could not be shown: 12% of the raw tokens
+        of wikitext-2 paragraphs at 256 went unused. The need is the width less 3 positions per expected
+        pair and an eighth of a chunk for the repeated B's; what is left over is padding (about 1-4% of
+        the positions, module doc)."""
+        K = self.chunk_length(model_length)
+        p = self.config.short_seq_prob
+        mean_chunk = (1 - p) * K + p * (K + 2) / 2
+        pairs = model_length / (mean_chunk + 3)
+        repeated = K / 8 if self.config.same_document_negatives else 0.0  # donor B's repeat nothing
+        need = model_length - round(3 * pairs + repeated)
+        return torch.full_like(row_index, max(need, min(model_length, 5)), dtype=torch.int64)
+
     def make_pairs(
         self, rows: Tensor, document_ids: Tensor, rr: RowRandom, donors: tuple[Tensor, Tensor] | None = None
     ) -> Pairs:
@@ -659,6 +682,13 @@ def put_back_pairs(
         before_ok = (n_before > 0) & (q_before >= floor_)
         use_before = before_ok & ((aim - q_before < q_after - aim) | (q_after >= b_end))
         q = torch.where(use_before, q_before, q_after)
+        # A pair split at a token (a one-sentence chunk) takes a B that starts at a token too, after the
+        # actual next and as long as it: else "B starts mid-sentence" would tell every such pair positive.
+        floor_t = torch.maximum(run_from, end)
+        q_tok = b_end - want
+        token_b = valid & ~at_sentence
+        q = torch.where(token_b, q_tok, q)
+        floor_ = torch.where(token_b, floor_t, floor_)
         from_tail = (t1 >= 0) & (q >= floor_) & (q < b_end) & ~closed
         # else before A (text already shown: nothing is lost), a random sentence start with room first
         roomy, before_a = own.before.gather(1, torch.cat([(cur - want + 1).clamp(0, L), cur], 1)).chunk(2, 1)
@@ -670,7 +700,15 @@ def put_back_pairs(
             u = column(step, "nsp/random_start")
             n = torch.where(roomy > 0, roomy, before_a)
             q_early = own.nth_start((u * n).long()).clamp(max=L - 1)
-            early_end = own.end_near(q_early, want, torch.minimum(own.run_end(q_early), cur))
+            # token-type: a random text position before A with room for the whole B where there is one
+            span = torch.where(cur - want + 1 > 0, cur - want + 1, cur).clamp(min=0)
+            q_tok_early = next_real.gather(1, (u * span).long().clamp(0, L)).clamp(max=L - 1)
+            q_early = torch.where(token_b, q_tok_early, q_early)
+            n = torch.where(token_b, span, n)
+            early_limit = torch.minimum(own.run_end(q_early), cur)
+            early_end = torch.where(
+                token_b, torch.minimum(q_early + want, early_limit), own.end_near(q_early, want, early_limit)
+            )
             negative = negative & (from_tail | (n > 0))
             b_start = torch.where(from_tail, q, q_early)
             b_len = torch.where(from_tail, b_len, early_end - q_early)
