@@ -27,8 +27,9 @@ and the middle's bits per byte given prefix and suffix (and from the prefix alon
 too small for exact match.
 A linear probe on frozen features: by default, which standard-library package a function comes from; or a
 labelled TSV/JSONL (--probe train.tsv --probe-valid dev.tsv), or named tasks (--probe-task sst2,trec,cola
---probe-data DIR); the layer and penalty are chosen on a dev split, never on the reported one. A few
-greedy samples for the eye.
+--probe-data DIR); the layer and penalty are chosen on a dev split, never on the reported one. With
+--finetune, the whole model is also fine-tuned on the same tasks (a linear head, AdamW, weights chosen on
+dev) and scored on test, as the literature compares objectives. A few greedy samples for the eye.
 
 DATA is a token or packed store (its valid split by default) or a UTF-8 text file, encoded with the
 checkpoint's own tokenizer. Without --data: the run's own store, else the embedded standard-library store.
@@ -88,6 +89,18 @@ def run(
     middle_tasks: Annotated[
         int, typer.Option("--middle-tasks", min=0, help="Infilling tasks whose middle is scored in bits.")
     ] = 240,
+    finetune: Annotated[
+        bool,
+        typer.Option(
+            "--finetune", help="Also fine-tune the whole model on the probe's tasks (minutes on a CPU)."
+        ),
+    ] = False,
+    finetune_steps: Annotated[
+        int, typer.Option("--finetune-steps", help="Fine-tuning steps per task.")
+    ] = 300,
+    finetune_lr: Annotated[
+        float, typer.Option("--finetune-lr", help="Fine-tuning peak learning rate.")
+    ] = 3e-4,
     samples: Annotated[int, typer.Option(min=0, help="Greedy samples to show.")] = 3,
     skip: Annotated[str, typer.Option(help="Parts to leave out: lm,corrupted,infill,probe,samples.")] = "",
     output_format: Annotated[
@@ -116,6 +129,9 @@ def run(
         probe_tasks=tuple(k.strip() for k in probe_tasks.split(",") if k.strip()),
         probe_data=probe_data,
         middle_tasks=middle_tasks,
+        finetune=finetune,
+        finetune_steps=finetune_steps,
+        finetune_lr=finetune_lr,
         samples=samples,
         skip=tuple(k.strip() for k in skip.split(",") if k.strip()),
         device=device,
@@ -133,7 +149,7 @@ def run(
 NOTES = (
     "data", "window", "stride", "scored_tokens", "scored_bytes", "lm_mode", "infill_mode", "infill_tasks",
     "infill_skipped", "middle_mode", "middle_tasks", "probe", "probe_classes", "probe_feature_dim",
-    "probe_layer", "eval_seed",
+    "probe_layer", "eval_seed", "finetune_best_step", "finetune_steps",
 )  # fmt: skip
 
 

@@ -39,14 +39,14 @@ from objtrain.data.default import default_store_path
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.devices import resolve_device
 from objtrain.errors import UserError, did_you_mean
-from objtrain.evaluation import corrupted, infill, lm, middle, probe
+from objtrain.evaluation import corrupted, finetune, infill, lm, middle, probe
 from objtrain.evaluation import generate as gen
 from objtrain.models.checkpoint import Checkpoint, load_checkpoint
 from objtrain.models.zoo import count_parameters
 from objtrain.training.accounting import token_bytes
 from objtrain.training.data import DataSource, Documents
 
-PARTS = ("lm", "corrupted", "infill", "probe", "samples")
+PARTS = ("lm", "corrupted", "infill", "probe", "finetune", "samples")
 INFILL_KINDS = {
     "line": ("line",),
     "lines": ("lines",),
@@ -93,6 +93,13 @@ METRICS: dict[str, tuple[str, str]] = {
     "probe_mcc": ("higher", "Matthews correlation of the probe (two classes)"),
     "probe_train_accuracy": ("info", "linear probe accuracy on its own training split"),
     "probe_majority_accuracy": ("info", "accuracy of always predicting the majority training label"),
+    "finetune_accuracy": ("higher", "test accuracy after fine-tuning the whole model (--finetune)"),
+    "finetune_mcc": ("higher", "Matthews correlation after fine-tuning (two classes)"),
+    "finetune_sst2_accuracy": ("higher", "SST-2 test accuracy after fine-tuning the whole model"),
+    "finetune_sst2_mcc": ("higher", "Matthews correlation of the fine-tuned SST-2 classifier"),
+    "finetune_trec_accuracy": ("higher", "TREC-6 test accuracy after fine-tuning the whole model"),
+    "finetune_cola_mcc": ("higher", "CoLA in-domain dev Matthews correlation after fine-tuning"),
+    "finetune_cola_accuracy": ("higher", "CoLA in-domain dev accuracy after fine-tuning"),
 }
 
 
@@ -118,6 +125,9 @@ class EvalOptions:
     probe_layers: str = "best"  # best: every layer and l2 tried, chosen on a held-out dev split; last
     probe_tasks: tuple[str, ...] = ()  # named tasks (sst2, trec, cola) read from probe_data
     probe_data: Path | None = None  # directory laid out as ../shared/data (sst2/, trec/, cola/)
+    finetune: bool = False  # also fine-tune the whole model on the probe's tasks (finetune.py); slow
+    finetune_steps: int = 300
+    finetune_lr: float = 3e-4
     samples: int = 3
     sample_tokens: int = 32
     skip: tuple[str, ...] = ()  # parts to leave out: lm, corrupted, infill, probe, samples
@@ -140,6 +150,8 @@ class EvalOptions:
             )
         if self.probe_layers not in ("best", "last"):
             raise UserError(f"--probe-layers must be best or last, got {self.probe_layers!r}")
+        if self.finetune:
+            finetune.FinetuneConfig(steps=self.finetune_steps, lr=self.finetune_lr)  # refuses bad values
         if self.probe_valid is not None and self.probe_train is None:
             raise UserError("--probe-valid needs --probe (the training file)")
         bad = [k for k in self.infill_kinds if k not in INFILL_KINDS]
@@ -370,6 +382,13 @@ def evaluate(
         result.update(_probe(ckpt, options, seq_len, device))
         timings["probe"] = time.perf_counter() - t0
         say(f"  ({timings['probe']:.1f} s)")
+    if options.finetune and "finetune" not in options.skip:
+        tasks = ", ".join(options.probe_tasks) or "the default probe's task"
+        say(f"fine-tune: {tasks}, {options.finetune_steps} steps each (--finetune-steps)")
+        t0 = time.perf_counter()
+        result.update(_finetune(ckpt, options, seq_len, device))
+        timings["finetune"] = time.perf_counter() - t0
+        say(f"  ({timings['finetune']:.1f} s)")
     if "samples" not in options.skip and options.samples > 0:
         say(f"samples: {options.samples} greedy (--samples)")
         result["samples"] = _samples(ckpt, evaldata, options, results)
@@ -520,6 +539,45 @@ def _probe(ckpt: Checkpoint, options: EvalOptions, seq_len: int, device: torch.d
         out.update(probe.run_probe(xt, train.labels, xv, valid.labels, options.probe_l2))
     if train.replaced_lines or valid.replaced_lines:
         out["probe_non_utf8_lines"] = float(train.replaced_lines + valid.replaced_lines)
+    return out
+
+
+def _probe_splits(options: EvalOptions) -> list[tuple[str, probe.Labelled, probe.Labelled, probe.Labelled]]:
+    """(name, train, dev, test) of each task the probe reads: the named tasks (a fifth of train as dev where
+    a task has no dev file), else the labelled files or the default probe, with a fifth of train as dev."""
+    seed = options.seed
+    if options.probe_tasks:
+        assert options.probe_data is not None
+        out = []
+        for name in options.probe_tasks:
+            train, dev, test = probe.task_files(name, options.probe_data)
+            if dev is None:
+                train, dev = probe.split_off(train, 0.2, seed)
+            out.append((name, train, dev, test))
+        return out
+    if options.probe_train is None:
+        train, test = probe.stdlib_probe(seed)
+    else:
+        train = probe.read_labelled(options.probe_train)
+        if options.probe_valid is not None:
+            test = probe.read_labelled(options.probe_valid)
+        else:
+            train, test = probe.split_off(train, 0.25, seed)
+    fit, dev = probe.split_off(train, 0.2, seed + 1)
+    return [("", fit, dev, test)]
+
+
+def _finetune(ckpt: Checkpoint, options: EvalOptions, seq_len: int, device: torch.device) -> dict[str, Any]:
+    tokenizer = ckpt.tokenizer
+    assert tokenizer is not None
+    config = finetune.FinetuneConfig(steps=options.finetune_steps, lr=options.finetune_lr)
+    out: dict[str, Any] = {}
+    for name, train, dev, test in _probe_splits(options):
+        scores = finetune.finetune(
+            ckpt.model, tokenizer, train, dev, test, seq_len, options.seed, config, device
+        )
+        prefix = f"finetune_{name}_" if name else "finetune_"
+        out.update({k.replace("finetune_", prefix, 1): v for k, v in scores.items()})
     return out
 
 

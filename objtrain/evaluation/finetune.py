@@ -1,0 +1,198 @@
+"""A short fine-tune of the whole model on a labelled task (`objtrain eval --finetune`).
+
+A linear probe reads frozen features; the literature compares objectives after fine-tuning the whole model
+("MLM + fine-tuning", BERT section 4, T5 section 3), where a decoder's last layer, poor as a frozen
+feature, is free to adapt. This is that measurement at laptop scale:
+
+- a copy of the checkpoint's model (the checkpoint is never touched), in train mode, with a new linear
+  head on the mean of the last layer's normed hidden states over the example's tokens (an encoder-decoder:
+  its encoder output), each example truncated to the model's training row length;
+- AdamW (lr `lr`, weight decay 0.01 on matrices), linear warmup over the first 10% of `steps` then linear
+  decay to 0 (BERT's fine-tuning schedule), batches of `batch_size` examples drawn without replacement
+  epoch by epoch under the eval seed, cross-entropy;
+- the dev split scored every `steps // 4` steps and at the end; the test split is scored once, with the
+  weights of the best dev score (MCC for two classes, else accuracy; the earlier on ties), so nothing is
+  chosen on the split reported.
+
+Deterministic under the eval seed: the head's initialisation and the batch order come from it.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from objtrain.batch import Batch
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.errors import UserError
+from objtrain.evaluation.probe import Labelled, mcc
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    steps: int = 300
+    lr: float = 3e-4
+    batch_size: int = 32
+    weight_decay: float = 0.01
+    warmup: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise UserError(f"--finetune-steps must be at least 1, got {self.steps}")
+        if not self.lr > 0:
+            raise UserError(f"--finetune-lr must be positive, got {self.lr}")
+
+
+class _Classifier(nn.Module):
+    """The pre-trained trunk and a linear head on its mean-pooled last layer."""
+
+    def __init__(self, model: nn.Module, n_classes: int) -> None:
+        super().__init__()
+        self.model = model
+        self.kind = getattr(model.config, "kind", "decoder")
+        dim = int(model.config.d_model)  # type: ignore[union-attr, arg-type]
+        self.head = nn.Linear(dim, n_classes)
+
+    def forward(self, ids: Tensor, valid: Tensor) -> Tensor:
+        B, L = ids.shape
+        docs = torch.where(valid, 0, -1)
+        positions = torch.arange(L, device=ids.device).expand(B, L)
+        if self.kind == "encdec":
+            hidden = self.model.encode(ids, positions, docs)  # type: ignore[operator]
+        else:
+            attention = "causal" if self.kind == "decoder" else "bidirectional"
+            batch = Batch(ids, ids, positions, docs, attention, segment_ids=torch.zeros_like(ids))  # type: ignore[arg-type]
+            hidden = self.model(batch).hidden
+        w = valid.to(hidden.dtype)[..., None]
+        return self.head((hidden * w).sum(1) / w.sum(1).clamp(min=1))
+
+
+def _encode(tokenizer: Tokenizer, texts: Sequence[str], max_len: int) -> list[list[int]]:
+    return [(tokenizer.encode(t) or [tokenizer.specials.eos])[:max_len] for t in texts]
+
+
+def _rows(encoded: Sequence[list[int]], pad: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    L = max(len(e) for e in encoded)
+    ids = torch.full((len(encoded), L), pad, dtype=torch.int64)
+    for i, e in enumerate(encoded):
+        ids[i, : len(e)] = torch.tensor(e)
+    lengths = torch.tensor([len(e) for e in encoded])
+    valid = torch.arange(L)[None, :] < lengths[:, None]
+    return ids.to(device), valid.to(device)
+
+
+@torch.no_grad()
+def _predict(clf: _Classifier, encoded: Sequence[list[int]], pad: int, device: torch.device) -> Tensor:
+    clf.eval()
+    out = []
+    for lo in range(0, len(encoded), 64):
+        ids, valid = _rows(encoded[lo : lo + 64], pad, device)
+        out.append(clf(ids, valid).argmax(-1).cpu())
+    clf.train()
+    return torch.cat(out)
+
+
+def _scores(pred: Tensor, gold: Tensor, n_classes: int) -> dict[str, float]:
+    out = {"accuracy": float((pred == gold).double().mean())}
+    if n_classes == 2:
+        out["mcc"] = mcc(pred, gold)
+    return out
+
+
+def finetune(
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    train: Labelled,
+    dev: Labelled,
+    test: Labelled,
+    max_len: int,
+    seed: int,
+    config: FinetuneConfig | None = None,
+    device: torch.device | str = "cpu",
+) -> dict[str, float]:
+    """Fine-tune a copy of `model` on `train`, choose the weights on `dev`, score them on `test`: accuracy
+    (and MCC for two classes) on test, the best dev score, and the steps and examples used."""
+    config = config or FinetuneConfig()
+    device = torch.device(device)
+    classes = sorted(set(train.labels))
+    if len(classes) < 2:
+        raise UserError("the fine-tuning task's training file has a single label: a classifier needs two")
+    index = {c: i for i, c in enumerate(classes)}
+    unknown = sorted((set(dev.labels) | set(test.labels)) - set(classes))
+    if unknown:
+        raise UserError(f"fine-tuning labels {unknown[:3]} never occur in the training file")
+    pad = tokenizer.specials.pad
+    x_train, x_dev, x_test = (_encode(tokenizer, d.texts, max_len) for d in (train, dev, test))
+    y_train = torch.tensor([index[c] for c in train.labels])
+    y_dev = torch.tensor([index[c] for c in dev.labels])
+    y_test = torch.tensor([index[c] for c in test.labels])
+
+    torch.manual_seed(seed)
+    trunk = copy.deepcopy(model).float().to(device)
+    clf = _Classifier(trunk, len(classes)).to(device)
+    clf.train()
+    decay = [p for p in clf.parameters() if p.dim() >= 2]
+    no_decay = [p for p in clf.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=config.lr,
+    )
+    warmup = max(int(config.steps * config.warmup), 1)
+
+    def lr_at(step: int) -> float:  # linear warmup, then linear decay to 0
+        if step < warmup:
+            return config.lr * (step + 1) / warmup
+        return config.lr * max(config.steps - step, 0) / max(config.steps - warmup, 1)
+
+    rng = np.random.default_rng(seed)
+    order: list[int] = []
+    check_every = max(config.steps // 4, 1)
+    best: tuple[float, int, dict[str, Tensor]] | None = None
+    n = len(x_train)
+    for step in range(config.steps):
+        if len(order) < config.batch_size:  # the next epoch's shuffled order
+            order += rng.permutation(n).tolist()
+        pick, order = order[: config.batch_size], order[config.batch_size :]
+        ids, valid = _rows([x_train[i] for i in pick], pad, device)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step)
+        loss = F.cross_entropy(clf(ids, valid).float(), y_train[pick].to(device))
+        if not math.isfinite(float(loss.detach())):
+            raise UserError(f"fine-tuning diverged at step {step} (loss {float(loss)}): lower --finetune-lr")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(clf.parameters(), 1.0)
+        opt.step()
+        if (step + 1) % check_every == 0 or step + 1 == config.steps:
+            dev_scores = _scores(_predict(clf, x_dev, pad, device), y_dev, len(classes))
+            key = dev_scores.get("mcc", dev_scores["accuracy"])
+            if best is None or key > best[0]:
+                state = {k: v.detach().clone() for k, v in clf.state_dict().items()}
+                best = (key, step + 1, state)
+    assert best is not None
+    _, best_step, state = best
+    clf.load_state_dict(state)
+    dev_scores = _scores(_predict(clf, x_dev, pad, device), y_dev, len(classes))
+    test_scores = _scores(_predict(clf, x_test, pad, device), y_test, len(classes))
+    acc, n_test = test_scores["accuracy"], len(y_test)
+    majority = int(torch.bincount(y_train).argmax())
+    out = {
+        "finetune_accuracy": acc,
+        "finetune_accuracy_se": (acc * (1 - acc) / n_test) ** 0.5,
+        "finetune_dev_accuracy": dev_scores["accuracy"],
+        "finetune_majority_accuracy": float((y_test == majority).double().mean()),
+        "finetune_best_step": float(best_step),
+        "finetune_steps": float(config.steps),
+        "finetune_train_examples": float(n),
+        "finetune_test_examples": float(n_test),
+    }
+    if "mcc" in test_scores:
+        out["finetune_mcc"] = test_scores["mcc"]
+    return out
