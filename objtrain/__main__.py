@@ -10,17 +10,22 @@ import os
 import sys
 from collections.abc import MutableMapping
 
+SPIN_COUNT = "20000"  # libgomp's default is 300000 (about 0.3 M iterations, then sleep)
+
 
 def openmp_defaults(environ: MutableMapping[str, str] = os.environ) -> None:
-    """OpenMP threads that finish a parallel region early sleep instead of spinning, unless the user chose
-    (`OMP_WAIT_POLICY`, `GOMP_SPINCOUNT`). Spinning costs nothing on an idle machine, but beside other
-    work a spinning thread burns the core its descheduled sibling (or another program) needs, and every
-    region then waits for that sibling: a training run fell to a quarter of its idle speed beside one busy
-    process per core, well under its fair half (benchmarks/bench_busy.py). libgomp reads these once, when
+    """OpenMP threads that finish a parallel region early spin only briefly before they sleep, unless the
+    user chose (`OMP_WAIT_POLICY`, `GOMP_SPINCOUNT`). libgomp's long default spin costs nothing on an idle
+    machine, but beside other work a spinning thread burns the core its descheduled sibling (or another
+    program) needs, and every region then waits for that sibling: a run fell to 0.18-0.31 of its idle speed
+    beside one busy process per core, under its fair half. Never spinning (`OMP_WAIT_POLICY=PASSIVE`) kept
+    about half beside them but lost 12% alone; a spin of 20,000 iterations kept both, measured in one run
+    on 2 cores (benchmarks/bench_busy.py, 3 repeats): alone 0.98 of libgomp's default, beside the hogs
+    0.50 of its own idle speed (1.6x libgomp's default, 1.27x PASSIVE). libgomp reads these once, when
     torch loads it, so they are set here, before anything imports torch; child processes (torchrun ranks,
     loader workers) inherit them."""
     if "OMP_WAIT_POLICY" not in environ and "GOMP_SPINCOUNT" not in environ:
-        environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        environ["GOMP_SPINCOUNT"] = SPIN_COUNT
 
 
 def main() -> None:
