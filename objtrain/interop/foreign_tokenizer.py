@@ -52,6 +52,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "fim_suffix": ("<|fim_suffix|>",),
     "fim_pad": ("<|fim_pad|>",),
 }
+NAMED = ("pad", "unk", "bos", "eos", "mask", "cls", "sep")  # transformers' own special-token slots
 # Tabs, repeated spaces, newlines, CRLF, accents, CJK, an emoji, a literal special and the word marker.
 PROBE = "def f(x):\n\tif x:  # two  spaces\r\n        return 'é中文😀 <mask> </s> \u2581'\n"
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -326,3 +327,33 @@ def find_tokenizer_json(path: Path) -> Path | None:
     if path.is_dir() and (path / "tokenizer.json").is_file():
         return path / "tokenizer.json"
     return None
+
+
+def save_hf_files(tokenizer: HFTokenizer, directory: Path) -> None:
+    """The tokenizer of an export: tokenizer.json with objtrain's added special tokens registered at their
+    ids (so `AutoTokenizer` encodes as objtrain does and knows every special id), and tokenizer_config.json
+    naming them."""
+    tokenizers = require("tokenizers", "exporting a Hugging Face tokenizer")
+    tok = _parse(tokenizer.model_proto, "the store's tokenizer.json")
+    for token, piece in sorted(tokenizer._added.items()):
+        tok.add_special_tokens([tokenizers.AddedToken(piece, special=True, normalized=False)])
+        if tok.token_to_id(piece) != token:
+            raise UserError(
+                f"cannot export the tokenizer: {piece!r} lands at id {tok.token_to_id(piece)} in "
+                f"tokenizer.json, the model has it at {token} (the tokenizer already holds that piece)"
+            )
+    tok.save(str(Path(directory) / "tokenizer.json"))
+    specials = tokenizer.specials
+    named = {f"{name}_token": tokenizer.piece(getattr(specials, name)) for name in NAMED}
+    extra = [tokenizer.piece(getattr(specials, name)) for name, _ in FIXED_PIECES if name not in NAMED]
+    extra += [sentinel_piece(k) for k in range(specials.n_sentinels)]
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **named,
+        "additional_special_tokens": extra,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 1_000_000_000,
+    }
+    (Path(directory) / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")

@@ -187,3 +187,32 @@ def test_a_tokenizer_file_that_is_not_one_is_refused(
         assert len(err.strip().splitlines()) == 1 and "is not a Hugging Face tokenizer" in err, err
         assert "Traceback" not in err
         assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", ["decoder", "encdec"])
+def test_a_model_of_such_a_store_exports_with_its_tokenizer(store: Path, tmp_path: Path, kind: str) -> None:
+    transformers = pytest.importorskip(
+        "transformers", reason="the 'hf' extra (transformers) is not installed"
+    )
+    from interop_helpers import tiny_checkpoint
+
+    from objtrain.interop.export import export_checkpoint
+
+    opened = TokenStore.open(store)
+    summary = export_checkpoint(
+        tiny_checkpoint(tmp_path / "ck", opened.tokenizer, kind=kind), tmp_path / "hf"
+    )
+    assert summary.max_logit_diff < 1e-4 and summary.greedy_tokens == 32
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"), trust_remote_code=True)
+    for text in HARD[:2]:  # not the literal specials: transformers matches those in text, objtrain never
+        ids = hf(text, add_special_tokens=False)["input_ids"]
+        assert ids == opened.tokenizer.encode(text) and hf.decode(ids) == text
+    s = opened.specials
+    assert hf.convert_tokens_to_ids(["<extra_id_0>", "<mask>", "<fim_prefix>"]) == [
+        s.sentinel(0),
+        s.mask,
+        s.fim_prefix,
+    ]
+    assert (hf.eos_token_id, hf.pad_token_id) == (s.eos, s.pad)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (config["eos_token_id"], config["pad_token_id"], config["vocab_size"]) == (s.eos, s.pad, len(hf))
