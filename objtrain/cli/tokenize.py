@@ -88,6 +88,8 @@ def print_summary(console: Console, summary: TokenizeSummary, doc_split: str = "
         style="bold",
     )
     console.print(table)
+    if summary.tokenizer_note:
+        console.print(summary.tokenizer_note, highlight=False, markup=False)
     trained = f"trained in {summary.train_seconds:.1f} s" if summary.tokenizer_trained else "reused"
     rest = max(summary.seconds - summary.train_seconds, 1e-9)
     console.print(

@@ -96,6 +96,7 @@ class TokenizeSummary:
     tokenizer_trained: bool
     train_seconds: float
     seconds: float
+    tokenizer_note: str = ""  # how another model's tokenizer was fitted with objtrain's special tokens
 
     @property
     def documents(self) -> int:
@@ -484,7 +485,22 @@ def tokenize_corpus(
         tokenizer_trained=config.tokenizer is None,
         train_seconds=train_seconds,
         seconds=time.perf_counter() - start,
+        tokenizer_note=_tokenizer_note(tokenizer),
     )
+
+
+def _tokenizer_note(tokenizer: Tokenizer) -> str:
+    base = getattr(tokenizer, "base_size", None)
+    if tokenizer.kind != "huggingface" or base is None:
+        return ""
+    added = tokenizer.vocab_size - base
+    note = (
+        f"Hugging Face tokenizer: {added} of objtrain's special tokens added after its {base:,} ids, "
+        f"{N_FIXED + tokenizer.specials.n_sentinels - added} found in it (ids in meta.json)"
+    )
+    if not tokenizer.byte_fallback:
+        note += "; it is not lossless: a probe of hard text did not decode back exactly"
+    return note
 
 
 def _meta(
