@@ -199,7 +199,10 @@ class HFTokenizer(Tokenizer):
 
     @cached_property
     def hash(self) -> str:
-        return hashlib.sha256(self.model_proto).hexdigest()[:16]
+        """Of the file and the special-token table: the same file with other added ids is another
+        tokenizer."""
+        table = json.dumps(self.specials.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(self.model_proto + b"\0" + table).hexdigest()[:16]
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False).ids
