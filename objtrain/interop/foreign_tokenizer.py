@@ -208,7 +208,9 @@ class HFTokenizer(Tokenizer):
         return self.tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str], num_threads: int = -1) -> list[list[int]]:
-        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+        # the fast variant skips character offsets, which objtrain never reads: about twice the speed
+        encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)
+        return [e.ids for e in encode(texts, add_special_tokens=False)]
 
     def _text_ids(self, ids: Iterable[int]) -> list[int]:
         return [i for i in map(int, ids) if i < self.base_size and i not in self._reserved]

@@ -93,6 +93,8 @@ def test_documents_round_trip_exactly_and_bytes_add_up(store: Path, corpus: Path
     sources = [f.read_bytes().decode("utf-8") for f in sorted((corpus / "corpus").iterdir())]
     for text in tok.decode_batch(docs):
         assert any(text in source for source in sources)  # a paragraph of its file, byte for byte
+    slow = [e.ids for e in tok.tok.encode_batch(sources, add_special_tokens=False)]  # with offsets
+    assert tok.encode_batch(sources) == slow
     for hard in HARD:
         ids = tok.encode(hard)
         assert tok.decode(ids) == hard
