@@ -109,6 +109,50 @@ def test_documents_round_trip_exactly_and_bytes_add_up(store: Path, corpus: Path
         )
 
 
+def _objective_cases() -> list[Any]:
+    from objtrain.objectives.registry import OBJECTIVES, objective_class
+
+    return [
+        pytest.param(name, kind, id=f"{name}-{kind}")
+        for name in OBJECTIVES
+        for kind in objective_class(name).model_kinds
+    ]
+
+
+@pytest.mark.parametrize(("name", "kind"), _objective_cases())
+def test_every_objective_reads_the_stores_special_ids(store: Path, name: str, kind: str) -> None:
+    """Each objective on rows of such a store: its inserted tokens are the table's, never objtrain's own
+    fixed ids (which are ordinary text here)."""
+    from objtrain.errors import UserError
+    from objtrain.objectives.registry import build_objective
+    from objtrain.views.corrupt import rows_from_documents
+
+    opened = TokenStore.open(store)
+    tok, specials = opened.tokenizer, opened.specials
+    try:
+        objective = build_objective(name, specials, tokenizer=tok, model_kind=kind)  # type: ignore[arg-type]
+    except UserError as exc:  # a mixture whose default parts do not share this kind
+        pytest.skip(f"{name} cannot be configured for {kind} with its defaults: {exc}")
+    split = opened.split("train")
+    docs = [split.doc(i).tolist() for i in range(len(split))]
+    rows, document_ids = rows_from_documents(docs, objective.raw_length(64), 8, specials)
+    batch = objective(rows, document_ids, torch.arange(len(rows)), 0)
+    text = set(rows.flatten().tolist())
+    # random replacements (any ordinary id) and FIM's re-encoded pieces bring new text ids
+    new_text = name in ("mlm", "bart", "nsp", "sop", "mixture", "fim")
+    for field in ("input_ids", "decoder_input_ids", "labels"):
+        ids = getattr(batch, field)
+        if ids is None:
+            continue
+        values = set(ids.flatten().tolist()) - {-100}
+        assert all(0 <= i < tok.vocab_size for i in values), field
+        new = values - text
+        assert new_text or all(specials.is_special_id(i) for i in new), (field, sorted(new)[:5])
+    if name == "mlm":  # BERT's random replacements are ordinary ids of this vocabulary, never a special
+        replaced = (batch.input_ids != rows) & (batch.input_ids != specials.mask)
+        assert replaced.any() and not specials.is_special(batch.input_ids[replaced]).any()
+
+
 def test_t5_sentinels_are_reused_when_they_form_its_block() -> None:
     from objtrain.interop.foreign_tokenizer import plan_specials
 
