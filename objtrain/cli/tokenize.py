@@ -12,7 +12,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from objtrain.cli.common import make_console
-from objtrain.data.tokenize import Progress, TokenizeConfig, TokenizeSummary, tokenize_corpus
+from objtrain.data.tokenize import (
+    Progress,
+    TokenizeConfig,
+    TokenizeSummary,
+    is_hf_tokenizer,
+    tokenize_corpus,
+)
 from objtrain.errors import UserError
 
 HELP = """Tokenize a corpus into a token store (train and valid splits, memory-mapped).
@@ -82,6 +88,8 @@ def print_summary(console: Console, summary: TokenizeSummary, doc_split: str = "
         style="bold",
     )
     console.print(table)
+    if summary.tokenizer_note:
+        console.print(summary.tokenizer_note, highlight=False, markup=False)
     trained = f"trained in {summary.train_seconds:.1f} s" if summary.tokenizer_trained else "reused"
     rest = max(summary.seconds - summary.train_seconds, 1e-9)
     console.print(
@@ -116,10 +124,11 @@ def print_summary(console: Console, summary: TokenizeSummary, doc_split: str = "
         console.print(f"[yellow]the valid split is empty[/]: {hint}")
 
 
-def _refuse_training_options(ctx: typer.Context) -> None:
+def _refuse_training_options(ctx: typer.Context, hf: bool) -> None:
     """Options that shape a new tokenizer mean nothing when --tokenizer reuses one: say so rather than
-    silently ignore them (a user asking for --vocab-size 1000 would get the reused tokenizer's size)."""
-    shaping = ("model_type", "vocab_size", "sentinels", "byte_fallback", "train_bytes")
+    silently ignore them (a user asking for --vocab-size 1000 would get the reused tokenizer's size).
+    A Hugging Face tokenizer gets objtrain's special tokens added, so --sentinels still counts for it."""
+    shaping = ("model_type", "vocab_size", "byte_fallback", "train_bytes") + (() if hf else ("sentinels",))
     # by name: typer carries its own copy of click, whose ParameterSource is not click's
     given = [n for n in shaping if getattr(ctx.get_parameter_source(n), "name", "") == "COMMANDLINE"]
     if given:
@@ -162,9 +171,15 @@ def run(
     model_type: Annotated[str, typer.Option(help="Sentencepiece model: unigram, bpe or char.")] = "unigram",
     vocab_size: Annotated[int, typer.Option(help="Vocabulary size, special tokens included.")] = 8192,
     tokenizer: Annotated[
-        Path | None, typer.Option(help="Reuse a tokenizer: a token store directory or a .model file.")
+        Path | None,
+        typer.Option(
+            help="Reuse a tokenizer: a token store, a checkpoint, a sentencepiece .model file, or a Hugging "
+            "Face tokenizer.json (or a directory holding one; objtrain's special tokens are added to it)."
+        ),
     ] = None,
-    sentinels: Annotated[int, typer.Option(help="Sentinel tokens <extra_id_k> to reserve.")] = 256,
+    sentinels: Annotated[
+        int, typer.Option(help="Sentinel tokens <extra_id_k> to reserve (or add to a Hugging Face one).")
+    ] = 256,
     byte_fallback: Annotated[
         bool,
         typer.Option(
@@ -183,7 +198,7 @@ def run(
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
 ) -> None:
     if tokenizer is not None:
-        _refuse_training_options(ctx)
+        _refuse_training_options(ctx, is_hf_tokenizer(tokenizer))
     config = TokenizeConfig(
         corpus=corpus,
         include=tuple(include or ()),

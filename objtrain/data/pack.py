@@ -37,7 +37,6 @@ from objtrain.data.store import (
     META_FILE,
     PACKED_STORE_VERSION,
     SPLITS,
-    TOKENIZER_FILE,
     TokenSplit,
     TokenStore,
     doc_dtype,
@@ -386,7 +385,7 @@ def pack_store(
                 for handle in (tok_f, doc_f):
                     handle.flush()
                     os.fsync(handle.fileno())
-        shutil.copyfile(store.path / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
+        shutil.copyfile(store.tokenizer_file, tmp / store.tokenizer_file.name)
         write_json(tmp / META_FILE, _meta(store, config, counts))
     return PackSummary(output, config.seq_len, config.mode, counts, time.perf_counter() - start)
 

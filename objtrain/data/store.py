@@ -3,7 +3,7 @@
 Token store (`objtrain tokenize` output), like nanoGPT's `train.bin` or Megatron's indexed dataset:
 
     STORE/meta.json        format_version, counts, dtype, vocab size, tokenizer hash, specials, sources
-    STORE/tokenizer.model  the sentencepiece model
+    STORE/tokenizer.model  the sentencepiece model (STORE/tokenizer.json: a Hugging Face one, as given)
     STORE/<split>.bin      tokens of the split's documents back to back, no separators (uint16 or uint32)
     STORE/<split>.idx      int64 offsets, n_docs + 1: document i is bin[idx[i]:idx[i + 1]]
 
@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from objtrain.data.tokenizer import Tokenizer
+from objtrain.data.tokenizer import Tokenizer, tokenizer_from_file
 from objtrain.errors import UserError
 from objtrain.io import is_count, read_json
 from objtrain.specials import Specials
@@ -35,6 +35,7 @@ TOKEN_STORE_VERSION = 1
 PACKED_STORE_VERSION = 1
 SPLITS: tuple[str, ...] = ("train", "valid")
 TOKENIZER_FILE = "tokenizer.model"
+TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer.json")  # sentencepiece, or a Hugging Face tokenizer's JSON
 META_FILE = "meta.json"
 
 
@@ -150,11 +151,19 @@ class _Store:
     def specials(self) -> Specials:
         return Specials.from_dict(self.meta["specials"])
 
+    @property
+    def tokenizer_file(self) -> Path:
+        """The tokenizer's file: `tokenizer.model` (sentencepiece) or `tokenizer.json` (Hugging Face)."""
+        name = self.meta["tokenizer"].get("file", TOKENIZER_FILE)
+        if name not in TOKENIZER_FILES:
+            raise UserError(f"{self.path / META_FILE} names tokenizer file {name!r}: re-run {self._rerun}")
+        return self.path / name
+
     @cached_property
     def tokenizer(self) -> Tokenizer:
-        tokenizer = Tokenizer.from_file(self.path / TOKENIZER_FILE, self.specials)
+        tokenizer = tokenizer_from_file(self.tokenizer_file, self.specials)
         if tokenizer.hash != self.meta["tokenizer"]["hash"]:
-            raise UserError(f"{self.path / TOKENIZER_FILE} does not match {META_FILE}: re-run {self._rerun}")
+            raise UserError(f"{self.tokenizer_file} does not match {META_FILE}: re-run {self._rerun}")
         return tokenizer
 
     @property

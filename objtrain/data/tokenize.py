@@ -36,13 +36,20 @@ from objtrain.data.store import (
     SPLITS,
     TOKEN_STORE_VERSION,
     TOKENIZER_FILE,
+    TOKENIZER_FILES,
     TokenStore,
     token_dtype,
 )
-from objtrain.data.tokenizer import ModelType, Tokenizer, fixed_special_names, train_sentencepiece
+from objtrain.data.tokenizer import (
+    ModelType,
+    Tokenizer,
+    fixed_special_names,
+    tokenizer_from_file,
+    train_sentencepiece,
+)
 from objtrain.errors import UserError, did_you_mean
-from objtrain.io import atomic_dir, check_output_free, write_json
-from objtrain.specials import N_FIXED, Specials
+from objtrain.io import atomic_dir, check_output_free, read_json, write_json
+from objtrain.specials import DEFAULT_SENTINELS, N_FIXED, Specials
 
 MODEL_TYPES: tuple[str, ...] = ("unigram", "bpe", "char")
 
@@ -89,6 +96,7 @@ class TokenizeSummary:
     tokenizer_trained: bool
     train_seconds: float
     seconds: float
+    tokenizer_note: str = ""  # how another model's tokenizer was fitted with objtrain's special tokens
 
     @property
     def documents(self) -> int:
@@ -231,30 +239,65 @@ def _count_sentinels(model: bytes) -> int:
     return n
 
 
-def load_tokenizer(path: Path) -> tuple[Tokenizer, str]:
-    """A tokenizer to reuse and its model type: from a token store (its meta.json fixes the specials) or a
-    bare .model file (the sentinel count is read from its pieces)."""
+def is_hf_tokenizer(path: Path) -> bool:
+    """`--tokenizer` names a Hugging Face tokenizer (a .json file, or a directory of one that is not an
+    objtrain store or checkpoint, nor an export that keeps objtrain's tokenizer.model)."""
     path = Path(path)
+    if path.is_dir() and any((path / name).is_file() for name in (META_FILE, TOKENIZER_FILE)):
+        return False
+    if path.is_dir() and _checkpoint_tokenizer(path) is not None:
+        return False
+    return path.name.endswith(".json") or (path / "tokenizer.json").is_file()
+
+
+def _checkpoint_tokenizer(path: Path) -> tuple[Path, Specials] | None:
+    """An objtrain checkpoint's tokenizer file and special-token table, if `path` is a checkpoint."""
+    try:
+        config = read_json(path / "config.json") if (path / "config.json").is_file() else None
+    except UserError:
+        return None
+    if not isinstance(config, dict) or "model" not in config or not isinstance(config.get("tokenizer"), dict):
+        return None
+    name = config["tokenizer"].get("file")
+    if name not in TOKENIZER_FILES or not isinstance(config.get("specials"), dict):
+        return None
+    return path / name, Specials.from_dict(config["specials"])
+
+
+def load_tokenizer(path: Path, n_sentinels: int = DEFAULT_SENTINELS) -> tuple[Tokenizer, str]:
+    """A tokenizer to reuse and its model type: from a token store (its meta.json fixes the specials), a
+    checkpoint, a bare .model file (the sentinel count is read from its pieces), or a Hugging Face
+    tokenizer.json (or a directory holding one): objtrain's special tokens are then found in it or added
+    after its vocabulary, `n_sentinels` sentinels among them (`objtrain.interop.foreign_tokenizer`)."""
+    path = Path(path)
+    checkpoint = _checkpoint_tokenizer(path) if path.is_dir() else None
+    if checkpoint is not None and not (path / META_FILE).is_file():
+        file, specials = checkpoint
+        return tokenizer_from_file(file, specials), "unknown"
     if path.is_dir() and not (path / META_FILE).is_file() and (path / TOKENIZER_FILE).is_file():
         path = path / TOKENIZER_FILE  # a checkpoint, or a Hugging Face export that keeps tokenizer.model
-    elif path.is_dir() and not (path / META_FILE).is_file() and (path / "tokenizer.json").is_file():
-        path = path / "tokenizer.json"
+    if is_hf_tokenizer(path):
+        from objtrain.interop.foreign_tokenizer import HFTokenizer, find_tokenizer_json
+
+        file = find_tokenizer_json(path)
+        if file is None:
+            raise UserError(f"--tokenizer not found: {path}")
+        tokenizer = HFTokenizer.plan(file, n_sentinels)
+        return tokenizer, f"huggingface {tokenizer.model_type}"
     if path.is_dir():
         store = TokenStore.open(path)
         return store.tokenizer, store.meta["tokenizer"]["model_type"]
     if not path.is_file():
         raise UserError(f"--tokenizer not found: {path}")
-    if path.name.endswith(".json"):
-        raise UserError(
-            f"{path}: Hugging Face tokenizer.json files are not supported yet: objtrain's stores need its "
-            "sentencepiece model with its fixed special-token ids (give a store, a checkpoint or a .model)"
-        )
     model = path.read_bytes()
     try:
         n_sentinels = _count_sentinels(model)
     except RuntimeError:
-        raise UserError(f"{path} is not a sentencepiece model") from None
-    return Tokenizer(model, Specials(n_sentinels=n_sentinels)), "unknown"
+        raise UserError(f"{path} is not a sentencepiece model nor a Hugging Face tokenizer.json") from None
+    try:
+        return Tokenizer(model, Specials(n_sentinels=n_sentinels)), "unknown"
+    except UserError as exc:
+        raise UserError(f"{path}: {exc}") from None
 
 
 class _SplitWriter:
@@ -399,7 +442,7 @@ def tokenize_corpus(
 
     train_seconds = 0.0
     if config.tokenizer is not None:
-        tokenizer, model_type = load_tokenizer(config.tokenizer)
+        tokenizer, model_type = load_tokenizer(config.tokenizer, config.n_sentinels)
     else:
         specials = Specials(n_sentinels=config.n_sentinels)
         sample = sample_for_training(sources, config, progress)
@@ -427,7 +470,7 @@ def tokenize_corpus(
                 else ""
             )
             raise UserError(f"empty corpus: the inputs hold no text{why}")
-        (tmp / TOKENIZER_FILE).write_bytes(tokenizer.model_proto)
+        (tmp / tokenizer.file_name).write_bytes(tokenizer.model_proto)
         meta = _meta(config, tokenizer, splits, sources, per_source, skipped, empty, model_type)
         meta["malformed_records"] = {"count": bad.count, "first": bad.examples}
         write_json(tmp / META_FILE, meta)
@@ -442,7 +485,22 @@ def tokenize_corpus(
         tokenizer_trained=config.tokenizer is None,
         train_seconds=train_seconds,
         seconds=time.perf_counter() - start,
+        tokenizer_note=_tokenizer_note(tokenizer),
     )
+
+
+def _tokenizer_note(tokenizer: Tokenizer) -> str:
+    base = getattr(tokenizer, "base_size", None)
+    if tokenizer.kind != "huggingface" or base is None:
+        return ""
+    added = tokenizer.vocab_size - base
+    note = (
+        f"Hugging Face tokenizer: {added} of objtrain's special tokens added after its {base:,} ids, "
+        f"{N_FIXED + tokenizer.specials.n_sentinels - added} found in it (ids in meta.json)"
+    )
+    if not tokenizer.byte_fallback:
+        note += "; it is not lossless: a probe of hard text did not decode back exactly"
+    return note
 
 
 def _meta(
@@ -472,12 +530,14 @@ def _meta(
         "splits": {name: asdict(counts) for name, counts in splits.items()},
         "empty_documents_dropped": empty,
         "tokenizer": {
-            "file": TOKENIZER_FILE,
+            "file": tokenizer.file_name,
+            "kind": tokenizer.kind,
             "hash": tokenizer.hash,
             "model_type": model_type,
             "vocab_size": tokenizer.vocab_size,
             "byte_fallback": tokenizer.byte_fallback,
             "trained_here": config.tokenizer is None,
+            **({"round_trip": tokenizer.byte_fallback} if tokenizer.kind == "huggingface" else {}),
         },
         "specials": tokenizer.specials.to_dict(),
         "special_pieces": {

@@ -126,7 +126,14 @@ def _training_error(text: str, vocab_size: int) -> str:
 
 
 class Tokenizer:
-    """Encode/decode text; look up pieces; know which ids start a word. Thread-safe for encoding."""
+    """Encode/decode text; look up pieces; know which ids start a word. Thread-safe for encoding.
+
+    This class wraps a sentencepiece model in objtrain's own layout; `HFTokenizer`
+    (`objtrain.interop.foreign_tokenizer`) wraps a Hugging Face `tokenizer.json` behind the same methods.
+    """
+
+    file_name = "tokenizer.model"  # the file a store or checkpoint keeps it in
+    kind = "sentencepiece"
 
     def __init__(self, model_proto: bytes, specials: Specials) -> None:
         self.model_proto = model_proto
@@ -206,6 +213,33 @@ class Tokenizer:
         """Text of the ordinary tokens; reserved tokens decode to nothing (see `piece` to show them)."""
         return self.sp.decode([int(i) for i in ids])
 
+    def decode_batch(self, batch: list[list[int]]) -> list[str]:
+        return self.sp.decode(batch)
+
+    # Pieces as bytes of text, for tables built once per tokenizer (bits per byte, FIM's fast decoder,
+    # sentence ends, word starts).
+    concatenative = True  # decoding joins `piece_bytes` of the tokens (reserved ones give nothing)
+
+    def is_control(self, token_id: int) -> bool:
+        """A reserved token: decodes to nothing."""
+        return self.sp.is_control(token_id)
+
+    def is_unknown(self, token_id: int) -> bool:
+        return self.sp.is_unknown(token_id)
+
+    def is_byte(self, token_id: int) -> bool:
+        """A byte-fallback piece `<0xNN>`: one byte of a character the vocabulary lacks."""
+        return self.sp.is_byte(token_id)
+
+    def piece_bytes(self, token_id: int) -> bytes:
+        """The UTF-8 bytes token `token_id` stands for in decoded text (b"" for reserved and `<unk>`)."""
+        if self.sp.is_control(token_id) or self.sp.is_unknown(token_id):
+            return b""
+        piece = self.sp.id_to_piece(token_id)
+        if self.sp.is_byte(token_id):
+            return bytes([int(piece[3:5], 16)])
+        return piece.replace(WORD_START, " ").encode("utf-8")
+
     def piece(self, token_id: int) -> str:
         return self.sp.id_to_piece(int(token_id))
 
@@ -239,6 +273,16 @@ class Tokenizer:
 
     def __iter__(self) -> Iterator[str]:
         return (self.sp.id_to_piece(i) for i in range(self.vocab_size))
+
+
+def tokenizer_from_file(path: Path, specials: Specials) -> Tokenizer:
+    """The tokenizer a store or checkpoint keeps: a sentencepiece model, or a Hugging Face `tokenizer.json`
+    (then `specials` says where objtrain's special tokens are)."""
+    if Path(path).name.endswith(".json"):
+        from objtrain.interop.foreign_tokenizer import HFTokenizer
+
+        return HFTokenizer.from_file(path, specials)
+    return Tokenizer.from_file(path, specials)
 
 
 def fixed_special_names() -> list[str]:

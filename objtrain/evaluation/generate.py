@@ -351,13 +351,13 @@ def fill_mask(model: Encoder, tokenizer: Tokenizer, text: str, top_k: int = 5) -
     where = (x[0] == tokenizer.specials.mask).nonzero().squeeze(1)
     # Reserved ids (pad, bos/eos, <mask>, sentinels, ...) are no text to fill in: candidates are the
     # ordinary tokens, with the model's probabilities over the whole vocabulary.
-    first = tokenizer.specials.first_ordinary
-    ordinary = probs[where][:, first:]
+    text_ids = tokenizer.specials.ordinary_ids(probs.size(-1))
+    ordinary = probs[where][:, text_ids]
     top = ordinary.topk(min(top_k, ordinary.size(-1)), dim=-1)  # (n_masks, k)
     return [
         [
             Candidate(int(i), tokenizer.piece(int(i)), tokenizer.decode([int(i)]), float(p))
-            for p, i in zip(ps.tolist(), (ids_ + first).tolist(), strict=True)
+            for p, i in zip(ps.tolist(), text_ids[ids_].tolist(), strict=True)
         ]
         for ps, ids_ in zip(top.values, top.indices, strict=True)
     ]
@@ -415,8 +415,9 @@ def split_spans(output: list[int], n_spans: int, specials: Specials) -> list[lis
     fills: list[list[int]] = [[] for _ in range(n_spans)]
     current = -1
     for token in output:
-        if specials.is_sentinel(torch.tensor(token)):
-            current = specials.sentinel_base - token
+        k = specials.sentinel_index(token)
+        if k is not None:
+            current = k
             continue
         if 0 <= current < n_spans:
             fills[current].append(token)

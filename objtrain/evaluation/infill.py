@@ -302,7 +302,7 @@ def infill_one(
         fill = (
             gen.split_spans(ids, 1, s)[0]
             if ids and ids[0] == s.sentinel(0)
-            else [i for i in ids if i >= s.first_ordinary]
+            else [i for i in ids if not s.is_special_id(i)]
         )
         return InfillResult(task, tokenizer.decode(fill), stopped)
     raise UserError(f"this model has no infilling mode ({mode})")

@@ -17,6 +17,7 @@ EXTRAS = {
     "pyarrow": "parquet",
     "zstandard": "parquet",
     "google": "hf",  # protobuf, which transformers needs to read a sentencepiece model
+    "wandb": "wandb",
 }
 
 

@@ -6,8 +6,12 @@ What each model kind becomes:
 - encoder -> `EuroBertForMaskedLM` (stock since transformers 5: Llama blocks without the causal mask,
   final norm, tied MLM head). Segment embeddings and the NSP/SOP pooler have no place there: a model
   trained with them is refused rather than exported without them.
-- encoder-decoder: no stock class computes it (T5 has relative-position biases, T5Gemma sandwich norms):
-  not exported.
+- encoder-decoder -> `ObjtrainEncDecForConditionalGeneration`, modelling code written into the directory
+  (`configuration_objtrain.py`, `modeling_objtrain.py`, from `objtrain/interop/hf_remote/`) and named in
+  config.json's `auto_map`, so `AutoModelForSeq2SeqLM.from_pretrained(DIR, trust_remote_code=True)` loads
+  it. No stock class computes it: T5 positions attention by learned relative-position biases (objtrain
+  rotates q and k), T5Gemma adds sandwich norms and scaled embeddings that cannot be switched off. The
+  weights keep objtrain's names; the code is objtrain's arithmetic for one document per row.
 
 Every export is checked before it is kept: `transformers` loads the written directory, its logits on
 sample rows equal objtrain's (fp32, 1e-4), and greedy decoding of 32 tokens is identical (decoders).
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +35,8 @@ from objtrain.interop import llama, quiet_transformers, require
 from objtrain.io import atomic_dir, check_output_free, save_tensors, write_json
 from objtrain.models.checkpoint import Checkpoint, clean_state_dict, load_checkpoint, resolve_checkpoint
 
+REMOTE_ARCHITECTURE = "ObjtrainEncDecForConditionalGeneration"
+REMOTE_FILES = ("configuration_objtrain.py", "modeling_objtrain.py")
 TOLERANCE = 1e-4  # max |logit difference| accepted, fp32, relative to max(1, |logits|.max())
 GREEDY_TOKENS = 32
 SAMPLE_TEXT = (
@@ -69,7 +76,47 @@ def _tokenizer_files(ckpt: Checkpoint, directory: Path) -> None:
     from objtrain.interop.hf_tokenizer import save_hf_tokenizer
 
     assert ckpt.tokenizer is not None
+    if ckpt.tokenizer.kind == "huggingface":  # a store made with another model's tokenizer.json
+        from objtrain.interop.foreign_tokenizer import HFTokenizer, save_hf_files
+
+        assert isinstance(ckpt.tokenizer, HFTokenizer)
+        save_hf_files(ckpt.tokenizer, directory)
+        return
     save_hf_tokenizer(ckpt.tokenizer, directory)
+
+
+def _remote_source(name: str) -> str:
+    return (Path(__file__).parent / "hf_remote" / name).read_text(encoding="utf-8")
+
+
+def encdec_config(ckpt: Checkpoint) -> dict[str, Any]:
+    """config.json of an encoder-decoder export: the remote-code classes named in `auto_map`."""
+    cfg, specials = ckpt.config, ckpt.specials
+    return {
+        "architectures": [REMOTE_ARCHITECTURE],
+        "model_type": "objtrain_encdec",
+        "auto_map": {
+            "AutoConfig": "configuration_objtrain.ObjtrainEncDecConfig",
+            "AutoModelForSeq2SeqLM": f"modeling_objtrain.{REMOTE_ARCHITECTURE}",
+        },
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.ffn_dim,
+        "num_attention_heads": cfg.n_head,
+        "num_encoder_layers": cfg.n_layer,
+        "num_decoder_layers": cfg.decoder_layers,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_base,
+        "max_position_embeddings": _max_positions(ckpt),
+        "pad_token_id": specials.pad,
+        "bos_token_id": specials.bos,
+        "eos_token_id": specials.eos,
+        "decoder_start_token_id": specials.pad,
+        "is_encoder_decoder": True,
+        "use_cache": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+    }
 
 
 def export_checkpoint(source: Path, output: Path, force: bool = False) -> ExportSummary:
@@ -114,10 +161,11 @@ def export_checkpoint(source: Path, output: Path, force: bool = False) -> Export
         config = llama.llama_config(cfg, _max_positions(ckpt), architecture, "eurobert")
         config.update(mask_token_id=ckpt.specials.mask, classifier_pooling="bos")
     else:
-        raise UserError(
-            "encoder-decoder models have no stock transformers class that computes them exactly "
-            "(T5 uses relative-position biases, T5Gemma sandwich norms); export supports decoder and encoder"
-        )
+        architecture = REMOTE_ARCHITECTURE
+        tensors = dict(weights)
+        config = encdec_config(ckpt)
+    specials = ckpt.specials
+    config.update(pad_token_id=specials.pad, bos_token_id=specials.bos, eos_token_id=specials.eos)
     config["transformers_version"] = require("transformers", "objtrain export").__version__
     config["objtrain"] = {
         "checkpoint": str(path),
@@ -128,11 +176,19 @@ def export_checkpoint(source: Path, output: Path, force: bool = False) -> Export
     with atomic_dir(output, force=force) as tmp:
         save_tensors(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         write_json(tmp / "config.json", config)
-        if cfg.kind == "decoder":
-            write_json(
-                tmp / "generation_config.json",
-                {"bos_token_id": 2, "eos_token_id": 3, "pad_token_id": 0, "do_sample": False},
-            )
+        if cfg.kind in ("decoder", "encdec"):
+            generation = {
+                "bos_token_id": specials.bos,
+                "eos_token_id": specials.eos,
+                "pad_token_id": specials.pad,
+                "do_sample": False,
+            }
+            if cfg.kind == "encdec":  # T5's start token; no key/value cache in the written code
+                generation.update(decoder_start_token_id=specials.pad, use_cache=False)
+            write_json(tmp / "generation_config.json", generation)
+        if cfg.kind == "encdec":
+            for name in REMOTE_FILES:
+                (tmp / name).write_text(_remote_source(name), encoding="utf-8")
         _tokenizer_files(ckpt, tmp)
         diff, greedy = check_export(ckpt, tmp)
     return ExportSummary(
@@ -144,13 +200,13 @@ def sample_rows(ckpt: Checkpoint, n_rows: int = 3, length: int = 64, seed: int =
     """Rows of ids to compare logits on: the sample text encoded, and random ordinary tokens."""
     assert ckpt.tokenizer is not None
     vocab = ckpt.config.vocab_size
-    first = ckpt.specials.first_ordinary
+    ordinary = ckpt.specials.ordinary_ids(vocab)
     text = ckpt.tokenizer.encode(SAMPLE_TEXT * 8)[:length]
-    text += [first] * (length - len(text))
+    text += [int(ordinary[0])] * (length - len(text))
     generator = torch.Generator().manual_seed(seed)
     rows = [torch.tensor(text)]
     for _ in range(n_rows - 1):
-        rows.append(torch.randint(first, vocab, (length,), generator=generator))
+        rows.append(ordinary[torch.randint(0, ordinary.numel(), (length,), generator=generator)])
     return torch.stack(rows)
 
 
@@ -160,15 +216,26 @@ def check_export(ckpt: Checkpoint, directory: Path) -> tuple[float, int]:
     transformers = quiet_transformers()
     model = ckpt.model.float().eval()
     cfg = ckpt.config
-    auto = transformers.AutoModelForCausalLM if cfg.kind == "decoder" else transformers.AutoModelForMaskedLM
+    auto = {
+        "decoder": transformers.AutoModelForCausalLM,
+        "encoder": transformers.AutoModelForMaskedLM,
+        "encdec": transformers.AutoModelForSeq2SeqLM,
+    }[cfg.kind]
+    remote = {"trust_remote_code": True} if cfg.kind == "encdec" else {}  # the code it just wrote
     try:
-        hf = auto.from_pretrained(str(directory), dtype=torch.float32).eval()
+        hf = auto.from_pretrained(str(directory), dtype=torch.float32, **remote).eval()
     except Exception as exc:  # transformers raises many types; any of them means the export is unusable
         raise UserError(f"transformers could not load the export: {type(exc).__name__}: {exc}") from None
     ids = sample_rows(ckpt, length=min(64, _max_positions(ckpt)))
+    decoder_ids = ids.roll(1, dims=0)  # another row as the decoder's input, after the start token
+    decoder_ids[:, 0] = ckpt.specials.pad
     with torch.no_grad():
-        ours = _objtrain_logits(model, ids)
-        theirs = hf(input_ids=ids).logits.float()
+        if cfg.kind == "encdec":
+            ours = _objtrain_encdec_logits(model, ids, decoder_ids)
+            theirs = _run(lambda: hf(input_ids=ids, decoder_input_ids=decoder_ids).logits.float())
+        else:
+            ours = _objtrain_logits(model, ids)
+            theirs = _run(lambda: hf(input_ids=ids).logits.float())
     scale = max(1.0, float(ours.abs().max()))
     diff = float((ours - theirs).abs().max()) / scale
     if not math.isfinite(diff) or diff > TOLERANCE:
@@ -176,18 +243,31 @@ def check_export(ckpt: Checkpoint, directory: Path) -> tuple[float, int]:
             f"load-back check failed: transformers' logits differ from objtrain's by {diff:.2e} "
             f"(relative; at most {TOLERANCE:g} allowed); nothing written"
         )
-    if cfg.kind != "decoder":
+    if cfg.kind == "encoder":
         return diff, 0
-    from objtrain.evaluation.generate import generate_decoder
+    from objtrain.evaluation.generate import generate_decoder, generate_encdec
 
-    prompt = ids[0, :8].tolist()
-    ours_ids = list(generate_decoder(model, prompt, GREEDY_TOKENS))  # type: ignore[arg-type]
+    specials = ckpt.specials
     generation = transformers.GenerationConfig(
-        max_new_tokens=GREEDY_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0, bos_token_id=2
+        max_new_tokens=GREEDY_TOKENS,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=specials.pad,
+        bos_token_id=specials.bos,
     )
+    if cfg.kind == "encdec":
+        prompt = ids[0, :16].tolist()
+        ours_ids = list(generate_encdec(model, prompt, GREEDY_TOKENS, start_id=specials.pad))  # type: ignore[arg-type]
+        generation.decoder_start_token_id = specials.pad
+        generation.use_cache = False
+        skip = 1  # the decoder start token
+    else:
+        prompt = ids[0, :8].tolist()
+        ours_ids = list(generate_decoder(model, prompt, GREEDY_TOKENS))  # type: ignore[arg-type]
+        skip = len(prompt)
     with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), generation_config=generation)
-    theirs_ids = out[0, len(prompt) :].tolist()
+        out = _run(lambda: hf.generate(torch.tensor([prompt]), generation_config=generation))
+    theirs_ids = out[0, skip:].tolist()
     if theirs_ids != ours_ids:
         first = next((i for i, (a, b) in enumerate(zip(ours_ids, theirs_ids, strict=False)) if a != b), None)
         raise UserError(
@@ -205,6 +285,35 @@ def _objtrain_logits(model: Any, ids: Tensor) -> Tensor:
     positions = torch.arange(T).expand(B, T)
     attention = "causal" if model.config.kind == "decoder" else "bidirectional"
     batch = Batch(ids, ids, positions, torch.zeros_like(ids), attention)
+    return model(batch).logits.float()
+
+
+def _run(call: Callable[[], Any]) -> Any:
+    """A call into the loaded export: any failure means the export is unusable, said in one line."""
+    try:
+        return call()
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        why = f"{type(exc).__name__}: {first}"
+        raise UserError(f"load-back check failed: transformers raised {why}; nothing written") from None
+
+
+def _objtrain_encdec_logits(model: Any, ids: Tensor, decoder_ids: Tensor) -> Tensor:
+    """Decoder logits (B, S, V) of one document per row: encoder input `ids`, decoder input `decoder_ids`."""
+    from objtrain.batch import Batch
+
+    B, T = ids.shape
+    S = decoder_ids.size(1)
+    batch = Batch(
+        ids,
+        decoder_ids,
+        torch.arange(T).expand(B, T),
+        torch.zeros_like(ids),
+        "bidirectional",
+        decoder_input_ids=decoder_ids,
+        decoder_positions=torch.arange(S).expand(B, S),
+        decoder_document_ids=torch.zeros_like(decoder_ids),
+    )
     return model(batch).logits.float()
 
 

@@ -35,7 +35,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from objtrain.data.tokenizer import Tokenizer
+from objtrain.data.tokenizer import Tokenizer, tokenizer_from_file
 from objtrain.errors import UserError
 from objtrain.io import atomic_dir, atomic_file, read_json, save_tensors, write_json
 from objtrain.models.config import ModelConfig
@@ -46,6 +46,7 @@ FORMAT_VERSION = 1
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.model"
+TOKENIZER_FILES = (TOKENIZER, "tokenizer.json")  # sentencepiece, or a Hugging Face tokenizer's JSON
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile, DDP/FSDP
 
 
@@ -107,10 +108,10 @@ def save_checkpoint(
         tensors = clean_state_dict(model) if weights is None else weights
         save_tensors(tensors, tmp / WEIGHTS, metadata={"format": "pt"})
         if tokenizer is not None:
-            with atomic_file(tmp / TOKENIZER) as handle:
+            with atomic_file(tmp / tokenizer.file_name) as handle:
                 handle.write(tokenizer.model_proto)
             meta["tokenizer"] = {
-                "file": TOKENIZER,
+                "file": tokenizer.file_name,
                 "sha256": hashlib.sha256(tokenizer.model_proto).hexdigest(),
                 "vocab_size": tokenizer.vocab_size,
             }
@@ -218,13 +219,13 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> Checkpoin
     tokenizer = None
     info = meta.get("tokenizer")
     training = meta.get("training") or {}
-    if info and not (isinstance(info, dict) and isinstance(info.get("file", TOKENIZER), str)):
+    if info and not (isinstance(info, dict) and info.get("file", TOKENIZER) in TOKENIZER_FILES):
         raise UserError(f"{path / CONFIG}: its 'tokenizer' section is not {{file, sha256}}: damaged")
     if not isinstance(training, dict):
         raise UserError(f"{path / CONFIG}: its 'training' section is not a mapping: the file is damaged")
     if info:
         file = path / info.get("file", TOKENIZER)
-        tokenizer = Tokenizer.from_file(file, specials)
+        tokenizer = tokenizer_from_file(file, specials)
         digest = hashlib.sha256(tokenizer.model_proto).hexdigest()
         if info.get("sha256") not in (None, digest):
             raise UserError(f"{file} does not match the sha256 recorded in {path / CONFIG}")

@@ -180,7 +180,7 @@ class BartDenoising(Objective):
             raise UserError(f"bart: poisson_lambda must be positive, got {c.poisson_lambda}")
         self.vocab_size = c.vocab_size or (tokenizer.vocab_size if tokenizer is not None else 0)
         needs_random = c.mask_random > 0 and (c.mask > 0 or c.insert > 0) and c.replace_length != 0
-        if needs_random and self.vocab_size <= specials.first_ordinary:
+        if needs_random and specials.ordinary_ids(self.vocab_size).numel() == 0:
             raise UserError(
                 "bart: mask_random > 0 needs the vocabulary size: pass a tokenizer or set vocab_size"
             )
@@ -486,9 +486,13 @@ class BartDenoising(Objective):
         return values
 
     def _random_ids(self, docs: Draws, at: Tensor, stream: str) -> Tensor:
-        """Random ordinary ids in [first_ordinary, vocab_size) at flat positions `at`."""
-        low = self.specials.first_ordinary
+        """Random ordinary ids (`specials.ordinary_ids`: [first_ordinary, vocab_size) in objtrain's own
+        layout) at flat positions `at`."""
         u = docs.uniform(at, stream)
+        if not self.specials.own_layout:
+            ordinary = self.specials.ordinary_ids(self.vocab_size)
+            return ordinary[torch.floor(u * ordinary.numel()).to(torch.int64)]
+        low = self.specials.first_ordinary
         return low + torch.floor(u * (max(self.vocab_size, low + 1) - low)).to(torch.int64)
 
     def _permute(

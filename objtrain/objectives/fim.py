@@ -59,22 +59,20 @@ codecs.register_error("objtrain-replace-each-byte", _replace_each_byte)
 
 
 class PieceDecoder:
-    """`tokenizer.sp.decode` of many id lists at once, from a table of each token's bytes (module doc)."""
+    """`tokenizer.decode_batch` of many id lists at once, from a table of each token's bytes (module doc).
+    Only for tokenizers whose decoding joins their tokens' bytes (`Tokenizer.concatenative`)."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
-        sp = tokenizer.sp
         self.table: list[bytes] = []
         self.reserved: set[int] = set()
-        for i in range(sp.get_piece_size()):
-            if sp.is_control(i):  # specials and sentinels decode to nothing
+        for i in range(tokenizer.vocab_size):
+            if tokenizer.is_control(i):  # specials and sentinels decode to nothing
                 self.table.append(b"")
                 self.reserved.add(i)
-            elif sp.is_unknown(i):
+            elif tokenizer.is_unknown(i):
                 self.table.append(" \u2047 ".encode())
-            elif sp.is_byte(i):  # <0xNN>
-                self.table.append(bytes([int(sp.id_to_piece(i)[3:5], 16)]))
-            else:
-                self.table.append(sp.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
+            else:  # a byte piece <0xNN> is its byte; the word marker is a space
+                self.table.append(tokenizer.piece_bytes(i))
 
     def _text(self, ids: list[int]) -> str:
         table = self.table
@@ -217,7 +215,7 @@ def char_level_fim(
     row_tokens = {r: rows[r].tolist() for r in sorted(set(r_))}
 
     chosen = [k for k in range(len(r_)) if fim[k]]
-    decode = decode or tokenizer.sp.decode
+    decode = decode or tokenizer.decode_batch
     texts = decode([row_tokens[r_[k]][s_[k] : s_[k] + n_[k]] for k in chosen])
     parts: list[str] = []
     for k, text in zip(chosen, texts, strict=True):
@@ -279,7 +277,11 @@ class FillInTheMiddle(Objective):
             raise UserError(
                 "fim: level 'char' needs the tokenizer (to decode and re-encode); or set level=token"
             )
-        self.decoder = PieceDecoder(tokenizer) if config.level == "char" and tokenizer is not None else None
+        self.decoder = (
+            PieceDecoder(tokenizer)
+            if config.level == "char" and tokenizer is not None and tokenizer.concatenative
+            else None
+        )
 
     def raw_length(self, model_length: int) -> int:
         return model_length + 1

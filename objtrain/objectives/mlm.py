@@ -135,7 +135,7 @@ def mask_tokens(
 ) -> tuple[Tensor, Tensor, dict[str, float]]:
     """BERT 80/10/10 corruption of (B, L) `tokens`: returns (input_ids, labels, stats)."""
     L = tokens.size(1)
-    eligible = (tokens >= specials.first_ordinary) & (document_ids >= 0)  # ordinary tokens of documents
+    eligible = ~specials.is_special(tokens) & (document_ids >= 0)  # ordinary tokens of documents
     selected = select(eligible, config.selection_rate, config.exact_count, rr, f"{stream}/select", starts)
     # One 64-bit draw per position decides the action (its order among all int64) and the random id (its
     # low 32 bits, multiply-shifted onto the ordinary range).
@@ -143,8 +143,8 @@ def mask_tokens(
     masked = selected & below(bits, config.mask_prob)
     randomised = selected & ~masked & below(bits, config.mask_prob + config.random_prob)
     inputs = tokens.masked_fill(masked, specials.mask)
-    span = vocab_size - specials.first_ordinary
-    inputs[randomised] = specials.first_ordinary + (((bits[randomised] & 0xFFFFFFFF) * span) >> 32)
+    ordinary = specials.ordinary_ids(vocab_size)  # arange(first_ordinary, V) in objtrain's own layout
+    inputs[randomised] = ordinary[((bits[randomised] & 0xFFFFFFFF) * ordinary.numel()) >> 32]
     labels = tokens.masked_fill(~selected, IGNORE)
     counts = torch.stack([eligible.sum(), selected.sum(), masked.sum(), randomised.sum()]).tolist()
     n_eligible, n_selected, n_masked, n_random = (float(c) for c in counts)
@@ -216,9 +216,7 @@ def resolve_vocab_size(
     vocab_size = config.vocab_size or (tokenizer.vocab_size if tokenizer is not None else 0)
     if vocab_size == 0:
         raise UserError(f"{name}: no vocabulary size: pass the tokenizer or set vocab_size")
-    if vocab_size <= specials.first_ordinary:
-        raise UserError(
-            f"{name}: vocab_size {vocab_size} leaves no ordinary tokens (ids below "
-            f"{specials.first_ordinary} are reserved)"
-        )
+    if specials.ordinary_ids(vocab_size).numel() == 0:
+        reserved = f"ids below {specials.first_ordinary}" if specials.own_layout else "all of them"
+        raise UserError(f"{name}: vocab_size {vocab_size} leaves no ordinary tokens ({reserved} reserved)")
     return vocab_size

@@ -22,11 +22,13 @@ def sentence_end_table(tokenizer: Tokenizer) -> Tensor:
     table = torch.zeros(tokenizer.vocab_size, dtype=torch.bool)
     specials = tokenizer.specials
     table[[specials.eos, specials.sep]] = True
-    for i in range(specials.first_ordinary, tokenizer.vocab_size):
-        piece = tokenizer.piece(i)
-        if tokenizer.sp.is_byte(i):
-            table[i] = piece == "<0x0A>"
+    for i in specials.ordinary_ids(tokenizer.vocab_size).tolist():
+        if tokenizer.is_control(i):  # another tokenizer's own special tokens
             continue
+        if tokenizer.is_byte(i):
+            table[i] = tokenizer.piece_bytes(i) == b"\n"
+            continue
+        piece = tokenizer.piece_bytes(i).decode("utf-8", "replace")
         stripped = piece.rstrip(_CLOSERS)
         table[i] = piece.endswith("\n") or (len(stripped) > 0 and stripped[-1] in _ENDERS)
     return table

@@ -138,15 +138,9 @@ def token_bytes(tokenizer: Tokenizer) -> torch.Tensor:
     """(V,) UTF-8 bytes each token stands for: 0 for control tokens, 1 for a byte-fallback piece, and the
     piece's text with the word marker as one space otherwise. Bits per byte divide by these. `<unk>` (only
     a tokenizer without byte fallback emits it) counts 0: which character it stood for is not known."""
-    sp = tokenizer.sp
     out = torch.zeros(tokenizer.vocab_size, dtype=torch.int64)
     for i in range(tokenizer.vocab_size):
-        if sp.is_control(i) or sp.is_unknown(i):
-            continue
-        if sp.is_byte(i):
-            out[i] = 1
-            continue
-        out[i] = len(sp.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
+        out[i] = len(tokenizer.piece_bytes(i))  # 0 for control tokens and <unk>, 1 for a byte piece
     return out
 
 

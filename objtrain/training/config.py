@@ -11,7 +11,7 @@
     precision:  dtype (auto | fp32 | bf16 | fp16), compile
     validation: every, rows
     checkpoint: every, keep
-    logging:    every, tensorboard
+    logging:    every, tensorboard, sample, wandb {project, mode, entity, name, tags}
     seed, device, workers, parallel (ddp | fsdp)
 
 Every section is a dataclass, read strictly by `objtrain.config.from_dict`: an unknown key is refused
@@ -161,10 +161,26 @@ class CheckpointConfig:
 
 
 @dataclass
+class WandbConfig:
+    """Weights & Biases logging (`pip install 'objtrain[wandb]'`): every metrics.jsonl record, mirrored."""
+
+    project: str = "objtrain"
+    mode: Literal["offline", "online", "disabled"] = "offline"  # offline: files under RUN/wandb, no network
+    entity: str | None = None  # team or user (online); None = the account's default
+    name: str | None = None  # the run's name; None = the run directory's name
+    tags: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.project.strip():
+            raise ValueError("logging.wandb.project must not be empty")
+
+
+@dataclass
 class LoggingConfig:
     every: int = 10  # steps between log lines (metrics.jsonl gets every step)
     tensorboard: bool = True  # event files when the `tensorboard` package is installed
     sample: bool = True  # end with a short greedy sample from the model
+    wandb: WandbConfig | None = None  # Weights & Biases too, e.g. {project: my-project, mode: offline}
 
     def __post_init__(self) -> None:
         if self.every < 1:

@@ -1,4 +1,5 @@
-"""What a run reports: RUN/metrics.jsonl (every step), a progress display, TensorBoard when installed.
+"""What a run reports: RUN/metrics.jsonl (every step), a progress display, TensorBoard when installed,
+Weights & Biases when configured (`logging.wandb`).
 
 metrics.jsonl is one JSON object per line, flushed per line; non-finite values are written as null (NaN is
 not JSON). A resumed run appends `{"event": "resume", "step": s}`; readers keep the last record per step.
@@ -26,14 +27,19 @@ def _finite(value: Any) -> Any:
 
 
 class MetricsLog:
-    def __init__(self, path: Path) -> None:
+    """RUN/metrics.jsonl; every record written is also handed to `mirror` (Weights & Biases) if given."""
+
+    def __init__(self, path: Path, mirror: Wandb | None = None) -> None:
         self.path = Path(path)
         self.handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self.mirror = mirror
 
     def write(self, record: dict[str, Any]) -> None:
         clean = {k: _finite(v) for k, v in record.items()}
         self.handle.write(json.dumps(clean, allow_nan=False) + "\n")
         self.handle.flush()
+        if self.mirror is not None:
+            self.mirror.write(clean)
 
     def sync(self) -> None:
         self.handle.flush()
@@ -41,6 +47,62 @@ class MetricsLog:
 
     def close(self) -> None:
         self.handle.close()
+        if self.mirror is not None:
+            self.mirror.close(self.path)
+
+
+class Wandb:
+    """The records of metrics.jsonl, mirrored to a Weights & Biases run (`logging.wandb`).
+
+    Each record's numbers are logged at its step: a training record's under their own names (`loss`,
+    `lr`, ...), a validation record's too (`val_loss`, `val_bpb`; its bookkeeping such as `tokens` under
+    `val/`), an event's (`resume`, `init_from`, `epoch`) under
+    `event/<name>/` with `event/<name>` = 1. Text fields have no chart; metrics.jsonl itself, every record
+    whole, is saved into the run when it closes. `mode: offline` (the default) writes the run under
+    RUN/wandb and needs no network or account (`wandb sync RUN/wandb/offline-run-*` uploads it later).
+    A resumed objtrain run starts a new W&B run, in the same directory."""
+
+    def __init__(self, run_dir: Path, project: str, mode: str, config: dict[str, Any], **init: Any) -> None:
+        from objtrain.interop import require
+
+        wandb = require("wandb", "logging.wandb")
+        os.environ.setdefault("WANDB_SILENT", "true")  # objtrain prints its own progress
+        (Path(run_dir) / "wandb").mkdir(parents=True, exist_ok=True)
+        try:  # no console capture, no git probing, no system-metrics sampling: the records only
+            settings = wandb.Settings(console="off", silent=True, disable_git=True, x_disable_stats=True)
+        except (TypeError, ValueError):  # an older wandb without some of these settings
+            settings = wandb.Settings(console="off", silent=True)
+        self.run = wandb.init(
+            project=project,
+            mode=mode,
+            dir=str(run_dir),
+            config=config,
+            name=init.pop("name", None) or Path(run_dir).name,
+            settings=settings,
+            **init,
+        )
+        self.wandb = wandb
+
+    def write(self, record: dict[str, Any]) -> None:
+        step = record.get("step")
+        if isinstance(record.get("event"), str):
+            prefix = f"event/{record['event']}"
+            data: dict[str, Any] = {prefix: 1}
+        else:
+            prefix = "val" if record.get("split") == "val" else ""
+            data = {}
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                plain = not prefix or key.startswith(f"{prefix}_")  # val_loss stays val_loss
+                data[key if plain else f"{prefix}/{key}"] = value
+        if isinstance(step, int):
+            self.run.log(data, step=step)
+        else:
+            self.run.log(data)
+
+    def close(self, metrics: Path) -> None:
+        self.run.save(str(metrics), base_path=str(metrics.parent), policy="now")
+        self.run.finish()
 
 
 class TensorBoard:

@@ -48,6 +48,7 @@ from objtrain.config import to_dict
 from objtrain.data.default import default_store
 from objtrain.devices import auto_dtype, resolve_device
 from objtrain.errors import UserError
+from objtrain.interop import require
 from objtrain.io import (
     OutputLock,
     Unwritable,
@@ -81,7 +82,7 @@ from objtrain.training.data import (
     workers_stopped,
 )
 from objtrain.training.host_memory import keep_freed_memory
-from objtrain.training.logger import MetricsLog, Progress, TensorBoard
+from objtrain.training.logger import MetricsLog, Progress, TensorBoard, Wandb
 from objtrain.training.optim import (
     build_optimizer,
     describe_extension,
@@ -170,6 +171,8 @@ def prepare(
         raise UserError(f"{run_dir} exists and is not a run directory")
     if world.is_main:  # a read-only mount, no permission, a full disk: now, not after the model is built
         check_writable(run_dir)
+    if cfg.logging.wandb is not None and world.is_main:  # asked for by name: missing is an error, not a note
+        require("wandb", "logging.wandb")
     # Only a run is locked here: a folder of the user's that has the name is refused below, untouched.
     markers = (*RUN_MARKERS, OutputLock.NAME)
     ours = run_dir.is_dir() and (not any(run_dir.iterdir()) or any((run_dir / m).exists() for m in markers))
@@ -889,7 +892,12 @@ def _run(
         """Wall-clock seconds of the run so far: start-up, validation and saves too, over resumed parts."""
         return elapsed_before + time.perf_counter() - started
 
-    log = MetricsLog(run_dir / "metrics.jsonl") if world.is_main else None
+    mirror = None
+    if cfg.logging.wandb is not None and world.is_main:
+        w = cfg.logging.wandb
+        resolved = config_dict(cfg) | {"resolved": _resolved(plan, total)}
+        mirror = Wandb(run_dir, w.project, w.mode, resolved, entity=w.entity, name=w.name, tags=w.tags)
+    log = MetricsLog(run_dir / "metrics.jsonl", mirror) if world.is_main else None
     tb = TensorBoard(run_dir / "tensorboard", cfg.logging.tensorboard and world.is_main)
     if log is not None and plan.resume_from is not None:
         event = {"event": "resume", "step": state.step, "from": plan.resume_from.name, "total_steps": total}

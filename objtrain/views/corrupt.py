@@ -420,13 +420,17 @@ _VISIBLE = str.maketrans({"\u2581": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"
 
 def piece_text(token: int, specials: Specials, tokenizer: Tokenizer | None) -> str:
     """A visible rendering of one token: whitespace made visible, specials by name, else the id."""
-    if token < N_FIXED:
+    if specials.own_layout and token < N_FIXED:
         return _SPECIAL_NAMES.get(token, f"<{token}>")
-    if token < specials.first_ordinary:
-        return f"<extra_id_{specials.sentinel_base - token}>"
+    if token in specials.fixed_ids:
+        return FIXED_PIECES[specials.fixed_ids.index(token)][1]
+    if specials.sentinel_index(token) is not None:
+        return f"<extra_id_{specials.sentinel_index(token)}>"
     if tokenizer is None or token >= tokenizer.vocab_size:
         return str(token)
     piece = tokenizer.piece(token)
+    if tokenizer.kind != "sentencepiece" and tokenizer.concatenative:  # byte-level pieces: show their text
+        piece = tokenizer.piece_bytes(token).decode("utf-8", "replace") or piece
     if piece == "<0x0A>":
         return "⏎"
     if piece == "<0x09>":
@@ -437,9 +441,9 @@ def piece_text(token: int, specials: Specials, tokenizer: Tokenizer | None) -> s
 def token_kind(token: int, specials: Specials) -> str:
     if token == specials.mask:
         return MASKED
-    if N_FIXED <= token < specials.first_ordinary:
+    if specials.sentinel_index(token) is not None:
         return SENTINEL
-    if token < N_FIXED:
+    if specials.is_special_id(token):
         return SPECIAL
     return KEPT
 
@@ -495,7 +499,7 @@ def align_row(batch: Batch, b: int, raw: RawRows, raw_b: int) -> RowView:
     for op, i1, i2, j1, j2 in _opcodes(original, inputs):
         if op == "equal":
             for i, j in zip(range(i1, i2), range(j1, j2), strict=True):
-                kind = SPECIAL if original[i] < specials.first_ordinary else KEPT
+                kind = SPECIAL if specials.is_special_id(original[i]) else KEPT
                 cells.append(Cell(original[i], kind, inputs[j], kind, in_labels[j]))
             continue
         n = max(i2 - i1, j2 - j1)
@@ -579,7 +583,7 @@ def row_stats(view: RowView, specials: Specials) -> dict[str, float]:
         if cell.original_kind == DELETED:
             counts[DELETED] += 1
     n_orig = len(view.original)
-    ordinary = sum(1 for t in view.original if t >= specials.first_ordinary)
+    ordinary = sum(1 for t in view.original if not specials.is_special_id(t))
     return {
         "original_tokens": float(n_orig),
         "input_tokens": float(len(view.input)),

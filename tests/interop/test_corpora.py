@@ -235,7 +235,7 @@ def test_tokenizer_that_is_not_one_is_one_line(tmp_path: Path, objtrain_cli: Cli
     (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE"}}))
     for bad, match in (
         (tmp_path / "junk.model", "is not a sentencepiece model"),
-        (tmp_path / "tokenizer.json", "not supported yet"),
+        (tmp_path / "tokenizer.json", "is not a Hugging Face tokenizer"),
     ):
         code, _, err = objtrain_cli("tokenize", tmp_path / "a.txt", "--tokenizer", bad, "-o", tmp_path / "s")
         assert code == 2 and match in err and len(err.strip().splitlines()) == 1, err

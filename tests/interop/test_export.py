@@ -79,9 +79,59 @@ def test_encoder_exports_as_eurobert(tmp_path: Path, tokenizer: Tokenizer) -> No
         assert float((_objtrain_logits(ours.model, ids) - hf(input_ids=ids).logits).abs().max()) < 1e-4
 
 
-def test_encdec_and_nsp_encoder_are_refused_mlm_heads_left_out(tmp_path: Path, tokenizer: Tokenizer) -> None:
-    with pytest.raises(UserError, match="encoder-decoder"):
-        export_checkpoint(tiny_checkpoint(tmp_path / "ed", tokenizer, kind="encdec"), tmp_path / "hf")
+def test_encdec_exports_with_its_modelling_code_and_loads_with_trust_remote_code(
+    tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    from objtrain.interop.export import _objtrain_encdec_logits
+
+    ckpt = tiny_checkpoint(tmp_path / "ck", tokenizer, kind="encdec")
+    summary = export_checkpoint(ckpt, tmp_path / "hf")
+    assert summary.architecture == "ObjtrainEncDecForConditionalGeneration"
+    assert summary.max_logit_diff < 1e-4 and summary.greedy_tokens == 32
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (
+        config["auto_map"]["AutoModelForSeq2SeqLM"]
+        == "modeling_objtrain.ObjtrainEncDecForConditionalGeneration"
+    )
+    assert (tmp_path / "hf" / "modeling_objtrain.py").is_file()
+    # independently of the export's own check: the final directory, fresh rows, a padded encoder input
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(
+        str(tmp_path / "hf"), dtype=torch.float32, trust_remote_code=True
+    ).eval()
+    ours = load_checkpoint(ckpt)
+    ids = sample_rows(ours, n_rows=3, length=40, seed=5)
+    dec = sample_rows(ours, n_rows=3, length=24, seed=6)
+    with torch.no_grad():
+        diff = _objtrain_encdec_logits(ours.model, ids, dec) - hf(input_ids=ids, decoder_input_ids=dec).logits
+        assert float(diff.abs().max()) < 1e-4
+        short = _objtrain_encdec_logits(ours.model, ids[:1, :30], dec[:1])
+        mask = torch.ones(1, 40, dtype=torch.long)
+        mask[:, 30:] = 0  # padding after the document is masked out
+        padded = hf(input_ids=ids[:1], attention_mask=mask, decoder_input_ids=dec[:1]).logits
+        assert float((short - padded).abs().max()) < 1e-4
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    assert tok.convert_tokens_to_ids("<extra_id_0>") == ours.specials.sentinel(0)
+
+
+def test_encdec_export_with_wrong_modelling_code_fails_and_leaves_nothing(
+    tmp_path: Path, tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from objtrain.interop import export
+
+    original = export._remote_source
+
+    def broken(name: str) -> str:  # a GELU where objtrain has SiLU
+        source = original(name)
+        return source.replace("F.silu(gate)", "F.gelu(gate)")
+
+    ckpt = tiny_checkpoint(tmp_path / "ck", tokenizer, kind="encdec")
+    monkeypatch.setattr(export, "_remote_source", broken)
+    with pytest.raises(UserError, match="load-back check failed"):
+        export_checkpoint(ckpt, tmp_path / "hf")
+    assert [p.name for p in tmp_path.iterdir()] == ["ck"]
+
+
+def test_nsp_encoder_is_refused_mlm_heads_left_out(tmp_path: Path, tokenizer: Tokenizer) -> None:
     nsp = tiny_checkpoint(
         tmp_path / "nsp", tokenizer, kind="encoder", objective="nsp", n_segments=2, n_classes=2
     )
