@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from interop_helpers import byte_level_bpe
 
 from objtrain.data.store import TokenStore
 from objtrain.data.tokenize import TokenizeConfig, load_tokenizer, tokenize_corpus
@@ -24,23 +25,6 @@ HARD = [
     "  leading and trailing spaces  ",
     "a literal </s> and <|endoftext|> and <mask> and <extra_id_0> stay text \u2581 too",
 ]
-
-
-def byte_level_bpe(texts: list[str], vocab_size: int = 600, specials: tuple[str, ...] = ()) -> Any:
-    """A GPT-2-style byte-level BPE tokenizer trained on `texts`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(specials),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer)
-    return tok
 
 
 @pytest.fixture(scope="module")
