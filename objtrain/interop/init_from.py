@@ -8,9 +8,12 @@ new objective adds (MTP heads 2..n, an encoder's segment embedding or pooled hea
 it does not use (a source's MTP heads for CLM) is left out; both are said.
 
 The tokenizer must be the one the data was tokenized with: the same sentencepiece model (compared by
-hash). A Hugging Face directory qualifies when it carries that model as `tokenizer.model` (an objtrain
-export does). Other tokenizers (a foreign vocabulary) are refused: objtrain's stores need its fixed
-special-token ids.
+hash), or, for a store tokenized with a Hugging Face `tokenizer.json`, the same file. A Hugging Face
+directory qualifies when it carries that model as `tokenizer.model` (an objtrain export does) or the
+store was made from its own `tokenizer.json` (`objtrain tokenize ... --tokenizer HF_DIR`). Such a store
+gives objtrain's special tokens the tokenizer lacks ids after its vocabulary; the model gets embedding
+rows for them (`grow_rows`): each the mean of the model's rows, so every logit over the model's own
+vocabulary is unchanged before the first step. Any other tokenizer is refused.
 """
 
 from __future__ import annotations
@@ -52,6 +55,16 @@ class InitSource:
     weights: dict[str, Tensor]
     tokenizer_sha256: str | None  # of the sentencepiece model the source was trained with
     notes: list[str] = field(default_factory=list)
+    tokenizer_json: bytes | None = None  # a Hugging Face directory's own tokenizer.json, as found
+    # Embedding rows the store's vocabulary needs beyond the source's (objtrain's special tokens added
+    # after a Hugging Face tokenizer's vocabulary): set by `check_tokenizer`, filled in by `apply`.
+    grow_rows: int = 0
+    added_note: str = ""
+
+    @property
+    def vocab_size(self) -> int:
+        """The new run's vocabulary: the source's rows and the rows grown for added special tokens."""
+        return self.config.vocab_size + self.grow_rows
 
 
 def _sha256(data: bytes) -> str:
@@ -117,12 +130,36 @@ def _hf_source(path: Path, config: dict[str, Any]) -> InitSource:
     weights = llama.llama_to_decoder(_hf_weights(path), cfg, where)
     model_file = path / "tokenizer.model"
     sha = _sha256(model_file.read_bytes()) if model_file.is_file() else None
+    json_file = path / "tokenizer.json"
+    own_json = json_file.read_bytes() if json_file.is_file() else None
     arch = ", ".join(config.get("architectures") or ["llama"])
-    return InitSource(path, f"{path} (Hugging Face {arch})", cfg, weights, sha)
+    return InitSource(path, f"{path} (Hugging Face {arch})", cfg, weights, sha, tokenizer_json=own_json)
 
 
-def check_tokenizer(source: InitSource, store_proto: bytes, store_path: Path) -> None:
-    """The source must have been trained with the store's tokenizer: same ids for the same text."""
+def _same_json(a: bytes, b: bytes) -> bool:
+    """Two tokenizer.json files are the same tokenizer: equal bytes, or equal once parsed (a file saved
+    again with other whitespace or key order)."""
+    if a == b:
+        return True
+    try:
+        return bool(json.loads(a) == json.loads(b))
+    except (UnicodeDecodeError, ValueError):
+        return False
+
+
+def check_tokenizer(source: InitSource, tokenizer: Any, store_path: Path) -> None:
+    """The source must have been trained with the store's tokenizer (`tokenizer`, the store's): same ids
+    for the same text. A store made from a Hugging Face directory's own tokenizer.json qualifies, and sets
+    how many embedding rows its added special tokens need (`source.grow_rows`)."""
+    store_proto: bytes = tokenizer.model_proto
+    if getattr(tokenizer, "kind", None) == "huggingface" and source.tokenizer_json is not None:
+        _check_own_hf_tokenizer(source, tokenizer, store_path)
+        return
+    if source.tokenizer_sha256 is None and source.tokenizer_json is not None:
+        raise UserError(
+            f"--init-from: {store_path} was tokenized with another tokenizer than {source.path}'s "
+            f"tokenizer.json: tokenize the data with it (objtrain tokenize ... --tokenizer {source.path})"
+        )
     if source.tokenizer_sha256 is None:
         raise UserError(
             f"--init-from: {source.path} carries no sentencepiece tokenizer.model to compare with "
@@ -133,6 +170,37 @@ def check_tokenizer(source: InitSource, store_proto: bytes, store_path: Path) ->
             f"--init-from: {source.path} was trained with another tokenizer than the one of {store_path}: "
             f"tokenize the data with it (objtrain tokenize ... --tokenizer {source.path / 'tokenizer.model'})"
         )
+
+
+def _check_own_hf_tokenizer(source: InitSource, tokenizer: Any, store_path: Path) -> None:
+    assert source.tokenizer_json is not None
+    if not _same_json(source.tokenizer_json, tokenizer.model_proto):
+        raise UserError(
+            f"--init-from: {store_path} was tokenized with another tokenizer than {source.path}'s "
+            f"tokenizer.json: tokenize the data with it (objtrain tokenize ... --tokenizer {source.path})"
+        )
+    rows, base, size = source.config.vocab_size, int(tokenizer.base_size), int(tokenizer.vocab_size)
+    if base > rows:
+        raise UserError(
+            f"--init-from: {source.path}'s tokenizer.json has {base} tokens, its model only {rows} "
+            "embedding rows: the directory's tokenizer and weights do not belong together"
+        )
+    source.grow_rows = max(0, size - rows)
+    # objtrain's special tokens that the tokenizer lacks have ids base..size-1. A model whose vocabulary
+    # is padded past its tokenizer's (to a multiple of 64, say) already has rows there, never produced by
+    # the tokenizer: those are kept as they are (so every logit of the model is unchanged), and rows are
+    # added only past the model's vocabulary.
+    spare = min(size, rows) - base
+    parts = []
+    if spare > 0:
+        parts.append(f"{spare} on the model's spare embedding rows (ids {base}..{base + spare - 1}, kept)")
+    if source.grow_rows:
+        parts.append(
+            f"{source.grow_rows} on new rows (ids {rows}..{rows + source.grow_rows - 1}), "
+            f"each the mean of the model's {rows} rows"
+        )
+    if parts:
+        source.added_note = "objtrain's special tokens the tokenizer lacks: " + ", ".join(parts)
 
 
 def model_config(source: InitSource, planned: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
@@ -156,6 +224,7 @@ def model_config(source: InitSource, planned: ModelConfig, overrides: dict[str, 
         )
     shape = {name: getattr(source.config, name) for name in SHAPE_FIELDS}
     shape["d_ff"] = source.config.ffn_dim
+    shape["vocab_size"] = source.vocab_size
     try:
         return dataclasses.replace(planned, **shape)
     except ValueError as exc:
@@ -180,17 +249,36 @@ def apply(model: nn.Module, source: InitSource) -> list[str]:
         for key, tensor in theirs.items():
             if key not in mine:
                 continue
+            if key == "embed.weight" and source.grow_rows:
+                tensor = grown_embedding(tensor, source.grow_rows)
             if mine[key].shape != tensor.shape:
                 raise UserError(
                     f"--init-from: {key!r} has shape {tuple(tensor.shape)} in {source.path}, "
                     f"this model needs {tuple(mine[key].shape)}"
                 )
             mine[key].copy_(tensor)
+    if source.added_note:
+        notes.append(source.added_note)
     if fresh:
         notes.append(f"fresh (not in the source): {', '.join(fresh)}")
     if dropped:
         notes.append(f"left out (this objective does not use them): {', '.join(dropped)}")
     return notes
+
+
+def grown_embedding(embed: Tensor, rows: int) -> Tensor:
+    """`embed` (V, D) with `rows` more rows, each the mean of its V rows.
+
+    This is how transformers' `resize_token_embeddings(..., mean_resizing=True)` (its default) starts new
+    tokens: it draws them from a normal with the old rows' mean and their covariance scaled by 1e-9, i.e.
+    the mean up to noise far below any weight's size; objtrain takes the mean itself, deterministically.
+    A new token's logit is then h . mean, the average of the old logits, so the model's next-token
+    distribution over its own vocabulary moves as little as it can (Hewitt, "Initializing new word
+    embeddings for pretrained language models", 2021). The unembedding is tied to this matrix, so the
+    output rows grow with it (objtrain has no untied head; an untied source is refused earlier).
+    """
+    mean = embed.float().mean(dim=0, keepdim=True).to(embed.dtype)
+    return torch.cat((embed, mean.expand(rows, -1)))
 
 
 def resumed_model_config(checkpoint: Path, planned: ModelConfig) -> tuple[ModelConfig, str | None]:

@@ -269,7 +269,7 @@ def _resolve(
         from objtrain.interop import init_from
 
         init = init_from.load_source(Path(cfg.init_from))
-        init_from.check_tokenizer(init, source.tokenizer.model_proto, source.path)
+        init_from.check_tokenizer(init, source.tokenizer, source.path)
         model_cfg = init_from.model_config(init, model_cfg, overrides)
     elif resume_from is not None:
         from objtrain.interop import init_from

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from interop_helpers import tiny_checkpoint
 
 from objtrain.batch import Batch
+from objtrain.data.store import TokenStore
 from objtrain.data.tokenize import TokenizeConfig, tokenize_corpus
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
@@ -203,7 +205,8 @@ def test_refusals_are_one_line_and_leave_no_run(
     with pytest.raises(UserError, match="another tokenizer"):
         from objtrain.interop import init_from
 
-        init_from.check_tokenizer(init_from.load_source(other), b"a different model", store)
+        different = SimpleNamespace(kind="sentencepiece", model_proto=b"a different model")
+        init_from.check_tokenizer(init_from.load_source(other), different, store)
 
 
 def test_a_run_started_from_weights_resumes_with_its_shape(
@@ -225,3 +228,138 @@ def test_a_run_started_from_weights_resumes_with_its_shape(
     assert train(cfg, run, resume=True).step == 4
     meta = json.loads((run / "checkpoints" / "step-00000004" / "config.json").read_text())
     assert meta["model"]["d_model"] == 64 and meta["training"]["init_from"] == str(src)
+
+
+# A Hugging Face model with its own tokenizer: a store made with that tokenizer.json has objtrain's special
+# tokens the tokenizer lacks after its vocabulary; the model grows embedding rows for them.
+SPARE = 8  # the model's vocabulary is padded past its tokenizer's, as published models' often are
+
+
+@pytest.fixture(scope="module")
+def own_llama(tmp_path_factory: pytest.TempPathFactory, stdlib_texts: list[str]) -> tuple[Path, Path]:
+    """(a tiny LlamaForCausalLM directory with its own byte-level BPE tokenizer.json, a store tokenized
+    with that directory)."""
+    pytest.importorskip("transformers", reason="the 'hf' extra (transformers) is not installed")
+    pytest.importorskip("tokenizers", reason="the 'hf' extra (tokenizers) is not installed")
+    from interop_helpers import byte_level_bpe, tiny_llama_dir
+
+    root = tmp_path_factory.mktemp("own")
+    (root / "corpus").mkdir()
+    for i, text in enumerate(stdlib_texts):
+        (root / "corpus" / f"m{i}.py").write_text(text, encoding="utf-8")
+    bpe = byte_level_bpe(stdlib_texts, vocab_size=500, specials=("<|endoftext|>",))
+    hf = tiny_llama_dir(root / "hf", bpe, spare_rows=SPARE, seed=5)
+    cfg = TokenizeConfig(tokenizer=hf, doc_split="blank-line", valid_fraction=0.1, n_sentinels=16)
+    tokenize_corpus([root / "corpus"], root / "store", cfg)
+    return hf, root / "store"
+
+
+def test_hf_model_on_its_own_tokenizer_grows_rows_and_keeps_its_logits(
+    tmp_path: Path, own_llama: tuple[Path, Path]
+) -> None:
+    import transformers
+    from safetensors.torch import load_file
+
+    hf_dir, store = own_llama
+    meta = json.loads((store / "meta.json").read_text())
+    rows = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
+    base = rows - SPARE
+    assert meta["specials"]["eos"] < base  # the tokenizer's own <|endoftext|>
+    assert meta["vocab_size"] > rows  # some added special tokens fall past the model's rows
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+    trainer = Trainer(prepare(config(store, hf_dir, "fim"), tmp_path / "run"))
+    model = trainer.model.eval()
+    assert model.config.vocab_size == meta["vocab_size"]
+    ids = torch.randint(0, rows, (2, 48), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        theirs = hf(input_ids=ids).logits
+    mine = logits(model, ids)
+    assert mine.shape[-1] == meta["vocab_size"]
+    assert float((mine[..., :rows] - theirs).abs().max()) < 1e-4
+    # every row the model had is copied as is (its spare rows too); the new ones are the rows' mean
+    embed = load_file(str(hf_dir / "model.safetensors"))["model.embed_tokens.weight"]
+    table = model.state_dict()["embed.weight"]
+    assert torch.equal(table[:rows], embed)
+    assert torch.allclose(table[rows:], embed.mean(0).expand(meta["vocab_size"] - rows, -1))
+    note = " ".join(trainer.init_notes)
+    assert f"{SPARE} on the model's spare embedding rows" in note and "the mean of the model's" in note
+    # the added special tokens run through the model (FIM's, the sentinels)
+    specials = TokenStore.open(store).specials
+    row = torch.tensor([[specials.fim_prefix, 5, 6, specials.fim_suffix, 7, specials.fim_middle]])
+    assert torch.isfinite(logits(model, torch.cat((row, torch.tensor([[specials.sentinel(0)] * 6]))))).all()
+
+
+@pytest.mark.parametrize(
+    ("objective", "kind"), [("clm", None), ("mtp", None), ("prefix_lm", "decoder"), ("ul2", "decoder")]
+)
+def test_hf_model_on_its_own_tokenizer_for_decoder_objectives(
+    tmp_path: Path, own_llama: tuple[Path, Path], objective: str, kind: str | None
+) -> None:
+    import transformers
+
+    hf_dir, store = own_llama
+    rows = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
+    model_section = {"size": "debug", "kind": kind} if kind else {"size": "debug"}
+    trainer = Trainer(prepare(config(store, hf_dir, objective, model=model_section), tmp_path / "run"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+    ids = torch.randint(0, rows, (1, 32), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        theirs = hf(input_ids=ids).logits
+    assert float((logits(trainer.model.eval(), ids)[..., :rows] - theirs).abs().max()) < 1e-4
+
+
+def test_cli_fim_on_hf_model_with_its_tokenizer_loss_falls(
+    tmp_path: Path, own_llama: tuple[Path, Path], objtrain_cli: Cli
+) -> None:
+    hf_dir, store = own_llama
+    code, _, err = objtrain_cli(
+        "train",
+        store,
+        "--objective",
+        "fim",
+        "--init-from",
+        hf_dir,
+        "--steps",
+        "12",
+        "--lr",
+        "3e-3",
+        "--seq-len",
+        "64",
+        "--batch-size",
+        "8",
+        "--dtype",
+        "fp32",
+        "--device",
+        "cpu",
+        "workers=0",
+        "logging.tensorboard=false",
+        "logging.sample=false",
+        "validation.every=-1",
+        "-o",
+        tmp_path / "fim",
+    )
+    assert code == 0, err
+    assert "initialised from" in err and "special tokens the tokenizer lacks" in err
+    records = [json.loads(line) for line in (tmp_path / "fim" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if "loss" in r and "step" in r]
+    assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.1, losses
+
+
+def test_hf_model_on_another_tokenizer_is_refused(
+    tmp_path: Path, own_llama: tuple[Path, Path], store: Path, stdlib_texts: list[str], objtrain_cli: Cli
+) -> None:
+    from interop_helpers import byte_level_bpe
+
+    hf_dir, own_store = own_llama
+    other = tmp_path / "other.json"
+    byte_level_bpe(stdlib_texts[:3], vocab_size=400, specials=("<|endoftext|>",)).save(str(other))
+    cfg = TokenizeConfig(tokenizer=other, doc_split="blank-line", valid_fraction=0.1, n_sentinels=16)
+    tokenize_corpus([own_store.parent / "corpus"], tmp_path / "other-store", cfg)
+    for data in (tmp_path / "other-store", store):  # another tokenizer.json; a sentencepiece store
+        out = tmp_path / "run"
+        code, _, err = objtrain_cli(
+            "train", data, "--objective", "fim", "--init-from", hf_dir, "--steps", "2", "-o", out
+        )
+        assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert "tokenized with another tokenizer than" in err and "--tokenizer" in err, err
+        assert not out.exists()
