@@ -363,3 +363,45 @@ def test_hf_model_on_another_tokenizer_is_refused(
         assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
         assert "tokenized with another tokenizer than" in err and "--tokenizer" in err, err
         assert not out.exists()
+
+
+def test_a_run_grown_from_a_hf_model_resumes_with_its_grown_vocabulary(
+    tmp_path: Path, own_llama: tuple[Path, Path]
+) -> None:
+    import shutil
+
+    from objtrain.training.loop import train
+
+    hf_dir, store = own_llama
+    run = tmp_path / "run"
+    train(config(store, hf_dir, "fim", checkpoint={"every": 2, "keep": 5}), run)
+    shutil.rmtree(run / "checkpoints" / "step-00000004")
+    (run / "checkpoints" / "latest").unlink()
+    cfg = config(store, hf_dir, "fim", checkpoint={"every": 2, "keep": 5})
+    cfg.init_from = None
+    assert train(cfg, run, resume=True).step == 4
+    meta = json.loads((run / "checkpoints" / "step-00000004" / "config.json").read_text())
+    assert meta["model"]["vocab_size"] == json.loads((store / "meta.json").read_text())["vocab_size"]
+    assert meta["training"]["init_from"] == str(hf_dir)
+
+
+def test_hf_tokenizer_json_is_compared_as_json_and_must_fit_the_model(
+    tmp_path: Path, own_llama: tuple[Path, Path]
+) -> None:
+    import shutil
+
+    from objtrain.interop import init_from
+
+    hf_dir, store = own_llama
+    tokenizer = TokenStore.open(store).tokenizer
+    copy = tmp_path / "copy"
+    shutil.copytree(hf_dir, copy)
+    table = json.loads((copy / "tokenizer.json").read_text())
+    (copy / "tokenizer.json").write_text(json.dumps(table, indent=4, sort_keys=True))  # saved again
+    source = init_from.load_source(copy)
+    init_from.check_tokenizer(source, tokenizer, store)
+    assert source.vocab_size == tokenizer.vocab_size and source.grow_rows > 0
+    config_json = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps(config_json | {"vocab_size": 100}))
+    with pytest.raises(UserError, match=r"tokenizer\.json has 500 tokens, its model only 100 embedding rows"):
+        init_from.check_tokenizer(init_from.load_source(copy), tokenizer, store)
