@@ -139,7 +139,9 @@ def run(
         None,
         "--init-from",
         help="Start from these weights: an objtrain run or checkpoint, or a local Hugging Face Llama "
-        "directory (decoders). The model's shape comes from it; the objective may be any its kind trains.",
+        "directory (decoders). The model's shape comes from it; the objective may be any its kind trains. "
+        "STORE must be tokenized with its tokenizer (for a Hugging Face directory: --tokenizer DIR; "
+        "rows for objtrain's added special tokens start as the mean of the embedding).",
         show_default="a fresh init",
     ),
     resume: bool = typer.Option(False, "--resume", help="Continue RUN from its newest complete checkpoint."),
