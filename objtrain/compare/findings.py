@@ -132,8 +132,9 @@ def index(all_results: dict[str, dict[str, Any]]) -> str:
             metric = c["metric"]
             ours = f"{metric}: {a} {_summary(results, a, metric)}, {b} {_summary(results, b, metric)}"
             p = c.get("paired")
+            eval_se = f"; evaluation SE {c['eval_se']:.2g}" if c.get("eval_se") is not None else ""
             diff = (
-                f"{p['delta']:+.3g} ± {p['ci95']:.2g} (n = {p['n']})"
+                f"{p['delta']:+.3g} ± {p['ci95']:.2g} (n = {p['n']}{eval_se})"
                 if p and p.get("delta") is not None and p.get("ci95") is not None
                 else "—"
             )

@@ -20,7 +20,7 @@ from rich.table import Table
 from objtrain.compare import suite
 from objtrain.compare.experiment import Claim
 from objtrain.compare.runner import Comparison, machine, metrics_records, plan_dict
-from objtrain.compare.stats import Summary, fmt, paired, rank, summarise
+from objtrain.compare.stats import Summary, fmt, paired, paired_eval_se, rank, summarise
 from objtrain.io import atomic_file, write_json
 
 # Metrics first in this order, then the rest alphabetically.
@@ -58,10 +58,16 @@ def build_results(c: Comparison) -> dict[str, Any]:
     arms: list[dict[str, Any]] = []
     per_metric: dict[str, dict[str, Summary]] = {}
     by_seed: dict[str, dict[str, dict[int, float]]] = {}  # metric -> arm -> seed -> value
+    units: dict[str, dict[str, dict[int, Any]]] = {}  # metric -> arm -> seed -> per-unit scores
     for arm in c.experiment.arms:
         runs = [c.results[r.key] for r in c.runs if r.arm.name == arm.name and r.key in c.results]
         if not runs:
             continue
+        for r in runs:
+            for metric, scores in (r["eval"].get("units") or {}).items():
+                units.setdefault(metric, {}).setdefault(arm.name, {})[int(r.get("seed", 0))] = scores
+        # results.json keeps each run's record without its per-unit scores (they stay in results/)
+        runs = [r | {"eval": {k: v for k, v in r["eval"].items() if k != "units"}} for r in runs]
         first = runs[0]["train"]
         values: dict[str, list[float]] = {}
         for r in runs:
@@ -117,7 +123,10 @@ def build_results(c: Comparison) -> dict[str, Any]:
                 "gaps": r.gaps,
             }
     exp = c.experiment
-    claims = [claim_verdict(claim, by_seed.get(claim.metric, {}), len(c.seeds)) for claim in exp.claims]
+    claims = [
+        claim_verdict(claim, by_seed.get(claim.metric, {}), len(c.seeds), units.get(claim.metric, {}))
+        for claim in exp.claims
+    ]
     return {
         "experiment": {
             "name": exp.name,
@@ -141,9 +150,17 @@ def build_results(c: Comparison) -> dict[str, Any]:
     }
 
 
-def claim_verdict(claim: Claim, per_seed: dict[str, dict[int, float]], n_seeds: int) -> dict[str, Any]:
+def claim_verdict(
+    claim: Claim,
+    per_seed: dict[str, dict[int, float]],
+    n_seeds: int,
+    units: dict[str, dict[int, Any]] | None = None,
+) -> dict[str, Any]:
     """The claim with our paired difference `a - b` and the verdict: agrees, disagrees or not resolved
-    (the 95% interval decides; for `equal`, the interval against ±margin), or "no published comparison"."""
+    (the 95% interval decides; for `equal`, the interval against ±margin), or "no published comparison".
+    With both arms' per-unit scores (`units`: arm -> seed -> scores), also `eval_se`: the standard error
+    of the mean difference that comes from the evaluation's own sample of documents or tasks alone (each
+    seed's from its per-unit differences, combined over the seeds), to set beside the seed spread."""
     a, b = claim.arms
     out: dict[str, Any] = {
         "claim": claim.claim,
@@ -177,7 +194,17 @@ def claim_verdict(claim: Claim, per_seed: dict[str, dict[int, float]], n_seeds: 
             if (above if want_below else below)
             else "not resolved"
         )
-    return out | {"verdict": text, "paired": p.to_dict(), "seeds": n_seeds}
+    return out | {"verdict": text, "paired": p.to_dict(), "seeds": n_seeds, "eval_se": _eval_se(units, a, b)}
+
+
+def _eval_se(units: dict[str, dict[int, Any]] | None, a: str, b: str) -> float | None:
+    if not units or a not in units or b not in units:
+        return None
+    shared = sorted(set(units[a]) & set(units[b]))
+    errors = [paired_eval_se(units[a][k], units[b][k]) for k in shared]
+    if not errors or any(e is None for e in errors):
+        return None
+    return math.sqrt(sum(e**2 for e in errors)) / len(errors)  # type: ignore[operator]
 
 
 def claim_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -188,7 +215,8 @@ def claim_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         a, b = c["arms"]
         if p and p["delta"] is not None:
             ci = f" ± {p['ci95']:.3g}" if p["ci95"] is not None else ""
-            ours = f"{c['metric']}: {a} − {b} = {p['delta']:+.4g}{ci} (n = {p['n']})"
+            eval_se = f"; evaluation SE {c['eval_se']:.2g}" if c.get("eval_se") is not None else ""
+            ours = f"{c['metric']}: {a} − {b} = {p['delta']:+.4g}{ci} (n = {p['n']}{eval_se})"
         else:
             ours = "—"
         rows.append([c["claim"], c["literature"], ours, f"**{c['verdict']}**"])

@@ -109,6 +109,21 @@ def paired(a: dict[int, float], b: dict[int, float]) -> Paired:
     return Paired(s.mean, s.ci95, s.n, s.std)
 
 
+def paired_eval_se(a: dict[str, list[float]], b: dict[str, list[float]]) -> float | None:
+    """Standard error, in bits per byte, of the difference of two arms' scores over the same units
+    (documents or tasks: `{"nats": [...], "bytes": [...]}` each): the delta method for a ratio of sums on
+    the per-unit differences, as `objtrain.evaluation.middle.ratio_se`. None when the units differ."""
+    nbytes = a["bytes"]
+    k = len(nbytes)
+    if nbytes != b["bytes"] or k < 2 or sum(nbytes) <= 0:
+        return None
+    diff = [x - y for x, y in zip(a["nats"], b["nats"], strict=True)]
+    total = float(sum(nbytes))
+    r = sum(diff) / total
+    resid = sum((d - r * n) ** 2 for d, n in zip(diff, nbytes, strict=True))
+    return math.sqrt(resid / (k * (k - 1))) / (total / k) / math.log(2)
+
+
 @dataclass
 class Ranking:
     metric: str

@@ -85,7 +85,10 @@ def default_evaluator(run_dir: Path, data: str | None, options: dict[str, Any]) 
     suite = _suite()
     if suite is None:
         return {}
-    return dict(suite.evaluate(run_dir, data, _build_options(suite, options)))
+    built = _build_options(suite, options)
+    if "units" in {f.name for f in dataclasses.fields(built)}:  # per-unit scores for paired errors
+        built = dataclasses.replace(built, units=True)
+    return dict(suite.evaluate(run_dir, data, built))
 
 
 def direction(metric: str) -> str:

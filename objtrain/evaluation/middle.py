@@ -58,6 +58,12 @@ class Scored:
     prefix_len: int = 0  # decoder-only prefix-LM attention over the first prefix_len positions
 
 
+def units_of(nats: np.ndarray, nbytes: np.ndarray) -> dict[str, list[float]]:
+    """Per-unit (document or task) nats and bytes, as JSON lists: two arms scored on the same units give
+    the evaluation's own standard error of their difference (`objtrain.compare.stats.paired_eval_se`)."""
+    return {"nats": [round(float(x), 4) for x in nats], "bytes": [float(b) for b in nbytes]}
+
+
 def ratio_se(nats: np.ndarray, nbytes: np.ndarray) -> tuple[float, float]:
     """Bits per byte of the sums and its standard error over tasks (delta method; nan with < 2 tasks)."""
     total = float(nbytes.sum())
@@ -166,9 +172,11 @@ def middle_scores(
     training: dict[str, Any],
     tasks: Sequence[InfillTask],
     batch_size: int = 16,
-) -> dict[str, float]:
+    units: bool = False,
+) -> dict[str, Any]:
     """`middle_bpb` (own mode), `middle_bpb_prefix_only`, `suffix_gain`, each with `_se`, and per task kind
-    (`_line`, `_lines`, `_span`, ...). `mode` is `infill.infill_mode`'s answer; "none" scores nothing."""
+    (`_line`, `_lines`, `_span`, ...). `mode` is `infill.infill_mode`'s answer; "none" scores nothing.
+    With `units`, also each task's nats and bytes under "units" (`units_of`)."""
     if mode == "none" or not tasks:
         return {}
     kind = getattr(getattr(model, "config", None), "kind", "decoder")
@@ -189,7 +197,12 @@ def middle_scores(
         both = score(model, [_whole(tokenizer, t.prefix + t.middle, eos) for t in tasks], pad, batch_size)
         alone = score(model, [_whole(tokenizer, t.prefix, eos) for t in tasks], pad, batch_size)
         prefix_only = both - alone
-    out: dict[str, float] = {"middle_tasks": float(len(tasks)), "middle_bytes": float(nbytes.sum())}
+    out: dict[str, Any] = {"middle_tasks": float(len(tasks)), "middle_bytes": float(nbytes.sum())}
+    if units:
+        out["units"] = {
+            "middle_bpb": units_of(prefix_only if own is None else own, nbytes),
+            "middle_bpb_prefix_only": units_of(prefix_only, nbytes),
+        }
     kinds = sorted({t.kind for t in tasks})
     groups: list[tuple[str, np.ndarray]] = [("", np.ones(len(tasks), dtype=bool))]
     if len(kinds) > 1:

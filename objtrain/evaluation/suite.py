@@ -125,6 +125,7 @@ class EvalOptions:
     probe_layers: str = "best"  # best: every layer and l2 tried, chosen on a held-out dev split; last
     probe_tasks: tuple[str, ...] = ()  # named tasks (sst2, trec, cola) read from probe_data
     probe_data: Path | None = None  # directory laid out as ../shared/data (sst2/, trec/, cola/)
+    units: bool = False  # per-document and per-task scores in result["units"] (compare's paired SEs)
     finetune: bool = False  # also fine-tune the whole model on the probe's tasks (finetune.py); slow
     finetune_steps: int = 300
     finetune_lr: float = 3e-4
@@ -335,13 +336,16 @@ def evaluate(
     }
     started = time.perf_counter()
     timings: dict[str, float] = {}
+    units: dict[str, dict[str, list[float]]] = {}
     if options.stride is not None and not 1 <= options.stride <= window and "lm" not in options.skip:
         raise UserError(f"--stride must be in [1, window={window}], got {options.stride}")
     n_docs = len(evaldata.docs) if options.max_docs is None else min(options.max_docs, len(evaldata.docs))
     if "lm" not in options.skip and kind != "encoder":
         say(f"left to right: {n_docs:,} held-out documents in windows of {window} (--max-docs to change)")
         t0 = time.perf_counter()
-        result.update(_left_to_right(ckpt, evaldata, options, window, device))
+        part = _left_to_right(ckpt, evaldata, options, window, device)
+        units.update(part.pop("units", {}))
+        result.update(part)
         timings["lm"] = time.perf_counter() - t0
         say(f"  bits per byte {result['bits_per_byte']:.4f} ({timings['lm']:.1f} s)")
     if "corrupted" not in options.skip:
@@ -372,6 +376,7 @@ def evaluate(
         )
         t0 = time.perf_counter()
         part, results = _infill(ckpt, evaldata, options, seq_len, device)
+        units.update(part.pop("units", {}))
         result.update(part)
         timings["infill"] = time.perf_counter() - t0
         say(f"  ({timings['infill']:.1f} s)")
@@ -392,6 +397,8 @@ def evaluate(
     if "samples" not in options.skip and options.samples > 0:
         say(f"samples: {options.samples} greedy (--samples)")
         result["samples"] = _samples(ckpt, evaldata, options, results)
+    if options.units and units:
+        result["units"] = units
     result["seconds"] = time.perf_counter() - started
     result["part_seconds"] = {k: round(v, 3) for k, v in timings.items()}
     return result
@@ -442,6 +449,8 @@ def _left_to_right(
         out["lm_mode"] += ", head 1"
     if not data.roundtrip:
         out["roundtrip"] = False
+    if options.units and score.doc_nats is not None and score.doc_bytes is not None:
+        out["units"] = {"bits_per_byte": middle.units_of(score.doc_nats, score.doc_bytes)}
     return out
 
 
@@ -472,7 +481,14 @@ def _infill(
         out["middle_mode"] = own
         out.update(
             middle.middle_scores(
-                ckpt.model, mode, tokenizer, ckpt.specials, ckpt.training, middle_tasks, options.batch_size
+                ckpt.model,
+                mode,
+                tokenizer,
+                ckpt.specials,
+                ckpt.training,
+                middle_tasks,
+                options.batch_size,
+                units=options.units,
             )
         )
     if not tasks:

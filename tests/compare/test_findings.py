@@ -152,3 +152,48 @@ def test_resume_accepts_new_claims(write_experiment, tmp_path: Path) -> None:
     run_comparison(c, evaluator=suite, show_progress=False)
     assert suite.calls == []  # nothing trained or evaluated again
     assert write_report(c)["claims"][0]["claim"] == "b below a"
+
+
+def test_the_evaluation_standard_error_of_a_paired_difference() -> None:
+    """Over the same units, the error of a difference comes from the per-unit differences alone: a shift
+    proportional to each unit's bytes has none, however much the units differ from each other."""
+    import numpy as np
+
+    from objtrain.compare.stats import paired_eval_se
+    from objtrain.evaluation.middle import ratio_se
+
+    nbytes = [10.0, 20.0, 30.0, 40.0, 25.0]
+    a = {"nats": [5.0, 30.0, 12.0, 44.0, 20.0], "bytes": nbytes}
+    shifted = {"nats": [x - 0.1 * n for x, n in zip(a["nats"], nbytes, strict=True)], "bytes": nbytes}
+    assert paired_eval_se(a, shifted) == pytest.approx(0.0, abs=1e-12)
+    b = {"nats": [4.0, 29.5, 10.0, 43.0, 19.7], "bytes": nbytes}
+    diff = np.array(a["nats"]) - np.array(b["nats"])
+    assert paired_eval_se(a, b) == pytest.approx(ratio_se(diff, np.array(nbytes))[1])
+    assert paired_eval_se(a, {"nats": b["nats"], "bytes": [1.0] * 5}) is None  # other units
+
+
+def test_claims_carry_the_evaluation_error_and_results_json_leaves_the_units_out(
+    write_experiment, tmp_path: Path
+) -> None:
+    from objtrain.compare.stats import paired_eval_se
+
+    nbytes = [10.0, 20.0, 30.0, 40.0]
+    values, units = {}, {}
+    for seed in range(3):
+        clm = {"nats": [5.0 + seed, 9.0, 16.0, 20.0 - seed], "bytes": nbytes}
+        mlm = {"nats": [4.5 + seed, 8.1 - 0.1 * seed, 15.2, 19.0 - seed], "bytes": nbytes}
+        units[seed] = (mlm, clm)
+        for arm, u in (("clm", clm), ("mlm", mlm)):
+            bpb = sum(u["nats"]) / (math.log(2) * sum(nbytes))
+            values[(arm, seed)] = {"bits_per_byte": bpb, "units": {"bits_per_byte": u}}
+    path = write_experiment(claims=CLAIMS[:1])
+    c = plan_comparison(load_experiment(path), tmp_path / "r", seeds=3)
+    run_comparison(c, evaluator=FakeSuite(values), show_progress=False)
+    results = write_report(c)
+    errors = [paired_eval_se(*units[s]) for s in range(3)]
+    expected = math.sqrt(sum(e**2 for e in errors)) / 3  # type: ignore[operator]
+    assert results["claims"][0]["eval_se"] == pytest.approx(expected) and expected > 0
+    assert all("units" not in r["eval"] for arm in results["arms"] for r in arm["runs"])
+    kept = json.loads((tmp_path / "r" / "results" / "mlm.seed-0.json").read_text())
+    assert kept["eval"]["units"]["bits_per_byte"] == units[0][0]  # the per-run file keeps them
+    assert "evaluation SE" in (tmp_path / "r" / "report.md").read_text()

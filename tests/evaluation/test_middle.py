@@ -130,3 +130,22 @@ def test_fim_at_rate_zero_infills_left_to_right() -> None:
         infill.infill_mode("decoder", {"objective": "fim", "objective_config": {"fim_rate": 0.5}})
         == "fim-psm"
     )
+
+
+def test_units_are_the_scores_the_metrics_sum(debug_checkpoint, stdlib_texts, tmp_path) -> None:
+    """With `units`, each document's and each middle task's nats and bytes come back: they sum to the
+    reported bits per byte (what compare pairs arm against arm); without, nothing extra is returned."""
+    from objtrain.evaluation.suite import EvalOptions, evaluate
+
+    held = tmp_path / "held.txt"
+    held.write_text("\n\n".join(stdlib_texts[:2]), encoding="utf-8")
+    skip = ("corrupted", "probe", "samples")
+    ckpt = debug_checkpoint("decoder")
+    out = evaluate(ckpt, held, EvalOptions(units=True, skip=skip, middle_tasks=20, infill_tasks=2))
+    for metric, key in (("bits_per_byte", "bits_per_byte"), ("middle_bpb", "middle_bpb")):
+        u = out["units"][metric]
+        assert len(u["nats"]) == len(u["bytes"]) >= 1
+        assert sum(u["nats"]) / (math.log(2) * sum(u["bytes"])) == pytest.approx(out[key], rel=1e-4)
+    assert len(out["units"]["middle_bpb"]["nats"]) == out["middle_tasks"]
+    plain = evaluate(ckpt, held, EvalOptions(skip=skip, middle_tasks=20, infill_tasks=2))
+    assert "units" not in plain
