@@ -19,9 +19,9 @@ def openmp_defaults(environ: MutableMapping[str, str] = os.environ) -> None:
     machine, but beside other work a spinning thread burns the core its descheduled sibling (or another
     program) needs, and every region then waits for that sibling: a run fell to 0.18-0.31 of its idle speed
     beside one busy process per core, under its fair half. Never spinning (`OMP_WAIT_POLICY=PASSIVE`) kept
-    about half beside them but lost 12% alone; a spin of 20,000 iterations kept both, measured in one run
-    on 2 cores (benchmarks/bench_busy.py, 3 repeats): alone 0.98 of libgomp's default, beside the hogs
-    0.50 of its own idle speed (1.6x libgomp's default, 1.27x PASSIVE). libgomp reads these once, when
+    0.44-0.62 of it beside them but lost 12-15% alone; a spin of 20,000 iterations, in three runs on 2
+    cores (benchmarks/bench_busy.py): alone 0.96-0.99 of libgomp's default, beside the hogs 0.47-0.50 of
+    its own idle speed (1.6-2.5x libgomp's default there). libgomp reads these once, when
     torch loads it, so they are set here, before anything imports torch; child processes (torchrun ranks,
     loader workers) inherit them."""
     if "OMP_WAIT_POLICY" not in environ and "GOMP_SPINCOUNT" not in environ:
