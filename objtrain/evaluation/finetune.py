@@ -29,10 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from objtrain.batch import Batch
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
-from objtrain.evaluation.probe import Labelled, mcc
+from objtrain.evaluation.probe import Labelled, encode_texts, last_hidden, mcc, padded
 
 
 @dataclass(frozen=True)
@@ -56,35 +55,16 @@ class _Classifier(nn.Module):
     def __init__(self, model: nn.Module, n_classes: int) -> None:
         super().__init__()
         self.model = model
-        self.kind = getattr(model.config, "kind", "decoder")
-        dim = int(model.config.d_model)  # type: ignore[union-attr, arg-type]
-        self.head = nn.Linear(dim, n_classes)
+        self.head = nn.Linear(int(model.config.d_model), n_classes)  # type: ignore[union-attr, arg-type]
 
     def forward(self, ids: Tensor, valid: Tensor) -> Tensor:
-        B, L = ids.shape
-        docs = torch.where(valid, 0, -1)
-        positions = torch.arange(L, device=ids.device).expand(B, L)
-        if self.kind == "encdec":
-            hidden = self.model.encode(ids, positions, docs)  # type: ignore[operator]
-        else:
-            attention = "causal" if self.kind == "decoder" else "bidirectional"
-            batch = Batch(ids, ids, positions, docs, attention, segment_ids=torch.zeros_like(ids))  # type: ignore[arg-type]
-            hidden = self.model(batch).hidden
+        hidden = last_hidden(self.model, ids, valid)
         w = valid.to(hidden.dtype)[..., None]
         return self.head((hidden * w).sum(1) / w.sum(1).clamp(min=1))
 
 
-def _encode(tokenizer: Tokenizer, texts: Sequence[str], max_len: int) -> list[list[int]]:
-    return [(tokenizer.encode(t) or [tokenizer.specials.eos])[:max_len] for t in texts]
-
-
 def _rows(encoded: Sequence[list[int]], pad: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    L = max(len(e) for e in encoded)
-    ids = torch.full((len(encoded), L), pad, dtype=torch.int64)
-    for i, e in enumerate(encoded):
-        ids[i, : len(e)] = torch.tensor(e)
-    lengths = torch.tensor([len(e) for e in encoded])
-    valid = torch.arange(L)[None, :] < lengths[:, None]
+    ids, valid, _ = padded(encoded, pad)
     return ids.to(device), valid.to(device)
 
 
@@ -129,7 +109,7 @@ def finetune(
     if unknown:
         raise UserError(f"fine-tuning labels {unknown[:3]} never occur in the training file")
     pad = tokenizer.specials.pad
-    x_train, x_dev, x_test = (_encode(tokenizer, d.texts, max_len) for d in (train, dev, test))
+    x_train, x_dev, x_test = (encode_texts(tokenizer, d.texts, max_len) for d in (train, dev, test))
     y_train = torch.tensor([index[c] for c in train.labels])
     y_dev = torch.tensor([index[c] for c in dev.labels])
     y_test = torch.tensor([index[c] for c in test.labels])

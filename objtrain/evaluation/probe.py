@@ -234,6 +234,37 @@ def _trunk_blocks(model: nn.Module) -> list[nn.Module]:
     return list(stack)  # type: ignore[arg-type]
 
 
+def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], max_len: int) -> list[list[int]]:
+    """Each text's ids, truncated to `max_len` (an empty text: one EOS)."""
+    return [(tokenizer.encode(t) or [tokenizer.specials.eos])[:max_len] for t in texts]
+
+
+def padded(encoded: Sequence[list[int]], pad: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(ids, valid, lengths) of examples padded to the longest: (B, L), (B, L) bool, (B,)."""
+    L = max(len(e) for e in encoded)
+    ids = torch.full((len(encoded), L), pad, dtype=torch.int64)
+    for i, e in enumerate(encoded):
+        ids[i, : len(e)] = torch.tensor(e)
+    lengths = torch.tensor([len(e) for e in encoded])
+    return ids, torch.arange(L)[None, :] < lengths[:, None], lengths
+
+
+def last_hidden(model: nn.Module, ids: Tensor, valid: Tensor) -> Tensor:
+    """The last layer's normed hidden states (B, L, D) of single-example rows: a decoder's causal, an
+    encoder's bidirectional, an encoder-decoder's encoder output."""
+    kind = getattr(model.config, "kind", "decoder")  # type: ignore[union-attr]
+    B, L = ids.shape
+    docs = torch.where(valid, 0, -1)
+    positions = torch.arange(L, device=ids.device).expand(B, L)
+    if kind == "encdec":
+        return model.encode(ids, positions, docs)  # type: ignore[operator]
+    attention = "causal" if kind == "decoder" else "bidirectional"
+    batch = Batch(ids, ids, positions, docs, attention, segment_ids=torch.zeros_like(ids))  # type: ignore[arg-type]
+    hidden = model(batch).hidden
+    assert hidden is not None, "the model returns no hidden states"
+    return hidden
+
+
 @torch.no_grad()
 def layer_features(
     model: nn.Module,
@@ -251,33 +282,17 @@ def layer_features(
     of the trunk (layer 1 .. L-1, taken by forward hooks) and the last layer as above, so a probe can
     choose its layer; a decoder's last layer is shaped to predict the next token, and mid layers often
     transfer better (reference findings.md section 3)."""
-    kind = getattr(model.config, "kind", "decoder")  # type: ignore[union-attr]
-    specials = tokenizer.specials
-    encoded = [(tokenizer.encode(t) or [specials.eos])[:max_len] for t in texts]
+    encoded = encode_texts(tokenizer, texts, max_len)
     blocks = _trunk_blocks(model)[:-1] if layers == "all" and pooling != "pooled" else []
     captured: list[Tensor] = []
     hooks = [b.register_forward_hook(lambda _m, _i, out: captured.append(out)) for b in blocks]
     per_layer: list[list[Tensor]] = [[] for _ in range(len(blocks) + 1)]
     try:
         for lo in range(0, len(encoded), batch_size):
-            chunk = encoded[lo : lo + batch_size]
-            B, L = len(chunk), max(len(c) for c in chunk)
-            ids = torch.full((B, L), specials.pad, dtype=torch.int64)
-            lengths = torch.tensor([len(c) for c in chunk])
-            for i, c in enumerate(chunk):
-                ids[i, : len(c)] = torch.tensor(c)
-            valid = torch.arange(L)[None, :] < lengths[:, None]
-            docs = torch.where(valid, 0, -1)
-            positions = torch.arange(L).expand(B, L)
-            ids, valid, docs, positions = (t.to(device) for t in (ids, valid, docs, positions))
+            ids, valid, lengths = padded(encoded[lo : lo + batch_size], tokenizer.specials.pad)
+            ids, valid = ids.to(device), valid.to(device)
             captured.clear()
-            if kind == "encdec":
-                hidden = model.encode(ids, positions, docs)  # type: ignore[operator]
-            else:
-                attention = "causal" if kind == "decoder" else "bidirectional"
-                batch = Batch(ids, ids, positions, docs, attention, segment_ids=torch.zeros_like(ids))  # type: ignore[arg-type]
-                hidden = model(batch).hidden
-                assert hidden is not None, "the model returns no hidden states"
+            hidden = last_hidden(model, ids, valid)
             if pooling == "pooled":  # BERT's pooled head: tanh(dense(h_0)), trained by NSP/SOP
                 pooler = getattr(model, "pooler", None)
                 if pooler is None:

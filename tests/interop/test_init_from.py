@@ -25,6 +25,11 @@ from objtrain.training.loop import Trainer, prepare
 Cli = Callable[..., tuple[int, str, str]]
 
 
+# A short CPU run's shapes and quiet logging, shared by the CLI tests below.
+SMALL_RUN = ["--seq-len", "64", "--batch-size", "8", "--dtype", "fp32", "--device", "cpu"]
+QUIET = ["workers=0", "logging.tensorboard=false", "logging.sample=false", "validation.every=-1"]
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory, stdlib_texts: list[str], tokenizer: Tokenizer) -> Path:
     root = tmp_path_factory.mktemp("init")
@@ -99,19 +104,8 @@ def test_from_hugging_face_llama_logits_equal(tmp_path: Path, store: Path, token
 def test_cli_trains_on_with_falling_loss(
     tmp_path: Path, store: Path, tokenizer: Tokenizer, objtrain_cli: Cli
 ) -> None:
-    common = [
-        "--model",
-        "debug",
-        "--seq-len",
-        "64",
-        "--batch-size",
-        "8",
-        "--dtype",
-        "fp32",
-        "--device",
-        "cpu",
-    ]
-    quiet = ["workers=0", "logging.tensorboard=false", "logging.sample=false", "validation.every=-1"]
+    common = ["--model", "debug", *SMALL_RUN]
+    quiet = QUIET
     code, _, err = objtrain_cli(
         "train",
         store,
@@ -323,18 +317,8 @@ def test_cli_fim_on_hf_model_with_its_tokenizer_loss_falls(
         "12",
         "--lr",
         "3e-3",
-        "--seq-len",
-        "64",
-        "--batch-size",
-        "8",
-        "--dtype",
-        "fp32",
-        "--device",
-        "cpu",
-        "workers=0",
-        "logging.tensorboard=false",
-        "logging.sample=false",
-        "validation.every=-1",
+        *SMALL_RUN,
+        *QUIET,
         "-o",
         tmp_path / "fim",
     )
