@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import typer
 import yaml
@@ -13,9 +15,8 @@ from rich.markup import escape
 
 from objtrain.cli.common import interrupt_note, make_console
 from objtrain.compare import load_experiment, plan_comparison, run_comparison, write_report
-from objtrain.compare.experiment import Experiment
 from objtrain.compare.runner import PLAN, Comparison, Interrupted
-from objtrain.compare.sweep import SweepSpec, parse_sweep, plan_sweep, run_sweep
+from objtrain.compare.sweep import Sweep, SweepSpec, parse_sweep, plan_sweep, run_sweep
 from objtrain.errors import UserError
 from objtrain.io import OutputLock, check_writable
 
@@ -60,18 +61,46 @@ def run(
     exp.eval.options = {**exp.eval.options, **parse_eval_options(eval_options or [])}
     spec = parse_sweep(sweep, exp.sweep, budget == "tiny")
     if spec is not None:
-        _run_sweep(exp, spec, output, budget, seeds, data, resume, force, console)
+        from objtrain.compare.sweep_report import write_sweep_report
+
+        with _held_report(
+            output,
+            force,
+            lambda: plan_sweep(
+                exp, output, spec, budget, seeds, resume=resume, force=force, data=data, console=console
+            ),
+        ) as s:
+            _sweep(s, spec, output, console)
+            write_sweep_report(s, make_console(highlight=False))
+            console.print(
+                f"report: {output / 'report.md'} (results.json and curves.png beside it)", markup=False
+            )
         return
+    with _held_report(
+        output,
+        force,
+        lambda: plan_comparison(
+            exp, output, budget, seeds, resume=resume, force=force, data=data, console=console
+        ),
+    ) as comparison:
+        _compare(comparison, exp.name, output, console)
+
+
+Planned = TypeVar("Planned", Comparison, Sweep)
+
+
+@contextmanager
+def _held_report(output: Path, force: bool, plan: Callable[[], Planned]) -> Iterator[Planned]:
+    """Plan under the report's lock and hold it while the arms train: a second compare (or sweep) into the
+    same report is refused in one line instead of training the same arms twice."""
     check_writable(output)  # a read-only or full output: now, not after the first arm has trained
     lock = OutputLock(output, "-o")
     try:
-        # A report is held before anything in it is read: a second compare into it is refused. A folder
-        # of the user's with the name is refused by the plan, untouched.
+        # A report is held before anything in it is read. A folder of the user's with the name is
+        # refused by the plan, untouched.
         if output.is_dir() and any((output / m).exists() for m in (PLAN, OutputLock.NAME)):
             lock.acquire()
-        comparison = plan_comparison(
-            exp, output, budget, seeds, resume=resume, force=force, data=data, console=console
-        )
+        planned = plan()
         if lock.fd is None:  # a new report: locked as it is made
             output.mkdir(parents=True, exist_ok=True)
             lock.acquire()
@@ -83,8 +112,9 @@ def run(
                     shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
         # The directory now holds only what a resume keeps (at most its lock): the runner must not
         # remove it, which it does for a report it is not resuming.
+        comparison = planned.comparison if isinstance(planned, Sweep) else planned
         comparison.resume = True
-        _compare(comparison, exp.name, output, console)
+        yield planned
     finally:
         lock.release()
 
@@ -123,20 +153,8 @@ def parse_eval_options(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def _run_sweep(
-    exp: Experiment,
-    spec: SweepSpec,
-    output: Path,
-    budget: str | None,
-    seeds: int,
-    data: str | None,
-    resume: bool,
-    force: bool,
-    console: Console,
-) -> None:
-    from objtrain.compare.sweep_report import write_sweep_report
-
-    s = plan_sweep(exp, output, spec, budget, seeds, resume=resume, force=force, data=data, console=console)
+def _sweep(s: Sweep, spec: SweepSpec, output: Path, console: Console) -> None:
+    exp = s.comparison.experiment
     console.print(
         f"[bold]{escape(exp.name)}[/]: {len(exp.arms)} arms x {escape(spec.describe())} x "
         f"{len(s.comparison.seeds)} seed(s) = {len(s.cells)} runs, report in {escape(str(output))}"
@@ -147,8 +165,6 @@ def _run_sweep(
     except Interrupted as exc:
         console.print(f"[bold red]{escape(str(exc))}[/]")
         raise typer.Exit(130) from None
-    write_sweep_report(s, make_console(highlight=False))
-    console.print(f"report: {output / 'report.md'} (results.json and curves.png beside it)", markup=False)
 
 
 run.__doc__ = HELP

@@ -6,6 +6,15 @@ projection), minimised over a log grid of α in [1e-3, 3] and refined by a parab
 point and its neighbours. No optimiser is started from guesses, so nothing depends on initial values, and
 every replicate of the bootstrap is the same few vectorised numpy operations.
 
+Why least squares and not the reference's Huber(δ = 1e-3) on log L (findings.md section 4.3): that loss is
+robust when a fit has dozens of points and a few diverged runs (Chinchilla's 240). A shipped sweep has 4
+compute points for 3 parameters: with δ = 1e-3 nearly every residual is past δ, so the fit is an L1 fit,
+which passes exactly through 3 of the 4 points and ignores the fourth, whichever it is; one degree of
+freedom cannot tell a diverged point from the curve. Seeds are averaged per point before fitting instead,
+and the bootstrap over seeds and points carries a bad point into the intervals rather than hiding it.
+Between log and linear residuals the weights differ by the ratio of the largest to the smallest value
+(under 2x for the losses here), which least squares in the metric's own units keeps simple and exact.
+
 - C is divided by the geometric mean of the measured FLOPs before fitting (conditioning); A is reported in
   the units of C itself.
 - For a lower-is-better metric (a loss, bits per byte) E is held at or above 0: a negative floor is no

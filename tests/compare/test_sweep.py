@@ -237,3 +237,29 @@ def test_the_frontier_is_the_best_size_per_budget_or_the_points_no_cheaper_run_b
         ("debug", 1.0e12),
         ("tiny", 0.95e13),
     ]
+
+
+def test_a_sweep_holds_its_report_and_a_second_one_into_it_is_refused(
+    write_experiment, tmp_path, monkeypatch, capsys
+) -> None:
+    from objtrain.cli import compare as compare_cli
+    from objtrain.io import OutputLock
+
+    out = tmp_path / "report"
+    held: list[str] = []
+
+    def probe_lock(s: Any, **_: Any) -> Any:  # stands in for the training: is the report held meanwhile?
+        try:
+            OutputLock(out).acquire()
+        except UserError as exc:
+            held.append(str(exc))
+        raise Interrupted("interrupted here on purpose")
+
+    monkeypatch.setattr(compare_cli, "run_sweep", probe_lock)
+    args = ("compare", write_experiment(), "-o", out, "--sweep", "tokens=1e4,1e5,1e6")
+    code, _, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 130, err
+    assert held and "in use by another objtrain process" in held[0]
+    with OutputLock(out):  # as a sweep still running in it holds it
+        for extra in (["--resume"], ["--force"]):
+            refused(run_cli(monkeypatch, capsys, *args, *extra), "in use by another objtrain process")
