@@ -8,7 +8,8 @@ Each experiment's report directory is `docs/findings/NAME/` (its arms' checkpoin
 of version control); `report.md` is regenerated from `results.json`, so the published tables cannot drift
 from the numbers. The prose experiments train on Project Gutenberg books and probe on SST-2, TREC and
 CoLA from `../shared/data` (`benchmarks/findings_data.py` builds the store); the code experiments train
-on the embedded standard-library store.
+on the embedded standard-library store. The compute sweeps (`SWEEPS`) are published the same way, in a
+section of the index of their own.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from objtrain.compare.report import markdown
+from objtrain.compare.sweep_report import markdown as sweep_markdown
 
 ROOT = Path("docs/findings")
 PROSE_STORE = "runs/findings/data/prose"
@@ -46,6 +48,18 @@ FINDINGS: dict[str, Finding] = {
     "mtp-heads": Finding("MTP heads 1 / 2 / 4", "code", probes=False),
 }
 
+# The compute sweeps (objtrain.compare.sweep), published beside the findings: each arm at every budget of the
+# experiment's own `sweep:`, with the findings' seeds (a claim's paired interval at each budget needs them).
+SWEEPS: dict[str, Finding] = {
+    "objectives-scaling": Finding(
+        "How each objective's left-to-right quality grows with compute", "code", probes=False
+    ),
+    "fim-scaling": Finding(
+        "FIM 0.5 vs CLM as compute grows: left-to-right cost and the suffix's worth", "code", probes=False
+    ),
+}
+SWEEP_SEEDS = SEEDS
+
 CORPUS_TEXT = {
     "prose": "247 Project Gutenberg books (`../shared/data/gutenberg-en`, bodies only), sentencepiece 8,192",
     "code": "the Python standard library's own source (the embedded store), sentencepiece 4,096",
@@ -54,6 +68,8 @@ CORPUS_TEXT = {
 
 def command(name: str) -> list[str]:
     """The one command that (re)produces an experiment's row: resumable, three seeds."""
+    if name in SWEEPS:
+        return ["objtrain", "compare", name, "--seeds", str(SWEEP_SEEDS), "-o", str(ROOT / name)]
     f = FINDINGS[name]
     cmd = ["objtrain", "compare", name, "--seeds", str(SEEDS), "-o", str(ROOT / name)]
     if f.corpus == "prose":
@@ -65,7 +81,7 @@ def command(name: str) -> list[str]:
 
 def read_results(root: Path = ROOT) -> dict[str, dict[str, Any]]:
     out = {}
-    for name in FINDINGS:
+    for name in [*FINDINGS, *SWEEPS]:
         path = root / name / "results.json"
         if path.is_file():
             out[name] = json.loads(path.read_text(encoding="utf-8"))
@@ -148,10 +164,55 @@ def index(all_results: dict[str, dict[str, Any]]) -> str:
         "`make findings` builds the prose store from `../shared/data` and runs every experiment above "
         "(each resumable: run it again to continue), then rewrites every report and this page from the "
         "results. On 2 CPU cores the set takes several hours; one experiment is one command, listed "
-        "under its heading.",
+        "under its heading. The compute sweeps below run after them, the same way.",
         "",
     ]
-    return "\n".join(out)
+    return "\n".join(out + _sweeps_section(all_results))
+
+
+def _sweeps_section(all_results: dict[str, dict[str, Any]]) -> list[str]:
+    out = [
+        "# Compute-efficiency curves",
+        "",
+        "Each arm trained at every budget of a sweep (shorter budgets branched from the longest run's "
+        "stable phase), L(C) = E + A·C^(−α) fitted per arm and metric with bootstrap intervals, and where "
+        "the curves cross. A claim is judged at every budget by the same paired test; its verdict is the "
+        "one at the largest budget, the trend beside it.",
+        "",
+    ]
+    for name, finding in SWEEPS.items():
+        out += [f"## {finding.question} (`{name}`)", ""]
+        results = all_results.get(name)
+        cmd = shlex.join(command(name))
+        if results is None:
+            out += ["Not run yet.", "", f"Reproduce: `{cmd}`", ""]
+            continue
+        m, sw = results["machine"], results["sweep"]
+        kind = "tokens" if "tokens" in sw else "flops"
+        points = ", ".join(f"{p:.3g}" for p in sw[kind])
+        seeds = ", ".join(map(str, results["seeds"]))
+        out += [
+            f"- Data: {CORPUS_TEXT[finding.corpus]}",
+            f"- Sweep: {kind} {points} an arm ({sw['span']:.0f}x); seeds {seeds}",
+            f"- Machine: {m.get('cpu') or m['platform']}, {m['cpu_count']} CPUs, torch {m['torch']}",
+            f"- Report (fits, crossovers, curves): [{name}/report.md]({name}/report.md); reproduce: `{cmd}`",
+            "",
+            "| claim | the literature | a − b at the largest budget, 95% paired interval | verdict at each "
+            "budget | verdict |",
+            "|---|---|---|---|---|",
+        ]
+        for c in results.get("claims", []):
+            a, b = c["arms"]
+            p = c.get("paired")
+            diff = (
+                f"{c['metric']}: {a} − {b} = {p['delta']:+.3g} ± {p['ci95']:.2g} (n = {p['n']})"
+                if p and p.get("delta") is not None and p.get("ci95") is not None
+                else "—"
+            )
+            trend = "; ".join(f"{pt['point']}: {pt['verdict']}" for pt in c["points"]) or "—"
+            out.append(f"| {c['claim']} | {c['literature']} | {diff} | {trend} | **{c['verdict']}** |")
+        out.append("")
+    return out
 
 
 def publish(root: Path = ROOT) -> list[Path]:
@@ -160,7 +221,8 @@ def publish(root: Path = ROOT) -> list[Path]:
     all_results = read_results(root)
     for name, results in all_results.items():
         path = root / name / "report.md"
-        path.write_text(markdown(results, results.get("plots", [])), encoding="utf-8")
+        write = sweep_markdown if name in SWEEPS else markdown
+        path.write_text(write(results, results.get("plots", [])), encoding="utf-8")
         written.append(path)
     (root / "README.md").write_text(index(all_results), encoding="utf-8")
     written.append(root / "README.md")
@@ -169,9 +231,9 @@ def publish(root: Path = ROOT) -> list[Path]:
 
 def run(names: list[str]) -> int:
     objtrain = str(Path(sys.executable).with_name("objtrain"))
-    for name in names or list(FINDINGS):
-        if name not in FINDINGS:
-            print(f"unknown finding {name!r} (findings: {', '.join(FINDINGS)})")
+    for name in names or [*FINDINGS, *SWEEPS]:
+        if name not in FINDINGS and name not in SWEEPS:
+            print(f"unknown finding {name!r} (findings: {', '.join([*FINDINGS, *SWEEPS])})")
             return 2
         cmd = command(name)
         if (ROOT / name / "plan.json").is_file():

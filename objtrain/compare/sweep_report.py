@@ -23,6 +23,8 @@ from rich.table import Table
 
 from objtrain.compare import fit as fitting
 from objtrain.compare import suite
+from objtrain.compare.experiment import Claim
+from objtrain.compare.report import claim_verdict
 from objtrain.compare.runner import machine
 from objtrain.compare.sweep import Sweep, sweep_plan_dict
 from objtrain.io import atomic_file, write_json
@@ -153,6 +155,7 @@ def build_sweep_results(s: Sweep, replicates: int = 1000) -> dict[str, Any]:
         for a, b in combinations([n for n in (x.name for x in exp.arms) if n in fits.get(metric, {})], 2):
             x = fitting.crossover(a, fits[metric][a], b, fits[metric][b])
             crossovers.append({"metric": metric, "arms": [a, b], **x.to_dict()})
+    claims = [sweep_claim(claim, arms, c.seeds) for claim in exp.claims]
     frontier_rows = []
     for arm, cells in frontiers.items():
         metric = _primary(list(arms[arm]["cells"].values()))
@@ -189,11 +192,65 @@ def build_sweep_results(s: Sweep, replicates: int = 1000) -> dict[str, Any]:
         "arms": out_arms,
         "fits": {m: {a: f.to_dict() for a, f in per.items()} for m, per in fits.items()},
         "crossovers": crossovers,
+        "claims": claims,
         "frontier": frontier_rows,
         "chinchilla_tokens_per_parameter": CHINCHILLA_TOKENS_PER_PARAMETER,
         "bootstrap_replicates": replicates,
         "_fits": fits,  # dropped before writing: the objects the plot draws
     }
+
+
+def sweep_claim(claim: Claim, arms: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
+    """A claim of the literature checked at every point both arms share (the same paired test as a
+    single-budget comparison), its verdict the one at the largest shared point: the closest these budgets
+    come to the papers' regime. The verdicts at the smaller points say whether the answer holds, appears
+    or fades as compute grows."""
+    a, b = claim.arms
+    cells_a = arms.get(a, {}).get("cells", {})
+    cells_b = arms.get(b, {}).get("cells", {})
+    shared = sorted(set(cells_a) & set(cells_b), key=lambda k: float(np.mean(cells_a[k]["flops"])))
+    points = []
+    for label in shared:
+        per_seed = {
+            name: {s: v for s, v in zip(seeds, cell["metrics"].get(claim.metric, []), strict=False)
+                   if math.isfinite(v)}
+            for name, cell in ((a, cells_a[label]), (b, cells_b[label]))
+        }  # fmt: skip
+        per_seed = {name: vals for name, vals in per_seed.items() if vals}
+        v = claim_verdict(claim, per_seed, len(seeds))
+        points.append({"point": label, "budget": cells_a[label]["budget"], "verdict": v["verdict"],
+                       "paired": v["paired"]})  # fmt: skip
+    last = points[-1] if points else {"point": None, "verdict": "not measured", "paired": None}
+    return {
+        "claim": claim.claim,
+        "literature": claim.literature,
+        "metric": claim.metric,
+        "arms": [a, b],
+        "expect": claim.expect,
+        "margin": claim.margin,
+        "verdict": last["verdict"],
+        "paired": last["paired"],
+        "at": last["point"],
+        "seeds": len(seeds),
+        "points": points,
+    }
+
+
+def claim_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    header = ["claim", "the literature", "objtrain: a − b at the largest point (95% paired interval)",
+              "verdict at each point", "verdict"]  # fmt: skip
+    rows = []
+    for c in results.get("claims", []):
+        a, b = c["arms"]
+        p = c.get("paired")
+        if p and p.get("delta") is not None:
+            ci = f" ± {p['ci95']:.3g}" if p.get("ci95") is not None else ""
+            ours = f"{c['metric']}: {a} − {b} = {p['delta']:+.4g}{ci} at {c['at']} (n = {p['n']})"
+        else:
+            ours = "—"
+        trend = "; ".join(f"{pt['point']}: {pt['verdict']}" for pt in c["points"]) or "—"
+        rows.append([c["claim"], c["literature"], ours, trend, f"**{c['verdict']}**"])
+    return header, rows
 
 
 def _primary(cells: list[dict[str, Any]]) -> str:
@@ -319,6 +376,19 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
         out += [f"**Question.** {exp['question']}", ""]
     if exp["expect"]:
         out += [f"**What the literature found.** {exp['expect']}", ""]
+    if results.get("claims"):
+        out += [
+            "## Against the literature",
+            "",
+            _table(*claim_rows(results)),
+            "",
+            "Each claim is a paired comparison of two arms over the shared seeds at every point of the sweep "
+            "(per-seed difference, 95% t interval): **agrees** / **disagrees** when the interval lies on the "
+            "literature's side of 0 / the other side (for a claim of no difference, inside / outside the "
+            "margin), **not resolved** when the seeds cannot tell. The verdict is the one at the largest "
+            "point, the nearest these budgets come to the papers'.",
+            "",
+        ]
     out += ["## Fitted curves: L(C) = E + A·C^(−α), C in training FLOPs", "", _table(*fit_rows(results)), ""]
     out += [
         f"Fitted on the mean over seeds at each point; 95% intervals are percentiles of "

@@ -13,6 +13,7 @@ from compare_helpers import FakeSuite, experiment  # noqa: F401  (experiment: th
 from objtrain.compare import findings, load_experiment, plan_comparison, run_comparison, write_report
 from objtrain.compare.report import markdown
 from objtrain.compare.stats import Summary, paired, rank
+from objtrain.compare.sweep_report import markdown as sweep_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,7 +98,7 @@ def test_a_claim_naming_an_unknown_arm_is_refused(write_experiment) -> None:
 
 
 def test_every_shipped_finding_is_an_experiment_with_claims() -> None:
-    for name in findings.FINDINGS:
+    for name in [*findings.FINDINGS, *findings.SWEEPS]:
         exp = load_experiment(name)
         assert exp.claims, f"{name} states no claim"
         assert all(c.metric for c in exp.claims)
@@ -111,7 +112,8 @@ def test_published_findings_regenerate_from_their_results() -> None:
     published = findings.read_results(root)
     for name, results in published.items():
         committed = (root / name / "report.md").read_text(encoding="utf-8")
-        assert markdown(results, results.get("plots", [])) == committed, f"{name}/report.md has drifted"
+        write = sweep_markdown if name in findings.SWEEPS else markdown
+        assert write(results, results.get("plots", [])) == committed, f"{name}/report.md has drifted"
         assert len(results["seeds"]) >= 3, f"{name} has fewer than three seeds"
         json.dumps(results)  # plain JSON
     index = findings.index(published)
@@ -119,7 +121,7 @@ def test_published_findings_regenerate_from_their_results() -> None:
         assert (root / "README.md").read_text(encoding="utf-8") == index, (
             "docs/findings/README.md has drifted"
         )
-    for name in findings.FINDINGS:
+    for name in [*findings.FINDINGS, *findings.SWEEPS]:
         assert (name in published) or f"`{name}`" in index
 
 

@@ -128,3 +128,36 @@ def test_one_seed_and_three_points_give_no_interval_and_no_resolved_verdict() ->
     assert fa.ok and not fa.intervals and fa.no_interval and fa.replicates == 0
     x = crossover("a", fa, "b", fb)
     assert x.status == "none" and x.resolved is None and x.interval is None
+
+
+def _cells(values: dict[str, list[float]]) -> dict[str, dict[str, object]]:
+    return {
+        label: {"label": label, "budget": float(i + 1), "flops": [10.0 ** (i + 12)], "metrics": {"bpb": vals}}
+        for i, (label, vals) in enumerate(values.items())
+    }
+
+
+def test_a_sweep_claim_is_judged_at_every_point_and_given_the_largest_points_verdict() -> None:
+    from objtrain.compare.experiment import Claim
+    from objtrain.compare.sweep_report import claim_rows, sweep_claim
+
+    seeds = [0, 1, 2]
+    arms = {  # a is far below b only at the largest point; at the smallest the seeds disagree
+        "a": {"cells": _cells({"small": [2.0, 2.6, 2.1], "large": [1.50, 1.52, 1.51]})},
+        "b": {"cells": _cells({"small": [2.3, 2.2, 2.4], "large": [1.70, 1.71, 1.69]})},
+    }
+    claim = Claim("a beats b", "a paper", "bpb", ["a", "b"], expect="lower")
+    out = sweep_claim(claim, arms, seeds)
+    assert [p["point"] for p in out["points"]] == ["small", "large"]
+    assert [p["verdict"] for p in out["points"]] == ["not resolved", "agrees"]
+    assert out["verdict"] == "agrees" and out["at"] == "large"
+    assert out["paired"]["delta"] == pytest.approx(-0.19, abs=1e-9)
+    flipped = sweep_claim(Claim("b beats a", "a paper", "bpb", ["b", "a"], expect="lower"), arms, seeds)
+    assert flipped["verdict"] == "disagrees"
+    # a seed missing (NaN) in one arm drops out of the pair; an arm without the metric is not measured
+    arms["a"]["cells"]["large"]["metrics"]["bpb"] = [1.50, float("nan"), 1.51]
+    assert sweep_claim(claim, arms, seeds)["paired"]["n"] == 2
+    missing = sweep_claim(Claim("c", "p", "other", ["a", "b"]), arms, seeds)
+    assert missing["verdict"] == "not measured"
+    _, rows = claim_rows({"claims": [out]})
+    assert rows[0][3] == "small: not resolved; large: agrees" and rows[0][4] == "**agrees**"
