@@ -2,7 +2,9 @@
 
 What each model kind becomes:
 - decoder -> `LlamaForCausalLM` (stock class; exact: same blocks, RoPE rows reordered, see `llama.py`).
-  An MTP model exports its trunk with head 1, a plain next-token model; heads 2..n are left out.
+  Grouped-query attention and an untied output layer carry over as `num_key_value_heads` and
+  `tie_word_embeddings` (with `lm_head.weight`). An MTP model exports its trunk with head 1, a plain
+  next-token model; heads 2..n are left out.
 - encoder -> `EuroBertForMaskedLM` (stock since transformers 5: Llama blocks without the causal mask,
   final norm, tied MLM head). Segment embeddings and the NSP/SOP pooler have no place there: a model
   trained with them is refused rather than exported without them.

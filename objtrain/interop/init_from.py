@@ -1,8 +1,9 @@
 """`objtrain train --init-from`: start a new run from existing weights.
 
 The source is an objtrain checkpoint (or a run: its newest checkpoint), or a local Hugging Face directory
-of a Llama-architecture causal LM (`config.json` + `model.safetensors`, possibly sharded). The new run's
-model takes the source's shape (width, layers, heads, FFN, RoPE base, vocabulary); the run's own
+of a Llama-architecture causal LM (`config.json` + `model.safetensors`, possibly sharded), grouped-query
+attention and an untied output layer included. The new run's model takes the source's shape (width,
+layers, heads, key/value heads, FFN, RoPE base, vocabulary, tied or untied output); the run's own
 objective decides its heads. Weights the source has and the new model has are copied exactly; a head the
 new objective adds (MTP heads 2..n, an encoder's segment embedding or pooled head) starts fresh, and one
 it does not use (a source's MTP heads for CLM) is left out; both are said.
@@ -12,8 +13,8 @@ hash), or, for a store tokenized with a Hugging Face `tokenizer.json`, the same 
 directory qualifies when it carries that model as `tokenizer.model` (an objtrain export does) or the
 store was made from its own `tokenizer.json` (`objtrain tokenize ... --tokenizer HF_DIR`). Such a store
 gives objtrain's special tokens the tokenizer lacks ids after its vocabulary; the model gets embedding
-rows for them (`grow_rows`): each the mean of the model's rows, so every logit over the model's own
-vocabulary is unchanged before the first step. Any other tokenizer is refused.
+rows (and, untied, output rows) for them (`grow_rows`): each the mean of the model's rows, so every logit
+over the model's own vocabulary is unchanged before the first step. Any other tokenizer is refused.
 """
 
 from __future__ import annotations
@@ -39,9 +40,11 @@ SHAPE_FIELDS = (
     "n_layer",
     "n_decoder_layer",
     "n_head",
+    "n_kv_head",
     "d_ff",
     "rope_base",
     "norm_eps",
+    "tie_embeddings",
 )
 # Weights a new objective may add or drop (its heads); any other difference is refused.
 HEAD_PREFIXES = ("mtp.", "segment.", "pooler.")
@@ -208,10 +211,12 @@ def model_config(source: InitSource, planned: ModelConfig, overrides: dict[str, 
     training-only settings (dropout). A shape override that differs from the source is refused."""
     for name in SHAPE_FIELDS:
         if name in overrides and name != "vocab_size":
-            mine = getattr(source.config, name)
+            mine, wanted = getattr(source.config, name), overrides[name]
             if name == "d_ff":
                 mine = source.config.ffn_dim
-            if overrides[name] != mine:
+            if name == "n_kv_head":  # 0 stands for n_head
+                mine, wanted = source.config.kv_heads, wanted or source.config.n_head
+            if wanted != mine:
                 raise UserError(
                     f"--init-from: model.{name}={overrides[name]} differs from the source's {mine}; "
                     "the model's shape comes from --init-from"
@@ -249,7 +254,9 @@ def apply(model: nn.Module, source: InitSource) -> list[str]:
         for key, tensor in theirs.items():
             if key not in mine:
                 continue
-            if key == "embed.weight" and source.grow_rows:
+            # An untied output matrix grows with the embedding: its new rows are the new tokens' logit
+            # weights, and the mean row gives each new token the average of the old logits, as tied.
+            if key in ("embed.weight", "lm_head.out.weight") and source.grow_rows:
                 tensor = grown_embedding(tensor, source.grow_rows)
             if mine[key].shape != tensor.shape:
                 raise UserError(
@@ -274,8 +281,8 @@ def grown_embedding(embed: Tensor, rows: int) -> Tensor:
     the mean up to noise far below any weight's size; objtrain takes the mean itself, deterministically.
     A new token's logit is then h . mean, the average of the old logits, so the model's next-token
     distribution over its own vocabulary moves as little as it can (Hewitt, "Initializing new word
-    embeddings for pretrained language models", 2021). The unembedding is tied to this matrix, so the
-    output rows grow with it (objtrain has no untied head; an untied source is refused earlier).
+    embeddings for pretrained language models", 2021). A tied unembedding is this matrix, so the output
+    rows grow with it; an untied one (`lm_head.out.weight`, also V x D) is grown the same way by `apply`.
     """
     mean = embed.float().mean(dim=0, keepdim=True).to(embed.dtype)
     return torch.cat((embed, mean.expand(rows, -1)))

@@ -1,16 +1,18 @@
 """objtrain decoder/encoder weights <-> Hugging Face Llama-layout weights (pure torch, no transformers).
 
-objtrain's blocks are Llama's: pre-norm RMSNorm, RoPE, SwiGLU, no biases, tied unembedding. Three things
-differ only in layout:
+objtrain's blocks are Llama's: pre-norm RMSNorm, RoPE, SwiGLU, no biases, grouped-query attention when
+n_kv_head < n_head (query head h reads key/value head h // (H/G) in both), the unembedding tied to the
+embedding or not. Three things differ only in layout:
 - q, k and v are one fused `attn.qkv` (rows q | k | v) and gate/up one fused `mlp.w13` (rows gate | up);
 - objtrain rotates adjacent channel pairs (2i, 2i+1), Hugging Face's Llama rotates half-split pairs
-  (i, i + K/2). Reordering each q and k head's rows as evens-then-odds turns one into the other; q and k
-  get the same reordering, so every score q.k is unchanged, and v is never touched;
-- the final norm is `lm_head.norm`, Hugging Face's `model.norm`.
+  (i, i + K/2). Reordering each q and k head's rows as evens-then-odds turns one into the other (k with
+  its G heads); q and k get the same reordering, so every score q.k is unchanged, and v is never touched;
+- the final norm is `lm_head.norm`, Hugging Face's `model.norm`; an untied output matrix is
+  `lm_head.out.weight`, Hugging Face's `lm_head.weight`.
 
 Names (Hugging Face): model.embed_tokens.weight, model.layers.{i}.input_layernorm.weight,
 .self_attn.{q,k,v,o}_proj.weight, .post_attention_layernorm.weight, .mlp.{gate,up,down}_proj.weight,
-model.norm.weight, lm_head.weight (left out: tied to the embedding).
+model.norm.weight, lm_head.weight (left out when tied to the embedding).
 """
 
 from __future__ import annotations
@@ -38,14 +40,15 @@ def to_interleaved(w: Tensor, n_heads: int) -> Tensor:
 def export_layers(weights: dict[str, Tensor], cfg: ModelConfig, layer_names: list[str]) -> dict[str, Tensor]:
     """objtrain block weights -> Hugging Face `model.layers.{i}.*`; `layer_names[i]` is the objtrain
     prefix of layer i (`blocks.3`, or an MTP model's head-1 layer)."""
-    D, F, H = cfg.d_model, cfg.ffn_dim, cfg.n_head
+    D, F, H, G = cfg.d_model, cfg.ffn_dim, cfg.n_head, cfg.kv_heads
+    QK = D + G * cfg.head_dim
     out: dict[str, Tensor] = {}
     for i, name in enumerate(layer_names):
         hf = f"model.layers.{i}"
         qkv = weights[f"{name}.attn.qkv.weight"]
         out[f"{hf}.self_attn.q_proj.weight"] = to_half_split(qkv[:D], H)
-        out[f"{hf}.self_attn.k_proj.weight"] = to_half_split(qkv[D : 2 * D], H)
-        out[f"{hf}.self_attn.v_proj.weight"] = qkv[2 * D :]
+        out[f"{hf}.self_attn.k_proj.weight"] = to_half_split(qkv[D:QK], G)
+        out[f"{hf}.self_attn.v_proj.weight"] = qkv[QK:]
         out[f"{hf}.self_attn.o_proj.weight"] = weights[f"{name}.attn.proj.weight"]
         out[f"{hf}.input_layernorm.weight"] = weights[f"{name}.norm1.weight"]
         out[f"{hf}.post_attention_layernorm.weight"] = weights[f"{name}.norm2.weight"]
@@ -55,6 +58,8 @@ def export_layers(weights: dict[str, Tensor], cfg: ModelConfig, layer_names: lis
         out[f"{hf}.mlp.down_proj.weight"] = weights[f"{name}.mlp.w2.weight"]
     out["model.embed_tokens.weight"] = weights["embed.weight"]
     out["model.norm.weight"] = weights["lm_head.norm.weight"]
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = weights["lm_head.out.weight"]
     return {k: v.detach().float().contiguous().clone() for k, v in out.items()}  # config says float32
 
 
@@ -76,7 +81,7 @@ def llama_config(
         "intermediate_size": cfg.ffn_dim,
         "num_hidden_layers": cfg.n_layer,
         "num_attention_heads": cfg.n_head,
-        "num_key_value_heads": cfg.n_head,
+        "num_key_value_heads": cfg.kv_heads,
         "head_dim": cfg.head_dim,
         "hidden_act": "silu",
         "max_position_embeddings": max_positions,
@@ -89,7 +94,7 @@ def llama_config(
         "attention_bias": False,
         "attention_dropout": 0.0,
         "mlp_bias": False,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": cfg.tie_embeddings,
         "use_cache": True,
         "pad_token_id": 0,
         "bos_token_id": 2,
@@ -121,11 +126,8 @@ def model_config_from_llama(config: dict[str, Any], where: str) -> ModelConfig:
     except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"{where}: config.json lacks a usable {exc} for a Llama model") from None
     kv = int(_get(config, "num_key_value_heads", H))
-    if kv != H:
-        raise UserError(
-            f"{where}: grouped-query attention ({kv} key/value heads for {H} query heads); "
-            "objtrain's attention has one key/value head per query head"
-        )
+    if kv < 1 or H % kv:
+        raise UserError(f"{where}: {kv} key/value heads do not divide {H} query heads evenly")
     head_dim = int(_get(config, "head_dim", D // H))
     if head_dim * H != D:
         raise UserError(
@@ -150,10 +152,13 @@ def model_config_from_llama(config: dict[str, Any], where: str) -> ModelConfig:
             d_model=D,
             n_layer=L,
             n_head=H,
+            n_kv_head=0 if kv == H else kv,
             d_ff=F,
             rope_base=float(theta),
             norm_eps=float(_get(config, "rms_norm_eps", 1e-6)),
             init_std=float(_get(config, "initializer_range", 0.02)),
+            # LlamaConfig's own default is untied (Llama 2): a config.json without the key is untied
+            tie_embeddings=bool(_get(config, "tie_word_embeddings", False)),
         )
     except ValueError as exc:
         raise UserError(f"{where}: {exc}") from None
@@ -170,17 +175,24 @@ def llama_to_decoder(hf: dict[str, Tensor], cfg: ModelConfig, where: str) -> dic
         raise UserError(f"{where}: tensor {name!r} is missing")
 
     embed = take("model.embed_tokens.weight")
-    head = hf.get("lm_head.weight")
-    if head is not None and not torch.equal(head, embed):
-        raise UserError(
-            f"{where}: lm_head.weight differs from the token embedding (untied); objtrain's decoder ties them"
-        )
-    H = cfg.n_head
+    H, G = cfg.n_head, cfg.kv_heads
     out = {"embed.weight": embed, "lm_head.norm.weight": take("model.norm.weight")}
+    head = hf.get("lm_head.weight")
+    if cfg.tie_embeddings and head is not None and not torch.equal(head, embed):
+        raise UserError(
+            f"{where}: tie_word_embeddings is true, yet lm_head.weight differs from the token embedding"
+        )
+    if not cfg.tie_embeddings:
+        if head is None:
+            raise UserError(
+                f"{where}: config.json says the output layer is untied (tie_word_embeddings false or "
+                "absent), but there is no lm_head.weight"
+            )
+        out["lm_head.out.weight"] = head
     for i in range(cfg.n_layer):
         hf_name, name = f"model.layers.{i}", f"blocks.{i}"
         q = to_interleaved(take(f"{hf_name}.self_attn.q_proj.weight"), H)
-        k = to_interleaved(take(f"{hf_name}.self_attn.k_proj.weight"), H)
+        k = to_interleaved(take(f"{hf_name}.self_attn.k_proj.weight"), G)
         out[f"{name}.attn.qkv.weight"] = torch.cat((q, k, take(f"{hf_name}.self_attn.v_proj.weight")))
         out[f"{name}.attn.proj.weight"] = take(f"{hf_name}.self_attn.o_proj.weight")
         out[f"{name}.norm1.weight"] = take(f"{hf_name}.input_layernorm.weight")

@@ -83,4 +83,4 @@ class ZooModel(nn.Module):
 
 
 def make_block(cfg: ModelConfig, cross: bool = False) -> Block:
-    return Block(cfg.d_model, cfg.n_head, cfg.ffn_dim, cfg.norm_eps, cfg.dropout, cross=cross)
+    return Block(cfg.d_model, cfg.n_head, cfg.ffn_dim, cfg.norm_eps, cfg.dropout, cross, cfg.n_kv_head)

@@ -4,7 +4,9 @@ Every model kind (decoder, encoder, encoder-decoder) is a stack of `Block`s; the
 the mask each block receives and whether it cross-attends. Attention always goes through
 `attend` (`F.scaled_dot_product_attention`), so there is exactly one attention implementation.
 
-Shapes: B batch, T query positions, S key positions, D model width, H heads, K head width (D = H*K).
+Shapes: B batch, T query positions, S key positions, D model width, H heads, K head width (D = H*K),
+G key/value heads (grouped-query attention: query head h reads key/value head h // (H/G); G = H is plain
+multi-head attention).
 """
 
 from __future__ import annotations
@@ -132,11 +134,16 @@ def rotate_half_split(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
-    """(B, H, T, K) x (B, H, S, K) -> (B, H, T, K). `mask` (B, 1, T, S) bool, True = may attend.
+    """(B, H, T, K) x (B, G, S, K) -> (B, H, T, K). `mask` (B, 1, T, S) bool, True = may attend.
 
     The single place attention is computed; tests swap it for a naive softmax to check equivalence.
+    With fewer key/value heads than query heads (G < H), SDPA shares each among H/G query heads itself,
+    so k and v are never copied out to H heads.
     """
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal and mask is None)
+    causal = is_causal and mask is None
+    if k.size(1) == q.size(1):  # the flag left off: multi-head attention takes exactly its old path
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
 
 
 class KVCache:
@@ -173,10 +180,14 @@ class KVCache:
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, d_model: int, n_head: int, dropout: float = 0.0) -> None:
+    """Rotary self-attention; q, k and v come from one fused projection, rows q (D) | k (G*K) | v (G*K)."""
+
+    def __init__(self, d_model: int, n_head: int, dropout: float = 0.0, n_kv_head: int = 0) -> None:
         super().__init__()
         self.n_head = n_head
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.n_kv_head = n_kv_head or n_head
+        kv_dim = self.n_kv_head * (d_model // n_head)
+        self.qkv = nn.Linear(d_model, d_model + 2 * kv_dim, bias=False)
         self.proj = nn.Linear(d_model, d_model, bias=False)
         self.dropout = nn.Dropout(dropout)
 
@@ -190,31 +201,33 @@ class SelfAttention(nn.Module):
         cache: KVCache | None = None,
     ) -> Tensor:
         B, T, D = x.shape
-        H = self.n_head
+        H, G = self.n_head, self.n_kv_head
+        QK = D + G * (D // H)  # q and k channels, rotated together
         if cache is None and torch.compiler.is_compiling():
             # Compiled code rotates q and k in the half-split layout: it reads whole vectors, where the
             # interleaved pairs cost strided loads in every layer's forward and backward. Per head, the
             # weight rows of the even channels come first, then the odd ones; permuting q and k alike
             # leaves every score q.k unchanged, and v is not touched, so the layer computes the same
             # function (up to float rounding) with the same weights.
-            qkv = F.linear(x, self._half_split_weight())  # (B, T, 3D)
-            qk = rotate_half_split(qkv[..., : 2 * D].unflatten(-1, (2 * H, -1)), cos, sin)
+            qkv = F.linear(x, self._half_split_weight())  # (B, T, D + 2GK)
+            qk = rotate_half_split(qkv[..., :QK].unflatten(-1, (H + G, -1)), cos, sin)
         else:
-            qkv = self.qkv(x)  # (B, T, 3D)
-            qk = apply_rope(qkv[..., : 2 * D].unflatten(-1, (2 * H, -1)), cos, sin)  # (B, T, 2H, K), one call
-        q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)  # (B, H, T, K)
-        v = qkv[..., 2 * D :].unflatten(-1, (H, -1)).transpose(1, 2)
+            qkv = self.qkv(x)  # (B, T, D + 2GK)
+            qk = apply_rope(qkv[..., :QK].unflatten(-1, (H + G, -1)), cos, sin)  # (B, T, H+G, K), one call
+        q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)  # (B, H, T, K), (B, G, T, K)
+        v = qkv[..., QK:].unflatten(-1, (G, -1)).transpose(1, 2)
         if cache is not None:
-            k, v = cache.append(k, v)  # (B, H, S, K): all positions so far
+            k, v = cache.append(k, v)  # (B, G, S, K): all positions so far
         y = attend(q, k, v, mask, is_causal)  # (B, H, T, K)
         return self.dropout(self.proj(y.transpose(1, 2).reshape(B, T, D)))
 
     def _half_split_weight(self) -> Tensor:
-        """The qkv weight (3D, D) with each q and k head's rows as channels 0, 2, .., K-2, 1, 3, .., K-1."""
+        """The qkv weight with each q and k head's rows as channels 0, 2, .., K-2, 1, 3, .., K-1."""
         w = self.qkv.weight
-        D, H = w.size(1), self.n_head
-        qk = w[: 2 * D].unflatten(0, (2 * H, -1, 2)).transpose(1, 2).flatten(0, 2)  # (2D, D)
-        return torch.cat((qk, w[2 * D :]))
+        H, G = self.n_head, self.n_kv_head
+        QK = w.size(1) + G * (w.size(1) // H)
+        qk = w[:QK].unflatten(0, (H + G, -1, 2)).transpose(1, 2).flatten(0, 2)  # (QK, D)
+        return torch.cat((qk, w[QK:]))
 
 
 class CrossAttention(nn.Module):
@@ -274,11 +287,18 @@ class Block(nn.Module):
     """Pre-norm transformer layer: x + attn(norm(x)) [+ cross(norm(x), memory)] + ffn(norm(x))."""
 
     def __init__(
-        self, d_model: int, n_head: int, d_ff: int, eps: float, dropout: float, cross: bool = False
+        self,
+        d_model: int,
+        n_head: int,
+        d_ff: int,
+        eps: float,
+        dropout: float,
+        cross: bool = False,
+        n_kv_head: int = 0,
     ) -> None:
         super().__init__()
         self.norm1 = RMSNorm(d_model, eps)
-        self.attn = SelfAttention(d_model, n_head, dropout)
+        self.attn = SelfAttention(d_model, n_head, dropout, n_kv_head)
         self.norm_cross = RMSNorm(d_model, eps) if cross else None
         self.cross = CrossAttention(d_model, n_head, dropout) if cross else None
         self.norm2 = RMSNorm(d_model, eps)
@@ -324,13 +344,13 @@ class StackedBlocks:
             raise ValueError("StackedBlocks takes self-attention blocks only")
         with torch.no_grad():
             self.norm1 = torch.stack([b.norm1.weight for b in blocks])[:, None]  # (n, 1, D)
-            self.qkv = torch.stack([b.attn.qkv.weight.T for b in blocks])  # (n, D, 3D)
+            self.qkv = torch.stack([b.attn.qkv.weight.T for b in blocks])  # (n, D, D + 2GK)
             self.proj = torch.stack([b.attn.proj.weight.T for b in blocks])  # (n, D, D)
             self.norm2 = torch.stack([b.norm2.weight for b in blocks])[:, None]
             self.w13 = torch.stack([b.mlp.w13.weight.T for b in blocks])  # (n, D, 2F)
             self.w2 = torch.stack([b.mlp.w2.weight.T for b in blocks])  # (n, F, D)
         self.n = len(blocks)
-        self.n_head = blocks[0].attn.n_head
+        self.n_head, self.n_kv_head = blocks[0].attn.n_head, blocks[0].attn.n_kv_head
         self.eps = blocks[0].norm1.eps
 
     def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
@@ -339,13 +359,14 @@ class StackedBlocks:
     def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache: KVCache) -> Tensor:
         """x (B, t, D) -> (n, B, t, D); `cache` holds the n blocks as n x B rows (block-major)."""
         B, t, D = x.shape
-        n, H = self.n, self.n_head
+        n, H, G = self.n, self.n_head, self.n_kv_head
+        QK = D + G * (D // H)
         flat = x.reshape(1, B * t, D)
-        qkv = torch.bmm(self._norm(flat, self.norm1), self.qkv).view(n, B, t, 3 * D)
+        qkv = torch.bmm(self._norm(flat, self.norm1), self.qkv).view(n, B, t, -1)
         # the angles (B, t, 1, K/2) broadcast over the n heads; then heads and rows share one axis
-        qk = apply_rope(qkv[..., : 2 * D].unflatten(-1, (2 * H, -1)), cos, sin).flatten(0, 1)
-        q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)  # (nB, H, t, K)
-        v = qkv[..., 2 * D :].flatten(0, 1).unflatten(-1, (H, -1)).transpose(1, 2)
+        qk = apply_rope(qkv[..., :QK].unflatten(-1, (H + G, -1)), cos, sin).flatten(0, 1)
+        q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)  # (nB, H, t, K), (nB, G, t, K)
+        v = qkv[..., QK:].flatten(0, 1).unflatten(-1, (G, -1)).transpose(1, 2)
         k, v = cache.append(k, v)
         y = attend(q, k, v, mask, is_causal=False).transpose(1, 2).reshape(n, B * t, D)
         h = flat + torch.bmm(y, self.proj)  # (n, Bt, D)

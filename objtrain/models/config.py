@@ -16,6 +16,7 @@ class ModelConfig:
     n_layer: int = 4  # decoder-only / encoder layers (encdec: encoder side)
     n_decoder_layer: int = 0  # encdec decoder layers; 0 = same as n_layer
     n_head: int = 4  # head width D / n_head must be even (rotary pairs)
+    n_kv_head: int = 0  # decoder: key/value heads, each shared by n_head / n_kv_head query heads; 0 = n_head
     d_ff: int = 0  # SwiGLU hidden width; 0 = 8/3 * D rounded up to a multiple of 64 (Llama)
     rope_base: float = 10000.0
     norm_eps: float = 1e-6
@@ -24,6 +25,7 @@ class ModelConfig:
     mtp_heads: int = 1  # decoder: n future-token heads (1 = plain next-token model); head 1 is the last layer
     n_segments: int = 0  # encoder: segment (sentence A/B) embeddings; 0 = none
     n_classes: int = 0  # encoder: pooled classification head outputs (2 for NSP/SOP); 0 = no head
+    tie_embeddings: bool = True  # decoder: the unembedding is the token embedding; false = its own matrix
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
@@ -36,10 +38,19 @@ class ModelConfig:
             raise ValueError("mtp_heads > 1 needs a decoder model")
         if (self.n_segments or self.n_classes) and self.kind != "encoder":
             raise ValueError("n_segments and n_classes are for encoder models")
+        if self.n_kv_head < 0 or self.n_head % self.kv_heads:
+            raise ValueError(f"n_kv_head {self.n_kv_head} must divide n_head {self.n_head}")
+        # the encoder's and encoder-decoder's exports and caches assume one key/value head per query head
+        if (self.kv_heads != self.n_head or not self.tie_embeddings) and self.kind != "decoder":
+            raise ValueError("n_kv_head and tie_embeddings=false are for decoder models")
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
 
     @property
     def ffn_dim(self) -> int:

@@ -3,8 +3,11 @@
     ids (B, T) -> embed -> blocks[0 .. L-2] (trunk) -> head layer k -> shared RMSNorm -> E^T -> logits
 
 With `mtp_heads = n`, head 1's layer is the model's last block and heads 2..n are extra one-layer
-heads on the same trunk, sharing the final norm and the tied unembedding (reference section 10;
+heads on the same trunk, sharing the final norm and the unembedding (reference section 10;
 Gloeckle et al. 2024). With n = 1 this is exactly a plain L-layer decoder.
+
+The unembedding is the token embedding E unless `tie_embeddings` is false (then `lm_head.out`, as in
+Llama 2); `n_kv_head < n_head` makes attention grouped-query (Llama 3), with caches of n_kv_head heads.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from objtrain.models.attention import causal_chunk_mask
 from objtrain.models.base import TrunkOutput, ZooModel, make_block
 from objtrain.models.blocks import Block, Embedding, KVCache, Rotary, StackedBlocks
 from objtrain.models.config import ModelConfig
-from objtrain.models.heads import TiedLMHead
+from objtrain.models.heads import LMHead
 
 
 class Decoder(ZooModel):
@@ -31,7 +34,7 @@ class Decoder(ZooModel):
         self.rotary = Rotary(cfg.head_dim, cfg.rope_base)
         self.blocks = nn.ModuleList(make_block(cfg) for _ in range(cfg.n_layer))  # last = head 1's layer
         self.mtp = nn.ModuleList(make_block(cfg) for _ in range(cfg.mtp_heads - 1))  # heads 2..n
-        self.lm_head = TiedLMHead(cfg.d_model, cfg.norm_eps)
+        self.lm_head = LMHead(cfg.d_model, cfg.norm_eps, 0 if cfg.tie_embeddings else cfg.vocab_size)
         self._init()
 
     @property
@@ -64,7 +67,7 @@ class Decoder(ZooModel):
         like = self.embed.weight
         layers = len(self.blocks) + len(self.mtp)
         return [
-            KVCache(batch, self.config.n_head, max_len, self.config.head_dim, like) for _ in range(layers)
+            KVCache(batch, self.config.kv_heads, max_len, self.config.head_dim, like) for _ in range(layers)
         ]
 
     def step(self, ids: Tensor, positions: Tensor, caches: list[KVCache], n_heads: int = 1) -> list[Tensor]:
@@ -94,8 +97,8 @@ class Decoder(ZooModel):
     def new_stacked_cache(self, batch: int, max_len: int) -> list[KVCache]:
         """Caches for `step_stacked`: one per trunk block, then one for all n heads (n x batch rows)."""
         like, cfg = self.embed.weight, self.config
-        caches = [KVCache(batch, cfg.n_head, max_len, cfg.head_dim, like) for _ in self.blocks[:-1]]
-        return [*caches, KVCache(cfg.mtp_heads * batch, cfg.n_head, max_len, cfg.head_dim, like)]
+        caches = [KVCache(batch, cfg.kv_heads, max_len, cfg.head_dim, like) for _ in self.blocks[:-1]]
+        return [*caches, KVCache(cfg.mtp_heads * batch, cfg.kv_heads, max_len, cfg.head_dim, like)]
 
     def step_stacked(
         self,
@@ -126,8 +129,8 @@ class Decoder(ZooModel):
         return x, cos, sin, mask
 
     def unembed(self, hidden: Tensor) -> Tensor:
-        """Normed hidden (..., D) -> logits (..., V) with the tied embedding."""
-        return hidden @ self.embed.weight.T
+        """Normed hidden (..., D) -> logits (..., V)."""
+        return hidden @ self.lm_head.unembedding(self.embed.weight).T
 
     @torch.no_grad()
     def logits(self, ids: Tensor) -> Tensor:

@@ -19,7 +19,7 @@ from objtrain.models.attention import causal_chunk_mask, cross_attention_mask
 from objtrain.models.base import TrunkOutput, ZooModel, make_block
 from objtrain.models.blocks import Embedding, KVCache, RMSNorm, Rotary
 from objtrain.models.config import ModelConfig
-from objtrain.models.heads import TiedLMHead
+from objtrain.models.heads import LMHead
 
 
 class EncoderDecoder(ZooModel):
@@ -34,7 +34,7 @@ class EncoderDecoder(ZooModel):
         self.encoder = nn.ModuleList(make_block(cfg) for _ in range(cfg.n_layer))
         self.encoder_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.decoder = nn.ModuleList(make_block(cfg, cross=True) for _ in range(cfg.decoder_layers))
-        self.lm_head = TiedLMHead(cfg.d_model, cfg.norm_eps)
+        self.lm_head = LMHead(cfg.d_model, cfg.norm_eps)
         self._init()
 
     def encode(

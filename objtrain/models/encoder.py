@@ -16,7 +16,7 @@ from objtrain.batch import Batch, ModelOutput
 from objtrain.models.base import TrunkOutput, ZooModel, make_block
 from objtrain.models.blocks import Embedding, Rotary
 from objtrain.models.config import ModelConfig
-from objtrain.models.heads import Pooler, TiedLMHead, mean_pool
+from objtrain.models.heads import LMHead, Pooler, mean_pool
 
 
 class Encoder(ZooModel):
@@ -30,7 +30,7 @@ class Encoder(ZooModel):
         self.drop = nn.Dropout(cfg.dropout)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_base)
         self.blocks = nn.ModuleList(make_block(cfg) for _ in range(cfg.n_layer))
-        self.lm_head = TiedLMHead(cfg.d_model, cfg.norm_eps)
+        self.lm_head = LMHead(cfg.d_model, cfg.norm_eps)
         self.pooler = Pooler(cfg.d_model, cfg.n_classes) if cfg.n_classes else None
         self._init()
 

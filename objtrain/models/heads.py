@@ -1,6 +1,7 @@
-"""Output heads on top of a trunk: the tied LM head, multi-token-prediction heads, the pooled head.
+"""Output heads on top of a trunk: the LM head, multi-token-prediction heads, the pooled head.
 
-- LM head: final RMSNorm, then the transposed token embedding (tied weights, stored once).
+- LM head: final RMSNorm, then the transposed token embedding (tied weights, stored once), or, for a
+  decoder with `tie_embeddings=false`, an output matrix of its own (Llama 2's untied `lm_head`).
 - MTP heads (reference section 10; Gloeckle et al. 2024): n heads on a shared trunk, each one
   transformer layer; all share the final norm and the unembedding. Head 1 is the next-token head.
 - Pooled head (BERT): tanh(dense(hidden)) -> linear classifier at every position, for NSP/SOP (read at
@@ -15,17 +16,25 @@ from torch import Tensor, nn
 from objtrain.models.blocks import RMSNorm
 
 
-class TiedLMHead(nn.Module):
-    """(B, T, D) -> normed hidden (B, T, D), logits (B, T, V); the unembedding is the embedding matrix,
-    passed in at call time so the tied weight has one owner and is saved once."""
+class LMHead(nn.Module):
+    """(B, T, D) -> normed hidden (B, T, D), logits (B, T, V).
 
-    def __init__(self, d_model: int, eps: float) -> None:
+    Tied (`vocab_size` 0): the unembedding is the embedding matrix, passed in at call time so the tied
+    weight has one owner and is saved once. Untied: `out` (V, D), a Linear like any other projection (so
+    it takes weight decay, where the embedding does not)."""
+
+    def __init__(self, d_model: int, eps: float, vocab_size: int = 0) -> None:
         super().__init__()
         self.norm = RMSNorm(d_model, eps)
+        self.out = nn.Linear(d_model, vocab_size, bias=False) if vocab_size else None
+
+    def unembedding(self, embedding: Tensor) -> Tensor:
+        """The (V, D) matrix logits are taken against."""
+        return embedding if self.out is None else self.out.weight
 
     def forward(self, x: Tensor, embedding: Tensor) -> tuple[Tensor, Tensor]:
         h = self.norm(x)
-        return h, F.linear(h, embedding)
+        return h, F.linear(h, self.unembedding(embedding))
 
 
 def mean_pool(hidden: Tensor, document_ids: Tensor) -> Tensor:

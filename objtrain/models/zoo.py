@@ -47,8 +47,17 @@ def config_from_dict(data: dict[str, Any]) -> ModelConfig:
     return from_dict(ModelConfig, data, where="model")
 
 
+# Later fields left out of a checkpoint's config.json at their defaults: a default model's file reads as
+# it did before they existed, and objtrain versions without them still load it.
+OMITTED_AT_DEFAULT = {"n_kv_head": 0, "tie_embeddings": True}
+
+
 def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
-    return to_dict(cfg)
+    data = to_dict(cfg)
+    for key, default in OMITTED_AT_DEFAULT.items():
+        if data[key] == default:
+            del data[key]
+    return data
 
 
 def build_model(cfg: ModelConfig) -> nn.Module:

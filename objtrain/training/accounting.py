@@ -1,9 +1,11 @@
 """Throughput accounting: FLOPs per token, the device's peak, MFU, peak memory, bytes per token.
 
 FLOPs (reference training.md section 7; PaLM appendix B): `6N + 12·L·d·T` per trained token, N the
-parameters a token passes through (the tied embedding counts once, as the output layer), T the attention
-length. An encoder-decoder counts encoder parameters per encoder token and decoder parameters (plus cross
-attention) per decoder token.
+parameters a token passes through (the tied embedding counts once, as the output layer; an untied model's
+input embedding is a lookup, not a matmul, so it adds none), T the attention length. Grouped-query
+attention's narrower k and v projections count at their size; scores and their weighted sum still run
+per query head, so the `12·L·d·T` term is unchanged. An encoder-decoder counts encoder parameters per
+encoder token and decoder parameters (plus cross attention) per decoder token.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def _block_params(cfg: ModelConfig, cross: bool = False) -> int:
     d = cfg.d_model
-    attn = 4 * d * d
+    attn = 2 * d * d + 2 * d * cfg.kv_heads * cfg.head_dim  # q and o; k and v (narrower under GQA)
     mlp = 3 * d * cfg.ffn_dim
     norms = 2 * d
     return attn + mlp + norms + ((4 * d * d + d) if cross else 0)

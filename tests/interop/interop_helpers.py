@@ -21,7 +21,7 @@ def tiny_checkpoint(
     seed: int = 0,
     qk_scale: float = 8.0,
     objective: str | None = None,
-    **overrides: int,
+    **overrides: int | bool,
 ) -> Path:
     """A random tiny model saved as an objtrain checkpoint. q and k are scaled up so that attention is far
     from uniform: at init it nearly is, and a wrong RoPE layout would then go unnoticed."""
@@ -33,7 +33,7 @@ def tiny_checkpoint(
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("attn.qkv.weight"):
-                param[: 2 * cfg.d_model] *= qk_scale
+                param[: cfg.d_model + cfg.kv_heads * cfg.head_dim] *= qk_scale  # q and k rows
             if "norm" in name:  # gains away from 1, so a misplaced norm shows
                 param.uniform_(0.5, 1.5)
     objective = objective or {"decoder": "clm", "encoder": "mlm", "encdec": "span"}[kind]
@@ -59,12 +59,19 @@ def byte_level_bpe(texts: list[str], vocab_size: int = 600, specials: tuple[str,
 
 
 def tiny_llama_dir(
-    path: Path, tokenizer_json: Any, spare_rows: int = 0, seed: int = 0, qk_scale: float = 8.0
+    path: Path,
+    tokenizer_json: Any,
+    spare_rows: int = 0,
+    seed: int = 0,
+    qk_scale: float = 8.0,
+    kv_heads: int = 4,
+    tied: bool = True,
 ) -> Path:
-    """A random tiny `LlamaForCausalLM` (tied embedding, one key/value head per query head) saved with
-    `save_pretrained`, beside its own `tokenizer.json` (a `tokenizers.Tokenizer`). `spare_rows` pads the
-    model's vocabulary past the tokenizer's, as published models round theirs up. q/k are scaled up and
-    norm gains moved off 1, so that a wrong RoPE layout or a misplaced norm shows in the logits."""
+    """A random tiny `LlamaForCausalLM` (4 query heads, `kv_heads` key/value heads, the output layer tied
+    to the embedding or not) saved with `save_pretrained`, beside its own `tokenizer.json` (a
+    `tokenizers.Tokenizer`). `spare_rows` pads the model's vocabulary past the tokenizer's, as published
+    models round theirs up. q/k are scaled up and norm gains moved off 1, so that a wrong RoPE layout or a
+    misplaced norm shows in the logits."""
     import transformers
 
     torch.manual_seed(seed)
@@ -74,10 +81,10 @@ def tiny_llama_dir(
         intermediate_size=192,
         num_hidden_layers=2,
         num_attention_heads=4,
-        num_key_value_heads=4,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=256,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        tie_word_embeddings=True,
+        tie_word_embeddings=tied,
         eos_token_id=tokenizer_json.token_to_id("<|endoftext|>"),
     )
     model = transformers.LlamaForCausalLM(config).eval()
@@ -89,5 +96,5 @@ def tiny_llama_dir(
                 param.uniform_(0.5, 1.5)
     model.save_pretrained(str(path))
     tokenizer_json.save(str(path / "tokenizer.json"))
-    assert json.loads((path / "config.json").read_text())["tie_word_embeddings"] is True
+    assert json.loads((path / "config.json").read_text()).get("tie_word_embeddings", False) is tied
     return path

@@ -183,9 +183,15 @@ def test_refusals_are_one_line_and_leave_no_run(
         "vocab_size": tokenizer.vocab_size,
         "intermediate_size": 192,
     }
-    (gqa / "config.json").write_text(json.dumps(llama_cfg))
-    refused(gqa, "grouped-query attention")
-    (gqa / "config.json").write_text(json.dumps(llama_cfg | {"num_key_value_heads": 4}))
+    # grouped-query attention and an untied head are read; what objtrain cannot compute is refused
+    for unsupported, match in (
+        ({"num_key_value_heads": 3}, "3 key/value heads do not divide 4 query heads"),
+        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "RoPE type 'llama3'"),
+        ({"attention_bias": True}, "attention_bias is true"),
+    ):
+        (gqa / "config.json").write_text(json.dumps(llama_cfg | unsupported))
+        refused(gqa, match)
+    (gqa / "config.json").write_text(json.dumps(llama_cfg | {"tie_word_embeddings": False}))
     refused(gqa, "no model.safetensors")
     refused(tmp_path / "missing", "nothing at")
     encoder = tiny_checkpoint(tmp_path / "enc", tokenizer, kind="encoder")

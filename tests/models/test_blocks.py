@@ -57,12 +57,13 @@ def test_half_split_rotation_is_the_interleaved_one_on_deinterleaved_channels() 
     )
 
 
+@pytest.mark.parametrize("n_kv_head", [0, 1])  # multi-head; grouped (one key/value head for two)
 @pytest.mark.parametrize("is_causal", [True, False])
-def test_compiled_self_attention_matches_eager_values_and_gradients(is_causal: bool) -> None:
+def test_compiled_self_attention_matches_eager_values_and_gradients(is_causal: bool, n_kv_head: int) -> None:
     """Compiled code rotates in the half-split layout over reordered weight rows: the same function and
     the same gradients (weights included, in their stored order) as the eager interleaved path."""
     torch.manual_seed(0)
-    attn = SelfAttention(32, 2).double()
+    attn = SelfAttention(32, 2, n_kv_head=n_kv_head).double()
     cos, sin = Rotary(16)(torch.arange(7).expand(3, 7))
     x = torch.randn(3, 7, 32, dtype=torch.float64, requires_grad=True)
     grad = torch.randn(3, 7, 32, dtype=torch.float64)

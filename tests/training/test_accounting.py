@@ -104,3 +104,22 @@ def test_the_objtrain_command_sets_the_waiting_before_torch_loads_openmp() -> No
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
     assert done.stdout.strip().splitlines()[-1] == "['20000']", done.stdout + done.stderr
+
+
+def test_flops_count_grouped_kv_projections_and_untied_heads_correctly() -> None:
+    from objtrain.models import build_model, model_config
+    from objtrain.training.accounting import _block_params, flops_per_step
+
+    def cfg(**overrides: object) -> object:
+        return model_config("decoder", "debug", {"n_head": 4, **overrides}, vocab_size=100)
+
+    mha, gqa, untied = cfg(), cfg(n_kv_head=1), cfg(n_kv_head=1, tie_embeddings=False)
+    # the analytic block size is the built block's: q, o (D x D), k and v (G*K x D each), FFN, norms
+    for c in (mha, gqa):
+        block = build_model(c).blocks[0]  # type: ignore[arg-type, index]
+        assert _block_params(c) == sum(p.numel() for p in block.parameters())  # type: ignore[arg-type]
+    rows, T, d, L = 3, 16, 32, 2
+    saved = 2 * d * (d - 8)  # per layer: k and v shrink from 4 heads of width 8 to one
+    assert flops_per_step(mha, rows, T) - flops_per_step(gqa, rows, T) == rows * T * 6 * L * saved  # type: ignore[arg-type]
+    # an untied head is the same matmul as a tied one; the input embedding is a lookup, no FLOPs
+    assert flops_per_step(untied, rows, T) == flops_per_step(gqa, rows, T)  # type: ignore[arg-type]
