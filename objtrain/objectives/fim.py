@@ -194,7 +194,10 @@ class WindowEncoder:
                 else:
                     plans.append([(len(texts), 0, 0)])
                     texts.append(text[a:b])
-        encoded = self.tokenizer.encode_batch(texts, num_threads=1)
+        # short texts, many empty: sentencepiece's per-call cost dominates, and its batch call costs more
+        # per text than a loop of single calls
+        encode = self.tokenizer.encode
+        encoded = [encode(t) if t else [] for t in texts]
         out: list[list[int]] = []
         for f, piece in enumerate(pieces):
             for plan in plans[3 * f : 3 * f + 3]:
