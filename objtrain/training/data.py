@@ -357,6 +357,64 @@ class DocumentStream:
         Returns tokens and row-local document ids (B, width), int64; positions past a row's length are
         padding (pad token, document id -1).
         """
+        offsets = np.asarray(offsets, dtype=np.int64)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        last = offsets + np.maximum(lengths - 1, 0)
+        epoch = offsets // self.epoch_tokens
+        simple = len(offsets) and len(self.docs.tokens) and bool((lengths <= width).all())
+        if simple and bool((epoch == last // self.epoch_tokens).all()):
+            return self._rows_within_epochs(offsets, lengths, width, epoch)
+        return self._rows_general(offsets, lengths, width)
+
+    def _rows_within_epochs(
+        self, offsets: np.ndarray, lengths: np.ndarray, width: int, epoch: np.ndarray
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`rows` where no row crosses an epoch: one binary search per row end instead of one per token,
+        then each row's document changes are marked at the documents' starts and summed along the row."""
+        B = len(offsets)
+        col = np.minimum(np.arange(width)[None, :], np.maximum(lengths - 1, 0)[:, None])
+        valid = np.arange(width)[None, :] < lengths[:, None]
+        run = np.empty((B, width), dtype=np.int64)
+        tokens = np.empty((B, width), dtype=np.int64)
+        for e in np.unique(epoch):
+            perm, cum = self.order(int(e))
+            sel = np.flatnonzero(epoch == e)
+            w0 = offsets[sel] - int(e) * self.epoch_tokens
+            first = np.searchsorted(cum, w0, side="right") - 1
+            final = np.searchsorted(cum, w0 + np.maximum(lengths[sel] - 1, 0), side="right") - 1
+            # every document start inside a row (empty documents count but start no run of their own)
+            n = final - first
+            r = np.repeat(np.arange(len(sel)), n)
+            k = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n) + np.repeat(first, n) + 1
+            marks = np.zeros((len(sel), width), dtype=np.int64)
+            np.add.at(marks, (r, cum[k] - w0[r]), 1)
+            slot_e = first[:, None] + np.cumsum(marks, axis=1)
+            run[sel] = np.cumsum(marks > 0, axis=1)
+            within = w0[:, None] + col[sel]
+            doc = perm[slot_e]
+            local = within - cum[slot_e]
+            inside = local < self.sizes[doc] - self.added
+            # the EOS the stream appends reads one token past its document: clipped, then replaced
+            at = np.minimum(self.docs.offsets[doc] + local, len(self.docs.tokens) - 1)
+            values = np.where(inside, self.docs.tokens[at], self.eos)
+            self._check_ids(values)
+            tokens[sel] = values
+        tokens[~valid] = self.pad
+        document_ids = np.where(valid, run, -1)
+        return torch.from_numpy(tokens), torch.from_numpy(document_ids)
+
+    def _check_ids(self, values: np.ndarray) -> None:
+        below = self.docs.check_ids_below
+        if below is not None and values.size and values.max() >= below:
+            raise UserError(
+                f"the store holds token id {int(values.max())}, outside the tokenizer's "
+                f"{self.docs.check_ids_below} ids: the store is damaged; re-tokenize it"
+            )
+
+    def _rows_general(
+        self, offsets: np.ndarray, lengths: np.ndarray, width: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`rows` by one binary search per token: any rows, also those that cross an epoch."""
         B = len(offsets)
         col = np.arange(width)
         valid = col[None, :] < lengths[:, None]
@@ -374,15 +432,7 @@ class DocumentStream:
             start = self.docs.offsets[doc]
             values = np.full(slot.shape, self.eos, dtype=np.int64)
             values[inside] = self.docs.tokens[start[inside] + local[inside]]
-            if (
-                self.docs.check_ids_below is not None
-                and values.size
-                and values.max() >= self.docs.check_ids_below
-            ):
-                raise UserError(
-                    f"the store holds token id {int(values.max())}, outside the tokenizer's "
-                    f"{self.docs.check_ids_below} ids: the store is damaged; re-tokenize it"
-                )
+            self._check_ids(values)
             tokens[sel] = values
             slot_key[sel] = e * (len(self.docs) + 1) + slot
         tokens[~valid] = self.pad

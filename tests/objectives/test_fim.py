@@ -15,7 +15,7 @@ from objtrain.batch import Batch
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.objectives.clm import CausalLM
-from objtrain.objectives.fim import FillInTheMiddle, fragments, token_level_fim
+from objtrain.objectives.fim import FillInTheMiddle, cut_points, fragments, token_level_fim
 from objtrain.objectives.registry import build_objective, objective_defaults
 from objtrain.objectives.rng import RowRandom
 from objtrain.specials import Specials
@@ -297,3 +297,71 @@ def test_char_level_batches_are_the_same_with_sentencepieces_decode(
     assert fast.stats == slow.stats and fast.stats["fim"] > 0
     for name, tensor in slow.tensors().items():
         assert torch.equal(tensor, fast.tensors()[name]), name
+
+
+def test_window_reencoding_keeps_every_part_and_almost_every_token(
+    tokenizer: Tokenizer, stdlib_texts: list[str]
+) -> None:
+    """Re-encoding only around the cuts gives each part's exact text, and the very tokens of encoding the
+    part whole but where sentencepiece breaks a tie between two segmentations of the same text (runs of
+    spaces) differently; both are checked against the reference: decode, cut, encode each part whole."""
+    import random
+
+    from objtrain.objectives.fim import PieceDecoder, WindowEncoder, whole_parts
+
+    rng = random.Random(0)
+    text = "".join(stdlib_texts)
+    ids = tokenizer.encode(text[:400_000])
+    decoder = PieceDecoder(tokenizer)
+    window = WindowEncoder(tokenizer, decoder)
+    same = total = 0
+    for _ in range(60):
+        pieces, cuts = [], []
+        for _ in range(16):
+            a = rng.randrange(len(ids) - 2)
+            pieces.append(ids[a : a + rng.choice([1, 2, 7, 60, 400, 1500])])
+            cuts.append((rng.random(), rng.random()))
+        reference: list[list[int]] = []  # the algorithm as it stands in the reference, spelled out
+        for piece, (lo, hi) in zip(pieces, cuts, strict=True):
+            whole = tokenizer.decode(piece)
+            i, j = cut_points(whole, lo, hi)
+            reference += [tokenizer.encode(part) for part in (whole[:i], whole[i:j], whole[j:])]
+        assert whole_parts(pieces, cuts, tokenizer, decoder) == reference
+        got = window(pieces, cuts)
+        assert [decoder([p])[0] for p in got] == [decoder([p])[0] for p in reference]
+        same += sum(g == r for g, r in zip(got, reference, strict=True))
+        total += len(reference)
+    assert same >= 0.95 * total, (same, total)
+
+
+def test_whole_reencoding_batches_are_todays(tokenizer: Tokenizer, stdlib_texts: list[str]) -> None:
+    """`reencode: whole` is the reference algorithm: its batches equal those of a row-by-row rebuild that
+    encodes each part whole; `window` keeps the row length and the transformed fragments' count."""
+    text = "".join(stdlib_texts)
+    ids = torch.tensor(tokenizer.encode(text[:80_000]))
+    ids[torch.arange(200, len(ids), 611)] = SP.eos
+    B, L = 16, 300
+    rows = ids[: B * L].view(B, L)
+    docs = (rows == SP.eos).long().cumsum(1) - (rows == SP.eos).long()
+    whole = fim(tokenizer, reencode="whole")(rows, docs, torch.arange(B), 5)
+    window = fim(tokenizer)(rows, docs, torch.arange(B), 5)
+    assert whole.stats["fim"] == window.stats["fim"] > 0
+    assert window.input_ids.shape == whole.input_ids.shape == (B, L - 1)
+    rr = RowRandom(5, torch.arange(B))
+    f = fragments(rows, docs, SP, 0.5, 0.5, rr)
+    for b in range(B):
+        expected: list[int] = []
+        for s in torch.nonzero(f.is_start[b])[:, 0].tolist():
+            e = s + int((docs[b] == docs[b, s]).sum())
+            piece, n = rows[b, s:e].tolist(), int(f.content[b, s])
+            if not bool(f.fim[b, s]):
+                expected += piece
+                continue
+            full = tokenizer.decode(piece[:n])
+            i, j = cut_points(full, float(f.lo_u[b, s]), float(f.hi_u[b, s]))
+            pre, mid, suf = (tokenizer.encode(p) for p in (full[:i], full[i:j], full[j:]))
+            spm = bool(f.spm[b, s])
+            expected += [PRE, SUF, *suf, MID, *pre, *mid] if spm else [PRE, *pre, SUF, *suf, MID, *mid]
+            expected += piece[n:]
+        expected = (expected + [SP.fim_pad] * L)[:L]
+        assert whole.input_ids[b].tolist() == expected[:-1]

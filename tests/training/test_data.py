@@ -140,3 +140,24 @@ def test_a_row_never_takes_more_raw_tokens_than_it_holds(
     sampler = RowSampler(greedy, length, 0, 8, 8, 0, 1, Position(), 0, 1)
     with pytest.raises(RuntimeError, match="skipped unread"):
         next(iter(sampler))
+
+
+@pytest.mark.parametrize("closed", [False, True])
+def test_rows_read_per_row_equal_the_per_token_search(closed: bool) -> None:
+    """The fast read (one search per row end) gives what one search per token gives: short, long and
+    (closed) empty documents, rows that end exactly on a document start, rows that cross an epoch, padding."""
+    from objtrain.training.data import Documents
+
+    rng = np.random.default_rng(7)
+    sizes = rng.choice([0, 1, 2, 5, 40, 300], size=400, p=[0.05, 0.1, 0.1, 0.25, 0.3, 0.2])
+    flat = rng.integers(4, 1000, size=int(sizes.sum())).astype(np.uint16)
+    docs = Documents(flat, np.r_[0, np.cumsum(sizes)].astype(np.int64), closed=closed)
+    stream = DocumentStream(docs, eos=3, pad=0, seed=5)
+    width = 129
+    for start in (0, stream.epoch_tokens - 700, 5 * stream.epoch_tokens + 11):
+        lengths = rng.integers(1, width + 1, size=48)
+        lengths[:3] = (width, 1, 2)
+        offsets = start + np.r_[0, np.cumsum(lengths)[:-1]]
+        fast = stream.rows(offsets, lengths, width)
+        slow = stream._rows_general(offsets, lengths, width)
+        assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
