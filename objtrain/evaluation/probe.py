@@ -260,9 +260,7 @@ def last_hidden(model: nn.Module, ids: Tensor, valid: Tensor) -> Tensor:
         return model.encode(ids, positions, docs)  # type: ignore[operator]
     attention = "causal" if kind == "decoder" else "bidirectional"
     batch = Batch(ids, ids, positions, docs, attention, segment_ids=torch.zeros_like(ids))  # type: ignore[arg-type]
-    hidden = model(batch).hidden
-    assert hidden is not None, "the model returns no hidden states"
-    return hidden
+    return model.last_hidden(batch)  # type: ignore[operator]
 
 
 @torch.no_grad()
@@ -283,13 +281,17 @@ def layer_features(
     choose its layer; a decoder's last layer is shaped to predict the next token, and mid layers often
     transfer better (reference findings.md section 3)."""
     encoded = encode_texts(tokenizer, texts, max_len)
+    # Batches of similar lengths pad little (texts of 2 to 60 tokens, batched as they come, are half
+    # padding); the features are put back in the texts' order at the end.
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
     blocks = _trunk_blocks(model)[:-1] if layers == "all" and pooling != "pooled" else []
     captured: list[Tensor] = []
     hooks = [b.register_forward_hook(lambda _m, _i, out: captured.append(out)) for b in blocks]
     per_layer: list[list[Tensor]] = [[] for _ in range(len(blocks) + 1)]
     try:
         for lo in range(0, len(encoded), batch_size):
-            ids, valid, lengths = padded(encoded[lo : lo + batch_size], tokenizer.specials.pad)
+            chunk = [encoded[i] for i in order[lo : lo + batch_size]]
+            ids, valid, lengths = padded(chunk, tokenizer.specials.pad)
             ids, valid = ids.to(device), valid.to(device)
             captured.clear()
             hidden = last_hidden(model, ids, valid)
@@ -306,7 +308,9 @@ def layer_features(
     finally:
         for hook in hooks:
             hook.remove()
-    return [torch.cat(chunks) for chunks in per_layer]
+    back = torch.empty(len(order), dtype=torch.int64)
+    back[torch.tensor(order, dtype=torch.int64)] = torch.arange(len(order))
+    return [torch.cat(chunks)[back] for chunks in per_layer]
 
 
 def _pool(hidden: Tensor, valid: Tensor, lengths: Tensor, pooling: str) -> Tensor:

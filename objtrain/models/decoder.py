@@ -55,6 +55,12 @@ class Decoder(ZooModel):
         x = self.head_layers[k].run(trunk.hidden, trunk.ctx)
         return self.lm_head(x, self.embed.weight)
 
+    def last_hidden(self, batch: Batch) -> Tensor:
+        """Head 1's normed hidden states (B, T, D), as `forward` gives them, without the unembedding (a
+        probe reads features; the (V, D) product is most of a small model's forward)."""
+        trunk = self.trunk(batch)
+        return self.lm_head.norm(self.head_layers[0].run(trunk.hidden, trunk.ctx))
+
     def heads(self, trunk: TrunkOutput) -> ModelOutput:
         hidden, logits = self.head(0, trunk)
         mtp = [self.head(k, trunk)[1] for k in range(1, self.config.mtp_heads)]

@@ -10,7 +10,7 @@ There is no learned absolute position embedding: rotary angles from `batch.posit
 
 from __future__ import annotations
 
-from torch import nn
+from torch import Tensor, nn
 
 from objtrain.batch import Batch, ModelOutput
 from objtrain.models.base import TrunkOutput, ZooModel, make_block
@@ -45,6 +45,10 @@ class Encoder(ZooModel):
         for block in self.blocks:
             x = block.run(x, ctx)
         return TrunkOutput(x, ctx, document_ids=batch.document_ids, pair_labels=batch.seq_labels is not None)
+
+    def last_hidden(self, batch: Batch) -> Tensor:
+        """The normed hidden states (B, T, D), as `forward` gives them, without the unembedding."""
+        return self.lm_head.norm(self.trunk(batch).hidden)
 
     def heads(self, trunk: TrunkOutput) -> ModelOutput:
         hidden, logits = self.lm_head(trunk.hidden, self.embed.weight)

@@ -138,3 +138,30 @@ def test_a_byte_order_mark_is_not_part_of_the_first_label(tmp_path: Path) -> Non
     (tmp_path / "bom.tsv").write_bytes(b"\xef\xbb\xbf" + body.encode("utf-8"))
     read = read_labelled(tmp_path / "bom.tsv")
     assert sorted(set(read.labels)) == ["neg", "pos"] and len(read.texts) == 8
+
+
+@pytest.mark.parametrize("kind", ["decoder", "encoder", "encdec"])
+def test_features_skip_the_unembedding_and_come_back_in_the_texts_order(kind: str, tokenizer) -> None:
+    """The probe's features equal the forward pass's hidden states, whatever order they are batched in."""
+    from objtrain.batch import Batch
+    from objtrain.evaluation.probe import _trunk_blocks, layer_features, padded
+    from objtrain.models.zoo import build_model, model_config
+
+    torch.manual_seed(0)
+    model = build_model(model_config(kind, "debug", vocab_size=tokenizer.vocab_size)).eval()
+    texts = ["def f(x):", "return", "import os, sys  # a longer line of code to pad the others", "", "x = 1"]
+    if kind != "encdec":  # the normed hidden states without the logits are the forward pass's own
+        ids, valid, _ = padded([tokenizer.encode(t) or [tokenizer.specials.eos] for t in texts], 0)
+        docs = torch.where(valid, 0, -1)
+        positions = torch.arange(ids.size(1)).expand_as(ids)
+        attention = "causal" if kind == "decoder" else "bidirectional"
+        batch = Batch(ids, ids, positions, docs, attention, segment_ids=torch.zeros_like(ids))  # type: ignore[arg-type]
+        with torch.no_grad():
+            assert torch.equal(model.last_hidden(batch), model(batch).hidden)
+    batched = layer_features(model, tokenizer, texts, 32, batch_size=2, layers="all")
+    one_by_one = [layer_features(model, tokenizer, [t], 32, batch_size=1, layers="all") for t in texts]
+    assert len(batched) == len(one_by_one[0]) == len(_trunk_blocks(model))  # every layer's output
+    for layer, feats in enumerate(batched):
+        assert feats.shape == (len(texts), model.config.d_model)
+        alone = torch.cat([f[layer] for f in one_by_one])
+        torch.testing.assert_close(feats, alone, rtol=1e-5, atol=1e-6)
