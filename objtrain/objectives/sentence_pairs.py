@@ -590,7 +590,9 @@ class _RowText:
     (B, L + 2) flattened, read at `row_offset + position`."""
 
     def __init__(self, own: Text) -> None:
-        # built with torch's scans (numpy's accumulate along rows is ~10x slower), read with numpy
+        # built with torch's scans (numpy's accumulate along rows is ~10x slower), read with numpy; the
+        # walk is a few hundred tiny steps, so rows on an accelerator are walked on the CPU
+        own = Text(*(t.cpu() for t in (own.doc, own.run_start, own.count, own.before, own.run_count)))
         doc = own.doc
         B, L = doc.shape
         W = L + 2
@@ -662,7 +664,7 @@ class _Columns:
     def __call__(self, k: int, stream: str) -> np.ndarray:
         grid = self.grids.get(stream)
         if grid is None or grid.shape[1] <= k:
-            grid = self.rr.uniform64(max(16, 2 * (k + 1)), stream).numpy()
+            grid = self.rr.uniform64(max(16, 2 * (k + 1)), stream).cpu().numpy()
             self.grids[stream] = grid
         return grid[:, k]
 
@@ -804,7 +806,12 @@ def put_back_pairs(
                 np.zeros(B, dtype=bool if name in ("placed", "label", "sentence_split") else np.int64)
             )
         same_document.append(np.zeros(B, dtype=bool))
-    out = {name: torch.from_numpy(np.stack(v, 1)) for name, v in fields.items() if name != "from_donor"}
-    none = torch.zeros(B, out["at"].size(1), dtype=torch.bool)
-    flags = {"same_document_negatives": torch.from_numpy(np.stack(same_document, 1)), "donor_negatives": none}
+    device = own.doc.device
+
+    def stacked(columns: list[np.ndarray]) -> Tensor:
+        return torch.from_numpy(np.stack(columns, 1)).to(device)
+
+    out = {name: stacked(v) for name, v in fields.items() if name != "from_donor"}
+    none = torch.zeros(B, out["at"].size(1), dtype=torch.bool, device=device)
+    flags = {"same_document_negatives": stacked(same_document), "donor_negatives": none}
     return Pairs(**out, from_donor=none.clone(), flags=flags)
