@@ -43,8 +43,8 @@ class _ReferenceColumns:
 
 
 def reference_put_back_pairs(own: Text, pair_length: int, config: Any, rr: RowRandom) -> Pairs:
-    """NSP pairs of raw rows with same-row negatives, the unused segments put back (module doc, "NSP
-    put-back"): a walk over the pairs of a row, vectorised over the batch, one step per pair."""
+    """NSP pairs of raw rows with same-row negatives, the unused segments put back (`sentence_pairs` module
+    doc, "NSP put-back"): a walk over the pairs of a row, vectorised over the batch, one step per pair."""
     doc = own.doc
     B, L = doc.shape
     device = doc.device
