@@ -98,6 +98,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -582,86 +583,153 @@ class SentenceOrderPrediction(_SentencePairs):
         return Second(chunks.split, chunks.end - chunks.split, swap, swap, torch.zeros_like(swap), {})
 
 
+class _RowText:
+    """`Text` of raw rows as flat numpy lookup tables, for the put-back walk: every query it makes on a (B,)
+    state is one `take` from a precomputed table instead of a `searchsorted` (a walk step makes about
+    twenty such lookups, and torch dispatch on (B, 1) tensors cost more than the work). Each table is
+    (B, L + 2) flattened, read at `row_offset + position`."""
+
+    def __init__(self, own: Text) -> None:
+        # built with torch's scans (numpy's accumulate along rows is ~10x slower), read with numpy; the
+        # walk is a few hundred tiny steps, so rows on an accelerator are walked on the CPU
+        own = Text(*(t.cpu() for t in (own.doc, own.run_start, own.count, own.before, own.run_count)))
+        doc = own.doc
+        B, L = doc.shape
+        W = L + 2
+        self.B, self.L = B, L
+        self.offset = np.arange(B, dtype=np.int64) * W
+        count = own.count
+        idx = torch.arange(L).expand(B, L)
+        # nth[r, j] = searchsorted(count[r], j): 0 for j = 0, else the j-th sentence start (L where none);
+        # positions that start no sentence write to a spare column
+        is_start = torch.zeros_like(doc, dtype=torch.bool)
+        is_start[:, 1:] = count[:, 1:] > count[:, :-1]
+        nth = torch.full((B, W + 1), L, dtype=torch.int64)
+        nth.scatter_(1, torch.where(is_start, count, W), idx)
+        nth = nth[:, :W]
+        nth[:, 0] = 0
+        real = doc >= 0
+        # the end of the run holding each position: the next run start after it (L where none)
+        after = torch.where(own.run_start[:, 1:] == idx[:, 1:], idx[:, 1:], L)
+        run_end = after.flip(1).cummin(1).values.flip(1)
+        # first real position at or after each position (L where none); last real one before it (-1)
+        next_real = torch.where(real, idx, L).flip(1).cummin(1).values.flip(1)
+        last_real = torch.where(real, idx, -1).cummax(1).values
+
+        def table(*parts: Tensor | int) -> np.ndarray:
+            """Columns side by side (an int: one column of it), filled up to W with L, flattened."""
+            cols = [torch.full((B, 1), p) if isinstance(p, int) else p for p in parts]
+            n = sum(c.size(1) for c in cols)
+            return torch.cat([*cols, torch.full((B, W - n), L)], 1).reshape(-1).numpy()
+
+        self.nth = nth.reshape(-1).numpy()
+        self.before = table(own.before)
+        # the first sentence start at or after each position 0..L
+        self.next_start = table(nth.gather(1, own.before + 1))
+        self.run_start = table(own.run_start)
+        self.run_end = table(run_end, L)
+        self.next_real = table(next_real, L, L)
+        self.last_real = table(-1, last_real)
+        self.doc = table(doc)
+
+    def at(self, table: np.ndarray, where: np.ndarray) -> np.ndarray:
+        """table[r, where[r]] per row r (`where` within 0..L + 1)."""
+        return table.take(where + self.offset)
+
+    def nth_start(self, rank: np.ndarray) -> np.ndarray:
+        """Position of the sentence start with 0-based `rank` (L where none), as `Text.nth_start` (every
+        rank the walk asks for is in -1..L - 1: a count of starts, less one at most)."""
+        return self.nth.take(rank + 1 + self.offset)
+
+    def end_near(self, start: np.ndarray, want: np.ndarray, limit: np.ndarray) -> np.ndarray:
+        """`Text.end_near` of (B,) arrays."""
+        target = start + want
+        at = np.minimum(np.maximum(target, 0), self.L - 1)
+        n_incl, n_excl = self.at(self.before, at + 1), self.at(self.before, at)
+        before, after = self.nth_start(n_incl - 1), self.nth_start(n_excl)
+        after = np.minimum(after, limit)
+        use_before = (n_incl > 0) & (before > start) & (target - before <= after - target)
+        end = np.where(use_before, before, after)
+        return np.where(target >= limit, limit, end)
+
+
 class _Columns:
-    """Column k of `rr.uniform64(n, stream)` (any n > k), as (B, 1): hashed in blocks of columns, not one
-    call per column (the walk asks for four per step)."""
+    """Column k of `rr.uniform64(n, stream)` (any n > k), as (B,) numpy: hashed in blocks of columns, not
+    one call per column (the walk asks for four per step)."""
 
     def __init__(self, rr: RowRandom) -> None:
         self.rr = rr
-        self.grids: dict[str, Tensor] = {}
+        self.grids: dict[str, np.ndarray] = {}
 
-    def __call__(self, k: int, stream: str) -> Tensor:
+    def __call__(self, k: int, stream: str) -> np.ndarray:
         grid = self.grids.get(stream)
-        if grid is None or grid.size(1) <= k:
-            grid = self.rr.uniform64(max(16, 2 * (k + 1)), stream)
+        if grid is None or grid.shape[1] <= k:
+            grid = self.rr.uniform64(max(16, 2 * (k + 1)), stream).cpu().numpy()
             self.grids[stream] = grid
-        return grid[:, k : k + 1]
+        return grid[:, k]
 
 
 def put_back_pairs(
     own: Text, pair_length: int, config: NextSentencePrediction.Config, rr: RowRandom
 ) -> Pairs:
     """NSP pairs of raw rows with same-row negatives, the unused segments put back (module doc, "NSP
-    put-back"): a walk over the pairs of a row, vectorised over the batch, one step per pair."""
-    doc = own.doc
-    B, L = doc.shape
-    device = doc.device
+    put-back"): a walk over the pairs of a row, vectorised over the batch, one step per pair. Each step
+    depends on the one before, so the walk runs on (B,) numpy arrays and table lookups (`_RowText`)."""
+    t = _RowText(own)
+    B, L = t.B, t.L
     K = pair_length
-    real = doc >= 0
-    # first real position at or after each position (L where none): chunks start on text, never on an EOS
-    idx = torch.arange(L + 1, device=device).expand(B, L + 1)
-    text_at = torch.where(torch.cat([real, torch.ones_like(real[:, :1])], 1), idx, L)
-    next_real = text_at.flip(1).cummin(1).values.flip(1)
-    # last real position before each position 0..L (-1 where none)
-    last_real = torch.where(torch.cat([torch.zeros_like(real[:, :1]), real], 1), idx - 1, -1).cummax(1).values
-    cur = torch.zeros(B, 1, dtype=torch.long, device=device)
-    at = torch.zeros_like(cur)
+    p_short = config.short_seq_prob
+    short_scale = (K - 1) / max(p_short, 1e-300)
+    cur = np.zeros(B, dtype=np.int64)
+    at = np.zeros_like(cur)
     # Negatives read their B from the end of the row backwards: `tail` bounds the text still free there. It
     # starts at the row's last sentence start (the row's end when the row ends on an EOS or padding), so a
     # B ends at a sentence boundary as an actual next does; the text after it, the row's cut last sentence,
     # is read by the front last (`rest`), once it reaches the tail.
-    last_start = own.nth_start((own.before[:, L:] - 1).clamp(min=0))
-    ends_clean = ~real[:, L - 1 :]
-    tail = torch.where(ends_clean | (own.before[:, L:] == 0), L, last_start)
-    rest = tail.clone()
-    closed = torch.zeros_like(cur, dtype=torch.bool)  # the front reads the rest: no more B from the tail
+    n_starts = t.at(t.before, np.full(B, L))
+    last_start = t.nth_start(np.maximum(n_starts - 1, 0))
+    ends_clean = t.at(t.doc, np.full(B, L - 1)) < 0
+    tail = np.where(ends_clean | (n_starts == 0), L, last_start)
+    rest = tail.copy()
+    closed = np.zeros(B, dtype=bool)  # the front reads the rest: no more B from the tail
     column = _Columns(rr)
-    fields: dict[str, list[Tensor]] = {n: [] for n in Pairs.__dataclass_fields__ if n != "flags"}
-    flags: dict[str, list[Tensor]] = {"same_document_negatives": [], "donor_negatives": []}
+    fields: dict[str, list[np.ndarray]] = {n: [] for n in Pairs.__dataclass_fields__ if n != "flags"}
+    same_document: list[np.ndarray] = []
     for step in range(L + 1):
-        cur = next_real.gather(1, cur.clamp(max=L))
+        cur = t.at(t.next_real, np.minimum(cur, L))
         jump = (cur >= tail) & (rest < L)
-        cur = torch.where(jump, next_real.gather(1, rest), cur)
-        tail = torch.where(jump, L, tail)
-        rest = torch.where(jump, L, rest)
-        closed = closed | jump
+        if jump.any():
+            cur = np.where(jump, t.at(t.next_real, rest), cur)
+            tail = np.where(jump, L, tail)
+            rest = np.where(jump, L, rest)
+            closed = closed | jump
         room = L - at - 3  # text tokens the next pair may hold
         active = (cur < tail) & (room >= 2)
-        if not bool(active.any()):
+        if not active.any():
             break
         # the chunk: `length` tokens (short with short_seq_prob), moved forward to a sentence start within
         # half a chunk, inside its document run, before the tail, and no longer than the room left
         u = column(step, "pairs/length")
-        drawn = torch.where(
-            u < config.short_seq_prob, 2 + (u * ((K - 1) / max(config.short_seq_prob, 1e-300))).long(), K
-        ).clamp(max=K)
-        c = cur.clamp(max=L - 1)
-        limit = torch.minimum(own.run_end(c), tail)
-        nominal = cur + torch.minimum(drawn, room)
-        nxt = own.next_start(nominal.clamp(0, L))
+        short = u < p_short
+        # (scaled only where short: with short_seq_prob 0 the scale is huge and the cast would overflow)
+        drawn = np.minimum(
+            np.where(short, 2 + (np.where(short, u, 0.0) * short_scale).astype(np.int64), K), K
+        )
+        limit = np.minimum(t.at(t.run_end, np.minimum(cur, L - 1)), tail)
+        nominal = cur + np.minimum(drawn, room)
+        nxt = t.at(t.next_start, np.minimum(nominal, L))
         snap = (nxt < limit) & (nxt <= nominal + max(K // 2, 1)) & (nxt - cur <= room)
-        end = torch.minimum(torch.where(snap, nxt, nominal), limit)
+        end = np.minimum(np.where(snap, nxt, nominal), limit)
         size = end - cur
         valid = active & (size >= 2)
         # the split: a random sentence start strictly inside, else a random token (as `chunk_rows`)
         u = column(step, "pairs/split")
-        bounds = torch.cat([(cur + 1).clamp(max=L), end.clamp(0, L)], 1)
-        first, last = own.before.gather(1, bounds).chunk(2, 1)
-        inner = last - first
+        first = t.at(t.before, np.minimum(cur + 1, L))
+        inner = t.at(t.before, np.minimum(end, L)) - first
         at_sentence = valid & (inner > 0)
-        by_sentence = own.nth_start(first + (u * inner.clamp(min=0)).long())
-        by_token = cur + 1 + (u * (size - 1).clamp(min=0)).long()
-        split = torch.where(at_sentence, by_sentence, torch.where(valid, by_token, cur))
+        by_sentence = t.nth_start(first + (u * np.maximum(inner, 0)).astype(np.int64))
+        by_token = cur + 1 + (u * np.maximum(size - 1, 0)).astype(np.int64)
+        split = np.where(at_sentence, by_sentence, np.where(valid, by_token, cur))
         want = end - split
         # i.i.d. per pair, as BERT's coin: which pairs a row makes depends on the labels before them (a
         # put-back shifts the rest), so labels balanced along the row would bias the share; fresh draws do not
@@ -670,74 +738,80 @@ def put_back_pairs(
         # following the split (one sentence skipped: never the actual next), to the tail or its run's end
         # inside the document run of the last text before the tail (a B from an earlier run would leave the
         # rest of that run unread); a run shorter than `want` gives all of itself
-        skip = own.next_start((split + 1).clamp(max=L))
-        t1 = last_real.gather(1, tail)  # last real position before the tail (-1 where none)
-        run_from = own.run_start.gather(1, t1.clamp(min=0))
-        floor_ = torch.maximum(run_from, skip)
+        skip = t.at(t.next_start, np.minimum(split + 1, L))
+        t1 = t.at(t.last_real, tail)  # last real position before the tail (-1 where none)
+        run_from = t.at(t.run_start, np.maximum(t1, 0))
+        floor_ = np.maximum(run_from, skip)
         b_end = t1 + 1
-        aim = torch.maximum(b_end - want, floor_).clamp(0, L)
-        n_before = own.before.gather(1, aim)
-        q_after = own.nth_start(n_before)
-        q_before = own.nth_start((n_before - 1).clamp(min=0))
+        aim = np.minimum(np.maximum(np.maximum(b_end - want, floor_), 0), L)
+        n_before = t.at(t.before, aim)
+        q_after = t.nth_start(n_before)
+        q_before = t.nth_start(np.maximum(n_before - 1, 0))
         before_ok = (n_before > 0) & (q_before >= floor_)
         use_before = before_ok & ((aim - q_before < q_after - aim) | (q_after >= b_end))
-        q = torch.where(use_before, q_before, q_after)
+        q = np.where(use_before, q_before, q_after)
         # A pair split at a token (a one-sentence chunk) takes a B that starts at a token too, after the
         # actual next and as long as it: else "B starts mid-sentence" would tell every such pair positive.
-        floor_t = torch.maximum(run_from, end)
-        q_tok = b_end - want
         token_b = valid & ~at_sentence
-        q = torch.where(token_b, q_tok, q)
-        floor_ = torch.where(token_b, floor_t, floor_)
+        q = np.where(token_b, b_end - want, q)
+        floor_ = np.where(token_b, np.maximum(run_from, end), floor_)
         from_tail = (t1 >= 0) & (q >= floor_) & (q < b_end) & ~closed
         # else before A (text already shown: nothing is lost), a random sentence start with room first
-        roomy, before_a = own.before.gather(1, torch.cat([(cur - want + 1).clamp(0, L), cur], 1)).chunk(2, 1)
+        roomy = t.at(t.before, np.minimum(np.maximum(cur - want + 1, 0), L))
+        before_a = t.at(t.before, cur)
         # a tail run shorter than half the actual next gives way to a roomy passage before A: B's length
         # would otherwise tell negatives apart where documents are short
         from_tail = from_tail & ((b_end - run_from >= want // 2) | (roomy == 0))
         b_start, b_len = q, b_end - q
-        if bool((negative & ~from_tail).any()):  # only then: the draws are per (row, step) all the same
+        if (negative & ~from_tail).any():  # only then: the draws are per (row, step) all the same
             u = column(step, "nsp/random_start")
-            n = torch.where(roomy > 0, roomy, before_a)
-            q_early = own.nth_start((u * n).long()).clamp(max=L - 1)
+            n = np.where(roomy > 0, roomy, before_a)
+            q_early = np.minimum(t.nth_start((u * n).astype(np.int64)), L - 1)
             # token-type: a random text position before A with room for the whole B where there is one
-            span = torch.where(cur - want + 1 > 0, cur - want + 1, cur).clamp(min=0)
-            q_tok_early = next_real.gather(1, (u * span).long().clamp(0, L)).clamp(max=L - 1)
-            q_early = torch.where(token_b, q_tok_early, q_early)
-            n = torch.where(token_b, span, n)
-            early_limit = torch.minimum(own.run_end(q_early), cur)
-            early_end = torch.where(
-                token_b, torch.minimum(q_early + want, early_limit), own.end_near(q_early, want, early_limit)
+            span = np.maximum(np.where(cur - want + 1 > 0, cur - want + 1, cur), 0)
+            q_tok_early = np.minimum(t.at(t.next_real, np.minimum((u * span).astype(np.int64), L)), L - 1)
+            q_early = np.where(token_b, q_tok_early, q_early)
+            n = np.where(token_b, span, n)
+            early_limit = np.minimum(t.at(t.run_end, q_early), cur)
+            early_end = np.where(
+                token_b, np.minimum(q_early + want, early_limit), t.end_near(q_early, want, early_limit)
             )
             negative = negative & (from_tail | (n > 0))
-            b_start = torch.where(from_tail, q, q_early)
-            b_len = torch.where(from_tail, b_len, early_end - q_early)
+            b_start = np.where(from_tail, q, q_early)
+            b_len = np.where(from_tail, b_len, early_end - q_early)
         a = split - cur
-        b = torch.where(negative, b_len, want)
-        a, b = truncated_lengths(a, b, torch.minimum(room, a + b).clamp(min=0))
+        b = np.where(negative, b_len, want)
+        target = np.maximum(np.minimum(room, a + b), 0)
+        # BERT truncate_seq_pair's final lengths, as `truncated_lengths`
+        a = np.minimum(a, np.maximum((target + 1) // 2, target - b))
+        b = np.minimum(b, target - a)
         fields["first_start"].append(split - a)
         fields["first_len"].append(a)
-        fields["second_start"].append(torch.where(negative, b_start, split))
+        fields["second_start"].append(np.where(negative, b_start, split))
         fields["second_len"].append(b)
         fields["at"].append(at)
         fields["placed"].append(valid)
         fields["label"].append(negative)
-        fields["from_donor"].append(torch.zeros_like(valid))
         fields["sentence_split"].append(at_sentence)
-        same = _gather(own.doc, b_start) == _gather(own.doc, cur)
-        flags["same_document_negatives"].append(negative & same)
-        flags["donor_negatives"].append(torch.zeros_like(valid))
-        at = at + torch.where(valid, a + b + 3, 0)
-        tail = torch.where(negative & from_tail, q, tail)
+        same = t.at(t.doc, np.minimum(np.maximum(b_start, 0), L - 1)) == t.at(t.doc, np.minimum(cur, L - 1))
+        same_document.append(negative & same)
+        at = at + np.where(valid, a + b + 3, 0)
+        tail = np.where(negative & from_tail, q, tail)
         # a negative's actual next is put back: the next chunk starts at the split (BERT's `i -= unused`)
-        moved = torch.where(active, end.clamp(min=cur + 1), cur)
-        cur = torch.where(valid, torch.where(negative, split, end), moved)
+        moved = np.where(active, np.maximum(end, cur + 1), cur)
+        cur = np.where(valid, np.where(negative, split, end), moved)
     if not fields["at"]:  # no text at all: one empty column
-        zero = torch.zeros(B, 1, dtype=torch.long, device=device)
-        off = torch.zeros_like(zero, dtype=torch.bool)
         for name in fields:
-            fields[name].append(off if name in ("placed", "label", "from_donor", "sentence_split") else zero)
-        for name in flags:
-            flags[name].append(off)
-    out = {name: torch.cat(v, 1) for name, v in fields.items()}
-    return Pairs(**out, flags={name: torch.cat(v, 1) for name, v in flags.items()})
+            fields[name].append(
+                np.zeros(B, dtype=bool if name in ("placed", "label", "sentence_split") else np.int64)
+            )
+        same_document.append(np.zeros(B, dtype=bool))
+    device = own.doc.device
+
+    def stacked(columns: list[np.ndarray]) -> Tensor:
+        return torch.from_numpy(np.stack(columns, 1)).to(device)
+
+    out = {name: stacked(v) for name, v in fields.items() if name != "from_donor"}
+    none = torch.zeros(B, out["at"].size(1), dtype=torch.bool, device=device)
+    flags = {"same_document_negatives": stacked(same_document), "donor_negatives": none}
+    return Pairs(**out, from_donor=none.clone(), flags=flags)
