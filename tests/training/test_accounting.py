@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 
 import pytest
@@ -23,10 +24,13 @@ def test_cpu_peak_is_the_high_water_mark_from_the_last_reset() -> None:
     memory.reset()
     before = memory.peak_bytes()
     assert before == vm_hwm()
-    block = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MiB, every page touched
+    # 64 MiB of fresh anonymous pages, every one touched: an allocator could serve a tensor from memory
+    # an earlier test freed but left resident, which would not raise the mark
+    block = mmap.mmap(-1, 64 << 20)
+    block.write(b"\1" * (64 << 20))
     after = memory.peak_bytes()
     assert after == vm_hwm() and after - before >= 60 << 20
-    del block
+    block.close()
     memory.reset()
     assert memory.peak_bytes() < after  # the reset drops the mark to what is resident now
 
