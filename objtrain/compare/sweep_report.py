@@ -221,13 +221,7 @@ def sweep_claim(claim: Claim, arms: dict[str, Any], seeds: list[int]) -> dict[st
         points.append({"point": label, "budget": cells_a[label]["budget"], "verdict": v["verdict"],
                        "paired": v["paired"]})  # fmt: skip
     last = points[-1] if points else {"point": None, "verdict": "not measured", "paired": None}
-    return {
-        "claim": claim.claim,
-        "literature": claim.literature,
-        "metric": claim.metric,
-        "arms": [a, b],
-        "expect": claim.expect,
-        "margin": claim.margin,
+    return claim_verdict(claim, {}, len(seeds)) | {  # the claim's own fields, as a comparison gives them
         "verdict": last["verdict"],
         "paired": last["paired"],
         "at": last["point"],
