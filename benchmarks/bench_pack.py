@@ -29,7 +29,6 @@ from objtrain.data.pack import (
     PackConfig,
     assemble_rows,
     bestfit_layout,
-    concat_bounds,
     concat_rows,
     pack_store,
 )
@@ -78,10 +77,9 @@ def kernel_seconds(split: TokenSplit, seq_len: int, mode: str) -> float:
     start = time.perf_counter()
     step = max((1 << 22) // seq_len, 1)
     if mode == "concat":
-        bounds = concat_bounds(np.asarray(split.offsets))
         n_rows = -(-(split.n_tokens + len(split)) // seq_len)
         for r0 in range(0, n_rows, step):
-            concat_rows(split, seq_len, 3, 0, r0, min(r0 + step, n_rows), bounds)
+            concat_rows(split, seq_len, 3, 0, r0, min(r0 + step, n_rows))
     else:
         layout = bestfit_layout(split.lengths, np.asarray(split.offsets), seq_len, 0)
         for r0 in range(0, layout.n_rows, step):

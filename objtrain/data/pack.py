@@ -23,7 +23,6 @@ the resident set does not grow with the store either.
 from __future__ import annotations
 
 import bisect
-import mmap
 import os
 import shutil
 import time
@@ -40,6 +39,7 @@ from objtrain.data.store import (
     TokenSplit,
     TokenStore,
     doc_dtype,
+    release_pages,
 )
 from objtrain.errors import UserError, did_you_mean
 from objtrain.io import atomic_dir, check_output_free, write_json
@@ -224,39 +224,41 @@ def assemble_rows(
     return tokens.reshape(n, seq_len), docs.reshape(n, seq_len)
 
 
-def concat_bounds(offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Stream positions of each document's first token and of its eos, (n_docs,) each, for `concat_rows`."""
-    doc_ids = np.arange(len(offsets) - 1)
-    return offsets[:-1] + doc_ids, offsets[1:] + doc_ids
+def concat_window(offsets: np.ndarray, s0: int, s1: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """The documents [a, b) that meet stream positions [s0, s1) of the concat stream, as (a, starts, ends):
+    the stream positions of each one's first token and of its eos. Two binary searches over the
+    (memory-mapped) offsets find them, so packing never holds an array of every document: a store of 100 M
+    documents would otherwise pin 1.6 GB for the whole pack."""
+    n_docs = len(offsets) - 1
+    # Document i fills stream positions [offsets[i] + i, offsets[i + 1] + i]: its tokens, then its eos.
+    a = bisect.bisect_left(range(n_docs), s0, key=lambda i: int(offsets[i + 1]) + i)
+    b = bisect.bisect_left(range(n_docs), s1, lo=a, key=lambda i: int(offsets[i]) + i)
+    ids = np.arange(a, b, dtype=np.int64)
+    window = np.asarray(offsets[a : b + 1], dtype=np.int64)
+    return a, window[:-1] + ids, window[1:] + ids
 
 
 def concat_rows(
-    split: TokenSplit,
-    seq_len: int,
-    eos: int,
-    pad: int,
-    r0: int,
-    r1: int,
-    bounds: tuple[np.ndarray, np.ndarray] | None = None,
+    split: TokenSplit, seq_len: int, eos: int, pad: int, r0: int, r1: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rows [r0, r1) of the concat stream (documents each followed by eos): tokens and document indices,
-    (n, L) each, in the token dtype and int16/int32. `bounds` from `concat_bounds`, to compute it once."""
-    starts, ends = concat_bounds(np.asarray(split.offsets)) if bounds is None else bounds
+    (n, L) each, in the token dtype and int16/int32."""
     n = r1 - r0
     s0, s1 = r0 * seq_len, min(r1 * seq_len, split.n_tokens + len(split))
-    k0, k1 = np.searchsorted(ends, [s0, s1])  # eos before s0, before s1
+    a, starts, ends = concat_window(split.offsets, s0, s1)
+    # Documents before a end before s0, so `a` eos precede s0; those of the window ending before s1 follow.
+    k0, k1 = a, a + int(np.searchsorted(ends, s1))
     length = s1 - s0
     tokens = np.empty(n * seq_len, dtype=split.tokens.dtype)
-    eos_at = ends[k0:k1] - s0
+    eos_at = ends[: k1 - a] - s0
     real = np.ones(length, dtype=bool)
     real[eos_at] = False
     tokens[:length][real] = split.tokens[s0 - k0 : s1 - k1]
     tokens[eos_at] = eos
     tokens[length:] = pad
     # Document ids: a segment starts at every document start and every row start; its value is the
-    # document's global index minus that of the document the row opens with.
-    j0, j1 = np.searchsorted(starts, [s0, s1])
-    start = np.union1d(starts[j0:j1] - s0, np.arange(0, length, seq_len))
+    # document's index minus that of the document the row opens with (window-local: `a` cancels).
+    start = np.union1d(starts[starts >= s0] - s0, np.arange(0, length, seq_len))
     glob = np.searchsorted(starts, start + s0, side="right")
     value = glob - glob[np.searchsorted(start, start // seq_len * seq_len)]
     if length < n * seq_len:
@@ -278,15 +280,6 @@ def windows(offsets: np.ndarray) -> list[tuple[int, int]]:
     return out or [(0, 0)]
 
 
-def release_pages(array: np.ndarray) -> None:
-    """Drop the pages of a read-only memory map from this process's resident set (Linux; elsewhere a
-    no-op). They stay in the page cache, so reading them again costs a minor fault, not a disk read."""
-    while array is not None and not isinstance(getattr(array, "_mmap", None), mmap.mmap):
-        array = array.base  # type: ignore[assignment]
-    if array is not None and hasattr(mmap, "MADV_DONTNEED"):
-        array._mmap.madvise(mmap.MADV_DONTNEED)  # type: ignore[attr-defined]
-
-
 def _count(split: TokenSplit, seq_len: int, mode: str, n_rows: int) -> PackCounts:
     """The split's counts, over chunks of documents: no full-length temporaries on a store of millions."""
     n_docs = len(split)
@@ -300,6 +293,7 @@ def _count(split: TokenSplit, seq_len: int, mode: str, n_rows: int) -> PackCount
             n_split += int(((offsets[:-1] + docs) // seq_len != (offsets[1:] + docs) // seq_len).sum())
         else:
             n_split += int((np.diff(offsets) + 1 > seq_len).sum())
+        release_pages(split.offsets)
     return PackCounts(n_rows, n_docs, positions, n_rows * seq_len - positions, n_split)
 
 
@@ -322,11 +316,9 @@ def _write_split(
 
     if config.mode == "concat":
         n_rows = -(-(split.n_tokens + len(split)) // seq_len)
-        bounds = concat_bounds(np.asarray(split.offsets))
         for r0 in range(0, n_rows, step):
-            write(*concat_rows(split, seq_len, eos, pad, r0, min(r0 + step, n_rows), bounds))
-        del bounds  # 16 bytes a document: gone before the counts
-        release_pages(split.offsets)
+            write(*concat_rows(split, seq_len, eos, pad, r0, min(r0 + step, n_rows)))
+            release_pages(split.offsets)
         return _count(split, seq_len, config.mode, n_rows)
     n_rows = 0
     offsets = np.asarray(split.offsets)
@@ -338,6 +330,7 @@ def _write_split(
             write(*assemble_rows(split, layout, seq_len, eos, pad, r0, min(r0 + step, layout.n_rows)))
         n_rows += layout.n_rows
         del layout
+        release_pages(split.offsets)
     return _count(split, seq_len, config.mode, n_rows)
 
 

@@ -12,7 +12,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from objtrain.data.pack import PackConfig, assemble_rows, best_fit, bestfit_layout, concat_rows, pack_store
+from objtrain.data.pack import (
+    PackConfig,
+    assemble_rows,
+    best_fit,
+    bestfit_layout,
+    concat_rows,
+    concat_window,
+    pack_store,
+)
 from objtrain.data.store import PackedStore, TokenSplit, TokenStore
 from objtrain.data.tokenize import TokenizeConfig, tokenize_corpus
 from objtrain.errors import UserError
@@ -61,6 +69,23 @@ def test_concat_keeps_every_token_once_in_order(lengths: list[int], seq_len: int
     if parts:
         assert np.array_equal(np.concatenate([p[0] for p in parts]), tokens)
         assert np.array_equal(np.concatenate([p[1] for p in parts]), docs)
+
+
+@settings(max_examples=80, deadline=None)
+@given(lengths=st.lists(st.integers(0, 12), min_size=1, max_size=40), data=st.data())
+def test_concat_window_holds_exactly_the_documents_in_range(lengths: list[int], data: st.DataObject) -> None:
+    """Packing looks documents up by binary search instead of holding every document's bounds: the window
+    for [s0, s1) holds exactly the documents with a position in it (empty documents are their eos alone)."""
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    ids = np.arange(len(lengths))
+    starts, ends = offsets[:-1] + ids, offsets[1:] + ids
+    total = int(ends[-1]) + 1
+    s0 = data.draw(st.integers(0, total - 1))
+    s1 = data.draw(st.integers(s0 + 1, total))
+    a, got_starts, got_ends = concat_window(offsets, s0, s1)
+    meets = np.flatnonzero((ends >= s0) & (starts < s1))
+    assert a == meets[0] and len(got_starts) == len(meets)
+    assert np.array_equal(got_starts, starts[meets]) and np.array_equal(got_ends, ends[meets])
 
 
 @settings(max_examples=60, deadline=None)

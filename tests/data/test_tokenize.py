@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from objtrain.data import sources
-from objtrain.data.store import TokenStore, token_dtype
+from objtrain.data.store import TokenStore, _non_decreasing, token_dtype
 from objtrain.data.tokenize import TokenizeConfig, tokenize_corpus
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
@@ -303,3 +303,15 @@ def test_offsets_that_go_back_are_damage(tmp_path: Path, corpus_dir: Path, model
     offsets.tofile(idx)
     with pytest.raises(UserError, match=r"train\.idx does not match its tokens"):
         TokenStore.open(tmp_path / "s").split("train")
+
+
+def test_offsets_are_checked_in_chunks_without_missing_a_step_back_at_a_boundary() -> None:
+    """Opening a split checks its offsets a chunk at a time (no temporary the size of millions of
+    documents): a step back anywhere, across a chunk boundary too, is still found."""
+    good = np.array([0, 0, 1, 5, 5, 6, 9, 9, 12, 20], dtype=np.int64)  # empty documents are fine
+    assert _non_decreasing(good, chunk=4) and _non_decreasing(good, chunk=1)
+    for k in range(1, len(good)):
+        bad = good.copy()
+        bad[k] = bad[k - 1] - 1
+        assert not _non_decreasing(bad, chunk=4), k
+        assert not _non_decreasing(bad, chunk=3), k
