@@ -5,10 +5,11 @@ in a fresh process, alone and then beside a fixed set of CPU hogs (one single-th
 started before the run and stopped after it), under three OpenMP waiting settings:
 
 - `objtrain`: what the `objtrain` command sets when the user set neither `OMP_WAIT_POLICY` nor
-  `GOMP_SPINCOUNT`: `GOMP_SPINCOUNT=20000` (a thread that reaches a barrier early spins briefly, then
-  sleeps instead of spinning on a core that a descheduled sibling or another program needs);
-- `passive`: `OMP_WAIT_POLICY=PASSIVE` (never spin), what the command set before: fair beside the hogs
-  but 12% slower alone;
+  `GOMP_SPINCOUNT`: it watches the cores for a tenth of a second at start-up; half a core or more of other
+  programs' work: `OMP_WAIT_POLICY=PASSIVE`, else `GOMP_SPINCOUNT=20000` (a thread that reaches a barrier
+  early spins briefly, then sleeps instead of spinning on a core that a descheduled sibling needs);
+- `passive`: `OMP_WAIT_POLICY=PASSIVE` (never spin) whatever the load: the best beside the hogs but 5-15%
+  slower alone;
 - `libgomp`: libgomp's own default (`GOMP_SPINCOUNT=300000`: spin about 0.3 M iterations, then sleep).
 
 Fair share: our T threads beside H single-threaded hogs get T / (T + H) of the machine, so at most that share
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 SETTINGS: dict[str, dict[str, str]] = {
-    "objtrain": {},  # the command's own default (GOMP_SPINCOUNT=20000)
+    "objtrain": {},  # the command's own choice, by the load at start-up
     "passive": {"OMP_WAIT_POLICY": "PASSIVE"},  # never spin
     "libgomp": {"GOMP_SPINCOUNT": "300000"},  # libgomp's default spin, as before
 }

@@ -8,28 +8,78 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import MutableMapping
+from pathlib import Path
 
 SPIN_COUNT = "20000"  # libgomp's default is 300000 (about 0.3 M iterations, then sleep)
+BUSY_CORES = 0.5  # other programs' work at start-up, in cores, from which OpenMP threads never spin
+SAMPLE_S = 0.1  # how long start-up watches the cores this process may run on
+COMPUTE_COMMANDS = frozenset({"train", "compare", "eval", "generate", "corrupt"})
 
 
-def openmp_defaults(environ: MutableMapping[str, str] = os.environ) -> None:
-    """OpenMP threads that finish a parallel region early spin only briefly before they sleep, unless the
-    user chose (`OMP_WAIT_POLICY`, `GOMP_SPINCOUNT`). libgomp's long default spin costs nothing on an idle
-    machine, but beside other work a spinning thread burns the core its descheduled sibling (or another
-    program) needs, and every region then waits for that sibling: a run fell to 0.18-0.31 of its idle speed
-    beside one busy process per core, under its fair half. Never spinning (`OMP_WAIT_POLICY=PASSIVE`) kept
-    0.44-0.62 of it beside them but lost 12-15% alone; a spin of 20,000 iterations, in three runs on 2
-    cores (benchmarks/bench_busy.py): alone 0.96-0.99 of libgomp's default, beside the hogs 0.47-0.50 of
-    its own idle speed (1.6-2.5x libgomp's default there). libgomp reads these once, when
-    torch loads it, so they are set here, before anything imports torch; child processes (torchrun ranks,
-    loader workers) inherit them."""
-    if "OMP_WAIT_POLICY" not in environ and "GOMP_SPINCOUNT" not in environ:
-        environ["GOMP_SPINCOUNT"] = SPIN_COUNT
+def _cpu_ticks(cpus: set[int] | None, stat: Path) -> tuple[int, int]:
+    """(busy, total) clock ticks so far over the given CPUs (all where None), from /proc/stat."""
+    busy = total = 0
+    for line in stat.read_text().splitlines():
+        name, *fields = line.split()
+        if not name.startswith("cpu") or name == "cpu":
+            continue
+        if cpus is not None and int(name[3:]) not in cpus:
+            continue
+        # user nice system idle iowait irq softirq steal (guest time is already inside user and nice)
+        ticks = [int(x) for x in fields[:8]]
+        total += sum(ticks)
+        busy += sum(ticks) - ticks[3] - ticks[4]
+    return busy, total
+
+
+def other_work(interval: float = SAMPLE_S, stat: Path = Path("/proc/stat")) -> float | None:
+    """Cores' worth of work that other programs ran on this process's CPUs over `interval` seconds, while
+    this process slept; None where it cannot be read (not Linux, no /proc)."""
+    cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    try:
+        busy0, total0 = _cpu_ticks(cpus, stat)
+        time.sleep(interval)
+        busy1, total1 = _cpu_ticks(cpus, stat)
+    except (OSError, ValueError):
+        return None
+    if total1 <= total0:
+        return None
+    n_cpus = len(cpus) if cpus else (os.cpu_count() or 1)
+    return (busy1 - busy0) / (total1 - total0) * n_cpus
+
+
+def openmp_defaults(
+    environ: MutableMapping[str, str] = os.environ, others: float | None = None
+) -> str | None:
+    """How OpenMP threads that finish a parallel region early wait, unless the user chose
+    (`OMP_WAIT_POLICY`, `GOMP_SPINCOUNT`); returns the variable set (None when the user chose).
+
+    libgomp's long default spin costs nothing on an idle machine, but beside other work a spinning thread
+    burns the core its descheduled sibling (or another program) needs, and every region then waits for that
+    sibling. Measured on 2 cores (benchmarks/bench_busy.py), a run beside one busy process per core kept
+    0.18-0.31 of its idle speed under libgomp's default, 0.44-0.50 with a short spin (20,000 iterations) and
+    0.59 never spinning (`OMP_WAIT_POLICY=PASSIVE`), its fair half or more; alone, the short spin ran at
+    0.96-1.05 of the default and never spinning lost 11-15%. So the choice follows the machine at start-up:
+    `others` cores of other programs' work (`other_work()`), at least `BUSY_CORES` of it: never spin;
+    less, or unknown: the short spin. A load that arrives later meets the short spin, still 1.5x the
+    default's speed beside it. libgomp reads these once, when torch loads it, so they are set here, before
+    anything imports torch; child processes (torchrun ranks, loader workers) inherit them."""
+    if "OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ:
+        return None
+    if others is not None and others >= BUSY_CORES:
+        environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        return "OMP_WAIT_POLICY"
+    environ["GOMP_SPINCOUNT"] = SPIN_COUNT
+    return "GOMP_SPINCOUNT"
 
 
 def main() -> None:
-    openmp_defaults()
+    chose = "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ
+    # Only the commands that run models pay the start-up look at the machine (a tenth of a second).
+    computes = len(sys.argv) > 1 and sys.argv[1] in COMPUTE_COMMANDS
+    openmp_defaults(others=other_work() if computes and not chose else None)
     try:
         from objtrain.cli import main as cli_main
     except KeyboardInterrupt:

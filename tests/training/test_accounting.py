@@ -66,13 +66,44 @@ def test_the_cpu_matmul_yardstick_counts_cpu_time_not_time_lost_to_other_program
 def test_the_objtrain_command_lets_idle_openmp_threads_sleep_soon_unless_the_user_chose() -> None:
     from objtrain.__main__ import openmp_defaults
 
-    env: dict[str, str] = {}
-    openmp_defaults(env)
-    assert env == {"GOMP_SPINCOUNT": "20000"}
+    for others in (None, 0.0, 0.3):  # unknown or a quiet machine: a short spin
+        env: dict[str, str] = {}
+        assert openmp_defaults(env, others) == "GOMP_SPINCOUNT"
+        assert env == {"GOMP_SPINCOUNT": "20000"}
+    for others in (0.5, 1.9, 12.0):  # other programs hold a core's worth or more: never spin
+        env = {}
+        assert openmp_defaults(env, others) == "OMP_WAIT_POLICY"
+        assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
     for chosen in ({"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "300000"}):
         env = dict(chosen)
-        openmp_defaults(env)
+        assert openmp_defaults(env, 2.0) is None
         assert env == chosen
+
+
+def test_other_work_counts_busy_ticks_on_this_process_cpus_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import objtrain.__main__ as entry
+
+    stat = tmp_path / "stat"
+
+    def write(cpu0: list[int], cpu1: list[int], cpu2: list[int]) -> None:
+        lines = ["cpu  0 0 0 0 0 0 0 0 0 0"]  # the all-CPU line is not read: affinity decides
+        lines += [f"cpu{i} " + " ".join(map(str, t)) + " 0 0" for i, t in enumerate((cpu0, cpu1, cpu2))]
+        lines += ["intr 1 2 3", "ctxt 5"]
+        stat.write_text("\n".join(lines) + "\n")
+
+    #           user nice system idle iowait irq softirq steal
+    write([100, 0, 0, 100, 0, 0, 0, 0], [0, 0, 0, 200, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0])
+    # over the sample: cpu0 busy 9 of 10 ticks (user, system, irq), cpu1 idle (idle and iowait), cpu2 (not
+    # ours) flat out
+    after = ([106, 0, 2, 101, 0, 1, 0, 0], [0, 0, 0, 207, 3, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0])
+    monkeypatch.setattr(entry.time, "sleep", lambda s: write(*after))
+    monkeypatch.setattr(entry.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert entry.other_work(0.1, stat) == pytest.approx(9 / 20 * 2)
+    monkeypatch.setattr(entry.time, "sleep", lambda s: None)  # no tick passed: unknown, not idle
+    assert entry.other_work(0.1, stat) is None
+    assert entry.other_work(0.1, tmp_path / "missing") is None
 
 
 PROBE = """
@@ -80,15 +111,16 @@ import os, sys
 seen = []
 
 
-class Spy:  # records the variable at the moment torch is first imported
+class Spy:  # records the variables at the moment torch is first imported
     def find_spec(self, name, path=None, target=None):
         if name == "torch" and not seen:
             seen.append(os.environ.get("GOMP_SPINCOUNT"))
+            seen.append(os.environ.get("OMP_WAIT_POLICY"))
         return None
 
 
 sys.meta_path.insert(0, Spy())
-sys.argv = ["objtrain", "--version"]
+sys.argv = ["objtrain", *sys.argv[1:]]
 from objtrain.__main__ import main
 try:
     main()
@@ -106,8 +138,15 @@ def test_the_objtrain_command_sets_the_waiting_before_torch_loads_openmp() -> No
     import sys
 
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
-    assert done.stdout.strip().splitlines()[-1] == "['20000']", done.stdout + done.stderr
+
+    def seen(*argv: str) -> str:
+        cmd = [sys.executable, "-c", PROBE, *argv]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        return done.stdout.strip().splitlines()[-1] + done.stderr[-2000:]
+
+    assert seen("--version") == "['20000', None]"  # no model to run: no look at the machine
+    # a command that runs models: one of the two, whichever the machine's load at start-up chose
+    assert seen("train", "--help") in ("['20000', None]", "[None, 'PASSIVE']")
 
 
 def test_flops_count_grouped_kv_projections_and_untied_heads_correctly() -> None:
