@@ -28,7 +28,9 @@ a fractional warmup becomes a fixed number of steps in a sweep: the fraction of 
 
 Resume: a point with a results file is done; a trained point is only evaluated; a half-trained one
 continues through the loop's own resume; a point to branch whose source checkpoint exists is branched,
-never retrained. So Ctrl-C and `--resume` anywhere in a sweep train no step twice.
+never retrained. So Ctrl-C and `--resume` anywhere in a sweep train no step twice. A report whose results
+files were kept but whose `arms/` were not (a fresh clone of a published sweep) resumes too: a point whose
+chain's longest run is gone trains from step 0, which ends where the branch would have.
 """
 
 from __future__ import annotations
@@ -381,8 +383,14 @@ def run_sweep(
                     progress.skip(run.key, "trained; evaluating")
                 else:
                     if not run.run_dir.exists() and cell.source is not None:
-                        branch(cell)
-                        progress.skip(run.key, f"branched at step {cell.branch_step} from {cell.source.key}")
+                        if cell.source.run_dir.exists():
+                            branch(cell)
+                            progress.skip(
+                                run.key, f"branched at step {cell.branch_step} from {cell.source.key}"
+                            )
+                        else:  # its chain's longest run was evaluated and its arms since removed (they
+                            # stay out of version control): the same run, trained from step 0
+                            progress.skip(run.key, f"{cell.source.key} is gone: training from step 0")
                     progress.start(run.key)
                     result = train(
                         run.cfg,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,33 @@ def test_a_branched_point_ends_bit_identical_to_a_separate_run(compare_store: Pa
     steps = [r["step"] for r in lines if "loss" in r and "event" not in r]
     assert steps == list(range(1, 9))
     assert any(r.get("event") == "branch" and r["step"] == 6 for r in lines)
+
+
+def test_a_resumed_sweep_whose_arms_are_gone_trains_the_missing_points_from_scratch(
+    compare_store: Path, tmp_path: Path
+) -> None:
+    """A published sweep keeps its results files, not its arms: resumed on a fresh clone, a shorter point
+    whose chain's longest run is gone trains from step 0 and ends where its branch did."""
+    exp = experiment_from_dict(sweep_experiment(compare_store))
+    spec = parse_sweep([f"tokens={ROWS},{8 * ROWS},{32 * ROWS}"], {}, tiny=False)
+    assert spec is not None
+    report = tmp_path / "report"
+    s = plan_sweep(exp, report, spec)
+    run_sweep(s, evaluator=FakeSuite(), show_progress=False)
+    middle = next(cell for cell in s.cells if cell.run.steps == 8)
+    assert middle.source is not None
+    branched = final_weights(middle.run.run_dir)
+    # what a clone holds: the results of the longest and shortest points, no arms
+    (report / "results" / f"{middle.run.key}.json").unlink()
+    shutil.rmtree(report / "arms")
+    suite = FakeSuite()
+    run_sweep(plan_sweep(exp, report, spec, resume=True), evaluator=suite, show_progress=False)
+    assert len(suite.calls) == 1  # only the missing point
+    again = final_weights(middle.run.run_dir)
+    lines = (middle.run.run_dir / "metrics.jsonl").read_text().splitlines()
+    assert not any(json.loads(x).get("event") == "branch" for x in lines)  # trained, not branched
+    for name in branched:
+        assert again[name].equal(branched[name]), name
 
 
 def test_a_cosine_schedule_shares_only_its_warmup(compare_store: Path, tmp_path: Path) -> None:
