@@ -306,6 +306,19 @@ def _objective_text(arm: dict[str, Any]) -> str:
     return f"{arm['objective']} ({extra})" if extra else arm["objective"]
 
 
+def experiment_source(exp: dict[str, Any]) -> str:
+    """Where the experiment came from: a shipped one as its path in a clone (`configs/experiments/X.yaml`)
+    wherever the package was installed or run from, a user's file as given."""
+    source = exp.get("source")
+    if not source:
+        return str(exp["name"])
+    parts = Path(source).parts
+    for i in range(len(parts) - 1):
+        if parts[i : i + 2] == ("objtrain", "configs"):
+            return str(Path("configs", *parts[i + 2 :]))
+    return str(source)
+
+
 def _data_text(results: dict[str, Any]) -> str:
     if not results["arms"]:
         return "—"
@@ -385,7 +398,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
     out += [
         "## What was run",
         "",
-        f"- Experiment: `{exp['source'] or exp['name']}`",
+        f"- Experiment: `{experiment_source(exp)}`",
         f"- Budget: {budget_text} an arm ({b['name']}; every arm under the same control)",
         f"- Seeds: {', '.join(map(str, results['seeds']))} (a seed fixes init, data order and corruption; "
         "seed k is shared by every arm)",

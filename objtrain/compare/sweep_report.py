@@ -24,7 +24,7 @@ from rich.table import Table
 from objtrain.compare import fit as fitting
 from objtrain.compare import suite
 from objtrain.compare.experiment import Claim
-from objtrain.compare.report import claim_verdict
+from objtrain.compare.report import claim_verdict, experiment_source
 from objtrain.compare.runner import machine
 from objtrain.compare.sweep import Sweep, sweep_plan_dict
 from objtrain.io import atomic_file, write_json
@@ -424,7 +424,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
     out += [
         "## What was run",
         "",
-        f"- Experiment: `{exp['source'] or exp['name']}`",
+        f"- Experiment: `{experiment_source(exp)}`",
         f"- Sweep: {kind} at {', '.join(_g(p) for p in sw[kind])} ({sw['span']:.0f}x)"
         + (f", sizes {', '.join(sw['size'])}" if sw["size"] else ""),
         f"- Seeds: {', '.join(map(str, results['seeds']))} (seed k is shared by every arm and point)",

@@ -199,3 +199,20 @@ def test_claims_carry_the_evaluation_error_and_results_json_leaves_the_units_out
     kept = json.loads((tmp_path / "r" / "results" / "mlm.seed-0.json").read_text())
     assert kept["eval"]["units"]["bits_per_byte"] == units[0][0]  # the per-run file keeps them
     assert "evaluation SE" in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_a_report_names_a_shipped_experiment_by_its_path_in_a_clone() -> None:
+    from objtrain.compare.report import experiment_source
+
+    for installed in (
+        "/usr/lib/python3/site-packages/objtrain/configs/experiments/span-length.yaml",
+        "/home/me/objtrain/objtrain/configs/experiments/span-length.yaml",
+    ):
+        shown = experiment_source({"name": "span-length", "source": installed})
+        assert shown == "configs/experiments/span-length.yaml"
+    mine = "/home/me/exps/objectives.yaml"  # a user's own file: as given
+    assert experiment_source({"name": "x", "source": mine}) == mine
+    assert experiment_source({"name": "x", "source": None}) == "x"
+    for path in ROOT.glob("docs/findings/*/report.md"):  # what is published names no machine's paths
+        line = next(x for x in path.read_text().splitlines() if x.startswith("- Experiment:"))
+        assert line.startswith("- Experiment: `configs/experiments/"), (path, line)
