@@ -455,7 +455,15 @@ def plot(s: Sweep, results: dict[str, Any]) -> list[str]:
     import matplotlib.pyplot as plt
 
     fits: dict[str, dict[str, fitting.Fit]] = results["_fits"]
-    metrics = [m for m in results["metrics"] if m in fits]
+
+    def positive(metric: str) -> bool:  # a log axis shows only positive values (exact match 0: nothing)
+        return any(
+            (v := cell["metrics"].get(metric)) is not None and v["mean"] is not None and v["mean"] > 0
+            for arm in results["arms"]
+            for cell in arm["cells"]
+        )
+
+    metrics = [m for m in results["metrics"] if m in fits and positive(m)]
     if not metrics:
         return []
     colours = {a.name: f"C{i % 10}" for i, a in enumerate(s.comparison.experiment.arms)}
