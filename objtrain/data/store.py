@@ -198,14 +198,11 @@ class TokenStore(_Store):
 def _non_decreasing(offsets: np.ndarray, chunk: int = 1 << 20) -> bool:
     """offsets never go back: checked a chunk at a time, its pages dropped after, so opening a split of
     millions of documents holds no array (nor resident map) the size of its offsets."""
-    ok = True
-    for i in range(0, max(len(offsets) - 1, 0), chunk):
-        part = offsets[i : i + chunk + 1]
-        if np.any(part[1:] < part[:-1]):
-            ok = False
-            break
-    release_pages(offsets)
-    return ok
+    try:
+        parts = (offsets[i : i + chunk + 1] for i in range(0, max(len(offsets) - 1, 0), chunk))
+        return all(bool(np.all(part[1:] >= part[:-1])) for part in parts)
+    finally:
+        release_pages(offsets)
 
 
 def release_pages(array: np.ndarray) -> None:
