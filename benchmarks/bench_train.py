@@ -35,6 +35,7 @@
     .venv/bin/python benchmarks/bench_train.py --only nanogpt --modes eager --steps 500
     .venv/bin/python benchmarks/bench_train.py --only nanogpt --steps 500
     .venv/bin/python benchmarks/bench_train.py --only overhead datawait mtp --json out.json
+    .venv/bin/python benchmarks/bench_train.py --only datawait --wait-seq 1024   # the wait share at 1024
 """
 
 from __future__ import annotations
@@ -601,7 +602,7 @@ def bench_datawait(a: argparse.Namespace, work: Path, store: Path) -> dict[str, 
     from objtrain.training.accounting import flops_per_step
 
     vocab = json.loads((store / "meta.json").read_text())["vocab_size"]
-    seq = 256
+    seq = a.wait_seq
     need: dict[str, float] = {}
     for kind in ("decoder", "encoder", "encdec"):
         cfg = model_config(kind, "small", vocab_size=vocab)
@@ -630,7 +631,7 @@ def bench_datawait(a: argparse.Namespace, work: Path, store: Path) -> dict[str, 
                 budget={"steps": steps},
                 workers=1,
             )
-            run = work / f"wait-{objective}-{size}"
+            run = work / f"wait-{objective}-{size}-{seq}"
             run_loop(cfg, run)
             share, first, n = wait_share(run)
             row[size] = {"wait_share": share, "first_step_wait_share": first, "steps_measured": n}
@@ -814,6 +815,7 @@ def main() -> None:
     ap.add_argument("--ov-batch", type=int, default=16, help="overhead: rows per step (bench_models: 16)")
     ap.add_argument("--tiny-steps", type=int, default=20, help="datawait: steps at the tiny size")
     ap.add_argument("--small-steps", type=int, default=4, help="datawait: steps at the small size")
+    ap.add_argument("--wait-seq", type=int, default=256, help="datawait: sequence length (e.g. 1024)")
     ap.add_argument("--loader-seconds", type=float, default=2.0, help="datawait: seconds per loader rate")
     ap.add_argument("--mtp-vocab", type=int, default=32000)
     ap.add_argument("--mtp-seq", type=int, default=1024)
