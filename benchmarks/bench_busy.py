@@ -15,9 +15,9 @@ started before the run and stopped after it), under three OpenMP waiting setting
 Fair share: our T threads beside H single-threaded hogs get T / (T + H) of the machine, so at most that share
 of the idle speed is ours (half with one hog per core). Targets: `objtrain` beside the hogs >= its fair
 share of its idle speed; `objtrain` alone >= 0.95 x `libgomp` alone; no MFU above 100% (the loop quotes
-MFU on a CPU against a matmul timed at start-up, in the process's CPU time so a busy machine does not
-shrink the yardstick). Settings and conditions alternate within each repeat, so each sees the same
-background load; the load average is printed beside each number.
+MFU on a CPU against a matmul timed at start-up on one thread in its own CPU time, times the threads,
+so a busy machine does not shrink the yardstick). Settings and conditions alternate within each repeat,
+so each sees the same background load; the load average is printed beside each number.
 
     .venv/bin/python benchmarks/bench_busy.py                 # ~6 minutes on an idle 2-core machine
     .venv/bin/python benchmarks/bench_busy.py --repeats 3 --steps 60 --json out.json

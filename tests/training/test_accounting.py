@@ -35,32 +35,43 @@ def test_cpu_peak_is_the_high_water_mark_from_the_last_reset() -> None:
     assert memory.peak_bytes() < after  # the reset drops the mark to what is resident now
 
 
-def test_the_cpu_matmul_yardstick_counts_cpu_time_not_time_lost_to_other_programs(
+def test_the_cpu_matmul_yardstick_is_one_threads_own_cpu_time_times_the_threads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """MFU on a CPU is quoted against a matmul timed at start-up. Timed by the wall clock, a start-up beside
-    other programs shrank that yardstick and later steps read MFU above 100%; the process's CPU time over
-    its threads does not grow while other programs hold the cores."""
+    other programs shrank that yardstick; timed by the process's CPU time over its threads, a thread spinning
+    at a barrier for a descheduled sibling counted as work (in-process under load: a fifth of the peak), and
+    later steps read MFU above 100%. The product now runs on one thread, timed by that thread's own clock,
+    and the yardstick is that rate times the threads training uses."""
     from objtrain.training import accounting
 
-    clock = {"wall": 0.0, "cpu": 0.0}
+    threads = {"now": 2}
+    clock = {"wall": 0.0, "process": 0.0, "thread": 0.0}
+    seen: list[int] = []
 
     def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        # every product runs 1 ms on each of 2 threads, but the machine is shared: 3 ms pass on the wall
+        seen.append(threads["now"])
+        # one product: 1 ms of this thread's time; the machine is shared, so 3 ms pass on the wall, and
+        # siblings spinning at a barrier would add CPU time that is not the product's
         clock["wall"] += 3e-3
-        clock["cpu"] += 2e-3
+        clock["process"] += 5e-3
+        clock["thread"] += 1e-3 if threads["now"] == 1 else 0.6e-3
         return a
 
     monkeypatch.setattr(accounting.time, "perf_counter", lambda: clock["wall"])
-    monkeypatch.setattr(accounting.time, "process_time", lambda: clock["cpu"])
+    monkeypatch.setattr(accounting.time, "process_time", lambda: clock["process"])
+    monkeypatch.setattr(accounting.time, "thread_time", lambda: clock["thread"])
     monkeypatch.setattr(torch.Tensor, "__matmul__", matmul)
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads["now"])
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: threads.update(now=n))
     accounting.measured_peak_flops.cache_clear()
     try:
         peak = accounting.measured_peak_flops("cpu", "fp32")
     finally:
         accounting.measured_peak_flops.cache_clear()
-    assert peak == pytest.approx(2 * 512**3 / 1e-3)  # the 1 ms the product itself ran, not the 3 ms waited
+    assert peak == pytest.approx(2 * 2 * 512**3 / 1e-3)  # 2 threads x one product a ms each
+    assert seen[2:] and set(seen[2:]) == {1}  # every timed product ran on one thread (after 2 warm-ups)
+    assert threads["now"] == 2  # training's thread count is restored
 
 
 def test_the_objtrain_command_lets_idle_openmp_threads_sleep_soon_unless_the_user_chose() -> None:
