@@ -7,8 +7,9 @@ started before the run and stopped after it), under three OpenMP waiting setting
 - `objtrain`: what the `objtrain` command sets when the user set neither `OMP_WAIT_POLICY` nor
   `GOMP_SPINCOUNT`: it watches the cores for a tenth of a second at start-up; half a core or more of other
   programs' work: `OMP_WAIT_POLICY=PASSIVE`, else `GOMP_SPINCOUNT=20000` (a thread that reaches a barrier
-  early spins briefly, then sleeps instead of spinning on a core that a descheduled sibling needs);
-- `passive`: `OMP_WAIT_POLICY=PASSIVE` (never spin) whatever the load: the best beside the hogs but 5-15%
+  early spins briefly, then sleeps instead of spinning on a core that a descheduled sibling needs); never
+  spinning, `train` packs its threads onto the cores the hogs leave it (`objtrain/training/cores.py`);
+- `passive`: `OMP_WAIT_POLICY=PASSIVE` (never spin, so packed beside the hogs) whatever the load: 5-15%
   slower alone;
 - `libgomp`: libgomp's own default (`GOMP_SPINCOUNT=300000`: spin about 0.3 M iterations, then sleep).
 

@@ -59,11 +59,11 @@ def openmp_defaults(
     libgomp's long default spin costs nothing on an idle machine, but beside other work a spinning thread
     burns the core its descheduled sibling (or another program) needs, and every region then waits for that
     sibling. Measured on 2 cores (benchmarks/bench_busy.py), a run beside one busy process per core kept
-    0.18-0.31 of its idle speed under libgomp's default, 0.38-0.50 with a short spin (20,000 iterations) and
-    0.37-0.59 never spinning (`OMP_WAIT_POLICY=PASSIVE`; the spread is between runs an hour apart), at or
-    under its fair half: its threads meet at every operation and time slicing does not run them together.
-    Alone, the short spin ran at 0.96-1.05 of the default and never spinning lost 5-15%. So the choice
-    follows the machine at start-up:
+    0.05-0.32 of its idle speed under libgomp's default, 0.38-0.50 with a short spin (20,000 iterations) and
+    0.35-0.59 never spinning (`OMP_WAIT_POLICY=PASSIVE`), by where the scheduler put its two threads;
+    never spinning, `train` also packs its threads onto the cores the others leave it
+    (`objtrain/training/cores.py`), which kept 0.53 every time. Alone, the short spin ran at 0.96-1.05 of
+    the default and never spinning lost 5-15%. So the choice follows the machine at start-up:
     `others` cores of other programs' work (`other_work()`), at least `BUSY_CORES` of it: never spin;
     less, or unknown: the short spin. A load that arrives later meets the short spin, still 1.5x the
     default's speed beside it. libgomp reads these once, when torch loads it, so they are set here, before

@@ -54,6 +54,7 @@ from objtrain.errors import UserError
 from objtrain.objectives.base import Objective
 from objtrain.objectives.rng import RowRandom
 from objtrain.specials import Specials
+from objtrain.training.cores import unpin_this_process
 from objtrain.training.lifetime import die_with_parent
 
 # Up to this many tokens a split's ids are all checked against the vocabulary when it is opened (~0.1 s);
@@ -736,6 +737,7 @@ def _leave_signals_to_the_trainer(worker_id: int, trainer: int = 0) -> None:
     OOM), its workers die with it (`objtrain.training.lifetime`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    unpin_this_process()  # a worker forked while the trainer's threads were packed gets every core back
     if trainer:
         die_with_parent(trainer)
 

@@ -68,6 +68,7 @@ from objtrain.training import accounting
 from objtrain.training import checkpoint as ckpt
 from objtrain.training import distributed as dist
 from objtrain.training.config import DEFAULT_STEPS, TrainConfig, check_divisible, config_dict
+from objtrain.training.cores import packed_cores
 from objtrain.training.data import (
     CorruptedRows,
     MixedStream,
@@ -967,7 +968,8 @@ def _run(
         return result
 
     trainer.restore_rng()
-    with StopFlag() as flag, workers_stopped(wire):
+    threads = torch.get_num_threads()
+    with StopFlag() as flag, workers_stopped(wire), packed_cores(threads, device.type, world.world_size):
         while not trainer.finished:
             t_step = time.perf_counter()
             items, wait = [], 0.0
