@@ -36,6 +36,7 @@
     .venv/bin/python benchmarks/bench_train.py --only nanogpt --steps 500
     .venv/bin/python benchmarks/bench_train.py --only overhead datawait mtp --json out.json
     .venv/bin/python benchmarks/bench_train.py --only datawait --wait-seq 1024   # the wait share at 1024
+    .venv/bin/python benchmarks/bench_train.py --only datawait --wait-seq 1024 --wait-device cuda  # a GPU's
 """
 
 from __future__ import annotations
@@ -630,6 +631,8 @@ def bench_datawait(a: argparse.Namespace, work: Path, store: Path) -> dict[str, 
                 batch={"seq_len": seq, "batch_size": batch},
                 budget={"steps": steps},
                 workers=1,
+                device=a.wait_device,
+                precision={"dtype": "fp32" if a.wait_device == "cpu" else "bf16"},
             )
             run = work / f"wait-{objective}-{size}-{seq}"
             run_loop(cfg, run)
@@ -816,6 +819,7 @@ def main() -> None:
     ap.add_argument("--tiny-steps", type=int, default=20, help="datawait: steps at the tiny size")
     ap.add_argument("--small-steps", type=int, default=4, help="datawait: steps at the small size")
     ap.add_argument("--wait-seq", type=int, default=256, help="datawait: sequence length (e.g. 1024)")
+    ap.add_argument("--wait-device", default="cpu", help="datawait: where the model trains (cuda: bf16)")
     ap.add_argument("--loader-seconds", type=float, default=2.0, help="datawait: seconds per loader rate")
     ap.add_argument("--mtp-vocab", type=int, default=32000)
     ap.add_argument("--mtp-seq", type=int, default=1024)
