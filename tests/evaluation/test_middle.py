@@ -87,6 +87,29 @@ def test_a_model_that_reads_the_suffix_gains_from_it(stub, tokenizer) -> None:
     assert out["suffix_gain"] == pytest.approx(out["middle_bpb_prefix_only"] - out["middle_bpb"])
 
 
+def test_a_fim_model_trained_in_both_orders_is_scored_in_each(stub, tokenizer) -> None:
+    """The bigram stub of the test above announces the middle after <fim_middle>, so it scores it alike in
+    both orders; a stub that continues the prefix into the middle scores SPM (prefix and middle adjacent)
+    far below PSM (the middle follows the suffix)."""
+    V = tokenizer.vocab_size
+    task = InfillTask("t", "def f(x):\n", "    y = x + 1\n", "    return y\n", "line")
+    pre, mid = tokenizer.encode(task.prefix), tokenizer.encode(task.middle)
+    table = torch.zeros(V, V)
+    table[pre[-1], mid[0]] = 30.0  # the prefix's last token announces the middle's first
+    for a, b in itertools.pairwise(mid):
+        table[a, b] = 30.0
+    model = stub(table)
+    both = {"objective": "fim", "objective_config": {"fim_rate": 0.5, "spm_rate": 0.5}}
+    out = middle.middle_scores(model, "fim-psm", tokenizer, tokenizer.specials, both, [task])
+    assert out["middle_bpb_psm"] == out["middle_bpb"]  # its own mode
+    assert out["middle_bpb_spm"] < 0.01 < out["middle_bpb_psm"]
+    assert out["suffix_gain_spm"] == pytest.approx(out["middle_bpb_prefix_only"] - out["middle_bpb_spm"])
+    for one_order in ({"objective": "fim", "objective_config": {"spm_rate": 0.0}}, {"objective": "clm"}, {}):
+        alone = middle.middle_scores(model, "fim-psm", tokenizer, tokenizer.specials, one_order, [task])
+        assert "middle_bpb_spm" not in alone and "middle_bpb_psm" not in alone
+        assert alone["middle_bpb"] == out["middle_bpb"]  # the own-mode score is unchanged
+
+
 def test_the_probe_chooses_the_informative_layer_on_dev_and_reports_test() -> None:
     g = torch.Generator().manual_seed(0)
 
