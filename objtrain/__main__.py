@@ -1,7 +1,8 @@
 """The `objtrain` executable (and `python -m objtrain`).
 
-Only the standard library is imported here, so a Ctrl-C while torch and the commands are still loading
-ends with one line and exit 130 like a Ctrl-C at any later moment, not a traceback.
+Only the standard library is imported here (and `objtrain.training.cores`, which imports nothing else), so
+a Ctrl-C while torch and the commands are still loading ends with one line and exit 130 like a Ctrl-C at
+any later moment, not a traceback.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import time
 from collections.abc import MutableMapping
 from pathlib import Path
 
+from objtrain.training.cores import cpu_ticks  # the standard library only, like this file
+
 SPIN_COUNT = "20000"  # libgomp's default is 300000 (about 0.3 M iterations, then sleep)
 BUSY_CORES = 0.5  # other programs' work at start-up, in cores, from which OpenMP threads never spin
 SAMPLE_S = 0.1  # how long start-up watches the cores this process may run on
@@ -20,18 +23,8 @@ COMPUTE_COMMANDS = frozenset({"train", "compare", "eval", "generate", "corrupt"}
 
 def _cpu_ticks(cpus: set[int] | None, stat: Path) -> tuple[int, int]:
     """(busy, total) clock ticks so far over the given CPUs (all where None), from /proc/stat."""
-    busy = total = 0
-    for line in stat.read_text().splitlines():
-        name, *fields = line.split()
-        if not name.startswith("cpu") or name == "cpu":
-            continue
-        if cpus is not None and int(name[3:]) not in cpus:
-            continue
-        # user nice system idle iowait irq softirq steal (guest time is already inside user and nice)
-        ticks = [int(x) for x in fields[:8]]
-        total += sum(ticks)
-        busy += sum(ticks) - ticks[3] - ticks[4]
-    return busy, total
+    per_cpu = [t for c, t in cpu_ticks(stat)[0].items() if cpus is None or c in cpus]
+    return sum(b for b, _ in per_cpu), sum(t for _, t in per_cpu)
 
 
 def other_work(interval: float = SAMPLE_S, stat: Path = Path("/proc/stat")) -> float | None:

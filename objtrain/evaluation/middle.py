@@ -227,15 +227,11 @@ def middle_scores(
         if own is None:  # a left-to-right model's own mode is the prefix alone
             out[f"middle_bpb{suffix}"], out[f"middle_bpb{suffix}_se"] = po, po_se
             continue
-        m, m_se = ratio_se(own[sel], nbytes[sel])
-        gain, gain_se = ratio_se(prefix_only[sel] - own[sel], nbytes[sel])
-        out[f"middle_bpb{suffix}"], out[f"middle_bpb{suffix}_se"] = m, m_se
-        out[f"suffix_gain{suffix}"], out[f"suffix_gain{suffix}_se"] = gain, gain_se
-        for order, nats in sorted(orders.items()):
+        for name, nats in [("", own), *((f"_{order}", n) for order, n in sorted(orders.items()))]:
             m, m_se = ratio_se(nats[sel], nbytes[sel])
             gain, gain_se = ratio_se(prefix_only[sel] - nats[sel], nbytes[sel])
-            out[f"middle_bpb_{order}{suffix}"], out[f"middle_bpb_{order}{suffix}_se"] = m, m_se
-            out[f"suffix_gain_{order}{suffix}"], out[f"suffix_gain_{order}{suffix}_se"] = gain, gain_se
+            out[f"middle_bpb{name}{suffix}"], out[f"middle_bpb{name}{suffix}_se"] = m, m_se
+            out[f"suffix_gain{name}{suffix}"], out[f"suffix_gain{name}{suffix}_se"] = gain, gain_se
     return out
 
 

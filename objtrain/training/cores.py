@@ -51,18 +51,25 @@ def least_busy(busy: dict[int, int], k: int, current: Sequence[int]) -> tuple[in
     return tuple(sorted(ranked[:k]))
 
 
-def read_stat(stat: Path = Path("/proc/stat")) -> tuple[dict[int, int], int]:
-    """(busy clock ticks per core so far, runnable threads now) from /proc/stat."""
-    busy: dict[int, int] = {}
+def cpu_ticks(stat: Path = Path("/proc/stat")) -> tuple[dict[int, tuple[int, int]], int]:
+    """({core: (busy, total) clock ticks so far}, runnable threads now) from /proc/stat."""
+    ticks: dict[int, tuple[int, int]] = {}
     running = 0
     for line in stat.read_text().splitlines():
         name, *fields = line.split()
         if name.startswith("cpu") and name != "cpu":
-            ticks = [int(x) for x in fields[:8]]
-            busy[int(name[3:])] = sum(ticks) - ticks[3] - ticks[4]
+            # user nice system idle iowait irq softirq steal (guest time is already inside user and nice)
+            t = [int(x) for x in fields[:8]]
+            ticks[int(name[3:])] = (sum(t) - t[3] - t[4], sum(t))
         elif name == "procs_running":
             running = int(fields[0])
-    return busy, running
+    return ticks, running
+
+
+def read_stat(stat: Path = Path("/proc/stat")) -> tuple[dict[int, int], int]:
+    """(busy clock ticks per core so far, runnable threads now) from /proc/stat."""
+    ticks, running = cpu_ticks(stat)
+    return {c: busy for c, (busy, _) in ticks.items()}, running
 
 
 def _runnable_threads(task_dir: Path) -> tuple[int, set[int]]:
