@@ -8,7 +8,10 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
+from objtrain.batch import Batch, ModelOutput
 from objtrain.evaluation import infill, middle, probe
 from objtrain.evaluation.infill import InfillTask
 
@@ -108,6 +111,66 @@ def test_a_fim_model_trained_in_both_orders_is_scored_in_each(stub, tokenizer) -
         alone = middle.middle_scores(model, "fim-psm", tokenizer, tokenizer.specials, one_order, [task])
         assert "middle_bpb_spm" not in alone and "middle_bpb_psm" not in alone
         assert alone["middle_bpb"] == out["middle_bpb"]  # the own-mode score is unchanged
+
+
+class CacheModel(nn.Module):
+    """Logits `c` on every token already read in the row, else 0: a model that copies from any distance
+    (the mechanism a model needs to use a suffix or a far prefix), with no sense of order."""
+
+    def __init__(self, vocab_size: int, c: float = 6.0) -> None:
+        super().__init__()
+        self.vocab_size, self.c = vocab_size, c
+        self.embed = nn.Embedding(vocab_size, 4)
+
+    def forward(self, batch: Batch) -> ModelOutput:
+        ids = batch.input_ids
+        seen = F.one_hot(ids, self.vocab_size).float().cummax(dim=1).values  # read at or before t
+        return ModelOutput(logits=self.c * seen, hidden=self.embed(ids))
+
+
+LONG = InfillTask(
+    "t",
+    "def f(total, count):\n    mean = total / count\n    x = 1\n    y = 2\n",
+    "    return mean * count\n",
+    "    total = mean * count\n",
+    "line",
+)
+BOTH = {"objective": "fim", "objective_config": {"fim_rate": 0.5, "spm_rate": 0.5}}
+
+
+def test_the_near_prefix_is_the_middles_line_and_the_one_before() -> None:
+    assert middle.near_prefix("a\nb\nc\n") == "c\n"  # a line middle: the line before it
+    assert middle.near_prefix("a\nb\nc = f(") == "b\nc = f("  # a span: its own line so far, and one more
+    assert middle.near_prefix("c = f(") == "c = f(" and middle.near_prefix("c\n") == "c\n"
+    assert middle.near_prefix("") == ""
+
+
+def test_suffix_worth_is_what_the_suffix_text_saves_in_the_models_own_format(stub, tokenizer) -> None:
+    """A bigram model reads only the last token: the suffix's text is worth exactly 0 to it in either
+    order, though `suffix_gain` is not 0 (it also counts the format's own cost). A model that copies from
+    anywhere in its context gains from a suffix that holds the middle's words, in both orders."""
+    bigram = stub(
+        torch.randn(tokenizer.vocab_size, tokenizer.vocab_size, generator=torch.Generator().manual_seed(0))
+    )
+    out = middle.middle_scores(bigram, "fim-psm", tokenizer, tokenizer.specials, BOTH, [LONG])
+    assert out["suffix_worth"] == out["suffix_worth_psm"] == 0.0 and out["suffix_worth_spm"] == 0.0
+    assert out["suffix_gain"] != 0.0
+    assert out["far_prefix_worth"] == 0.0  # the middle's tokens follow the same last tokens either way
+    cache = middle.middle_scores(
+        CacheModel(tokenizer.vocab_size), "fim-psm", tokenizer, tokenizer.specials, BOTH, [LONG]
+    )
+    assert cache["suffix_worth_psm"] > 0.1 and cache["suffix_worth_spm"] > 0.1
+    assert cache["far_prefix_worth"] > 0.1  # "mean" and "total" come from two lines before the middle's
+
+
+def test_a_span_models_suffix_worth_is_its_suffix_gain(stub, tokenizer) -> None:
+    model = stub(
+        torch.randn(tokenizer.vocab_size, tokenizer.vocab_size, generator=torch.Generator().manual_seed(1))
+    )
+    out = middle.middle_scores(
+        model, "sentinel", tokenizer, tokenizer.specials, {"objective": "span"}, [LONG]
+    )
+    assert out["suffix_worth"] == pytest.approx(out["suffix_gain"]) and "far_prefix_worth" not in out
 
 
 def test_the_probe_chooses_the_informative_layer_on_dev_and_reports_test() -> None:
