@@ -103,7 +103,10 @@ class EvalSpec:
 class Claim:
     """A finding of the literature, stated as a paired comparison `a - b` of two arms on one metric, so the
     report can give its verdict: `expect` lower / higher (a below / above b), equal (within `margin`), or
-    none (no published comparison: the report gives our direction only)."""
+    none (no published comparison: the report gives our direction only).
+
+    One arm (`arms: [a]`) judges its metric against 0, for a metric that is already a difference within each
+    model (`suffix_worth`: the same model with and without the suffix), so each seed is one pair."""
 
     claim: str
     literature: str
@@ -113,8 +116,8 @@ class Claim:
     margin: float = 0.0  # expect equal: |a - b| at most this, in the metric's units
 
     def __post_init__(self) -> None:
-        if len(self.arms) != 2:
-            raise ValueError(f"a claim compares two arms, got {self.arms}")
+        if len(self.arms) not in (1, 2):
+            raise ValueError(f"a claim compares two arms, or one against 0, got {self.arms}")
         if self.expect not in ("lower", "higher", "equal", "none"):
             raise ValueError(f"a claim's expect must be lower, higher, equal or none, got {self.expect!r}")
         if self.expect == "equal" and not self.margin > 0:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from objtrain.compare.report import markdown
+from objtrain.compare.report import difference, markdown
 from objtrain.compare.sweep_report import markdown as sweep_markdown
 
 ROOT = Path("docs/findings")
@@ -144,9 +144,8 @@ def index(all_results: dict[str, dict[str, Any]]) -> str:
             "|---|---|---|---|---|",
         ]
         for c in results.get("claims", []):
-            a, b = c["arms"]
             metric = c["metric"]
-            ours = f"{metric}: {a} {_summary(results, a, metric)}, {b} {_summary(results, b, metric)}"
+            ours = f"{metric}: " + ", ".join(f"{arm} {_summary(results, arm, metric)}" for arm in c["arms"])
             p = c.get("paired")
             eval_se = f"; evaluation SE {c['eval_se']:.2g}" if c.get("eval_se") is not None else ""
             diff = (
@@ -202,10 +201,9 @@ def _sweeps_section(all_results: dict[str, dict[str, Any]]) -> list[str]:
             "|---|---|---|---|---|",
         ]
         for c in results.get("claims", []):
-            a, b = c["arms"]
             p = c.get("paired")
             diff = (
-                f"{c['metric']}: {a} − {b} = {p['delta']:+.3g} ± {p['ci95']:.2g} (n = {p['n']})"
+                f"{difference(c['metric'], c['arms'])} = {p['delta']:+.3g} ± {p['ci95']:.2g} (n = {p['n']})"
                 if p and p.get("delta") is not None and p.get("ci95") is not None
                 else "—"
             )

@@ -161,18 +161,18 @@ def claim_verdict(
     With both arms' per-unit scores (`units`: arm -> seed -> scores), also `eval_se`: the standard error
     of the mean difference that comes from the evaluation's own sample of documents or tasks alone (each
     seed's from its per-unit differences, combined over the seeds), to set beside the seed spread."""
-    a, b = claim.arms
+    a, b = arm_pair(claim.arms)
     out: dict[str, Any] = {
         "claim": claim.claim,
         "literature": claim.literature,
         "metric": claim.metric,
-        "arms": [a, b],
+        "arms": list(claim.arms),
         "expect": claim.expect,
         "margin": claim.margin,
     }
-    if a not in per_seed or b not in per_seed:
+    if a not in per_seed or (b is not None and b not in per_seed):
         return out | {"verdict": "not measured", "paired": None}
-    p = paired(per_seed[a], per_seed[b])
+    p = paired(per_seed[a], per_seed[b] if b is not None else dict.fromkeys(per_seed[a], 0.0))
     lo, hi = p.delta - p.ci95, p.delta + p.ci95
     if not p.n or not math.isfinite(p.ci95):
         text = "not resolved"
@@ -197,8 +197,26 @@ def claim_verdict(
     return out | {"verdict": text, "paired": p.to_dict(), "seeds": n_seeds, "eval_se": _eval_se(units, a, b)}
 
 
-def _eval_se(units: dict[str, dict[int, Any]] | None, a: str, b: str) -> float | None:
-    if not units or a not in units or b not in units:
+ONE_ARM_NOTE = [
+    "A claim of one arm judges a metric that is already a difference within each model (the same model "
+    "with and without the suffix, say) against 0: each seed is one pair.",
+    "",
+]
+
+
+def arm_pair(arms: list[str]) -> tuple[str, str | None]:
+    """A claim's arms as (a, b); b is None for a claim of one arm against 0."""
+    return arms[0], (arms[1] if len(arms) > 1 else None)
+
+
+def difference(metric: str, arms: list[str]) -> str:
+    """How a claim's difference reads: "metric: a − b", or "metric: a" for one arm against 0."""
+    a, b = arm_pair(arms)
+    return f"{metric}: {a} − {b}" if b is not None else f"{metric}: {a}"
+
+
+def _eval_se(units: dict[str, dict[int, Any]] | None, a: str, b: str | None) -> float | None:
+    if not units or b is None or a not in units or b not in units:
         return None
     shared = sorted(set(units[a]) & set(units[b]))
     errors = [paired_eval_se(units[a][k], units[b][k]) for k in shared]
@@ -212,11 +230,10 @@ def claim_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     rows = []
     for c in results.get("claims", []):
         p = c.get("paired")
-        a, b = c["arms"]
         if p and p["delta"] is not None:
             ci = f" ± {p['ci95']:.3g}" if p["ci95"] is not None else ""
             eval_se = f"; evaluation SE {c['eval_se']:.2g}" if c.get("eval_se") is not None else ""
-            ours = f"{c['metric']}: {a} − {b} = {p['delta']:+.4g}{ci} (n = {p['n']}{eval_se})"
+            ours = f"{difference(c['metric'], c['arms'])} = {p['delta']:+.4g}{ci} (n = {p['n']}{eval_se})"
         else:
             ours = "—"
         rows.append([c["claim"], c["literature"], ours, f"**{c['verdict']}**"])
@@ -355,6 +372,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
             "literature's side of 0 / on the other side (for a claim of no difference: inside / outside "
             "the stated margin); not resolved: the seeds cannot tell at this budget.",
             "",
+            *ONE_ARM_NOTE * any(len(c["arms"]) == 1 for c in results["claims"]),
         ]
     header, rows = metric_rows(results)
     out += ["## What each arm learnt", "", _markdown_table(header, rows), ""]

@@ -24,7 +24,7 @@ from rich.table import Table
 from objtrain.compare import fit as fitting
 from objtrain.compare import suite
 from objtrain.compare.experiment import Claim
-from objtrain.compare.report import claim_verdict, experiment_source
+from objtrain.compare.report import ONE_ARM_NOTE, arm_pair, claim_verdict, difference, experiment_source
 from objtrain.compare.runner import machine
 from objtrain.compare.sweep import Sweep, sweep_plan_dict
 from objtrain.io import atomic_file, write_json
@@ -205,16 +205,16 @@ def sweep_claim(claim: Claim, arms: dict[str, Any], seeds: list[int]) -> dict[st
     single-budget comparison), its verdict the one at the largest shared point: the closest these budgets
     come to the papers' regime. The verdicts at the smaller points say whether the answer holds, appears
     or fades as compute grows."""
-    a, b = claim.arms
+    a, b = arm_pair(claim.arms)
     cells_a = arms.get(a, {}).get("cells", {})
-    cells_b = arms.get(b, {}).get("cells", {})
+    cells_b = cells_a if b is None else arms.get(b, {}).get("cells", {})
     shared = sorted(set(cells_a) & set(cells_b), key=lambda k: float(np.mean(cells_a[k]["flops"])))
     points = []
     for label in shared:
         per_seed = {
             name: {s: v for s, v in zip(seeds, cell["metrics"].get(claim.metric, []), strict=False)
                    if math.isfinite(v)}
-            for name, cell in ((a, cells_a[label]), (b, cells_b[label]))
+            for name, cell in ((a, cells_a[label]), *(((b, cells_b[label]),) if b is not None else ()))
         }  # fmt: skip
         per_seed = {name: vals for name, vals in per_seed.items() if vals}
         v = claim_verdict(claim, per_seed, len(seeds))
@@ -235,11 +235,10 @@ def claim_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
               "verdict at each point", "verdict"]  # fmt: skip
     rows = []
     for c in results.get("claims", []):
-        a, b = c["arms"]
         p = c.get("paired")
         if p and p.get("delta") is not None:
             ci = f" ± {p['ci95']:.3g}" if p.get("ci95") is not None else ""
-            ours = f"{c['metric']}: {a} − {b} = {p['delta']:+.4g}{ci} at {c['at']} (n = {p['n']})"
+            ours = f"{difference(c['metric'], c['arms'])} = {p['delta']:+.4g}{ci} at {c['at']} (n = {p['n']})"
         else:
             ours = "—"
         trend = "; ".join(f"{pt['point']}: {pt['verdict']}" for pt in c["points"]) or "—"
@@ -382,6 +381,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
             "margin), **not resolved** when the seeds cannot tell. The verdict is the one at the largest "
             "point, the nearest these budgets come to the papers'.",
             "",
+            *ONE_ARM_NOTE * any(len(c["arms"]) == 1 for c in results["claims"]),
         ]
     out += ["## Fitted curves: L(C) = E + A·C^(−α), C in training FLOPs", "", _table(*fit_rows(results)), ""]
     out += [

@@ -161,3 +161,31 @@ def test_a_sweep_claim_is_judged_at_every_point_and_given_the_largest_points_ver
     assert missing["verdict"] == "not measured"
     _, rows = claim_rows({"claims": [out]})
     assert rows[0][3] == "small: not resolved; large: agrees" and rows[0][4] == "**agrees**"
+
+
+def test_a_claim_of_one_arm_judges_its_within_model_difference_against_zero() -> None:
+    """`suffix_worth` is already a difference within each model (with and without the suffix): a claim of
+    one arm tests the seeds' mean of it against 0, in a comparison and at every point of a sweep."""
+    from objtrain.compare.experiment import Claim
+    from objtrain.compare.report import claim_rows as comparison_rows
+    from objtrain.compare.report import claim_verdict
+    from objtrain.compare.sweep_report import claim_rows, sweep_claim
+
+    seeds = [0, 1, 2]
+    arms = {"fim": {"cells": _cells({"small": [0.01, -0.02, 0.005], "large": [0.10, 0.12, 0.11]})}}
+    claim = Claim("the suffix is worth something", "a paper", "bpb", ["fim"], expect="higher")
+    out = sweep_claim(claim, arms, seeds)
+    assert [p["verdict"] for p in out["points"]] == ["not resolved", "agrees"]
+    assert out["paired"]["delta"] == pytest.approx(0.11) and out["paired"]["n"] == 3
+    assert out["arms"] == ["fim"]
+    _, rows = claim_rows({"claims": [out]})
+    assert rows[0][2].startswith("bpb: fim = +0.11 ± ")
+    below = claim_verdict(
+        Claim("c", "p", "m", ["fim"], expect="higher"), {"fim": {0: -0.2, 1: -0.3, 2: -0.25}}, 3
+    )
+    assert below["verdict"] == "disagrees" and below["eval_se"] is None
+    assert comparison_rows({"claims": [below]})[1][0][2].startswith("m: fim = -0.25 ± ")
+    missing = claim_verdict(Claim("c", "p", "m", ["other"]), {"fim": {0: 1.0}}, 1)
+    assert missing["verdict"] == "not measured"
+    with pytest.raises(ValueError, match="one against 0"):
+        Claim("c", "p", "m", ["a", "b", "c"])
