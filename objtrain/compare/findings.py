@@ -24,6 +24,7 @@ from typing import Any
 
 from objtrain.compare.report import difference, markdown
 from objtrain.compare.sweep_report import markdown as sweep_markdown
+from objtrain.compare.sweep_report import point_verdict
 
 ROOT = Path("docs/findings")
 PROSE_STORE = "runs/findings/data/prose"
@@ -36,6 +37,7 @@ class Finding:
     question: str  # the wording, as the index's section heading
     corpus: str  # "prose" or "code"
     probes: bool = True  # named probes (SST-2, TREC, CoLA) from the shared data
+    hours: float = 0.0  # > 0: a long run (hours on 2 cores), left out of a plain `run` and named to run it
 
 
 FINDINGS: dict[str, Finding] = {
@@ -57,6 +59,7 @@ SWEEPS: dict[str, Finding] = {
     "fim-scaling": Finding(
         "FIM 0.5 vs CLM as compute grows: left-to-right cost and the suffix's worth", "code", probes=False
     ),
+    "fim-suffix": Finding("From which budget a FIM model uses the suffix", "code", probes=False, hours=2.2),
 }
 SWEEP_SEEDS = SEEDS
 
@@ -195,6 +198,14 @@ def _sweeps_section(all_results: dict[str, dict[str, Any]]) -> list[str]:
             f"- Sweep: {kind} {points} an arm ({sw['span']:.0f}x); seeds {seeds}",
             f"- Machine: {m.get('cpu') or m['platform']}, {m['cpu_count']} CPUs, torch {m['torch']}",
             f"- Report (fits, crossovers, curves): [{name}/report.md]({name}/report.md); reproduce: `{cmd}`",
+            *(
+                [
+                    f"- Cost: about {finding.hours:g} hours on 2 cores, so `make findings` leaves it out: "
+                    f"`python -m objtrain.compare.findings run {name}` runs it (resumable)"
+                ]
+                if finding.hours
+                else []
+            ),
             "",
             "| claim | the literature | a − b at the largest budget, 95% paired interval | verdict at each "
             "budget | verdict |",
@@ -207,7 +218,7 @@ def _sweeps_section(all_results: dict[str, dict[str, Any]]) -> list[str]:
                 if p and p.get("delta") is not None and p.get("ci95") is not None
                 else "—"
             )
-            trend = "; ".join(f"{pt['point']}: {pt['verdict']}" for pt in c["points"]) or "—"
+            trend = "; ".join(point_verdict(pt) for pt in c["points"]) or "—"
             out.append(f"| {c['claim']} | {c['literature']} | {diff} | {trend} | **{c['verdict']}** |")
         out.append("")
     return out
@@ -229,7 +240,15 @@ def publish(root: Path = ROOT) -> list[Path]:
 
 def run(names: list[str]) -> int:
     objtrain = str(Path(sys.executable).with_name("objtrain"))
-    for name in names or [*FINDINGS, *SWEEPS]:
+    if not names:
+        long = [n for n, f in SWEEPS.items() if f.hours]
+        for name in long:
+            print(
+                f"leaving out {name} (about {SWEEPS[name].hours:g} hours on 2 cores): run it by name",
+                flush=True,
+            )
+        names = [n for n in [*FINDINGS, *SWEEPS] if n not in long]
+    for name in names:
         if name not in FINDINGS and name not in SWEEPS:
             print(f"unknown finding {name!r} (findings: {', '.join([*FINDINGS, *SWEEPS])})")
             return 2

@@ -29,6 +29,8 @@ from objtrain.compare.runner import machine
 from objtrain.compare.sweep import Sweep, sweep_plan_dict
 from objtrain.io import atomic_file, write_json
 
+# Differences within one model (with and without the suffix, say): they start at 0 and may change sign.
+DIFFERENCES = ("suffix_gain", "suffix_worth", "far_prefix_worth")
 PRIMARY = ("val_bpb", "bits_per_byte", "val_loss")  # metrics first in this order, then alphabetically
 CHINCHILLA_TOKENS_PER_PARAMETER = 20.0  # Hoffmann et al. 2022: compute-optimal tokens per parameter
 
@@ -120,6 +122,8 @@ def build_sweep_results(s: Sweep, replicates: int = 1000) -> dict[str, Any]:
             arms[spec_arm.name]["cells"].values(), key=lambda c: (size_order.get(c["size"], 0), c["budget"])
         )
         for metric in metrics:
+            if metric.startswith(DIFFERENCES):
+                continue  # no saturating power law describes them: the claims give them point by point
             lower = suite.direction(metric) == "lower"
             chosen = _frontier(cells, metric, lower, spec.kind == "flops") if sized else cells
             chosen = [cell for cell in chosen if metric in cell["metrics"]]
@@ -230,6 +234,15 @@ def sweep_claim(claim: Claim, arms: dict[str, Any], seeds: list[int]) -> dict[st
     }
 
 
+def point_verdict(point: dict[str, Any]) -> str:
+    """ "tokens-1e6: +0.012 ± 0.004, agrees": a claim's difference and verdict at one point of a sweep."""
+    p = point.get("paired") or {}
+    if p.get("delta") is None:
+        return f"{point['point']}: {point['verdict']}"
+    ci = f" ± {p['ci95']:.2g}" if p.get("ci95") is not None else ""
+    return f"{point['point']}: {p['delta']:+.3g}{ci}, {point['verdict']}"
+
+
 def claim_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     header = ["claim", "the literature", "objtrain: a − b at the largest point (95% paired interval)",
               "verdict at each point", "verdict"]  # fmt: skip
@@ -241,7 +254,7 @@ def claim_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             ours = f"{difference(c['metric'], c['arms'])} = {p['delta']:+.4g}{ci} at {c['at']} (n = {p['n']})"
         else:
             ours = "—"
-        trend = "; ".join(f"{pt['point']}: {pt['verdict']}" for pt in c["points"]) or "—"
+        trend = "; ".join(point_verdict(pt) for pt in c["points"]) or "—"
         rows.append([c["claim"], c["literature"], ours, trend, f"**{c['verdict']}**"])
     return header, rows
 

@@ -230,7 +230,7 @@ def test_a_size_sweep_reports_its_frontier(compare_store: Path, tmp_path: Path) 
     assert "Chinchilla" in (tmp_path / "report" / "report.md").read_text()
 
 
-@pytest.mark.parametrize("name", ["objectives-scaling", "fim-scaling"])
+@pytest.mark.parametrize("name", ["objectives-scaling", "fim-scaling", "fim-suffix"])
 def test_the_shipped_sweeps_plan_with_every_shorter_point_branched(
     name: str, compare_store: Path, tmp_path: Path
 ) -> None:

@@ -3,6 +3,8 @@ curves that are not power laws refused rather than drawn."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -160,7 +162,11 @@ def test_a_sweep_claim_is_judged_at_every_point_and_given_the_largest_points_ver
     missing = sweep_claim(Claim("c", "p", "other", ["a", "b"]), arms, seeds)
     assert missing["verdict"] == "not measured"
     _, rows = claim_rows({"claims": [out]})
-    assert rows[0][3] == "small: not resolved; large: agrees" and rows[0][4] == "**agrees**"
+    # each point's paired difference beside its verdict: -0.0667 (the seeds disagree) and -0.19
+    assert re.fullmatch(
+        r"small: -0\.0667 ± [\d.]+, not resolved; large: -0\.19 ± 0\.0[\d]+, agrees", rows[0][3]
+    )
+    assert rows[0][4] == "**agrees**"
 
 
 def test_a_claim_of_one_arm_judges_its_within_model_difference_against_zero() -> None:
