@@ -44,10 +44,13 @@ lint: $(STAMP)
 
 # The published findings (docs/findings): builds the prose store from ../shared/data, then runs each
 # shipped experiment with three seeds (resumable: run it again to continue) and rewrites every report and
-# docs/findings/README.md from the results. Several hours on 2 CPU cores.
+# docs/findings/README.md from the results. FINDINGS_JOBS experiments at once, each on its share of the
+# cores (tiny models use a second thread poorly, so two one-thread lanes train faster on 2 cores); each
+# one's output goes to runs/findings/logs/. Several hours on 2 CPU cores.
+FINDINGS_JOBS ?= 2
 findings: $(STAMP)
 	$(BIN)/python benchmarks/findings_data.py runs/findings/data
-	$(BIN)/python -m objtrain.compare.findings run
+	$(BIN)/python -m objtrain.compare.findings run --jobs $(FINDINGS_JOBS)
 
 # Benchmarks measure against peers (Hugging Face transformers) in the same run.
 BENCH_STAMP := $(VENV)/.installed-bench

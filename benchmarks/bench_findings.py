@@ -17,6 +17,12 @@ and each shorter one's decay (the share of its steps after the branch point).
 
     .venv/bin/python benchmarks/bench_findings.py                  # the seven findings and the sweeps
     .venv/bin/python benchmarks/bench_findings.py span-length      # one experiment
+    .venv/bin/python benchmarks/bench_findings.py --jobs 2         # as `make findings` runs them: 2 lanes
+
+With `--jobs N` the small runs go N at once, each on its share of the cores, so each estimate is the
+experiment's time in a lane with the others busy beside it; the total is when the last lane ends, each lane
+taking the next experiment (most tokens first) as it frees. A lane that runs alone at the end runs faster
+than it will in the full set, so the total errs a little short.
 
 Needs ../shared/data for the prose experiments (it builds the prose store as `make findings` does) and
 skips them with a message when it is absent. Run it on an otherwise idle machine: it times wall clock.
@@ -30,12 +36,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from _data_common import SHARED_DATA, table
 
 from objtrain.compare import findings
-from objtrain.compare.experiment import find_experiment, load_experiment, resolve_budget
 
 SMALL = 100_000  # tokens an arm: enough logged steps for a steady throughput
 OBJTRAIN = str(Path(sys.executable).with_name("objtrain"))
@@ -59,29 +65,18 @@ def steady_throughput(run_dir: Path) -> float | None:
     return (steps[-1]["tokens"] - steps[0]["tokens"]) / (steps[-1]["wall_time"] - steps[0]["wall_time"])
 
 
-def full_tokens(name: str) -> dict[str, float]:
-    """Tokens each run of one seed trains at the experiment's own budget: arm -> tokens (a sweep: arm/point
-    -> tokens of its chain's share)."""
-    exp = load_experiment(find_experiment(name))
-    if name not in findings.SWEEPS:
-        tokens = float(resolve_budget(exp, None)[1].tokens or 0)
-        return {arm.name: tokens for arm in exp.arms}
-    points = sorted(float(p) for p in (exp.sweep or {}).get("tokens", []))
-    decay = float(exp.train.get("schedule", {}).get("decay_ratio", 0.2))
-    out = {}
-    for arm in exp.arms:
-        for p in points:
-            out[f"{arm.name}/{p:g}"] = (
-                p if p == points[-1] else decay * p
-            )  # shorter points branch, then decay
-    return out
-
-
-def measure(name: str, work: Path) -> dict[str, object]:
+def measure(name: str, work: Path, jobs: int = 1) -> dict[str, object]:
     out = work / name
     cmd = small_command(name, out)
     start = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    if jobs == 1:
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    else:  # a lane, as `findings run --jobs` runs it: its share of the cores, its output kept apart
+        done = subprocess.run(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=findings.lane_env(jobs)
+        )
+        if done.returncode:
+            raise SystemExit(f"{name} failed (exit {done.returncode}):\n{done.stderr.decode()[-2000:]}")
     wall = time.perf_counter() - start
     results = [json.loads(p.read_text()) for p in sorted((out / "results").glob("*.json"))]
     by_arm: dict[str, list[tuple[float, float, float]]] = {}  # arm -> (tps, eval s, small tokens) per run
@@ -95,7 +90,7 @@ def measure(name: str, work: Path) -> dict[str, object]:
     runs = sum(len(v) for v in by_arm.values())
     rest = max(wall - accounted, 0.0) / max(runs, 1)
     seeds = findings.SWEEP_SEEDS if name in findings.SWEEPS else findings.SEEDS
-    full = full_tokens(name)
+    full = findings.run_tokens(name)
     estimate = 0.0
     for arm, measured in by_arm.items():
         tps = max(m[0] for m in measured)  # the longest smoke point's: the least start-up in it
@@ -114,9 +109,18 @@ def measure(name: str, work: Path) -> dict[str, object]:
     }
 
 
+def makespan(hours: list[float], jobs: int) -> float:
+    """When the last of `jobs` lanes ends, each taking the next experiment as it frees (longest first)."""
+    lanes = [0.0] * jobs
+    for h in sorted(hours, reverse=True):
+        lanes[lanes.index(min(lanes))] += h
+    return max(lanes)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="experiments (default: what make findings runs)")
+    parser.add_argument("--jobs", type=int, default=1, help="experiments at once, as `findings run --jobs N`")
     args = parser.parse_args()
     long = {n for n, f in findings.SWEEPS.items() if f.hours}
     names = args.names or [n for n in [*findings.FINDINGS, *findings.SWEEPS] if n not in long]
@@ -126,19 +130,28 @@ def main() -> int:
         names = [n for n in names if n not in prose]
     elif prose:
         subprocess.run([sys.executable, "benchmarks/findings_data.py", "runs/findings/data"], check=True)
-    rows, total = [], 0.0
+    names = findings.most_tokens_first(names)  # as the lanes take them
     with tempfile.TemporaryDirectory(prefix="bench-findings-") as tmp:
-        for name in names:
-            m = measure(name, Path(tmp))
-            total += float(m["estimate_s"])  # type: ignore[arg-type]
-            rows.append([name, str(m["runs"]), f"{m['tokens_per_s']:,.0f}", f"{m['eval_s']:.0f}",
-                         f"{m['rest_s']:.0f}", f"{m['small_wall_s']:.0f}",
-                         f"{float(m['estimate_s']) / 3600:.2f}"])  # type: ignore[arg-type]  # fmt: skip
+
+        def one(name: str) -> dict[str, object]:
+            m = measure(name, Path(tmp), args.jobs)
             print(f"{name}: about {float(m['estimate_s']) / 3600:.2f} h", flush=True)  # type: ignore[arg-type]
+            return m
+
+        with ThreadPoolExecutor(max_workers=args.jobs) as lanes:
+            measured = list(lanes.map(one, names))
+    rows = [[m["name"], str(m["runs"]), f"{m['tokens_per_s']:,.0f}", f"{m['eval_s']:.0f}",
+             f"{m['rest_s']:.0f}", f"{m['small_wall_s']:.0f}", f"{float(m['estimate_s']) / 3600:.2f}"]  # type: ignore[arg-type]
+            for m in measured]  # fmt: skip
     header = ["experiment", "runs a seed", "tokens/s an arm", "eval s a run", "rest s a run", "measured s",
               "estimate h"]  # fmt: skip
     print(table(header, rows))
-    print(f"all: about {total / 3600:.2f} hours on this machine ({len(names)} experiments)")
+    hours = [float(m["estimate_s"]) / 3600 for m in measured]  # type: ignore[arg-type]
+    if args.jobs == 1:
+        print(f"all: about {sum(hours):.2f} hours on this machine ({len(names)} experiments)")
+    else:  # each estimate is an experiment's time in a lane, the other lanes busy beside it
+        print(f"all: about {makespan(hours, args.jobs):.2f} hours on this machine ({len(names)} experiments, "
+              f"{args.jobs} at once, {findings.lane_threads(args.jobs)} threads each)")  # fmt: skip
     return 0
 
 

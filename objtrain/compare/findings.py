@@ -1,8 +1,8 @@
 """The published findings (docs/findings): which shipped experiments answer which question, on which data,
 with which command; and the index page, a pure function of the experiments' results.json files.
 
-    python -m objtrain.compare.findings run [NAME ...]   train and evaluate (resumable), then publish
-    python -m objtrain.compare.findings publish          rewrite every report.md and the index
+    python -m objtrain.compare.findings run [--jobs N] [NAME ...]   train, evaluate (resumable), publish
+    python -m objtrain.compare.findings publish                     rewrite every report.md and the index
 
 Each experiment's report directory is `docs/findings/NAME/` (its arms' checkpoints under `arms/` stay out
 of version control); `report.md` is regenerated from `results.json`, so the published tables cannot drift
@@ -14,19 +14,25 @@ section of the index of their own.
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from objtrain.compare.experiment import find_experiment, load_experiment, resolve_budget
 from objtrain.compare.report import difference, markdown
 from objtrain.compare.sweep_report import markdown as sweep_markdown
 from objtrain.compare.sweep_report import point_verdict
 
 ROOT = Path("docs/findings")
+LOGS = Path("runs/findings/logs")  # each experiment's output when several run at once
 PROSE_STORE = "runs/findings/data/prose"
 SHARED = "../shared/data"
 SEEDS = 3
@@ -164,9 +170,11 @@ def index(all_results: dict[str, dict[str, Any]]) -> str:
         "## Reproduce",
         "",
         "`make findings` builds the prose store from `../shared/data` and runs every experiment above "
-        "(each resumable: run it again to continue), then rewrites every report and this page from the "
-        "results. On 2 CPU cores the set takes several hours; one experiment is one command, listed "
-        "under its heading. The compute sweeps below run after them, the same way.",
+        "and the compute sweeps below, two at a time, each on one of the 2 cores (`findings run --jobs "
+        "2`; each resumable: run it again to continue), then rewrites every report and this page from "
+        "the results. Measured on the machine above with `benchmarks/bench_findings.py --jobs 2`, the "
+        "seven questions take about 4.4 hours (4.9 one at a time on both cores) and the two sweeps about "
+        "0.8 more. One experiment is one command, listed under its heading.",
         "",
     ]
     return "\n".join(out + _sweeps_section(all_results))
@@ -238,7 +246,42 @@ def publish(root: Path = ROOT) -> list[Path]:
     return written
 
 
-def run(names: list[str]) -> int:
+def run_tokens(name: str) -> dict[str, float]:
+    """Tokens each run of one seed trains at the experiment's own budget: arm -> tokens (a sweep: arm/point
+    -> tokens of its chain's share: the longest point whole, each shorter one's decay after the branch)."""
+    exp = load_experiment(find_experiment(name))
+    if name not in SWEEPS:
+        tokens = float(resolve_budget(exp, None)[1].tokens or 0)
+        return {arm.name: tokens for arm in exp.arms}
+    points = sorted(float(p) for p in (exp.sweep or {}).get("tokens", []))
+    decay = float(exp.train.get("schedule", {}).get("decay_ratio", 0.2))
+    return {f"{arm.name}/{p:g}": p if p == points[-1] else decay * p for arm in exp.arms for p in points}
+
+
+def most_tokens_first(names: list[str]) -> list[str]:
+    """The order lanes take experiments in, so that they end together: the most tokens a seed first."""
+    return sorted(names, key=lambda n: -sum(run_tokens(n).values()))
+
+
+def lane_threads(jobs: int) -> int:
+    """Torch threads for each of `jobs` experiments run at once: the cores shared out, at least one."""
+    return max(1, (os.cpu_count() or 1) // jobs)
+
+
+def lane_env(jobs: int) -> dict[str, str]:
+    threads = str(lane_threads(jobs))
+    return {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+
+
+def run(names: list[str], jobs: int = 1) -> int:
+    """Run the named experiments (default: all but the long sweeps), then publish.
+
+    `jobs` > 1 runs that many experiments at once, each on its share of the cores (`OMP_NUM_THREADS`),
+    the most tokens first so the lanes end together, each one's output in `runs/findings/logs/NAME.log`.
+    Tiny models use two threads poorly: on 2 cores two one-thread lanes train 12% more tokens a second
+    than one two-thread run (3,930 tok/s each against 7,000 alone, the prose encoder, measured with
+    benchmarks/bench_findings.py), and the prose experiments were published from one-thread runs.
+    """
     objtrain = str(Path(sys.executable).with_name("objtrain"))
     if not names:
         long = [n for n, f in SWEEPS.items() if f.hours]
@@ -252,13 +295,37 @@ def run(names: list[str]) -> int:
         if name not in FINDINGS and name not in SWEEPS:
             print(f"unknown finding {name!r} (findings: {', '.join([*FINDINGS, *SWEEPS])})")
             return 2
+
+    def one(name: str) -> int:
         cmd = command(name)
         if (ROOT / name / "plan.json").is_file():
             cmd.append("--resume")
-        print("$ " + shlex.join(cmd), flush=True)
-        code = subprocess.call([objtrain, *cmd[1:]])
-        if code != 0:
-            return code
+        if jobs == 1:
+            print("$ " + shlex.join(cmd), flush=True)
+            return subprocess.call([objtrain, *cmd[1:]])
+        log = LOGS / f"{name}.log"
+        print(f"$ {shlex.join(cmd)}  (output: {log})", flush=True)
+        started = time.perf_counter()
+        with log.open("ab") as out:
+            code = subprocess.call(
+                [objtrain, *cmd[1:]], stdout=out, stderr=subprocess.STDOUT, env=lane_env(jobs)
+            )
+        took = (time.perf_counter() - started) / 3600
+        print(f"{name}: " + (f"done in {took:.2f} h" if code == 0 else f"failed (exit {code}), see {log}"),
+              flush=True)  # fmt: skip
+        return code
+
+    if jobs == 1:
+        for name in names:
+            if code := one(name):
+                return code
+    else:
+        LOGS.mkdir(parents=True, exist_ok=True)
+        names = most_tokens_first(names)
+        with ThreadPoolExecutor(max_workers=jobs) as lanes:
+            codes = list(lanes.map(one, names))
+        if failed := [c for c in codes if c]:
+            return failed[0]
     for path in publish():
         print(f"wrote {path}")
     return 0
@@ -270,7 +337,15 @@ def main(argv: list[str]) -> int:
             print(f"wrote {path}")
         return 0
     if argv[:1] == ["run"]:
-        return run(argv[1:])
+        parser = argparse.ArgumentParser(prog="python -m objtrain.compare.findings run")
+        parser.add_argument("names", nargs="*", help="experiments (default: all but the long sweeps)")
+        parser.add_argument(
+            "--jobs", type=int, default=1, help="experiments at once, each on its share of the cores"
+        )
+        args = parser.parse_args(argv[1:])
+        if args.jobs < 1:
+            parser.error("--jobs must be at least 1")
+        return run(args.names, args.jobs)
     print(__doc__.strip().splitlines()[3].strip())
     return 2
 

@@ -216,3 +216,47 @@ def test_a_report_names_a_shipped_experiment_by_its_path_in_a_clone() -> None:
     for path in ROOT.glob("docs/findings/*/report.md"):  # what is published names no machine's paths
         line = next(x for x in path.read_text().splitlines() if x.startswith("- Experiment:"))
         assert line.startswith("- Experiment: `configs/experiments/"), (path, line)
+
+
+def test_lanes_share_the_cores_and_keep_their_output_apart(monkeypatch, tmp_path: Path) -> None:
+    """`findings run --jobs 2` runs two experiments at once, each on half the cores, its output in its own
+    log; a failure is reported after the others end, and nothing is published."""
+    calls: list[tuple[str, str]] = []
+    published: list[bool] = []
+
+    def fake_call(cmd: list[str], stdout=None, stderr=None, env=None) -> int:
+        stdout.write(b"trained\n")
+        calls.append((cmd[2], env["OMP_NUM_THREADS"]))
+        return 3 if cmd[2] == "nsp-sop" else 0
+
+    monkeypatch.chdir(tmp_path)  # logs and report directories land here
+    monkeypatch.setattr(findings.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(findings.subprocess, "call", fake_call)
+    monkeypatch.setattr(findings, "publish", lambda: published.append(True) or [])
+
+    assert findings.main(["run", "--jobs", "2", "span-length", "objectives", "mtp-heads"]) == 0
+    assert {name for name, _ in calls} == {"span-length", "objectives", "mtp-heads"}
+    assert {threads for _, threads in calls} == {"2"}
+    assert (tmp_path / findings.LOGS / "mtp-heads.log").read_bytes() == b"trained\n"
+    assert published == [True]
+
+    calls.clear()
+    assert findings.main(["run", "--jobs", "2", "nsp-sop", "span-length"]) == 3
+    assert {name for name, _ in calls} == {"nsp-sop", "span-length"}  # the other lane still ran
+    assert published == [True]  # not again
+
+
+def test_lanes_take_the_most_tokens_first() -> None:
+    # objectives: 5 arms x 1.5M tokens; mtp-heads: 3 x 2M; span-length: 3 x 1.5M
+    assert findings.most_tokens_first(["span-length", "objectives", "mtp-heads"]) == [
+        "objectives",
+        "mtp-heads",
+        "span-length",
+    ]
+
+
+def test_lane_threads_never_fall_below_one(monkeypatch) -> None:
+    monkeypatch.setattr(findings.os, "cpu_count", lambda: 2)
+    assert [findings.lane_threads(j) for j in (1, 2, 3)] == [2, 1, 1]
+    with pytest.raises(SystemExit):
+        findings.main(["run", "--jobs", "0"])
