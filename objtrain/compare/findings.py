@@ -323,7 +323,13 @@ def run(names: list[str], jobs: int = 1) -> int:
         LOGS.mkdir(parents=True, exist_ok=True)
         names = most_tokens_first(names)
         with ThreadPoolExecutor(max_workers=jobs) as lanes:
-            codes = list(lanes.map(one, names))
+            queued = [lanes.submit(one, name) for name in names]
+            try:
+                codes = [f.result() for f in queued]
+            except KeyboardInterrupt:  # the running ones stop at a checkpoint of their own; start no more
+                for f in queued:
+                    f.cancel()
+                raise
         if failed := [c for c in codes if c]:
             return failed[0]
     for path in publish():
@@ -345,7 +351,11 @@ def main(argv: list[str]) -> int:
         args = parser.parse_args(argv[1:])
         if args.jobs < 1:
             parser.error("--jobs must be at least 1")
-        return run(args.names, args.jobs)
+        try:
+            return run(args.names, args.jobs)
+        except KeyboardInterrupt:
+            print("interrupted: finished runs and checkpoints are kept; run it again to continue", flush=True)
+            return 130
     print(__doc__.strip().splitlines()[3].strip())
     return 2
 

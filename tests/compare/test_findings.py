@@ -260,3 +260,14 @@ def test_lane_threads_never_fall_below_one(monkeypatch) -> None:
     assert [findings.lane_threads(j) for j in (1, 2, 3)] == [2, 1, 1]
     with pytest.raises(SystemExit):
         findings.main(["run", "--jobs", "0"])
+
+
+def test_an_interrupt_stops_the_lanes_without_a_traceback(monkeypatch, tmp_path: Path, capsys) -> None:
+    def interrupted(cmd: list[str], stdout=None, stderr=None, env=None) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(findings.subprocess, "call", interrupted)
+    monkeypatch.setattr(findings, "publish", lambda: pytest.fail("published after an interrupt"))
+    assert findings.main(["run", "--jobs", "2", "span-length", "nsp-sop"]) == 130
+    assert "run it again to continue" in capsys.readouterr().out
