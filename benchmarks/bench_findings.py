@@ -21,8 +21,8 @@ and each shorter one's decay (the share of its steps after the branch point).
 
 With `--jobs N` the small runs go N at once, each on its share of the cores, so each estimate is the
 experiment's time in a lane with the others busy beside it; the total is when the last lane ends, each lane
-taking the next experiment (most tokens first) as it frees. A lane that runs alone at the end runs faster
-than it will in the full set, so the total errs a little short.
+taking the next experiment in `findings run`'s order (most tokens first) as it frees. The last experiment
+runs alone in the end, a little faster than its estimate (and with a core idle beside it).
 
 Needs ../shared/data for the prose experiments (it builds the prose store as `make findings` does) and
 skips them with a message when it is absent. Run it on an otherwise idle machine: it times wall clock.
@@ -110,9 +110,10 @@ def measure(name: str, work: Path, jobs: int = 1) -> dict[str, object]:
 
 
 def makespan(hours: list[float], jobs: int) -> float:
-    """When the last of `jobs` lanes ends, each taking the next experiment as it frees (longest first)."""
+    """When the last of `jobs` lanes ends, each taking the next experiment in the order given (the order
+    `findings run --jobs` takes them in) as it frees."""
     lanes = [0.0] * jobs
-    for h in sorted(hours, reverse=True):
+    for h in hours:
         lanes[lanes.index(min(lanes))] += h
     return max(lanes)
 
