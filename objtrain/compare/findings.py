@@ -30,6 +30,7 @@ from objtrain.compare.experiment import find_experiment, load_experiment, resolv
 from objtrain.compare.report import difference, markdown
 from objtrain.compare.sweep_report import markdown as sweep_markdown
 from objtrain.compare.sweep_report import point_verdict
+from objtrain.training.config import ScheduleConfig
 
 ROOT = Path("docs/findings")
 LOGS = Path("runs/findings/logs")  # each experiment's output when several run at once
@@ -254,7 +255,7 @@ def run_tokens(name: str) -> dict[str, float]:
         tokens = float(resolve_budget(exp, None)[1].tokens or 0)
         return {arm.name: tokens for arm in exp.arms}
     points = sorted(float(p) for p in (exp.sweep or {}).get("tokens", []))
-    decay = float(exp.train.get("schedule", {}).get("decay_ratio", 0.2))
+    decay = float(exp.train.get("schedule", {}).get("decay_ratio", ScheduleConfig.decay_ratio))
     return {f"{arm.name}/{p:g}": p if p == points[-1] else decay * p for arm in exp.arms for p in points}
 
 
@@ -279,7 +280,7 @@ def run(names: list[str], jobs: int = 1) -> int:
     `jobs` > 1 runs that many experiments at once, each on its share of the cores (`OMP_NUM_THREADS`),
     the most tokens first so the lanes end together, each one's output in `runs/findings/logs/NAME.log`.
     Tiny models use two threads poorly: on 2 cores two one-thread lanes train 12% more tokens a second
-    than one two-thread run (3,930 tok/s each against 7,000 alone, the prose encoder, measured with
+    than one two-thread run (3,950 tok/s each against 6,880 alone, nsp-sop's encoders, measured with
     benchmarks/bench_findings.py), and the prose experiments were published from one-thread runs.
     """
     objtrain = str(Path(sys.executable).with_name("objtrain"))

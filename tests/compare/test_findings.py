@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from pathlib import Path
 
 import pytest
@@ -224,9 +225,15 @@ def test_lanes_share_the_cores_and_keep_their_output_apart(monkeypatch, tmp_path
     calls: list[tuple[str, str]] = []
     published: list[bool] = []
 
+    third_started = threading.Event()
+
     def fake_call(cmd: list[str], stdout=None, stderr=None, env=None) -> int:
         stdout.write(b"trained\n")
         calls.append((cmd[2], env["OMP_NUM_THREADS"]))
+        if cmd[2] == "prefix-proportion":
+            third_started.set()
+        if cmd[2] == "span-length":  # holds its lane, so only the failed lane can take the third
+            third_started.wait(timeout=30)
         return 3 if cmd[2] == "nsp-sop" else 0
 
     monkeypatch.chdir(tmp_path)  # logs and report directories land here
@@ -234,6 +241,7 @@ def test_lanes_share_the_cores_and_keep_their_output_apart(monkeypatch, tmp_path
     monkeypatch.setattr(findings.subprocess, "call", fake_call)
     monkeypatch.setattr(findings, "publish", lambda: published.append(True) or [])
 
+    third_started.set()  # nothing to wait for in this run
     assert findings.main(["run", "--jobs", "2", "span-length", "objectives", "mtp-heads"]) == 0
     assert {name for name, _ in calls} == {"span-length", "objectives", "mtp-heads"}
     assert {threads for _, threads in calls} == {"2"}
@@ -241,8 +249,10 @@ def test_lanes_share_the_cores_and_keep_their_output_apart(monkeypatch, tmp_path
     assert published == [True]
 
     calls.clear()
-    assert findings.main(["run", "--jobs", "2", "nsp-sop", "span-length"]) == 3
-    assert {name for name, _ in calls} == {"nsp-sop", "span-length"}  # the other lane still ran
+    third_started.clear()  # equal tokens, so the lanes keep this order: the third waits for a lane to free
+    assert findings.main(["run", "--jobs", "2", "nsp-sop", "span-length", "prefix-proportion"]) == 3
+    assert third_started.is_set()  # the failed lane went on to the next experiment
+    assert {name for name, _ in calls} == {"nsp-sop", "span-length", "prefix-proportion"}
     assert published == [True]  # not again
 
 
