@@ -190,7 +190,7 @@ def _open_binary(path: Path, compression: Compression) -> BinaryIO:
     if compression == "gz":
         return gzip.open(path, "rb")  # type: ignore[return-value]
     if compression == "zst":
-        from objtrain.interop import require
+        from objtrain.extras import require
 
         zstandard = require("zstandard", f"reading {path.name}")
         # frames written with --long=31 need a window past zstd's default decoder limit of 2^27
@@ -246,7 +246,7 @@ def scan(path: Path, explicit: bool, text_field: str = "text") -> Source | Skipp
                 digest.update(block)
         size = path.stat().st_size
         if fmt in TABLE_FORMATS:
-            from objtrain.interop import tables
+            from objtrain.data import tables
 
             reason = tables.check(path, fmt, text_field)
         else:
@@ -278,7 +278,7 @@ def iter_documents(
     strict; without `bad` they are refused."""
     bad = bad if bad is not None else BadRecords(strict=True)
     if source.format in TABLE_FORMATS:
-        from objtrain.interop import tables
+        from objtrain.data import tables
 
         yield from tables.iter_texts(source.path, source.format, text_field, bad)
         return

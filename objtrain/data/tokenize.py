@@ -268,7 +268,7 @@ def load_tokenizer(path: Path, n_sentinels: int = DEFAULT_SENTINELS) -> tuple[To
     """A tokenizer to reuse and its model type: from a token store (its meta.json fixes the specials), a
     checkpoint, a bare .model file (the sentinel count is read from its pieces), or a Hugging Face
     tokenizer.json (or a directory holding one): objtrain's special tokens are then found in it or added
-    after its vocabulary, `n_sentinels` sentinels among them (`objtrain.interop.foreign_tokenizer`)."""
+    after its vocabulary, `n_sentinels` sentinels among them (`objtrain.data.foreign_tokenizer`)."""
     path = Path(path)
     checkpoint = _checkpoint_tokenizer(path) if path.is_dir() else None
     if checkpoint is not None and not (path / META_FILE).is_file():
@@ -277,7 +277,7 @@ def load_tokenizer(path: Path, n_sentinels: int = DEFAULT_SENTINELS) -> tuple[To
     if path.is_dir() and not (path / META_FILE).is_file() and (path / TOKENIZER_FILE).is_file():
         path = path / TOKENIZER_FILE  # a checkpoint, or a Hugging Face export that keeps tokenizer.model
     if is_hf_tokenizer(path):
-        from objtrain.interop.foreign_tokenizer import HFTokenizer, find_tokenizer_json
+        from objtrain.data.foreign_tokenizer import HFTokenizer, find_tokenizer_json
 
         file = find_tokenizer_json(path)
         if file is None:

@@ -129,7 +129,7 @@ class Tokenizer:
     """Encode/decode text; look up pieces; know which ids start a word. Thread-safe for encoding.
 
     This class wraps a sentencepiece model in objtrain's own layout; `HFTokenizer`
-    (`objtrain.interop.foreign_tokenizer`) wraps a Hugging Face `tokenizer.json` behind the same methods.
+    (`objtrain.data.foreign_tokenizer`) wraps a Hugging Face `tokenizer.json` behind the same methods.
     """
 
     file_name = "tokenizer.model"  # the file a store or checkpoint keeps it in
@@ -279,7 +279,7 @@ def tokenizer_from_file(path: Path, specials: Specials) -> Tokenizer:
     """The tokenizer a store or checkpoint keeps: a sentencepiece model, or a Hugging Face `tokenizer.json`
     (then `specials` says where objtrain's special tokens are)."""
     if Path(path).name.endswith(".json"):
-        from objtrain.interop.foreign_tokenizer import HFTokenizer
+        from objtrain.data.foreign_tokenizer import HFTokenizer
 
         return HFTokenizer.from_file(path, specials)
     return Tokenizer.from_file(path, specials)

@@ -1,35 +1,17 @@
-"""Talking to other tools: Hugging Face export and import, foreign tokenizers, corpora as users keep them.
+"""Talking to other tools: Hugging Face export and `--init-from` a Hugging Face or objtrain checkpoint.
 
-Everything here that needs an optional package (`transformers`, `tokenizers`, `pyarrow`, `zstandard`)
-imports it where it is used and says which extra to install when it is missing (`require`).
+Reading what users bring (Parquet and Arrow corpora, `.zst` files, a Hugging Face `tokenizer.json`) is the
+data layer's job (`objtrain.data`). Everything here that needs an optional package imports it where it is
+used and says which extra to install when it is missing (`require`, from `objtrain.extras`).
 """
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 
-from objtrain.errors import UserError
+from objtrain.extras import EXTRAS, require
 
-EXTRAS = {
-    "transformers": "hf",
-    "tokenizers": "hf",
-    "pyarrow": "parquet",
-    "zstandard": "parquet",
-    "google": "hf",  # protobuf, which transformers needs to read a sentencepiece model
-    "wandb": "wandb",
-}
-
-
-def require(module: str, purpose: str) -> ModuleType:
-    """Import an optional dependency, or one line naming the extra that provides it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        extra = EXTRAS.get(module.split(".")[0], "hf")
-        raise UserError(
-            f"{purpose} needs the {module.split('.')[0]!r} package: pip install 'objtrain[{extra}]'"
-        ) from None
+__all__ = ["EXTRAS", "quiet_transformers", "require"]
 
 
 def quiet_transformers() -> ModuleType:

@@ -79,7 +79,7 @@ def _tokenizer_files(ckpt: Checkpoint, directory: Path) -> None:
 
     assert ckpt.tokenizer is not None
     if ckpt.tokenizer.kind == "huggingface":  # a store made with another model's tokenizer.json
-        from objtrain.interop.foreign_tokenizer import HFTokenizer, save_hf_files
+        from objtrain.data.foreign_tokenizer import HFTokenizer, save_hf_files
 
         assert isinstance(ckpt.tokenizer, HFTokenizer)
         save_hf_files(ckpt.tokenizer, directory)

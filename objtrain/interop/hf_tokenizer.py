@@ -20,7 +20,7 @@ from typing import Any
 
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
-from objtrain.interop import require
+from objtrain.extras import require
 from objtrain.specials import FIXED_PIECES
 
 NAMED = ("pad", "unk", "bos", "eos", "mask", "cls", "sep")  # transformers' own special-token slots

@@ -138,7 +138,7 @@ def test_every_objective_reads_the_stores_special_ids(store: Path, name: str, ki
 
 
 def test_t5_sentinels_are_reused_when_they_form_its_block() -> None:
-    from objtrain.interop.foreign_tokenizer import plan_specials
+    from objtrain.data.foreign_tokenizer import plan_specials
 
     sentinels = [f"<extra_id_{k}>" for k in reversed(range(8))]  # T5: <extra_id_0> has the highest id
     tok = byte_level_bpe(

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from objtrain.data.sources import BadRecords
-from objtrain.interop import require
+from objtrain.extras import require
 
 BATCH_ROWS = 1024  # rows per Parquet read: a few MB of text at most, well under a row group
 

@@ -35,7 +35,7 @@ import torch
 
 from objtrain.data.tokenizer import WORD_START, Tokenizer
 from objtrain.errors import UserError
-from objtrain.interop import require
+from objtrain.extras import require
 from objtrain.specials import FIXED_PIECES, Specials, sentinel_piece
 
 # Other spellings of objtrain's fixed special tokens that published tokenizers use.
