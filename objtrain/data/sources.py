@@ -3,7 +3,8 @@
 Formats, chosen by file name: `*.jsonl` is one JSON object per line with the text in one field; `*.parquet`
 is a Parquet file with the text in one column (read a row group at a time); `*.arrow` is an Arrow IPC
 stream (a `datasets` `save_to_disk` folder holds these, next to its `state.json`, which gives their order);
-anything else is UTF-8 text. JSONL and text may be compressed (`*.gz`, `*.zst`). A text file is one document
+anything else is UTF-8 text. JSONL and text may be compressed (`*.gz`, `*.zst`); a compressed file cut short
+is a bad file (below), never a shorter corpus. A text file is one document
 unless `doc_split` cuts it:
 - `blank-line`: a document is a run of non-blank lines, without the line break that ends its last line;
 - `line`: every non-blank line is a document, without its line break.
@@ -199,6 +200,65 @@ def _open_binary(path: Path, compression: Compression) -> BinaryIO:
     return open(path, "rb")
 
 
+ZSTD_MAGIC = 0xFD2FB528
+ZSTD_SKIPPABLE = 0x184D2A50  # to 0x184D2A5F: frames of metadata, no content
+
+
+def zstd_truncation(path: Path) -> str | None:
+    """Where a `.zst` file ends inside a frame, or None when every frame is whole.
+
+    zstandard's streaming reader stops quietly at the end of the input, so a cut file would read as a
+    shorter corpus; gzip raises instead. Walking the frame and block headers (RFC 8878) finds the cut
+    without decompressing: only the headers are read, the blocks are seeked over.
+    """
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+
+        def need(n: int, what: str, frame: int) -> bytes:
+            data = f.read(n)
+            if len(data) < n:
+                raise _Cut(f"truncated zstd file: it ends inside {what} of frame {frame} (at byte {size})")
+            return data
+
+        frame = 0
+        try:
+            while header := f.read(4):
+                frame += 1
+                if len(header) < 4:
+                    raise _Cut(f"truncated zstd file: it ends inside the header of frame {frame}")
+                magic = int.from_bytes(header, "little")
+                if magic & 0xFFFFFFF0 == ZSTD_SKIPPABLE:
+                    length = int.from_bytes(need(4, "the header", frame), "little")
+                    if f.seek(length, os.SEEK_CUR) > size:
+                        raise _Cut(f"truncated zstd file: it ends inside frame {frame} (at byte {size})")
+                    continue
+                if magic != ZSTD_MAGIC:
+                    return None  # not zstd here: decompressing says so, with zstandard's own message
+                descriptor = need(1, "the header", frame)[0]
+                single_segment = descriptor >> 5 & 1
+                fcs = (1 if single_segment else 0, 2, 4, 8)[descriptor >> 6]
+                need((0 if single_segment else 1) + (0, 1, 2, 4)[descriptor & 3] + fcs, "the header", frame)
+                last = 0
+                while not last:
+                    block = int.from_bytes(need(3, "a block header", frame), "little")
+                    last, kind, length = block & 1, block >> 1 & 3, block >> 3
+                    if kind == 1:  # RLE: one byte repeated
+                        length = 1
+                    if f.seek(length, os.SEEK_CUR) > size:
+                        raise _Cut(
+                            f"truncated zstd file: it ends inside a block of frame {frame} (at byte {size})"
+                        )
+                if descriptor >> 2 & 1:
+                    need(4, "the checksum", frame)
+        except _Cut as cut:
+            return str(cut)
+    return None
+
+
+class _Cut(Exception):
+    pass
+
+
 def _read_errors() -> tuple[type[BaseException], ...]:
     """What reading a damaged compressed file raises: gzip's errors, and zstandard's when it is installed."""
     errors: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error)
@@ -250,8 +310,8 @@ def scan(path: Path, explicit: bool, text_field: str = "text") -> Source | Skipp
 
             reason = tables.check(path, fmt, text_field)
         else:
-            with _open_binary(path, compression) as stream:
-                reason = _check_text(stream)
+            with _open_binary(path, compression) as stream:  # first: a missing zstandard is named
+                reason = (zstd_truncation(path) if compression == "zst" else None) or _check_text(stream)
     except _read_errors() as exc:
         reason = f"unreadable ({exc.__class__.__name__}: {exc})" if compression else f"unreadable ({exc})"
     if reason is not None:

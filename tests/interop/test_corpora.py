@@ -275,3 +275,64 @@ def test_missing_extra_is_one_line_naming_it(tmp_path: Path) -> None:
         )
         assert done.returncode == 2 and extra in done.stderr and "Traceback" not in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["t.txt.zst", "t.jsonl.zst"])
+def test_truncated_zst_is_refused_or_skipped_like_gz(
+    tmp_path: Path, model_file: Path, objtrain_cli: Cli, name: str
+) -> None:
+    """zstandard's streaming reader stops quietly where the bytes end: a cut file must not read as a
+    shorter corpus. Named, it is refused in one line (exit 2); inside a directory, skipped and listed."""
+    zstandard = pytest.importorskip("zstandard", reason="the 'parquet' extra (zstandard) is not installed")
+    if name.endswith(".jsonl.zst"):
+        body = "".join(json.dumps({"text": f"record {i} " + TEXTS[i % 4]}) + "\n" for i in range(5000))
+    else:
+        body = "".join(f"Paragraph {i} of a long text file.\n\n" for i in range(5000))
+    whole = zstandard.ZstdCompressor(write_checksum=True).compress(body.encode())
+    for cut, where in ((len(whole) // 2, "a block"), (len(whole) - 2, "the checksum"), (3, "the header")):
+        (tmp_path / name).write_bytes(whole[:cut])
+        code, _, err = objtrain_cli(
+            "tokenize",
+            tmp_path / name,
+            "--tokenizer",
+            model_file,
+            "--doc-split",
+            "blank-line",
+            "-o",
+            tmp_path / "s",
+        )
+        assert code == 2 and "truncated zstd file" in err and where in err and "Traceback" not in err, err
+        assert len(err.strip().splitlines()) == 1 and not (tmp_path / "s").exists()
+    # the gzip path, for comparison: the same refusal
+    (tmp_path / "t.txt.gz").write_bytes(gzip.compress(body.encode())[:-40])
+    code, _, err = objtrain_cli(
+        "tokenize", tmp_path / "t.txt.gz", "--tokenizer", model_file, "-o", tmp_path / "s"
+    )
+    assert code == 2 and "Traceback" not in err, err
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / name).write_bytes(whole[: len(whole) // 2])
+    (folder / "whole.txt.zst").write_bytes(
+        whole if name.endswith(".txt.zst") else zstandard.compress(b"kept\n")
+    )
+    summary = tokenize_corpus([folder], tmp_path / "d", reuse(model_file))
+    assert [s.path.name for s in summary.skipped] == [name]
+    assert "truncated zstd file" in summary.skipped[0].reason
+    assert summary.n_sources == 1
+    skipped = TokenStore.open(tmp_path / "d").meta["skipped"]
+    assert name in json.dumps(skipped)
+
+
+def test_whole_zst_with_skippable_frames_and_checksums_reads_through(
+    tmp_path: Path, model_file: Path
+) -> None:
+    zstandard = pytest.importorskip("zstandard", reason="the 'parquet' extra (zstandard) is not installed")
+    skippable = (0x184D2A53).to_bytes(4, "little") + (5).to_bytes(4, "little") + b"meta!"
+    frames = skippable + zstandard.ZstdCompressor(write_checksum=True, write_content_size=False).compress(
+        "\n\n".join(TEXTS[:10]).encode()
+    )
+    frames += zstandard.ZstdCompressor(level=19).compress(("\n\n" + "\n\n".join(TEXTS[10:20])).encode())
+    (tmp_path / "a.txt.zst").write_bytes(frames)
+    tokenize_corpus([tmp_path / "a.txt.zst"], tmp_path / "s", reuse(model_file, doc_split="blank-line"))
+    assert len(documents(tmp_path / "s")) == 20
