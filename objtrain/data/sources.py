@@ -20,6 +20,7 @@ column, is skipped and counted (`BadRecords`) unless the caller asks for strictn
 from __future__ import annotations
 
 import codecs
+import errno
 import fnmatch
 import gzip
 import hashlib
@@ -114,6 +115,33 @@ def _matches(patterns: Sequence[str], rel: str) -> bool:
     return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(rel, p) for p in patterns)
 
 
+def check_input(path: Path, what: str = "input") -> None:
+    """A one-line `UserError` for an input that leads nowhere: a symbolic-link loop (where
+    `Path.resolve()` raises RuntimeError), a link to nothing, a missing path."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UserError(
+                f"{what} {path} is a symbolic-link loop: it never reaches a file or directory"
+            ) from None
+        if os.path.islink(path):
+            raise UserError(
+                f"{what} {path} is a symbolic link to {os.readlink(path)}, which does not exist"
+            ) from None
+        if exc.errno == errno.ENOENT:
+            raise UserError(f"{what} not found: {path}") from None
+        raise UserError(f"{what} {path}: {exc.strerror}") from None
+
+
+def _key(path: Path) -> Path:
+    """`path.resolve()`, or its absolute spelling where a link loop keeps it from resolving."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):  # RuntimeError: Python < 3.13's report of a link loop
+        return path.absolute()
+
+
 def find_files(
     inputs: Sequence[Path], include: Sequence[str] = (), exclude: Sequence[str] = (), skip: Path | None = None
 ) -> list[tuple[Path, bool]]:
@@ -123,12 +151,14 @@ def find_files(
     match a file's name or its path relative to the directory (`*.txt`, `*/test/*`). Files named
     explicitly are always taken. `skip` (the output directory) is never walked into.
     """
-    skip_key = skip.resolve() if skip is not None else None
+    for raw in inputs:
+        check_input(Path(raw))
+    skip_key = _key(skip) if skip is not None else None
     found: list[tuple[Path, bool]] = []
     seen: set[Path] = set()
 
     def add(path: Path, explicit: bool) -> None:
-        key = path.resolve()
+        key = _key(path)
         if key not in seen:
             seen.add(key)
             found.append((path, explicit))
@@ -140,7 +170,7 @@ def find_files(
         elif path.is_dir():
             for dirpath, dirnames, filenames in os.walk(path):
                 dirnames[:] = sorted(
-                    d for d in dirnames if not d.startswith(".") and (Path(dirpath) / d).resolve() != skip_key
+                    d for d in dirnames if not d.startswith(".") and _key(Path(dirpath) / d) != skip_key
                 )
                 names = sorted(filenames)
                 if DATASETS_FILES & set(names):
@@ -154,10 +184,11 @@ def find_files(
                         continue
                     if exclude and _matches(exclude, rel):
                         continue
-                    if file.is_file():
+                    # a link to nothing (or a link loop) is listed by scan() as unreadable, not ignored
+                    if file.is_file() or (file.is_symlink() and not file.exists()):
                         add(file, False)
         else:
-            raise UserError(f"input not found: {path}")
+            raise UserError(f"input {path} is neither a file nor a directory")
     return found
 
 

@@ -435,7 +435,11 @@ def tokenize_corpus(
     progress = progress or Progress()
     output = Path(output)
     _check_config(config, inputs)
+    for path in inputs:  # before anything resolves them: a link loop is one line, not a traceback
+        src.check_input(Path(path))
     extra = [config.tokenizer] if config.tokenizer is not None else []
+    if config.tokenizer is not None:
+        src.check_input(Path(config.tokenizer), "--tokenizer")
     check_output_free(output, force, inputs=[*inputs, *extra], replaces=("an objtrain store", (META_FILE,)))
     start = time.perf_counter()
     sources, skipped = collect_sources(inputs, config, progress, output)

@@ -50,6 +50,34 @@ def test_missing_path(cli: Cli, tmp_path: Path) -> None:
     assert_refused(cli("pack", tmp_path / "nope", "-o", tmp_path / "p"), "not a token store", tmp_path / "p")
 
 
+def test_symbolic_link_loop_or_dangling_link_as_input(
+    cli: Cli, tmp_path: Path, corpus_dir: Path, model_file: Path
+) -> None:
+    """Named, a link that leads nowhere is one line (not Path.resolve()'s RuntimeError); inside a
+    directory it is skipped and listed like any unreadable file."""
+    (tmp_path / "la").symlink_to(tmp_path / "lb")
+    (tmp_path / "lb").symlink_to(tmp_path / "la")
+    (tmp_path / "gone").symlink_to(tmp_path / "nothing-here")
+    out = tmp_path / "s"
+    with_model = ("--tokenizer", model_file)
+    assert_refused(cli("tokenize", tmp_path / "la", *with_model, "-o", out), "is a symbolic-link loop", out)
+    assert_refused(cli("tokenize", tmp_path / "la", "-o", out), "is a symbolic-link loop", out)
+    assert_refused(cli("tokenize", corpus_dir, tmp_path / "la", "-o", out), "is a symbolic-link loop", out)
+    assert_refused(cli("tokenize", tmp_path / "gone", *with_model, "-o", out), "which does not exist", out)
+    loop_tokenizer = ("--tokenizer", tmp_path / "la")
+    assert_refused(cli("tokenize", corpus_dir, *loop_tokenizer, "-o", out), "--tokenizer", out)
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.txt").write_text("some text\n")
+    (folder / "loop.txt").symlink_to(tmp_path / "la")
+    (folder / "dangling.txt").symlink_to(tmp_path / "nothing-here")
+    code, _, err = cli("tokenize", folder, *with_model, "-o", out)
+    assert code == 0, err
+    skipped = json.loads((out / "meta.json").read_text())["skipped"]
+    assert sorted(Path(s["path"]).name for s in skipped) == ["dangling.txt", "loop.txt"], skipped
+
+
 def test_empty_corpus(cli: Cli, tmp_path: Path, model_file: Path) -> None:
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "empty.txt").write_text("")
