@@ -54,6 +54,16 @@ def train_sentencepiece(
     # hold as a piece and which stays <unk>)
     lines = list(lines)
     characters = set().union(*map(set, lines))
+    # every character needs a piece of its own; sentencepiece's char trainer fails on too few with no
+    # message at all (or, a piece short, quietly drops one), so the size is checked here for every model
+    needed = specials.first_ordinary + len(characters - {"\x00"})
+    if vocab_size < needed:
+        raise UserError(
+            f"--vocab-size {vocab_size} is too small for this corpus without byte fallback: its "
+            f"{needed - specials.first_ordinary} distinct characters each need a piece besides the "
+            f"{specials.first_ordinary} special tokens; pass --vocab-size {needed} or more, or drop "
+            "--no-byte-fallback"
+        )
     extra = sorted(characters & {"\n", "\r"})
     model = _train(lines, vocab_size, model_type, specials, num_threads, False, extra)
     known = spm.SentencePieceProcessor(model_proto=model)
@@ -120,9 +130,12 @@ def _training_error(text: str, vocab_size: int) -> str:
             f"--vocab-size {vocab_size} is too small for the distinct characters of this corpus: "
             f"pass --vocab-size {needed} or more"
         )
-    last = text.strip().splitlines()[-1] if text.strip() else "unknown reason"
-    last = re.sub(r"^INTERNAL: \S+\(\d+\) \[[^\]]*\]\s*", "", last)  # the library's source location
-    return f"tokenizer training failed: {last}"
+    last = text.strip().splitlines()[-1] if text.strip() else ""
+    where = re.match(r"^INTERNAL: \S+\(\d+\) \[([^\]]*)\]\s*", last)  # the library's source location
+    if where:
+        # a bare failed check (`[(vocab_size) >= (0)]`) says more than nothing after the colon
+        last = last[where.end() :] or f"sentencepiece's check {where.group(1)} failed"
+    return f"tokenizer training failed: {last or text.strip() or 'no reason given by sentencepiece'}"
 
 
 class Tokenizer:

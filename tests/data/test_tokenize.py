@@ -221,6 +221,34 @@ def test_closed_alphabet_character_vocabulary(tmp_path: Path) -> None:
         )  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("model_type", ["char", "unigram", "bpe"])
+def test_closed_alphabet_too_small_says_the_size_that_fits(tmp_path: Path, model_type: str) -> None:
+    """At the minimum the specials allow, a corpus's characters do not fit without byte fallback: the
+    error names the size that does (sentencepiece's char trainer said nothing, and one piece short it
+    silently dropped a character), and that size trains a lossless vocabulary."""
+    text = "To be, or not to be: that is the question.\nWhether 'tis nobler\tin the mind\r\n" * 5
+    (tmp_path / "play.txt").write_text(text, encoding="utf-8")
+    first = Specials(n_sentinels=0).first_ordinary
+    needed = first + len(set(text))
+    base = dict(model_type=model_type, n_sentinels=0, valid_fraction=0.0, byte_fallback=False)
+    for size in (first + 1, needed - 1):
+        with pytest.raises(UserError) as refused:
+            tokenize_corpus([tmp_path / "play.txt"], tmp_path / "x", TokenizeConfig(**base, vocab_size=size))  # type: ignore[arg-type]
+        assert f"pass --vocab-size {needed} or more" in str(refused.value), refused.value
+        assert not (tmp_path / "x").exists()
+    tokenize_corpus([tmp_path / "play.txt"], tmp_path / "ok", TokenizeConfig(**base, vocab_size=needed))  # type: ignore[arg-type]
+    tok = TokenStore.open(tmp_path / "ok").tokenizer
+    assert tok.decode(tok.encode(text)) == text and tok.specials.unk not in tok.encode(text)
+
+
+def test_sentencepiece_failure_without_a_message_still_says_something() -> None:
+    from objtrain.data.tokenizer import _training_error
+
+    said = _training_error("INTERNAL: src/char_model_trainer.cc(39) [(vocab_size) >= (0)] ", 15)
+    assert said == "tokenizer training failed: sentencepiece's check (vocab_size) >= (0) failed"
+    assert not _training_error("", 15).endswith(": ")
+
+
 def test_token_dtype_widens_for_big_vocabularies() -> None:
     assert token_dtype(65536) == np.uint16 and token_dtype(65537) == np.uint32
 
