@@ -15,20 +15,16 @@ Per optimizer step (reference training.md sections 1, 2, 8, 9):
 Then log, validate and checkpoint on their intervals. The lr is a pure function of (optimizer steps
 taken, total steps): a step fp16's GradScaler skips does not advance it (reference training.md section 2).
 Data is a pure function of (seed, rows consumed), RNG states are saved: a resumed run is bit-identical.
+
+Around the loop: `plan` (the checks before anything is written), `budget` (the run's length), `records`
+(what a run records about itself: state, config, provenance, resume checks) and `steps` (step accounting).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import os
-import platform
-import shlex
-import shutil
 import signal
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Collection
 from contextlib import nullcontext
@@ -37,47 +33,34 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from rich.console import Console
 from rich.markup import escape
 from torch import Tensor, nn
 
 from objtrain import IGNORE
 from objtrain.batch import Batch
-from objtrain.config import to_dict
-from objtrain.data.default import default_store
-from objtrain.devices import auto_dtype, resolve_device
+from objtrain.devices import resolve_device
 from objtrain.errors import UserError
-from objtrain.interop import require
-from objtrain.io import (
-    OutputLock,
-    Unwritable,
-    atomic_file,
-    check_output_free,
-    check_writable,
-    is_unwritable,
-    unwritable,
-)
+from objtrain.io import Unwritable, is_unwritable, unwritable
 from objtrain.models.base import TrunkOutput
 from objtrain.models.checkpoint import unwrap
-from objtrain.models.zoo import ModelConfig, build_model, count_parameters, model_config
+from objtrain.models.zoo import build_model, count_parameters
 from objtrain.objectives.base import LossOutput, Objective
 from objtrain.objectives.mtp import mtp_head_loss
 from objtrain.objectives.registry import build_objective
 from objtrain.training import accounting
 from objtrain.training import checkpoint as ckpt
 from objtrain.training import distributed as dist
-from objtrain.training.config import DEFAULT_STEPS, TrainConfig, check_divisible, config_dict
+from objtrain.training.budget import total_steps
+from objtrain.training.config import TrainConfig, config_dict
 from objtrain.training.cores import packed_cores
 from objtrain.training.data import (
     CorruptedRows,
     MixedStream,
     Position,
     RowSampler,
-    Sources,
     leading_batches,
     make_loader,
-    open_sources,
     received,
     validation_batches,
     workers_stopped,
@@ -91,42 +74,17 @@ from objtrain.training.optim import (
     scaled_step,
     set_lr,
 )
-
-DEFAULT_SEQ_LEN = 256
-RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints")  # what makes a directory a training run
-LEFT_TO_RIGHT = ("clm", "mtp", "fim", "prefix_lm")  # decoder objectives whose model scores text left to right
-
-
-class NonFiniteLoss(UserError):
-    """The loss or the gradient norm is NaN or infinite: the run stops, the last good checkpoint stays."""
-
-
-@dataclass
-class Plan:
-    """Everything checked and resolved before a file is written."""
-
-    cfg: TrainConfig
-    run_dir: Path
-    world: dist.World
-    device: torch.device
-    dtype: str
-    source: Sources  # one store, or a mixture (data.sources)
-    objective: Objective
-    model_cfg: ModelConfig
-    seq_len: int
-    micro_batch: int
-    accumulation: int
-    resume_from: Path | None
-    has_valid: bool
-    init: Any = None  # objtrain.interop.init_from.InitSource: the weights --init-from starts from
-    init_origin: str | None = None  # what the run started from, kept in every checkpoint across resumes
-    dtype_note: str = ""  # how --dtype auto was resolved ("" when given explicitly)
-    lock: OutputLock | None = None  # RUN held by this process (main rank) while it trains
-
-    def release(self) -> None:
-        """Let RUN go (another process may then write it)."""
-        if self.lock is not None:
-            self.lock.release()
+from objtrain.training.plan import LEFT_TO_RIGHT, Plan, prepare
+from objtrain.training.records import (
+    RunState,
+    check_resume,
+    claim,
+    numerics_changed,
+    resolved_settings,
+    training_info,
+    write_record,
+)
+from objtrain.training.steps import NonFiniteLoss, StepOutcome, realised, target_len
 
 
 @dataclass
@@ -145,242 +103,6 @@ class TrainResult:
     validation: dict[str, float] = field(default_factory=dict)
     stopped: str = ""  # "" = finished; "SIGINT" or "SIGTERM": stopped early after saving a checkpoint
     mfu: float = float("nan")  # median over the steps after the first (which holds compilation and warm-up)
-
-
-def prepare(
-    cfg: TrainConfig,
-    run_dir: Path,
-    resume: bool = False,
-    force: bool = False,
-    world: dist.World | None = None,
-    console: Console | None = None,
-) -> Plan:
-    """Check everything a run needs and resolve defaults; raise `UserError` before writing anything.
-
-    An existing RUN (--resume, --force) is locked here, before anything in it is read or cleaned, and
-    stays locked by the returned plan (`Plan.release`); a new RUN is locked when the run creates it."""
-    if resume and force:  # --resume would win and silently keep the run --force meant to replace
-        raise UserError("--resume continues RUN and --force replaces it: give one of them")
-    world = world or dist.World()
-    run_dir = Path(run_dir)
-    device = resolve_device(cfg.device)
-    if world.distributed and device.type == "cuda":
-        device = torch.device("cuda", world.local_rank)
-    if run_dir.exists() and not (resume or force):
-        raise UserError(f"{run_dir} already exists (pass --resume to continue it or --force to replace it)")
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UserError(f"{run_dir} exists and is not a run directory")
-    if world.is_main:  # a read-only mount, no permission, a full disk: now, not after the model is built
-        check_writable(run_dir)
-    if cfg.logging.wandb is not None and world.is_main:  # asked for by name: missing is an error, not a note
-        require("wandb", "logging.wandb")
-    # Only a run is locked here: a folder of the user's that has the name is refused below, untouched.
-    markers = (*RUN_MARKERS, OutputLock.NAME)
-    ours = run_dir.is_dir() and (not any(run_dir.iterdir()) or any((run_dir / m).exists() for m in markers))
-    lock = OutputLock(run_dir, "-o").acquire() if world.is_main and ours else None
-    try:
-        plan = _resolve(cfg, run_dir, resume, force, world, device, console)
-    except BaseException:
-        if lock is not None:
-            lock.release()
-        raise
-    plan.lock = lock
-    return plan
-
-
-def _resolve(
-    cfg: TrainConfig,
-    run_dir: Path,
-    resume: bool,
-    force: bool,
-    world: dist.World,
-    device: torch.device,
-    console: Console | None,
-) -> Plan:
-    """`prepare` past the checks of RUN itself (and its lock)."""
-    checkpoints = ckpt.checkpoints_dir(run_dir)
-    if resume and checkpoints.exists() and not checkpoints.is_dir():
-        raise UserError(f"{checkpoints} is not a directory: {run_dir} is not a run to resume")
-
-    store = cfg.data.store
-    if store is None and not cfg.data.sources:
-        store = str(_embedded_store(world, console))
-    source = open_sources(store, cfg.data.sources)
-    if cfg.data.store is not None:  # recorded absolute: `objtrain eval RUN` finds it from any directory
-        absolute = str(Path(cfg.data.store).absolute())
-        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, store=absolute))
-    if force and run_dir.exists():
-        paths = [m.path for m in source.members]
-        markers = (*RUN_MARKERS, OutputLock.NAME)  # a run killed as it began holds only its lock
-        check_output_free(run_dir, True, paths, replaces=("a training run", markers))
-    objective = build_objective(
-        cfg.objective.name,
-        source.specials,
-        tokenizer=source.tokenizer,
-        model_kind=cfg.model.kind,  # type: ignore[arg-type]
-        overrides=cfg.objective.overrides,
-    )
-    overrides = dict(cfg.model.overrides)
-    if objective.name == "mtp":
-        n = int(objective.config.n)
-        if overrides.setdefault("mtp_heads", n) != n:
-            raise UserError(
-                f"mtp with n={n} needs mtp_heads={n}, the model override says {overrides['mtp_heads']}"
-            )
-    # SimCSE's two views differ only by dropout, and every model size ships with none: default to SimCSE's
-    # 0.1 and refuse an explicit 0, which would train the trivial task of matching a row to itself.
-    dropout_views = objective.name == "contrastive" and objective.config.views == "dropout"
-    if dropout_views and float(overrides.setdefault("dropout", 0.1)) <= 0:
-        raise UserError("contrastive with views=dropout needs model dropout > 0 (SimCSE: model.dropout=0.1)")
-    model_cfg = model_config(
-        objective.model_kind, cfg.model.size, overrides, vocab_size=source.tokenizer.vocab_size
-    )
-    seq_len = cfg.batch.seq_len or source.packed_length or DEFAULT_SEQ_LEN
-    micro, accumulation = check_divisible(cfg, world.world_size)
-    has_valid = source.has_split(cfg.data.valid_split)
-    if cfg.validation.every >= 0 and not has_valid:
-        raise UserError(no_valid_split(source, cfg.data.valid_split))
-    # Both splits are read and checked now, before anything is written: a damaged store leaves no run behind.
-    if cfg.validation.every >= 0:
-        source.documents(cfg.data.valid_split)
-    _probe_objective(objective, source, seq_len, cfg.seed)
-    resume_from = None
-    if resume and run_dir.exists():
-        if world.is_main:
-            ckpt.clean_leftovers(run_dir)
-        resume_from = ckpt.latest_checkpoint(run_dir)
-        skipped = ckpt.skipped_newer(run_dir, resume_from) if resume_from is not None else []
-        if resume_from is not None and skipped and console is not None and world.is_main:
-            names = ", ".join(p.name for p in skipped)
-            console.print(
-                f"note: {names} incomplete or damaged (a kill while saving?): resuming from "
-                f"{resume_from.name}, the steps after it are trained again",
-                markup=False,
-            )
-        if (
-            resume_from is None
-            and ckpt.checkpoints_dir(run_dir).is_dir()
-            and any(p.name.startswith("step-") for p in ckpt.checkpoints_dir(run_dir).iterdir())
-        ):
-            raise UserError(
-                f"{run_dir} has checkpoints but none is complete; refusing to restart from scratch"
-            )
-    init, init_origin = None, cfg.init_from
-    if cfg.init_from is not None and resume_from is None:
-        from objtrain.interop import init_from
-
-        init = init_from.load_source(Path(cfg.init_from))
-        init_from.check_tokenizer(init, source.tokenizer, source.path)
-        model_cfg = init_from.model_config(init, model_cfg, overrides)
-    elif resume_from is not None:
-        from objtrain.interop import init_from
-
-        # a run started --init-from has the source's shape: its checkpoints say so, whatever the flags now
-        model_cfg, init_origin = init_from.resumed_model_config(resume_from, model_cfg)
-    dtype, dtype_note = _choose_dtype(cfg.precision.dtype, device, resume_from)
-    check_precision(dtype, device)
-    return Plan(
-        cfg,
-        run_dir,
-        world,
-        device,
-        dtype,
-        source,
-        objective,
-        model_cfg,
-        seq_len,
-        micro,
-        accumulation,
-        resume_from,
-        has_valid,
-        init,
-        init_origin,
-        dtype_note,
-    )
-
-
-def no_valid_split(sources: Any, split: str) -> str:
-    """The refusal for a store without validation data, with the ways out: a corpus of a few whole files
-    has too few documents to split, so cutting them into paragraphs or lines is usually the fix. For a
-    mixture, the first store that lacks the split."""
-    lacking = sources.lacking(split) if hasattr(sources, "lacking") else sources.path
-    source = next((m for m in getattr(sources, "members", [sources]) if m.path == lacking), sources)
-    splits = source.store.meta.get("splits", {})
-    unit = "rows" if source.packed_length else "documents"
-    total = sum(int(info.get(unit, 0)) for info in splits.values() if isinstance(info, dict))
-    few = f" (its {total:,} {unit} are too few to split)" if total < 100 else ""
-    return (
-        f"{source.path} has no {split!r} split to validate on{few}: re-run `objtrain tokenize` with "
-        "--doc-split blank-line (paragraphs) or --doc-split line to cut files into more documents, or a "
-        "larger --valid-fraction; or train without validation: validation.every=-1"
-    )
-
-
-def _choose_dtype(requested: str, device: torch.device, resume_from: Path | None) -> tuple[str, str]:
-    """(dtype, why): a resumed run keeps the precision it was started in (`auto` takes the checkpoint's;
-    another explicit one is refused); a new run's `auto` is decided by the device's units (`auto_dtype`)."""
-    saved = ckpt.read_state(resume_from).get("dtype") if resume_from is not None else None
-    if resume_from is None or saved not in accounting.DTYPES:  # new, or saved before dtypes were recorded
-        if requested != "auto":
-            return requested, ""
-        dtype, why = auto_dtype(device)
-        return dtype, f"auto: {why}"
-    if requested == "auto":
-        return saved, f"auto: the precision of {resume_from.name}"
-    if requested != saved:
-        raise UserError(
-            f"--resume: the run trains in {saved} ({resume_from.name}); --dtype {requested} would change its "
-            f"precision mid-run: resume with --dtype {saved} or auto, or start a new run (-o)"
-        )
-    return saved, ""
-
-
-def _embedded_store(world: dist.World, console: Console | None) -> Path:
-    """Rank 0 builds the standard-library store once (with a progress bar); the others wait for it."""
-    from objtrain.data.default import default_store_path
-
-    path = default_store_path()
-    if world.is_main and not (path / "meta.json").is_file():
-        if console is not None:
-            console.print(
-                f"building the embedded standard-library store once, in {path}", highlight=False, markup=False
-            )
-        progress = None
-        if console is not None and console.is_terminal:
-            from objtrain.cli.tokenize import RichProgress
-
-            progress = RichProgress(console)
-            with progress.bar:
-                default_store(progress)
-        else:
-            default_store()
-    dist.barrier(world)
-    return path
-
-
-def _probe_objective(objective: Objective, source: Sources, seq_len: int, seed: int) -> None:
-    """Corrupt two real rows now, so a seq-len too short for the objective is refused before any work."""
-    stream = source.stream("train", seed)  # a damaged split says so itself, not as a --seq-len problem
-    try:
-        (batch,) = leading_batches(stream, objective, seq_len, 2, 2, seed, within_epoch=False)
-    except UserError as exc:
-        raise UserError(f"--seq-len {seq_len} does not work for {objective.name}: {exc}") from None
-    except (ValueError, RuntimeError, IndexError) as exc:
-        raise UserError(f"--seq-len {seq_len} is too short for {objective.name} ({exc})") from None
-    if batch.n_targets == 0 and batch.seq_labels is None:
-        raise UserError(f"--seq-len {seq_len} is too short for {objective.name}: its rows have no targets")
-
-
-def total_steps(cfg: TrainConfig, plan: Plan, step_seconds: Callable[[], float] | None = None) -> int:
-    b = cfg.budget
-    if b.steps is not None:
-        return b.steps
-    if b.tokens is not None:
-        return max(math.ceil(b.tokens / (cfg.batch.batch_size * plan.seq_len)), 1)
-    if b.seconds is not None:
-        assert step_seconds is not None
-        return max(int(b.seconds / max(step_seconds(), 1e-6)), 1)
-    return DEFAULT_STEPS
 
 
 def autocast(device: torch.device, dtype: str) -> Any:
@@ -521,29 +243,6 @@ def validate(model: nn.Module, plan: Plan, valid: ValidationSets, sharded: bool 
     return out
 
 
-def _training_info(plan: Plan, step: int, tokens: int) -> dict[str, Any]:
-    """What `eval` and `generate` read back from the checkpoint."""
-    cfg = plan.cfg
-    objective_config = (
-        to_dict(plan.objective.config) if hasattr(plan.objective.config, "__dataclass_fields__") else {}
-    )
-    info: dict[str, Any] = {
-        "objective": plan.objective.name,
-        "objective_config": objective_config,
-        "model_kind": plan.model_cfg.kind,
-        "model_size": cfg.model.size,
-        "seq_len": plan.seq_len,
-        "step": step,
-        "tokens": tokens,
-        "seed": cfg.seed,
-    }
-    if plan.init_origin is not None:
-        info["init_from"] = plan.init_origin
-    if plan.objective.name == "fim":
-        info["fim_mode"] = "spm" if float(objective_config.get("spm_rate", 0.0)) > 0.5 else "psm"
-    return info
-
-
 def train(
     cfg: TrainConfig,
     run_dir: Path,
@@ -588,54 +287,6 @@ def train(
         dist.teardown()
 
 
-@dataclass
-class RunState:
-    """Where a run stands: saved in every checkpoint's `state.json`, restored by `--resume`."""
-
-    step: int = 0
-    optimizer_steps: int = 0  # steps that updated the weights (fp16's scaler skips some): the lr's clock
-    position: Position = field(default_factory=Position)  # the data: rows consumed, stream offset
-    tokens: int = 0  # model positions trained on
-    target_tokens: int = 0  # of which targets of the loss
-    seconds: float = 0.0  # training time (the steps' own), summed over the resumed parts
-    elapsed: float = 0.0  # wall-clock time up to the checkpoint (start-up, validation, saves), summed too
-
-    @classmethod
-    def restore(cls, saved: dict[str, Any]) -> RunState:
-        step = int(saved.get("step", 0))
-        return cls(
-            step=step,
-            optimizer_steps=int(saved.get("optimizer_steps", step)),
-            position=Position.from_dict(saved["position"]) if "position" in saved else Position(),
-            tokens=int(saved.get("tokens", 0)),
-            target_tokens=int(saved.get("target_tokens", 0)),
-            seconds=float(saved.get("seconds", 0.0)),
-            elapsed=float(saved.get("elapsed", saved.get("seconds", 0.0))),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "optimizer_steps": self.optimizer_steps,
-            "position": self.position.to_dict(),
-            "tokens": self.tokens,
-            "target_tokens": self.target_tokens,
-            "seconds": self.seconds,
-            "elapsed": self.elapsed,
-        }
-
-
-@dataclass
-class StepOutcome:
-    """One optimizer step, over all micro-batches and ranks."""
-
-    loss: float  # summed over all targets / their count (+ the pair-level loss's mean)
-    grad_norm: float  # before clipping
-    lr: float
-    n_targets: float
-    metrics: dict[str, float]  # the objective's own figures, averaged over this rank's micro-batches
-
-
 class Trainer:
     """One run's model, optimizer and state. `step` is one optimizer step, `save` one checkpoint;
     `_run` around it streams the data, validates, logs and decides when to save."""
@@ -663,9 +314,9 @@ class Trainer:
         if plan.resume_from is not None:
             restored = ckpt.restore(plan.resume_from, self.model, self.optimizer, device, self.sharded)
             saved, self.saved_rng = restored.state, restored.rng
-            _check_resume(plan, saved)
+            check_resume(plan, saved)
         # Shown on resume and kept in metrics.jsonl: why a resumed run may match only to float tolerance.
-        self.numerics_changed = _numerics_changed(saved, accounting.numerics(device)) if saved else {}
+        self.numerics_changed = numerics_changed(saved, accounting.numerics(device)) if saved else {}
         self.state = RunState.restore(saved)
         if self.scaler is not None and saved.get("scaler"):
             self.scaler.load_state_dict(saved["scaler"])
@@ -801,7 +452,7 @@ class Trainer:
                 moments,
                 plan.source.specials,
                 plan.source.tokenizer,
-                _training_info(plan, state.step, state.tokens),
+                training_info(plan, state.step, state.tokens),
                 {
                     **state.to_dict(),
                     "total_steps": self.total,
@@ -883,9 +534,9 @@ def _run(
 
     # Files: only now, after every check; rank 0 writes, the others read nothing from RUN.
     if world.is_main:
-        _claim(plan, force)
+        claim(plan, force)
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-        _write_record(plan, total, state.step)
+        write_record(plan, total, state.step)
     dist.barrier(world)
     elapsed_before = state.elapsed
 
@@ -896,7 +547,7 @@ def _run(
     mirror = None
     if cfg.logging.wandb is not None and world.is_main:
         w = cfg.logging.wandb
-        resolved = config_dict(cfg) | {"resolved": _resolved(plan, total)}
+        resolved = config_dict(cfg) | {"resolved": resolved_settings(plan, total)}
         mirror = Wandb(run_dir, w.project, w.mode, resolved, entity=w.entity, name=w.name, tags=w.tags)
     log = MetricsLog(run_dir / "metrics.jsonl", mirror) if world.is_main else None
     tb = TensorBoard(run_dir / "tensorboard", cfg.logging.tensorboard and world.is_main)
@@ -990,7 +641,7 @@ def _run(
             state.seconds += step_time
             last_loss = out.loss
             flops = accounting.flops_per_step(
-                plan.model_cfg, cfg.batch.batch_size, plan.seq_len, _target_len(batches)
+                plan.model_cfg, cfg.batch.batch_size, plan.seq_len, target_len(batches)
             )
             record: dict[str, Any] = {
                 "step": state.step,
@@ -1008,7 +659,7 @@ def _run(
                 "elapsed": elapsed(),
                 "time": time.time(),
                 **out.metrics,
-                **_realised(batches),
+                **realised(batches),
             }
             if isinstance(stream, MixedStream):  # per source: rows, tokens, epochs; a new epoch is an event
                 record |= stream.figures(state.position, plan.seq_len)
@@ -1095,21 +746,6 @@ def _announce(progress: Progress, plan: Plan, n_params: int, total: int, step: i
         )
 
 
-def _target_len(batches: list[Batch]) -> int | None:
-    b = batches[0]
-    return int(b.labels.size(1)) if b.is_encdec else None
-
-
-def _realised(batches: list[Batch]) -> dict[str, float]:
-    """Waste figures the objectives report (raw tokens fed / unused, target tokens dropped), summed."""
-    out: dict[str, float] = {}
-    for b in batches:
-        for key in ("raw_tokens_fed", "raw_tokens_unused", "target_tokens_dropped"):
-            if key in b.stats:
-                out[key] = out.get(key, 0.0) + float(b.stats[key])
-    return out
-
-
 def _log_validation(
     log: MetricsLog | None,
     tb: TensorBoard,
@@ -1126,149 +762,6 @@ def _log_validation(
         on_record(record)
     tb.write(step, validation, prefix="val")
     progress.note(f"step {step}  " + "  ".join(f"{k} {v:.4f}" for k, v in validation.items()))
-
-
-def _resolved(plan: Plan, total: int) -> dict[str, Any]:
-    return {
-        "model_kind": plan.model_cfg.kind,
-        "model": to_dict(plan.model_cfg),
-        "seq_len": plan.seq_len,
-        "total_steps": total,
-        "micro_batch_size": plan.micro_batch,
-        "accumulation": plan.accumulation,
-        "processes": plan.world.world_size,
-        "dtype": plan.dtype,
-        "device": str(plan.device),
-        "data": plan.source.identity if plan.source.mixture else str(plan.source.path),
-    }
-
-
-def _claim(plan: Plan, force: bool) -> None:
-    """Create (or, with --force, empty) RUN and hold its lock. A new RUN is locked as it is made: were
-    another run to have made it since the checks, this one is refused rather than write into it."""
-    run_dir = plan.run_dir
-    if force and run_dir.exists() and plan.resume_from is None:
-        for entry in run_dir.iterdir():  # --force replaces the run, all checks passed; the lock stays held
-            if entry.name != OutputLock.NAME:
-                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if plan.lock is None:
-        plan.lock = OutputLock(run_dir, "-o").acquire()
-        if any((run_dir / marker).exists() for marker in RUN_MARKERS):
-            plan.release()
-            raise UserError(f"{run_dir} was made by another run meanwhile (pass --resume to continue it)")
-
-
-def provenance() -> dict[str, Any]:
-    """What made a run: objtrain's version and, installed from a git checkout, its commit (with `+dirty`
-    when the tree had changes), torch and Python, the host, the command line, the time."""
-    import objtrain
-
-    out: dict[str, Any] = {
-        "objtrain": objtrain.__version__,
-        "git_commit": _git_commit(Path(objtrain.__file__).resolve().parent.parent),
-        "torch": str(torch.__version__),  # a str subclass YAML cannot represent
-        "python": platform.python_version(),
-        "host": platform.node(),
-        "command": _command_line(),
-        "cwd": os.getcwd(),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    return out
-
-
-def _command_line() -> str:
-    """This process's command line as a shell would take it (`python -m objtrain` shown as `objtrain`)."""
-    if not sys.argv:
-        return ""
-    head = Path(sys.argv[0]).name
-    return shlex.join(["objtrain" if head == "__main__.py" else head, *sys.argv[1:]])
-
-
-def _git_commit(root: Path) -> str | None:
-    if not (root / ".git").exists():
-        return None  # installed from a wheel or an sdist
-    try:
-
-        def git(*args: str) -> str:
-            done = subprocess.run(
-                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=True
-            )
-            return done.stdout.strip()
-
-        commit = git("rev-parse", "HEAD")
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return commit + ("+dirty" if dirty else "")
-
-
-RESUMES = "resumes"  # RUN/resumes/NNN-from-step-SSSSSSSS.yaml: one record per resume
-
-
-def _write_record(plan: Plan, total: int, step: int) -> None:
-    """RUN/config.yaml once, when the run starts; each later start (a resume, or a restart of a run with
-    no complete checkpoint) adds its own record under RUN/resumes/ instead: the history stays."""
-    record = config_dict(plan.cfg) | {"resolved": _resolved(plan, total), "provenance": provenance()}
-    target = plan.run_dir / "config.yaml"
-    if target.exists():
-        folder = plan.run_dir / RESUMES
-        n = 1 + sum(1 for p in folder.glob("*.yaml")) if folder.is_dir() else 1
-        target = folder / f"{n:03d}-from-step-{step:08d}.yaml"
-        record["resumed_from"] = plan.resume_from.name if plan.resume_from is not None else None
-    with atomic_file(target, "w") as handle:
-        yaml.safe_dump(record, handle, sort_keys=False)
-
-
-def check_precision(dtype: str, device: torch.device) -> None:
-    """Refuse a dtype the device has no business training in."""
-    if dtype == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise UserError("--dtype bf16: this GPU does not support bf16 (use fp16 or auto)")
-    if dtype == "fp16" and device.type == "cpu":  # it runs, but slowly and for no gain over bf16 or fp32
-        raise UserError("--dtype fp16 needs a GPU (fp16 with loss scaling); on CPU use fp32 or bf16")
-
-
-def _check_resume(plan: Plan, state: dict[str, Any]) -> None:
-    """The schedule is that of the whole run: refuse a resume that changes what the run is."""
-    saved = state.get("config", {})
-    now = config_dict(plan.cfg)
-    for section in ("model", "objective", "optim", "schedule", "data"):  # a budget may grow: `_extend`
-        if section == "data" and _same_data(saved.get(section), now.get(section)):
-            continue
-        if saved.get(section) != now.get(section):
-            raise UserError(
-                f"--resume: the {section} settings differ from the checkpoint's ({plan.resume_from}); "
-                "start a new run (-o) or use the same settings"
-            )
-    if (
-        saved.get("batch", {}).get("batch_size") != now["batch"]["batch_size"]
-        or saved.get("seed") != now["seed"]
-    ):
-        raise UserError("--resume: batch_size and seed must match the checkpoint's")
-    # Every row's length and corruption depend on the sequence length (it may come from a packed store
-    # rather than the config): a change would train the rest of the run on other rows.
-    seq_len = state.get("seq_len", saved.get("batch", {}).get("seq_len"))
-    if seq_len is not None and seq_len != plan.seq_len:
-        raise UserError(f"--resume: --seq-len {plan.seq_len} differs from the checkpoint's {seq_len}")
-
-
-def _same_data(saved: Any, now: Any) -> bool:
-    """The same data settings, the store compared as a path: a run started as `train packed` (recorded so
-    by older versions) resumes as the absolute path it now records."""
-    if not (isinstance(saved, dict) and isinstance(now, dict)):
-        return False
-
-    def where(section: dict[str, Any]) -> dict[str, Any]:
-        store = section.get("store")
-        return section | {"store": None if store is None else str(Path(store).absolute())}
-
-    return where(saved) == where(now)
-
-
-def _numerics_changed(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """{field: (saved, now)} for each numerics field the checkpoint recorded that differs now (older
-    checkpoints record only some)."""
-    return {k: (saved[k], v) for k, v in now.items() if k in saved and saved[k] != v}
 
 
 def _time_one_step(plan: Plan, model: nn.Module, scaler: Any) -> float:
@@ -1333,7 +826,7 @@ def _sample(console: Console, plan: Plan, model: nn.Module) -> None:
     console.print(f"[dim]{escape(prompt)}[/]{escape(tok.decode(out))}", highlight=False, markup=True)
     if plan.objective.name == "fim":
         prefix, suffix = "def add(a, b):\n    ", "\n\nprint(add(1, 2))\n"
-        mode = _training_info(plan, 0, 0)["fim_mode"]
+        mode = training_info(plan, 0, 0)["fim_mode"]
         fill = list(
             gen.generate_decoder(
                 plain, gen.fim_prompt(tok, prefix, suffix, mode), 24, stop_ids=(s.eos, s.fim_pad)

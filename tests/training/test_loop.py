@@ -360,8 +360,9 @@ def test_a_step_the_fp16_scaler_skips_does_not_advance_the_lr(
     it was (reference training.md section 2), and a run resumed after the skip continues the same schedule.
     fp16 is refused on CPU as slow; its loop path runs here with that refusal lifted."""
     import objtrain.training.loop as loop
+    import objtrain.training.plan as plan
 
-    monkeypatch.setattr(loop, "check_precision", lambda dtype, device: None)
+    monkeypatch.setattr(plan, "check_precision", lambda dtype, device: None)
     original = loop.forward_backward
     calls = {"n": 0, "poison": True}
 
