@@ -12,12 +12,15 @@ from objtrain.cli.common import make_console
 HELP = """Export a checkpoint (or a run's newest one) as a Hugging Face transformers directory.
 
 A decoder becomes a stock LlamaForCausalLM (an MTP model: its trunk with head 1), an encoder a stock
-EuroBertForMaskedLM; each with config.json, model.safetensors, tokenizer files that AutoTokenizer loads
-(every objtrain special token at its id) and, for a decoder, generation_config.json. Encoder-decoder
-models have no stock class that computes them and are refused.
+EuroBertForMaskedLM, an encoder-decoder ObjtrainEncDecForConditionalGeneration with its modelling code
+written beside it (load with trust_remote_code=True); each with config.json, model.safetensors, tokenizer
+files that AutoTokenizer loads (every objtrain special token at its id) and, for a decoder or an
+encoder-decoder, generation_config.json.
 
 Every export is checked before it is kept: transformers loads the directory and its logits on sample rows
-equal objtrain's (fp32, 1e-4), and greedy decoding of 32 tokens is identical. If not, nothing is written.
+equal objtrain's (fp32, 1e-4), and greedy decoding is identical, for 32 tokens without a stop token and
+again with </s> ending it on both sides (as generation_config.json makes transformers stop). If not,
+nothing is written.
 Needs the `hf` extra: pip install 'objtrain[hf]'.
 
 Example: objtrain export runs/clm -o runs/clm-hf

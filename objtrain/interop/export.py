@@ -16,8 +16,11 @@ What each model kind becomes:
   weights keep objtrain's names; the code is objtrain's arithmetic for one document per row.
 
 Every export is checked before it is kept: `transformers` loads the written directory, its logits on
-sample rows equal objtrain's (fp32, 1e-4), and greedy decoding of 32 tokens is identical (decoders).
-A failed check leaves no directory behind (the directory is written under a temporary name).
+sample rows equal objtrain's (fp32, 1e-4), and greedy decoding is identical (decoders and
+encoder-decoders): 32 tokens without a stop token, and again with `</s>` stopping both sides, as
+`objtrain generate` stops and as transformers stops by the export's generation_config.json (which names
+`</s>` as eos), so a model that ends its text early is compared the way it is used. A failed check
+leaves no directory behind (the directory is written under a temporary name).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class ExportSummary:
     architecture: str
     max_logit_diff: float
     greedy_tokens: int
+    stops_after: int | None  # tokens decoded before `</s>` (both sides), None if it never came
     parameters: int
     notes: list[str]
 
@@ -192,10 +196,9 @@ def export_checkpoint(source: Path, output: Path, force: bool = False) -> Export
             for name in REMOTE_FILES:
                 (tmp / name).write_text(_remote_source(name), encoding="utf-8")
         _tokenizer_files(ckpt, tmp)
-        diff, greedy = check_export(ckpt, tmp)
-    return ExportSummary(
-        output, path, architecture, diff, greedy, sum(t.numel() for t in tensors.values()), notes
-    )
+        diff, greedy, stops_after = check_export(ckpt, tmp)
+    parameters = sum(t.numel() for t in tensors.values())
+    return ExportSummary(output, path, architecture, diff, greedy, stops_after, parameters, notes)
 
 
 def sample_rows(ckpt: Checkpoint, n_rows: int = 3, length: int = 64, seed: int = 0) -> Tensor:
@@ -212,7 +215,7 @@ def sample_rows(ckpt: Checkpoint, n_rows: int = 3, length: int = 64, seed: int =
     return torch.stack(rows)
 
 
-def check_export(ckpt: Checkpoint, directory: Path) -> tuple[float, int]:
+def check_export(ckpt: Checkpoint, directory: Path) -> tuple[float, int, int | None]:
     """Load `directory` with transformers and compare with the objtrain model: max |logit diff| over the
     sample rows (relative to the logits' scale), then greedy decoding (decoders). Raises `UserError`."""
     transformers = quiet_transformers()
@@ -246,37 +249,71 @@ def check_export(ckpt: Checkpoint, directory: Path) -> tuple[float, int]:
             f"(relative; at most {TOLERANCE:g} allowed); nothing written"
         )
     if cfg.kind == "encoder":
-        return diff, 0
+        return diff, 0, None
+    return diff, *_check_greedy(ckpt, hf, ids[0])
+
+
+def _check_greedy(ckpt: Checkpoint, hf: Any, row: Tensor) -> tuple[int, int | None]:
+    """Greedy decoding by objtrain and by transformers on the loaded export, compared twice: without a
+    stop token (GREEDY_TOKENS tokens each, so a model that emits `</s>` early is still compared at length),
+    and with `</s>` stopping both, as `objtrain generate` stops and as transformers stops by the export's
+    own generation_config.json. Returns (GREEDY_TOKENS, tokens before `</s>` or None if neither emitted
+    it); raises `UserError` on the first difference."""
+    transformers = quiet_transformers()
     from objtrain.evaluation.generate import generate_decoder, generate_encdec
 
-    specials = ckpt.specials
-    generation = transformers.GenerationConfig(
-        max_new_tokens=GREEDY_TOKENS,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=specials.pad,
-        bos_token_id=specials.bos,
-    )
+    model, cfg, specials = ckpt.model, ckpt.config, ckpt.specials
     if cfg.kind == "encdec":
-        prompt = ids[0, :16].tolist()
-        ours_ids = list(generate_encdec(model, prompt, GREEDY_TOKENS, start_id=specials.pad))  # type: ignore[arg-type]
-        generation.decoder_start_token_id = specials.pad
-        generation.use_cache = False
+        # objtrain ends every encoder input with </s>, in training and in `generate`
+        prompt = [*row[:15].tolist(), specials.eos]
+        start = int(ckpt.training.get("decoder_start_id", specials.pad))
+
+        def ours(stops: tuple[int, ...]) -> list[int]:
+            return list(generate_encdec(model, prompt, GREEDY_TOKENS, stop_ids=stops, start_id=start))  # type: ignore[arg-type]
+
         skip = 1  # the decoder start token
     else:
-        prompt = ids[0, :8].tolist()
-        ours_ids = list(generate_decoder(model, prompt, GREEDY_TOKENS))  # type: ignore[arg-type]
+        prompt = row[:8].tolist()
+
+        def ours(stops: tuple[int, ...]) -> list[int]:
+            return list(generate_decoder(model, prompt, GREEDY_TOKENS, stop_ids=stops))  # type: ignore[arg-type]
+
         skip = len(prompt)
-    with torch.no_grad():
-        out = _run(lambda: hf.generate(torch.tensor([prompt]), generation_config=generation))
-    theirs_ids = out[0, skip:].tolist()
-    if theirs_ids != ours_ids:
-        first = next((i for i, (a, b) in enumerate(zip(ours_ids, theirs_ids, strict=False)) if a != b), None)
-        raise UserError(
-            f"load-back check failed: greedy decoding differs at token {first} of {GREEDY_TOKENS} "
-            "(transformers vs objtrain); nothing written"
-        )
-    return diff, len(ours_ids)
+
+    def theirs() -> list[int]:
+        # the loaded generation_config.json supplies the stop token, the start token and the cache setting
+        generation = transformers.GenerationConfig(max_new_tokens=GREEDY_TOKENS, do_sample=False)
+        with torch.no_grad():
+            out = _run(lambda: hf.generate(torch.tensor([prompt]), generation_config=generation))
+        return list(out[0, skip:].tolist())
+
+    eos = hf.generation_config.eos_token_id
+    stopped = theirs()
+    hf.generation_config.eos_token_id = None  # transformers fills an unset stop token from this default
+    full = theirs()
+    hf.generation_config.eos_token_id = eos
+    ours_full = ours(())
+    _same(ours_full, full, "without a stop token")
+    ours_stopped = ours((specials.eos,))
+    if stopped[-1:] == [specials.eos]:
+        stopped = stopped[:-1]  # transformers keeps the stop token; objtrain's generators leave it out
+    _same(ours_stopped, stopped, "with </s> as the stop token")
+    return GREEDY_TOKENS, len(ours_stopped) if len(ours_stopped) < GREEDY_TOKENS else None
+
+
+def _same(ours: list[int], theirs: list[int], how: str) -> None:
+    if ours == theirs:
+        return
+    first = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), None)
+    at = (
+        f"at token {first}"
+        if first is not None
+        else f"in length ({len(ours)} tokens from objtrain, {len(theirs)} from transformers)"
+    )
+    raise UserError(
+        f"load-back check failed: greedy decoding {how} differs {at} of {GREEDY_TOKENS} "
+        "(transformers vs objtrain); nothing written"
+    )
 
 
 def _objtrain_logits(model: Any, ids: Tensor) -> Tensor:
@@ -326,6 +363,13 @@ def describe(summary: ExportSummary) -> list[str]:
         f"load-back check: transformers' logits equal objtrain's to {summary.max_logit_diff:.1e} (relative)"
         + (f", greedy decoding of {summary.greedy_tokens} tokens identical" if summary.greedy_tokens else ""),
     ]
+    if summary.greedy_tokens:
+        how = "with </s> as the stop token (generation_config.json)"
+        lines.append(
+            f"{how} both stop after {summary.stops_after} tokens"
+            if summary.stops_after is not None
+            else f"{how} neither emits it within {summary.greedy_tokens} tokens"
+        )
     return lines + summary.notes
 
 

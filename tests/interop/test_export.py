@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -34,7 +35,7 @@ def test_decoder_exports_as_llama_with_equal_logits_and_greedy(tmp_path: Path, t
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"]
     assert config["rope_parameters"]["rope_theta"] == 10000.0 and config["tie_word_embeddings"] is True
-    assert summary.greedy_tokens == 32 and summary.max_logit_diff < 1e-4
+    assert summary.greedy_tokens == 32 and summary.max_logit_diff < 1e-4 and summary.stops_after is None
     # independently of the export's own check: reload and compare on fresh rows
     ours = load_checkpoint(ckpt)
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).eval()
@@ -44,6 +45,80 @@ def test_decoder_exports_as_llama_with_equal_logits_and_greedy(tmp_path: Path, t
     assert float(diff) < 1e-4
     gen = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
     assert (gen["bos_token_id"], gen["eos_token_id"], gen["pad_token_id"]) == (2, 3, 0)
+
+
+def steer(ckpt: Any, prompt: list[int], k: int, token: int) -> None:
+    """Make `token` the greedy pick at decoding step k of `prompt`, every earlier step unchanged: the last
+    (decoder) block's output projection gets a rank-one term that reads only the part of step k's
+    activation orthogonal to the earlier steps' and writes towards `token`'s (tied) embedding."""
+    from objtrain.evaluation.generate import generate_decoder, generate_encdec
+
+    model = ckpt.model
+    encdec = ckpt.config.kind == "encdec"
+    blocks = model.decoder if encdec else model.blocks
+    w2, norm = blocks[-1].mlp.w2, model.lm_head.norm
+    seen: dict[str, list[torch.Tensor]] = {"act": [], "x": []}  # per decoding step, its last position
+    hooks = [
+        w2.register_forward_hook(lambda m, i, o: seen["act"].append(i[0][0, -1].detach())),
+        norm.register_forward_hook(lambda m, i, o: seen["x"].append(i[0][0, -1].detach())),
+    ]
+    list(generate_encdec(model, prompt, k + 1) if encdec else generate_decoder(model, prompt, k + 1))
+    for hook in hooks:
+        hook.remove()
+    acts = seen["act"]
+    a = acts[k]
+    if k:
+        q, _ = torch.linalg.qr(torch.stack(acts[:k]).T)  # an orthonormal basis of the earlier activations
+        a = a - q @ (q.T @ a)
+    embed = model.embed.weight.detach()
+    direction = embed[token] * norm.weight.detach()  # after the norm's gain: towards `token`'s logit
+    scale = 1.0
+    while int((norm(seen["x"][k] + scale * direction) @ embed.T).argmax()) != token:
+        scale *= 2  # the smallest power of two that makes `token` step k's greedy pick
+    with torch.no_grad():
+        w2.weight += torch.outer(scale * direction, a / float(a @ a))
+
+
+def emit_eos_early(path: Path, out: Path, k: int = 3) -> int:
+    """The checkpoint at `path`, saved to `out` changed so that its greedy continuation of the export
+    check's prompt ends with `</s>` after k tokens. Returns how many tokens objtrain's greedy decoding,
+    stopping at `</s>`, then gives."""
+    from objtrain.evaluation.generate import generate_decoder, generate_encdec
+    from objtrain.models.checkpoint import save_checkpoint
+
+    ckpt = load_checkpoint(path)
+    eos = ckpt.specials.eos
+    row = sample_rows(ckpt)[0].tolist()
+    prompt = [*row[:15], eos] if ckpt.config.kind == "encdec" else row[:8]
+    # a tiny random encoder-decoder repeats the start token (pad) from the first step: at every step the
+    # decoder then sees the same tokens and computes the same state, so none could differ; start it on
+    # a text token first
+    steer(ckpt, prompt, 0, int(ckpt.specials.ordinary_ids(ckpt.config.vocab_size)[7]))
+    steer(ckpt, prompt, k, eos)
+    save_checkpoint(out, ckpt.model, ckpt.specials, ckpt.tokenizer, ckpt.training)
+    if ckpt.config.kind == "encdec":
+        return len(list(generate_encdec(ckpt.model, prompt, 32, stop_ids=(eos,))))
+    return len(list(generate_decoder(ckpt.model, prompt, 32, stop_ids=(eos,))))
+
+
+@pytest.mark.parametrize("kind", ["decoder", "encdec"])
+def test_a_model_that_emits_eos_early_exports(tmp_path: Path, tokenizer: Tokenizer, kind: str) -> None:
+    """transformers stops at `</s>` by the export's generation_config.json; objtrain's check stops there too
+    (and still compares 32 tokens without a stop token)."""
+    ckpt = tmp_path / "eos"
+    before = emit_eos_early(tiny_checkpoint(tmp_path / "ck", tokenizer, kind=kind), ckpt)
+    assert before == 3
+    summary = export_checkpoint(ckpt, tmp_path / "hf")
+    assert summary.stops_after == before and summary.greedy_tokens == 32
+    # what a user of the export sees: generate() with its defaults ends at </s>
+    remote = {"trust_remote_code": True} if kind == "encdec" else {}
+    auto = transformers.AutoModelForSeq2SeqLM if kind == "encdec" else transformers.AutoModelForCausalLM
+    hf = auto.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32, **remote).eval()
+    ours = load_checkpoint(ckpt)
+    row = sample_rows(ours)[0].tolist()
+    prompt = [*row[:15], ours.specials.eos] if kind == "encdec" else row[:8]
+    out = hf.generate(torch.tensor([prompt]), max_new_tokens=32)[0].tolist()
+    assert out[-1] == ours.specials.eos and len(out) == (1 if kind == "encdec" else 8) + before + 1
 
 
 def test_without_the_rope_permutation_the_check_fails(
