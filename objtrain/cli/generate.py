@@ -26,6 +26,7 @@ from objtrain.data.tokenizer import Tokenizer
 from objtrain.devices import resolve_device
 from objtrain.errors import UserError
 from objtrain.evaluation import generate as gen
+from objtrain.evaluation.probe import trained_with_segments
 from objtrain.models.checkpoint import Checkpoint, load_checkpoint
 
 
@@ -153,7 +154,8 @@ def _recorded_fim_mode(info: dict[str, Any]) -> str:
 
 def _fill_mask(ckpt: Checkpoint, text: str, k: int) -> dict[str, Any]:
     assert ckpt.tokenizer is not None
-    candidates = gen.fill_mask(ckpt.model, ckpt.tokenizer, text, k)  # type: ignore[arg-type]
+    segments = trained_with_segments(ckpt.training)  # segment row 0 is trained by NSP/SOP only
+    candidates = gen.fill_mask(ckpt.model, ckpt.tokenizer, text, k, segments)  # type: ignore[arg-type]
     best = iter(c[0].text for c in candidates)
     filled = "".join(
         part if i == 0 else next(best) + part for i, part in enumerate(text.split(gen.MASK_MARKER))

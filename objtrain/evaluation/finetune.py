@@ -52,13 +52,14 @@ class FinetuneConfig:
 class _Classifier(nn.Module):
     """The pre-trained trunk and a linear head on its mean-pooled last layer."""
 
-    def __init__(self, model: nn.Module, n_classes: int) -> None:
+    def __init__(self, model: nn.Module, n_classes: int, segments: bool = False) -> None:
         super().__init__()
         self.model = model
+        self.segments = segments  # segment 0 at every token: only for models trained on sentence pairs
         self.head = nn.Linear(int(model.config.d_model), n_classes)  # type: ignore[union-attr, arg-type]
 
     def forward(self, ids: Tensor, valid: Tensor) -> Tensor:
-        hidden = last_hidden(self.model, ids, valid)
+        hidden = last_hidden(self.model, ids, valid, self.segments)
         w = valid.to(hidden.dtype)[..., None]
         return self.head((hidden * w).sum(1) / w.sum(1).clamp(min=1))
 
@@ -96,9 +97,11 @@ def finetune(
     seed: int,
     config: FinetuneConfig | None = None,
     device: torch.device | str = "cpu",
+    segments: bool = False,
 ) -> dict[str, float]:
     """Fine-tune a copy of `model` on `train`, choose the weights on `dev`, score them on `test`: accuracy
-    (and MCC for two classes) on test, the best dev score, and the steps and examples used."""
+    (and MCC for two classes) on test, the best dev score, and the steps and examples used. `segments`:
+    see `probe.last_hidden` (True only for models trained on sentence pairs)."""
     config = config or FinetuneConfig()
     device = torch.device(device)
     classes = sorted(set(train.labels))
@@ -116,7 +119,7 @@ def finetune(
 
     torch.manual_seed(seed)
     trunk = copy.deepcopy(model).float().to(device)
-    clf = _Classifier(trunk, len(classes)).to(device)
+    clf = _Classifier(trunk, len(classes), segments).to(device)
     clf.train()
     decay = [p for p in clf.parameters() if p.dim() >= 2]
     no_decay = [p for p in clf.parameters() if p.dim() < 2]

@@ -331,8 +331,14 @@ class Candidate:
 
 
 @torch.no_grad()
-def fill_mask(model: Encoder, tokenizer: Tokenizer, text: str, top_k: int = 5) -> list[list[Candidate]]:
-    """Top-k candidates with probabilities for every `[MASK]` in `text` (one bidirectional forward)."""
+def fill_mask(
+    model: Encoder, tokenizer: Tokenizer, text: str, top_k: int = 5, segments: bool = False
+) -> list[list[Candidate]]:
+    """Top-k candidates with probabilities for every `[MASK]` in `text` (one bidirectional forward).
+
+    `segments`: read the text as sentence A (segment 0 at every token), for a model trained on sentence
+    pairs (NSP/SOP) only; any other model never trained its segment embedding and reads no segment ids
+    (`probe.trained_with_segments` decides from a checkpoint's training record)."""
     ids, n_masks = encode_input(tokenizer, text, fill="mask")
     if not n_masks:
         raise UserError(f"--text has no {MASK_MARKER} to fill")
@@ -345,7 +351,7 @@ def fill_mask(model: Encoder, tokenizer: Tokenizer, text: str, top_k: int = 5) -
         torch.arange(T, device=device)[None],
         torch.zeros_like(x),
         "bidirectional",
-        segment_ids=torch.zeros_like(x),
+        segment_ids=torch.zeros_like(x) if segments else None,
     )
     probs = model(batch).logits[0].float().softmax(dim=-1)  # (T, V)
     where = (x[0] == tokenizer.specials.mask).nonzero().squeeze(1)

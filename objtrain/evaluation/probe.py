@@ -27,9 +27,10 @@ import ast
 import json
 import re
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -249,9 +250,30 @@ def padded(encoded: Sequence[list[int]], pad: int) -> tuple[Tensor, Tensor, Tens
     return ids, torch.arange(L)[None, :] < lengths[:, None], lengths
 
 
-def last_hidden(model: nn.Module, ids: Tensor, valid: Tensor) -> Tensor:
+SEGMENT_OBJECTIVES = ("nsp", "sop")  # the only objectives that feed (and so train) segment embeddings
+
+
+def trained_with_segments(training: Mapping[str, Any]) -> bool:
+    """Whether a checkpoint's model was trained with segment ids, from its `training` record.
+
+    The zoo's encoders all carry a segment embedding, but only the sentence-pair objectives (NSP, SOP)
+    feed it: every token they train on gets row 0 (sentence A) or 1 (B) added. Any other objective trains
+    with no segment ids, so its rows stay at their random initialisation, and adding row 0 at evaluation
+    would shift every input by noise the model never saw. Rule: one text is fed as sentence A (all zeros)
+    to a model trained on sentence pairs, and with no segment ids to every other model."""
+    names = [training.get("objective")]
+    settings = training.get("objective_config")
+    if isinstance(settings, Mapping):  # a mixture names its components (today it refuses NSP/SOP)
+        for component in settings.get("components") or []:
+            if isinstance(component, Mapping):
+                names.append(component.get("objective"))
+    return any(name in SEGMENT_OBJECTIVES for name in names)
+
+
+def last_hidden(model: nn.Module, ids: Tensor, valid: Tensor, segments: bool = False) -> Tensor:
     """The last layer's normed hidden states (B, L, D) of single-example rows: a decoder's causal, an
-    encoder's bidirectional, an encoder-decoder's encoder output."""
+    encoder's bidirectional, an encoder-decoder's encoder output. `segments`: feed an encoder segment 0
+    at every token, for models trained on sentence pairs only (see `trained_with_segments`)."""
     kind = getattr(model.config, "kind", "decoder")  # type: ignore[union-attr]
     B, L = ids.shape
     docs = torch.where(valid, 0, -1)
@@ -259,7 +281,8 @@ def last_hidden(model: nn.Module, ids: Tensor, valid: Tensor) -> Tensor:
     if kind == "encdec":
         return model.encode(ids, positions, docs)  # type: ignore[operator]
     attention = "causal" if kind == "decoder" else "bidirectional"
-    batch = Batch(ids, ids, positions, docs, attention, segment_ids=torch.zeros_like(ids))  # type: ignore[arg-type]
+    segment_ids = torch.zeros_like(ids) if segments and kind == "encoder" else None
+    batch = Batch(ids, ids, positions, docs, attention, segment_ids=segment_ids)  # type: ignore[arg-type]
     return model.last_hidden(batch)  # type: ignore[operator]
 
 
@@ -273,13 +296,14 @@ def layer_features(
     batch_size: int = 32,
     device: torch.device | str = "cpu",
     layers: str = "last",
+    segments: bool = False,
 ) -> list[Tensor]:
     """Frozen features of `texts` (each truncated to `max_len` tokens): one (N, D) float64 tensor per layer.
 
     `layers="last"`: the last layer's normed hidden states only. `layers="all"`: the output of every block
     of the trunk (layer 1 .. L-1, taken by forward hooks) and the last layer as above, so a probe can
     choose its layer; a decoder's last layer is shaped to predict the next token, and mid layers often
-    transfer better (reference findings.md section 3)."""
+    transfer better (reference findings.md section 3). `segments`: see `last_hidden`."""
     encoded = encode_texts(tokenizer, texts, max_len)
     # Batches of similar lengths pad little (texts of 2 to 60 tokens, batched as they come, are half
     # padding); the features are put back in the texts' order at the end.
@@ -294,7 +318,7 @@ def layer_features(
             ids, valid, lengths = padded(chunk, tokenizer.specials.pad)
             ids, valid = ids.to(device), valid.to(device)
             captured.clear()
-            hidden = last_hidden(model, ids, valid)
+            hidden = last_hidden(model, ids, valid, segments)
             if pooling == "pooled":  # BERT's pooled head: tanh(dense(h_0)), trained by NSP/SOP
                 pooler = getattr(model, "pooler", None)
                 if pooler is None:
@@ -330,9 +354,10 @@ def features(
     pooling: str = "mean",
     batch_size: int = 32,
     device: torch.device | str = "cpu",
+    segments: bool = False,
 ) -> Tensor:
     """(N, D) float64 frozen features of `texts` from the last layer (see `layer_features`)."""
-    return layer_features(model, tokenizer, texts, max_len, pooling, batch_size, device)[-1]
+    return layer_features(model, tokenizer, texts, max_len, pooling, batch_size, device, "last", segments)[-1]
 
 
 def fit_logistic(x: Tensor, y: Tensor, n_classes: int, l2: float = 1e-3, max_iter: int = 200) -> Tensor:

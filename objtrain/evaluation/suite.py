@@ -524,10 +524,12 @@ def _probe(ckpt: Checkpoint, options: EvalOptions, seq_len: int, device: torch.d
     assert tokenizer is not None
     pooling, seed = options.probe_pooling, options.seed
     layers = "all" if options.probe_layers == "best" else "last"
+    segments = probe.trained_with_segments(ckpt.training)
 
     def feats(data: probe.Labelled) -> list[torch.Tensor]:
+        width = options.batch_size * 2
         return probe.layer_features(
-            ckpt.model, tokenizer, data.texts, seq_len, pooling, options.batch_size * 2, device, layers
+            ckpt.model, tokenizer, data.texts, seq_len, pooling, width, device, layers, segments
         )
 
     out: dict[str, Any] = {"probe_pooling": pooling, "probe_layers_mode": options.probe_layers}
@@ -595,10 +597,11 @@ def _finetune(ckpt: Checkpoint, options: EvalOptions, seq_len: int, device: torc
     tokenizer = ckpt.tokenizer
     assert tokenizer is not None
     config = finetune.FinetuneConfig(steps=options.finetune_steps, lr=options.finetune_lr)
+    segments = probe.trained_with_segments(ckpt.training)
     out: dict[str, Any] = {}
     for name, train, dev, test in _probe_splits(options):
         scores = finetune.finetune(
-            ckpt.model, tokenizer, train, dev, test, seq_len, options.seed, config, device
+            ckpt.model, tokenizer, train, dev, test, seq_len, options.seed, config, device, segments
         )
         prefix = f"finetune_{name}_" if name else "finetune_"
         out.update({k.replace("finetune_", prefix, 1): v for k, v in scores.items()})
@@ -640,7 +643,7 @@ def _samples(
         elif kind == "encoder":
             k = prompt_len // 2
             text = tokenizer.decode(prompt[:k]) + gen.MASK_MARKER + tokenizer.decode(prompt[k + 1 :])
-            cands = gen.fill_mask(model, tokenizer, text, top_k=3)  # type: ignore[arg-type]
+            cands = gen.fill_mask(model, tokenizer, text, 3, probe.trained_with_segments(ckpt.training))  # type: ignore[arg-type]
             out.append(
                 {
                     "mode": "fill-mask",
