@@ -22,6 +22,7 @@ Every key is read strictly (`objtrain.config.from_dict`); every arm is checked b
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -187,6 +188,15 @@ def load_experiment(path: Path) -> Experiment:
 def experiment_from_dict(data: dict[str, Any], where: str = "experiment") -> Experiment:
     data = copy.deepcopy(data)
     arms = data.get("arms")
+    if not arms and isinstance(data, dict):
+        # `armz:` is a misspelt key, not a missing one: name it (with the closest key) before "no arms"
+        known = [f.name for f in dataclasses.fields(Experiment) if f.init]
+        unknown = sorted(k for k in data if k not in known)
+        if unknown:
+            raise UserError(
+                f"unknown key {unknown[0]!r} in {where}{did_you_mean(str(unknown[0]), known)}"
+                f" (known: {', '.join(sorted(known))})"
+            )
     if not arms:  # an empty file or `arms: []`: say what is missing, not which argument
         raise UserError(
             f"{where}: the experiment has no arms: list them under `arms:` (see configs/experiments/)"

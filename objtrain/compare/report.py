@@ -486,13 +486,17 @@ def verdict(results: dict[str, Any]) -> list[str]:
             spread = f", {MARK} within the seed spread" if name in r["within_seed_spread"] else ""
             others.append(f"{name} {value:.4g} ({gap}{spread})")
         better = "lower" if r["lower_is_better"] else "higher"
-        values = {arm["metrics"].get(metric, {}).get("mean") for arm in arms.values()} - {None}
+        having = [a for a in arms.values() if a["metrics"].get(metric, {}).get("mean") is not None]
+        values = {a["metrics"][metric]["mean"] for a in having}
+        # Only some arms have some metrics (span-target accuracy: the span arms): say which were scored.
+        which = f" ({len(having)} of {len(arms)} arms have it)" if len(having) < len(arms) else ""
         if len(values) == 1:  # a tie is no ranking: say so rather than crown the first arm
+            who = "every arm" if not which else " and ".join(a["name"] for a in having)
             lines.append(
-                f"{metric} ({better} is better): every arm at {top:.4g}, no difference at this budget"
+                f"{metric} ({better} is better){which}: {who} at {top:.4g}, no difference at this budget"
             )
             continue
-        lines.append(f"{metric} ({better} is better): {best} best at {top:.4g}; " + ", ".join(others))
+        lines.append(f"{metric} ({better} is better){which}: {best} best at {top:.4g}; " + ", ".join(others))
     if results["experiment"].get("expect"):
         lines.append(f"the literature: {results['experiment']['expect']}")
     for c in results.get("claims", []):
