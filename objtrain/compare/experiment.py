@@ -101,6 +101,27 @@ class EvalSpec:
 
 
 @dataclass
+class PaperSetting:
+    """The smallest setting a published claim was measured at (`regime:` of a claim or an experiment): a
+    verdict here is set against it, and flagged out of regime when parameters, tokens or tokens per
+    parameter lie more than `REGIME_FACTOR` times away (reference evaluation.md section 6). A number the
+    paper does not state stays null and is left out of the gap."""
+
+    source: str  # where the numbers come from ("T5 section 3.1.2: BERT-base-size stacks, 2^35 tokens")
+    parameters: float | None = None  # total parameters of the paper's smallest model
+    tokens: float | None = None  # its training tokens
+
+    def __post_init__(self) -> None:
+        for key in ("parameters", "tokens"):
+            value = getattr(self, key)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"regime {key} must be positive, got {value}")
+
+
+REGIME_FACTOR = 10.0  # beyond this factor from the paper's smallest setting a verdict is out of regime
+
+
+@dataclass
 class Claim:
     """A finding of the literature, stated as a paired comparison `a - b` of two arms on one metric, so the
     report can give its verdict: `expect` lower / higher (a below / above b), equal (within `margin`), or
@@ -115,6 +136,7 @@ class Claim:
     arms: list[str]  # [a, b]
     expect: str = "lower"
     margin: float = 0.0  # expect equal: |a - b| at most this, in the metric's units
+    regime: PaperSetting | None = None  # the paper's smallest setting; None = the experiment's `regime:`
 
     def __post_init__(self) -> None:
         if len(self.arms) not in (1, 2):
@@ -138,6 +160,7 @@ class Experiment:
     train: dict[str, Any] = field(default_factory=dict)
     eval: EvalSpec = field(default_factory=EvalSpec)
     claims: list[Claim] = field(default_factory=list)  # what the literature found, checked by the report
+    regime: PaperSetting | None = None  # the papers' smallest setting, for claims that give none of their own
     # A compute sweep (objtrain.compare.sweep): {tokens: [...]} or {flops: [...]}, optionally {size: [...]}.
     sweep: dict[str, Any] = field(default_factory=dict)
     source: str = ""  # the YAML it was read from

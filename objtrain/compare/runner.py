@@ -145,12 +145,13 @@ def plan_comparison(
         # What the arms train on must match; the evaluation may change (finished arms are re-evaluated).
         for part in (saved, now):
             if isinstance(part.get("experiment"), dict):
-                # what is measured and how it is judged (eval, claims) may change; the question and the
-                # words around it too
+                # what is measured and how it is judged (eval, claims, the papers' regime) may change; the
+                # question and the words around it too, and the named budgets not chosen (`budget` is
+                # compared below)
                 part["experiment"] = {
                     k: v
                     for k, v in part["experiment"].items()
-                    if k not in ("eval", "claims", "question", "expect", "source")
+                    if k not in ("eval", "claims", "question", "expect", "source", "regime", "budgets")
                 }
                 # A setting added since the report was planned reads as absent while it is unset
                 part["experiment"] = _without_unset(part["experiment"])
