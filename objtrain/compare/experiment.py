@@ -22,6 +22,7 @@ Every key is read strictly (`objtrain.config.from_dict`); every arm is checked b
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -100,6 +101,27 @@ class EvalSpec:
 
 
 @dataclass
+class PaperSetting:
+    """The smallest setting a published claim was measured at (`regime:` of a claim or an experiment): a
+    verdict here is set against it, and flagged out of regime when parameters, tokens or tokens per
+    parameter lie more than `REGIME_FACTOR` times away (reference evaluation.md section 6). A number the
+    paper does not state stays null and is left out of the gap."""
+
+    source: str  # where the numbers come from ("T5 section 3.1.2: BERT-base-size stacks, 2^35 tokens")
+    parameters: float | None = None  # total parameters of the paper's smallest model
+    tokens: float | None = None  # its training tokens
+
+    def __post_init__(self) -> None:
+        for key in ("parameters", "tokens"):
+            value = getattr(self, key)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"regime {key} must be positive, got {value}")
+
+
+REGIME_FACTOR = 10.0  # beyond this factor from the paper's smallest setting a verdict is out of regime
+
+
+@dataclass
 class Claim:
     """A finding of the literature, stated as a paired comparison `a - b` of two arms on one metric, so the
     report can give its verdict: `expect` lower / higher (a below / above b), equal (within `margin`), or
@@ -114,6 +136,7 @@ class Claim:
     arms: list[str]  # [a, b]
     expect: str = "lower"
     margin: float = 0.0  # expect equal: |a - b| at most this, in the metric's units
+    regime: PaperSetting | None = None  # the paper's smallest setting; None = the experiment's `regime:`
 
     def __post_init__(self) -> None:
         if len(self.arms) not in (1, 2):
@@ -137,6 +160,7 @@ class Experiment:
     train: dict[str, Any] = field(default_factory=dict)
     eval: EvalSpec = field(default_factory=EvalSpec)
     claims: list[Claim] = field(default_factory=list)  # what the literature found, checked by the report
+    regime: PaperSetting | None = None  # the papers' smallest setting, for claims that give none of their own
     # A compute sweep (objtrain.compare.sweep): {tokens: [...]} or {flops: [...]}, optionally {size: [...]}.
     sweep: dict[str, Any] = field(default_factory=dict)
     source: str = ""  # the YAML it was read from
@@ -187,6 +211,15 @@ def load_experiment(path: Path) -> Experiment:
 def experiment_from_dict(data: dict[str, Any], where: str = "experiment") -> Experiment:
     data = copy.deepcopy(data)
     arms = data.get("arms")
+    if not arms and isinstance(data, dict):
+        # `armz:` is a misspelt key, not a missing one: name it (with the closest key) before "no arms"
+        known = [f.name for f in dataclasses.fields(Experiment) if f.init]
+        unknown = sorted(k for k in data if k not in known)
+        if unknown:
+            raise UserError(
+                f"unknown key {unknown[0]!r} in {where}{did_you_mean(str(unknown[0]), known)}"
+                f" (known: {', '.join(sorted(known))})"
+            )
     if not arms:  # an empty file or `arms: []`: say what is missing, not which argument
         raise UserError(
             f"{where}: the experiment has no arms: list them under `arms:` (see configs/experiments/)"

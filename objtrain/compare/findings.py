@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from objtrain.compare.experiment import find_experiment, load_experiment, resolve_budget
-from objtrain.compare.report import difference, markdown
+from objtrain.compare.regime import regime_gap, regime_text
+from objtrain.compare.report import claim_regime, difference, markdown, verdict_cell
 from objtrain.compare.sweep_report import markdown as sweep_markdown
 from objtrain.compare.sweep_report import point_verdict
 from objtrain.training.config import ScheduleConfig
@@ -94,7 +95,56 @@ def read_results(root: Path = ROOT) -> dict[str, dict[str, Any]]:
     for name in [*FINDINGS, *SWEEPS]:
         path = root / name / "results.json"
         if path.is_file():
-            out[name] = json.loads(path.read_text(encoding="utf-8"))
+            out[name] = with_regime(name, json.loads(path.read_text(encoding="utf-8")))
+    return out
+
+
+def with_regime(name: str, results: dict[str, Any]) -> dict[str, Any]:
+    """`results` with each claim's regime (the paper's smallest setting against ours) where an older
+    results.json lacks it: the setting from the shipped experiment, our scale from the results' own costs."""
+    claims = results.get("claims", [])
+    if all("regime" in c for c in claims):
+        return results
+    exp = load_experiment(find_experiment(name))
+    settings = {c.claim: c.regime or exp.regime for c in exp.claims}
+    for c in claims:
+        if "regime" in c:
+            continue
+        setting = settings.get(c["claim"], exp.regime)
+        if name in SWEEPS:
+            cells = [cell for arm in results["arms"] if arm["name"] in c["arms"] for cell in arm["cells"]
+                     if cell["label"] == c.get("at")]  # fmt: skip
+            params = [float(cell["parameters"]) for cell in cells]
+            tokens = [sum(cell["tokens"]) / len(cell["tokens"]) for cell in cells if cell["tokens"]]
+            c["regime"] = regime_gap(
+                setting,
+                sum(params) / len(params) if params else None,
+                sum(tokens) / len(tokens) if tokens else None,
+            )
+        else:
+            c["regime"] = claim_regime(setting, results["arms"], c["arms"])
+    return results
+
+
+def regime_lines(results: dict[str, Any]) -> list[str]:
+    """The index's word per question: whether its verdicts are out of regime, what holds at this scale
+    and what would need a larger one."""
+    claims = results.get("claims", [])
+    flagged = [c for c in claims if (c.get("regime") or {}).get("out_of_regime")]
+    if not claims or not any(c.get("regime") for c in claims):
+        return []
+    resolved = [f"{c['claim']} ({c['verdict']})" for c in claims if c["verdict"] in ("agrees", "disagrees")]
+    larger = [c["claim"] for c in flagged if c["verdict"] not in ("agrees", "disagrees")]
+    out = [
+        f"- Regime: {len(flagged)} of {len(claims)} verdicts **out of regime** (more than 10x from the "
+        "paper's smallest setting in parameters, tokens or tokens per parameter)"
+        if flagged
+        else "- Regime: every verdict within 10x of the paper's smallest setting"
+    ]
+    if resolved:
+        out.append(f"- Resolved at this scale: {'; '.join(resolved)}")
+    if larger:
+        out.append(f"- Would need a larger scale (or more seeds) to judge: {'; '.join(larger)}")
     return out
 
 
@@ -148,10 +198,11 @@ def index(all_results: dict[str, dict[str, Any]]) -> str:
             f"- Budget: {_budget(results)}; seeds {', '.join(map(str, results['seeds']))}",
             f"- Machine: {m.get('cpu') or m['platform']}, {m['cpu_count']} CPUs, torch {m['torch']}",
             f"- Report: [{name}/report.md]({name}/report.md); reproduce: `{cmd}`",
+            *regime_lines(results),
             "",
             "| claim | the literature | objtrain (mean ± std per arm) | a − b, 95% paired interval "
-            "| verdict |",
-            "|---|---|---|---|---|",
+            "| verdict | scale against the paper |",
+            "|---|---|---|---|---|---|",
         ]
         for c in results.get("claims", []):
             metric = c["metric"]
@@ -163,7 +214,8 @@ def index(all_results: dict[str, dict[str, Any]]) -> str:
                 if p and p.get("delta") is not None and p.get("ci95") is not None
                 else "—"
             )
-            out.append(f"| {c['claim']} | {c['literature']} | {ours} | {diff} | **{c['verdict']}** |")
+            out.append(f"| {c['claim']} | {c['literature']} | {ours} | {diff} | {verdict_cell(c)} | "
+                       f"{regime_text(c.get('regime'), source=False)} |")  # fmt: skip
         out.append("")
     if pending:
         out += [f"Still to run: {', '.join(pending)}.", ""]
@@ -215,10 +267,11 @@ def _sweeps_section(all_results: dict[str, dict[str, Any]]) -> list[str]:
                 if finding.hours
                 else []
             ),
+            *regime_lines(results),
             "",
             "| claim | the literature | a − b at the largest budget, 95% paired interval | verdict at each "
-            "budget | verdict |",
-            "|---|---|---|---|---|",
+            "budget | verdict | scale against the paper (largest budget) |",
+            "|---|---|---|---|---|---|",
         ]
         for c in results.get("claims", []):
             p = c.get("paired")
@@ -228,7 +281,8 @@ def _sweeps_section(all_results: dict[str, dict[str, Any]]) -> list[str]:
                 else "—"
             )
             trend = "; ".join(point_verdict(pt) for pt in c["points"]) or "—"
-            out.append(f"| {c['claim']} | {c['literature']} | {diff} | {trend} | **{c['verdict']}** |")
+            out.append(f"| {c['claim']} | {c['literature']} | {diff} | {trend} | {verdict_cell(c)} | "
+                       f"{regime_text(c.get('regime'), source=False)} |")  # fmt: skip
         out.append("")
     return out
 

@@ -18,7 +18,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from objtrain.compare import suite
-from objtrain.compare.experiment import Claim
+from objtrain.compare.experiment import REGIME_FACTOR, Claim
+from objtrain.compare.regime import notes_text, regime_gap, regime_text, seed_notes
 from objtrain.compare.runner import Comparison, machine, metrics_records, plan_dict
 from objtrain.compare.stats import Summary, fmt, paired, paired_eval_se, rank, summarise
 from objtrain.io import atomic_file, write_json
@@ -125,6 +126,7 @@ def build_results(c: Comparison) -> dict[str, Any]:
     exp = c.experiment
     claims = [
         claim_verdict(claim, by_seed.get(claim.metric, {}), len(c.seeds), units.get(claim.metric, {}))
+        | {"regime": claim_regime(claim.regime or exp.regime, arms, claim.arms)}
         for claim in exp.claims
     ]
     return {
@@ -172,7 +174,10 @@ def claim_verdict(
     }
     if a not in per_seed or (b is not None and b not in per_seed):
         return out | {"verdict": "not measured", "paired": None}
-    p = paired(per_seed[a], per_seed[b] if b is not None else dict.fromkeys(per_seed[a], 0.0))
+    base = per_seed[b] if b is not None else dict.fromkeys(per_seed[a], 0.0)
+    p = paired(per_seed[a], base)
+    diffs = {k: float(per_seed[a][k]) - float(base[k]) for k in sorted(set(per_seed[a]) & set(base))}
+    diffs = {k: d for k, d in diffs.items() if math.isfinite(d)}
     lo, hi = p.delta - p.ci95, p.delta + p.ci95
     if not p.n or not math.isfinite(p.ci95):
         text = "not resolved"
@@ -194,7 +199,23 @@ def claim_verdict(
             if (above if want_below else below)
             else "not resolved"
         )
-    return out | {"verdict": text, "paired": p.to_dict(), "seeds": n_seeds, "eval_se": _eval_se(units, a, b)}
+    pd = p.to_dict()
+    return (
+        out
+        | {"verdict": text, "paired": pd, "seeds": n_seeds, "eval_se": _eval_se(units, a, b)}
+        | seed_notes(text, diffs, pd, claim.expect, claim.margin)
+    )
+
+
+def claim_regime(setting: Any, arms: list[dict[str, Any]], names: list[str]) -> dict[str, Any] | None:
+    """The paper's smallest setting against the claim's arms (their mean parameters and tokens)."""
+    chosen = [a for a in arms if a["name"] in names]
+
+    def mean(key: str) -> float | None:
+        vals = [a["cost"][key]["mean"] for a in chosen if a["cost"].get(key, NONE)["mean"] is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    return regime_gap(setting, mean("parameters"), mean("tokens"))
 
 
 ONE_ARM_NOTE = [
@@ -225,8 +246,15 @@ def _eval_se(units: dict[str, dict[int, Any]] | None, a: str, b: str | None) -> 
     return math.sqrt(sum(e**2 for e in errors)) / len(errors)  # type: ignore[operator]
 
 
+def verdict_cell(c: dict[str, Any]) -> str:
+    """`**agrees**`, then what the verdict knows of itself: one seed deciding, seeds needed."""
+    notes = notes_text(c)
+    return f"**{c['verdict']}**" + (f" ({notes})" if notes else "")
+
+
 def claim_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    header = ["claim", "the literature", "objtrain: a − b (95% paired interval, seeds)", "verdict"]
+    header = ["claim", "the literature", "objtrain: a − b (95% paired interval, seeds)", "verdict",
+              "scale against the paper"]  # fmt: skip
     rows = []
     for c in results.get("claims", []):
         p = c.get("paired")
@@ -236,7 +264,7 @@ def claim_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             ours = f"{difference(c['metric'], c['arms'])} = {p['delta']:+.4g}{ci} (n = {p['n']}{eval_se})"
         else:
             ours = "—"
-        rows.append([c["claim"], c["literature"], ours, f"**{c['verdict']}**"])
+        rows.append([c["claim"], c["literature"], ours, verdict_cell(c), regime_text(c.get("regime"))])
     return header, rows
 
 
@@ -370,7 +398,12 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
             "Each claim is a paired comparison: the per-seed difference of two arms (seed k shared), its "
             "mean and the half-width of its 95% t interval. agrees / disagrees: the interval lies on the "
             "literature's side of 0 / on the other side (for a claim of no difference: inside / outside "
-            "the stated margin); not resolved: the seeds cannot tell at this budget.",
+            "the stated margin); not resolved: the seeds cannot tell at this budget. A verdict says when "
+            "one seed decides its direction (leaving that seed out moves the mean difference across 0 or "
+            "the margin), and where the interval straddles the boundary, how many seeds would resolve a "
+            "gap of this size at the spread measured. Scale: the paper's smallest setting over ours "
+            f"(parameters, tokens, tokens per parameter); beyond {REGIME_FACTOR:g}x either way the verdict "
+            "is **out of regime**: it says what holds at this scale, not whether the paper's finding does.",
             "",
             *ONE_ARM_NOTE * any(len(c["arms"]) == 1 for c in results["claims"]),
         ]
@@ -486,13 +519,17 @@ def verdict(results: dict[str, Any]) -> list[str]:
             spread = f", {MARK} within the seed spread" if name in r["within_seed_spread"] else ""
             others.append(f"{name} {value:.4g} ({gap}{spread})")
         better = "lower" if r["lower_is_better"] else "higher"
-        values = {arm["metrics"].get(metric, {}).get("mean") for arm in arms.values()} - {None}
+        having = [a for a in arms.values() if a["metrics"].get(metric, {}).get("mean") is not None]
+        values = {a["metrics"][metric]["mean"] for a in having}
+        # Only some arms have some metrics (span-target accuracy: the span arms): say which were scored.
+        which = f" ({len(having)} of {len(arms)} arms have it)" if len(having) < len(arms) else ""
         if len(values) == 1:  # a tie is no ranking: say so rather than crown the first arm
+            who = "every arm" if not which else " and ".join(a["name"] for a in having)
             lines.append(
-                f"{metric} ({better} is better): every arm at {top:.4g}, no difference at this budget"
+                f"{metric} ({better} is better){which}: {who} at {top:.4g}, no difference at this budget"
             )
             continue
-        lines.append(f"{metric} ({better} is better): {best} best at {top:.4g}; " + ", ".join(others))
+        lines.append(f"{metric} ({better} is better){which}: {best} best at {top:.4g}; " + ", ".join(others))
     if results["experiment"].get("expect"):
         lines.append(f"the literature: {results['experiment']['expect']}")
     for c in results.get("claims", []):

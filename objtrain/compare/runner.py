@@ -145,13 +145,10 @@ def plan_comparison(
         # What the arms train on must match; the evaluation may change (finished arms are re-evaluated).
         for part in (saved, now):
             if isinstance(part.get("experiment"), dict):
-                # what is measured and how it is judged (eval, claims) may change; the question and the
-                # words around it too
-                part["experiment"] = {
-                    k: v
-                    for k, v in part["experiment"].items()
-                    if k not in ("eval", "claims", "question", "expect", "source")
-                }
+                # what is measured and how it is judged (eval, claims, the papers' regime) may change; the
+                # question and the words around it too, and the named budgets not chosen (`budget` is
+                # compared below)
+                part["experiment"] = {k: v for k, v in part["experiment"].items() if k not in JUDGING_KEYS}
                 # A setting added since the report was planned reads as absent while it is unset
                 part["experiment"] = _without_unset(part["experiment"])
         for key in ("experiment", "budget", "seeds", "data"):
@@ -162,6 +159,10 @@ def plan_comparison(
                     "use the same settings, another -o, or --force to start over"
                 )
     return comparison
+
+
+# Experiment keys that judge or describe the runs, or name budgets not chosen: a resume may change them.
+JUDGING_KEYS = ("eval", "claims", "question", "expect", "source", "regime", "budgets")
 
 
 def check_report_dir(report_dir: Path, seeds: int, resume: bool, force: bool) -> None:

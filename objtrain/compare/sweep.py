@@ -52,12 +52,14 @@ from objtrain.compare import suite
 from objtrain.compare.experiment import ArmSpec, BudgetSpec, Experiment
 from objtrain.compare.progress import ArmsProgress
 from objtrain.compare.runner import (
+    JUDGING_KEYS,
     PLAN,
     Comparison,
     Interrupted,
     Run,
     _check_arm,
     _tokenizer_hash,
+    _without_unset,
     check_report_dir,
     evaluate_run,
     finished_checkpoint,
@@ -311,9 +313,11 @@ def plan_sweep(
             raise UserError(f"{report_dir / PLAN} is not a comparison plan: use another -o, or --force")
         for part in (saved, now):
             if isinstance(part.get("experiment"), dict):
-                part["experiment"] = {
-                    k: v for k, v in part["experiment"].items() if k not in ("eval", "sweep")
-                }
+                # As a comparison's resume (runner.plan_comparison): what judges the runs or names other
+                # budgets may change; what trains them may not (the sweep itself is compared below).
+                part["experiment"] = _without_unset({
+                    k: v for k, v in part["experiment"].items() if k not in (*JUDGING_KEYS, "sweep")
+                })  # fmt: skip
         for key in ("experiment", "sweep", "seeds", "data", "tiny"):
             if saved.get(key) != now.get(key):
                 raise UserError(

@@ -23,8 +23,16 @@ from rich.table import Table
 
 from objtrain.compare import fit as fitting
 from objtrain.compare import suite
-from objtrain.compare.experiment import Claim
-from objtrain.compare.report import ONE_ARM_NOTE, arm_pair, claim_verdict, difference, experiment_source
+from objtrain.compare.experiment import Claim, PaperSetting
+from objtrain.compare.regime import regime_gap, regime_text
+from objtrain.compare.report import (
+    ONE_ARM_NOTE,
+    arm_pair,
+    claim_verdict,
+    difference,
+    experiment_source,
+    verdict_cell,
+)
 from objtrain.compare.runner import machine
 from objtrain.compare.sweep import Sweep, sweep_plan_dict
 from objtrain.io import atomic_file, write_json
@@ -159,7 +167,7 @@ def build_sweep_results(s: Sweep, replicates: int = 1000) -> dict[str, Any]:
         for a, b in combinations([n for n in (x.name for x in exp.arms) if n in fits.get(metric, {})], 2):
             x = fitting.crossover(a, fits[metric][a], b, fits[metric][b])
             crossovers.append({"metric": metric, "arms": [a, b], **x.to_dict()})
-    claims = [sweep_claim(claim, arms, c.seeds) for claim in exp.claims]
+    claims = [sweep_claim(claim, arms, c.seeds, claim.regime or exp.regime) for claim in exp.claims]
     frontier_rows = []
     for arm, cells in frontiers.items():
         metric = _primary(list(arms[arm]["cells"].values()))
@@ -204,7 +212,9 @@ def build_sweep_results(s: Sweep, replicates: int = 1000) -> dict[str, Any]:
     }
 
 
-def sweep_claim(claim: Claim, arms: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
+def sweep_claim(
+    claim: Claim, arms: dict[str, Any], seeds: list[int], regime: PaperSetting | None = None
+) -> dict[str, Any]:
     """A claim of the literature checked at every point both arms share (the same paired test as a
     single-budget comparison), its verdict the one at the largest shared point: the closest these budgets
     come to the papers' regime. The verdicts at the smaller points say whether the answer holds, appears
@@ -222,15 +232,24 @@ def sweep_claim(claim: Claim, arms: dict[str, Any], seeds: list[int]) -> dict[st
         }  # fmt: skip
         per_seed = {name: vals for name, vals in per_seed.items() if vals}
         v = claim_verdict(claim, per_seed, len(seeds))
+        chosen = [cells_a[label], *([cells_b[label]] if b is not None else [])]
+        scale = {
+            "parameters": float(np.mean([cell["parameters"] for cell in chosen])),
+            "tokens": float(np.mean([np.mean(cell["tokens"]) for cell in chosen])),
+        }
+        notes = {k: v[k] for k in ("one_seed", "seeds_needed", "straddles") if k in v}
         points.append({"point": label, "budget": cells_a[label]["budget"], "verdict": v["verdict"],
-                       "paired": v["paired"]})  # fmt: skip
+                       "paired": v["paired"], "scale": scale, **notes})  # fmt: skip
     last = points[-1] if points else {"point": None, "verdict": "not measured", "paired": None}
+    scale = last.get("scale") or {}
     return claim_verdict(claim, {}, len(seeds)) | {  # the claim's own fields, as a comparison gives them
         "verdict": last["verdict"],
         "paired": last["paired"],
         "at": last["point"],
         "seeds": len(seeds),
         "points": points,
+        "regime": regime_gap(regime, scale.get("parameters"), scale.get("tokens")),
+        **{k: last[k] for k in ("one_seed", "seeds_needed", "straddles") if k in last},
     }
 
 
@@ -245,7 +264,7 @@ def point_verdict(point: dict[str, Any]) -> str:
 
 def claim_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     header = ["claim", "the literature", "objtrain: a − b at the largest point (95% paired interval)",
-              "verdict at each point", "verdict"]  # fmt: skip
+              "verdict at each point", "verdict", "scale against the paper (largest point)"]  # fmt: skip
     rows = []
     for c in results.get("claims", []):
         p = c.get("paired")
@@ -255,7 +274,7 @@ def claim_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         else:
             ours = "—"
         trend = "; ".join(point_verdict(pt) for pt in c["points"]) or "—"
-        rows.append([c["claim"], c["literature"], ours, trend, f"**{c['verdict']}**"])
+        rows.append([c["claim"], c["literature"], ours, trend, verdict_cell(c), regime_text(c.get("regime"))])
     return header, rows
 
 

@@ -162,6 +162,10 @@ def test_resume_refuses_a_changed_plan(write_experiment, tmp_path: Path) -> None
         plan_comparison(load_experiment(write_experiment()), out, budget="256", resume=True)
     with pytest.raises(Exception, match="--resume: the seeds differ from those "):
         plan_comparison(load_experiment(write_experiment()), out, seeds=2, resume=True)
+    # The papers' regime and named budgets not chosen judge or offer, they do not train: a change resumes.
+    regime = {"source": "a paper", "parameters": 1e8, "tokens": 1e10}
+    changed = write_experiment(regime=regime, budgets={"gpu": {"tokens": 10**8}})
+    plan_comparison(load_experiment(changed), out, resume=True)
     # Other evaluation options: every arm is evaluated again, none retrained.
     mtimes = {p: p.stat().st_mtime_ns for p in out.glob("arms/*/checkpoints/*/model.safetensors")}
     suite = FakeSuite()

@@ -107,6 +107,23 @@ def test_every_shipped_finding_is_an_experiment_with_claims() -> None:
         assert cmd[:3] == ["objtrain", "compare", name] and "--seeds" in cmd
 
 
+def test_every_shipped_claim_knows_the_papers_smallest_setting() -> None:
+    for name in [*findings.FINDINGS, *findings.SWEEPS]:
+        exp = load_experiment(name)
+        for claim in exp.claims:
+            setting = claim.regime or exp.regime
+            assert setting is not None and setting.source and setting.parameters, (name, claim.claim)
+
+
+def test_the_index_flags_verdicts_out_of_regime() -> None:
+    results = findings.read_results(ROOT / "docs" / "findings")
+    if "objectives" not in results:
+        pytest.skip("no published objectives results")
+    claims = results["objectives"]["claims"]
+    assert all(c["regime"]["out_of_regime"] for c in claims)  # 1M parameters against T5's 220M
+    assert "**out of regime**" in findings.index(results)
+
+
 def test_published_findings_regenerate_from_their_results() -> None:
     """Each committed docs/findings/NAME/report.md and the index are exactly what their results.json give."""
     root = ROOT / "docs" / "findings"

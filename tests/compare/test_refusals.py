@@ -168,6 +168,13 @@ def test_an_experiment_without_arms_says_so(tmp_path, monkeypatch, capsys) -> No
     assert not (tmp_path / "r").exists()
 
 
+def test_a_misspelt_arms_key_is_named_with_a_suggestion(tmp_path, monkeypatch, capsys) -> None:
+    (tmp_path / "typo.yaml").write_text("name: x\narmz:\n  - {name: a, objective: clm}\n")
+    result = run_cli(monkeypatch, capsys, "compare", tmp_path / "typo.yaml", "-o", tmp_path / "r")
+    refused(result, "unknown key 'armz' in typo.yaml; did you mean 'arms'?")
+    assert not (tmp_path / "r").exists()
+
+
 def test_shipped_experiment_names_match_case_insensitively_with_a_suggestion(
     tmp_path, monkeypatch, capsys
 ) -> None:

@@ -184,6 +184,13 @@ def test_a_sweep_interrupted_and_resumed_trains_no_step_twice(
     assert other is not None
     with pytest.raises(UserError, match="sweep differs"):
         plan_sweep(exp, report, other, resume=True)
+    # New claims, a papers' regime or another named budget judge the runs, they do not train them.
+    judged = sweep_experiment(compare_store, arms) | {
+        "regime": {"source": "a paper", "parameters": 1e8},
+        "budgets": {"gpu": {"tokens": 10**8}},
+        "claims": [{"claim": "c", "literature": "l", "metric": "val_bpb", "arms": ["clm", "mlm"]}],
+    }
+    plan_sweep(experiment_from_dict(judged), report, spec, resume=True)
     s = plan_sweep(exp, report, spec, resume=True)
     run_sweep(s, evaluator=suite, show_progress=False)
     assert len(suite.calls) == 6  # nothing evaluated twice

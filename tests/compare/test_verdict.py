@@ -71,3 +71,16 @@ def test_a_tie_is_said_as_no_difference() -> None:
         verdict(results)[1]
         == "infill_exact_match (higher is better): every arm at 0, no difference at this budget"
     )
+
+
+def test_a_metric_only_some_arms_have_names_them_not_every_arm() -> None:
+    results = _results()
+    results["arms"].append(dict(results["arms"][0], name="mlm", metrics={"bits_per_byte": _metric(3.0)}))
+    for arm in results["arms"][:2]:
+        arm["metrics"]["infill_exact_match"] = _metric(0.1466)
+    line = verdict(results)[1]
+    assert line == (
+        "infill_exact_match (higher is better) (2 of 3 arms have it): clm and fim-0.5 at 0.1466, "
+        "no difference at this budget"
+    )
+    assert "every arm" not in line
