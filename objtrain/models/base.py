@@ -9,10 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from objtrain.batch import Batch, ModelOutput
-from objtrain.models.attention import self_attention_spec
+from objtrain.models.attention import flex_attention_spec, self_attention_spec, use_flex
 from objtrain.models.blocks import Block, Context, Rotary
 from objtrain.models.config import ModelConfig
 
@@ -55,8 +56,14 @@ class ZooModel(nn.Module):
     ) -> Context:
         """Rotary angles and the self-attention mask for one stack, built once per forward."""
         cos, sin = self.rotary(positions)
-        mask, is_causal = self_attention_spec(document_ids, attention, prefix_mask, single_document)
+        spec = flex_attention_spec if self.uses_flex(document_ids.device) else self_attention_spec
+        mask, is_causal = spec(document_ids, attention, prefix_mask, single_document)
         return Context(cos, sin, mask, is_causal)
+
+    def uses_flex(self, device: torch.device) -> bool:
+        """Whether this forward's masks are FlexAttention block masks (`attention_kernel`; never in CPU
+        training, where FlexAttention has no backward)."""
+        return use_flex(self.config.attention_kernel, device)  # type: ignore[arg-type]
 
     def compile_blocks(self, **kwargs: Any) -> None:
         """torch.compile each transformer block in place (state-dict keys unchanged).

@@ -17,6 +17,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.flex_attention import BlockMask
+
+from objtrain.models.attention import Mask, flex_attend
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -133,13 +136,16 @@ def rotate_half_split(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
-    """(B, H, T, K) x (B, G, S, K) -> (B, H, T, K). `mask` (B, 1, T, S) bool, True = may attend.
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None, is_causal: bool) -> Tensor:
+    """(B, H, T, K) x (B, G, S, K) -> (B, H, T, K). `mask` (B, 1, T, S) bool, True = may attend, or the
+    same rule as a FlexAttention BlockMask (see `objtrain.models.attention`).
 
     The single place attention is computed; tests swap it for a naive softmax to check equivalence.
     With fewer key/value heads than query heads (G < H), SDPA shares each among H/G query heads itself,
     so k and v are never copied out to H heads.
     """
+    if isinstance(mask, BlockMask):
+        return flex_attend(q, k, v, mask)
     causal = is_causal and mask is None
     if k.size(1) == q.size(1):  # the flag left off: multi-head attention takes exactly its old path
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
@@ -196,7 +202,7 @@ class SelfAttention(nn.Module):
         x: Tensor,
         cos: Tensor,
         sin: Tensor,
-        mask: Tensor | None,
+        mask: Mask | None,
         is_causal: bool,
         cache: KVCache | None = None,
     ) -> Tensor:
@@ -247,7 +253,7 @@ class CrossAttention(nn.Module):
         k, v = self.kv(memory).view(B, S, 2, self.n_head, D // self.n_head).permute(2, 0, 3, 1, 4)
         return k, v
 
-    def forward(self, x: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, kv: tuple[Tensor, Tensor], mask: Mask | None) -> Tensor:
         B, T, D = x.shape
         q = self.q(x).view(B, T, self.n_head, D // self.n_head).transpose(1, 2)  # (B, H, T, K)
         y = attend(q, kv[0], kv[1], mask, is_causal=False)
@@ -272,15 +278,15 @@ class SwiGLU(nn.Module):
 class Context:
     """Everything a block needs besides its input: rotary angles and masks, built once per forward.
 
-    mask (B, 1, T, T) bool or None (then `is_causal` picks SDPA's causal or full fast path);
-    cross_mask (B, 1, T, S) bool or None (every decoder position may see all of memory).
+    mask (B, 1, T, T) bool, a BlockMask, or None (then `is_causal` picks SDPA's causal or full fast path);
+    cross_mask (B, 1, T, S) bool, a BlockMask, or None (every decoder position may see all of memory).
     """
 
     cos: Tensor
     sin: Tensor
-    mask: Tensor | None
+    mask: Mask | None
     is_causal: bool
-    cross_mask: Tensor | None = None
+    cross_mask: Mask | None = None
 
 
 class Block(nn.Module):
@@ -309,10 +315,10 @@ class Block(nn.Module):
         x: Tensor,  # (B, T, D)
         cos: Tensor,
         sin: Tensor,
-        mask: Tensor | None,
+        mask: Mask | None,
         is_causal: bool,
         memory: Tensor | None = None,  # (B, S, D) encoder output, cross-attention blocks only
-        cross_mask: Tensor | None = None,
+        cross_mask: Mask | None = None,
         cache: KVCache | None = None,
         memory_kv: tuple[Tensor, Tensor] | None = None,  # precomputed from `memory` (generation)
     ) -> Tensor:

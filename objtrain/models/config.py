@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from objtrain.batch import MODEL_KINDS, ModelKind
+from objtrain.models.attention import ATTENTION_KERNELS
 
 
 @dataclass
@@ -26,6 +27,10 @@ class ModelConfig:
     n_segments: int = 0  # encoder: segment (sentence A/B) embeddings; 0 = none
     n_classes: int = 0  # encoder: pooled classification head outputs (2 for NSP/SOP); 0 = no head
     tie_embeddings: bool = True  # decoder: the unembedding is the token embedding; false = its own matrix
+    # how masked attention runs (packed rows, padding, prefix-LM): auto = FlexAttention block masks on CUDA,
+    # SDPA with a dense mask elsewhere; sdpa / flex force one (flex cannot train on CPU). Not a property of
+    # the weights: the same function either way, so checkpoints do not record it.
+    attention_kernel: str = "auto"
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
@@ -34,6 +39,11 @@ class ModelConfig:
             raise ValueError("d_model, n_layer, n_head and mtp_heads must be positive")
         if self.d_model % self.n_head or (self.d_model // self.n_head) % 2:
             raise ValueError(f"d_model {self.d_model} must split into {self.n_head} heads of even width")
+        if self.attention_kernel not in ATTENTION_KERNELS:
+            raise ValueError(
+                f"attention_kernel must be one of {', '.join(ATTENTION_KERNELS)}, "
+                f"got {self.attention_kernel!r}"
+            )
         if self.mtp_heads > 1 and self.kind != "decoder":
             raise ValueError("mtp_heads > 1 needs a decoder model")
         if (self.n_segments or self.n_classes) and self.kind != "encoder":

@@ -15,7 +15,11 @@ import torch
 from torch import Tensor, nn
 
 from objtrain.batch import AttentionKind, Batch, ModelOutput, positions_of
-from objtrain.models.attention import causal_chunk_mask, cross_attention_mask
+from objtrain.models.attention import (
+    causal_chunk_mask,
+    cross_attention_mask,
+    flex_cross_attention_spec,
+)
 from objtrain.models.base import TrunkOutput, ZooModel, make_block
 from objtrain.models.blocks import Embedding, KVCache, RMSNorm, Rotary
 from objtrain.models.config import ModelConfig
@@ -71,7 +75,8 @@ class EncoderDecoder(ZooModel):
         ctx = self.context(dec_pos, dec_docs, "causal", single_document=batch.decoder_single_document)
         known = batch.single_document is not None and batch.decoder_single_document is not None
         both = bool(batch.single_document and batch.decoder_single_document) if known else None
-        ctx.cross_mask = cross_attention_mask(dec_docs, batch.document_ids, both)
+        cross = flex_cross_attention_spec if self.uses_flex(dec_ids.device) else cross_attention_mask
+        ctx.cross_mask = cross(dec_docs, batch.document_ids, both)
         x = self.drop(self.embed(dec_ids))
         for block in self.decoder:
             x = block.run(x, ctx, memory)

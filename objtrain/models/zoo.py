@@ -52,11 +52,17 @@ def config_from_dict(data: dict[str, Any]) -> ModelConfig:
 OMITTED_AT_DEFAULT = {"n_kv_head": 0, "tie_embeddings": True}
 
 
+# Run-time choices that leave the computed function as it is: never written into a checkpoint.
+NOT_RECORDED = ("attention_kernel",)
+
+
 def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
     data = to_dict(cfg)
     for key, default in OMITTED_AT_DEFAULT.items():
         if data[key] == default:
             del data[key]
+    for key in NOT_RECORDED:
+        del data[key]
     return data
 
 
