@@ -336,3 +336,28 @@ def test_whole_zst_with_skippable_frames_and_checksums_reads_through(
     (tmp_path / "a.txt.zst").write_bytes(frames)
     tokenize_corpus([tmp_path / "a.txt.zst"], tmp_path / "s", reuse(model_file, doc_split="blank-line"))
     assert len(documents(tmp_path / "s")) == 20
+
+
+def test_parquet_memory_does_not_follow_the_file(tmp_path: Path) -> None:
+    """pyarrow's pre_buffer (on by default) reads ahead across the whole file and keeps it: Arrow's pool
+    then holds about the file's size. Streamed a row group at a time, it holds a few row groups at most."""
+    pa = pytest.importorskip("pyarrow", reason="the 'parquet' extra (pyarrow) is not installed")
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from objtrain.data import tables
+    from objtrain.data.sources import BadRecords
+
+    rng = np.random.default_rng(0)
+    texts = ["".join(map(chr, 97 + rng.integers(0, 26, 200))) for _ in range(20_000)]
+    path = tmp_path / "t.parquet"
+    pq.write_table(
+        pa.table({"text": texts, "n": np.arange(len(texts))}), path, row_group_size=500, compression="none"
+    )
+    pool, peak, seen = pa.default_memory_pool(), 0, []
+    for i, text in enumerate(tables.iter_texts(path, "parquet", "text", BadRecords())):
+        seen.append(text)
+        if i % 100 == 0:
+            peak = max(peak, pool.bytes_allocated())
+    assert seen == texts
+    assert peak < path.stat().st_size / 4, (peak, path.stat().st_size)
