@@ -1,14 +1,15 @@
-"""`objtrain tokenize` on Parquet: peak memory against corpus size (it must not grow with the corpus).
+"""`objtrain tokenize` on Parquet: peak memory against the size of one file (it must not grow with it).
 
-Synthetic Parquet shards are made from real text: the standard library's modules, cut into paragraphs,
-each row prefixed with its row number so no two rows are equal (row groups of 2,000 rows, 64 MB shards).
-Each size is a superset of the smaller one. A tokenizer is trained once on a sample; each size is then
-tokenized in a child process (`python -m objtrain tokenize SHARDS --tokenizer ...`) whose peak RSS comes
-from getrusage(RUSAGE_CHILDREN) in a fresh wrapper process. Target: growth over the smallest size within
-100 MB.
+Each size is ONE Parquet file of real text (the standard library's modules, cut into paragraphs, each row
+prefixed with its row number so no two rows are equal; row groups of 2,000 rows), as a user's single
+large export would be: shards of a few tens of MB would hide a reader whose memory follows the file
+(pyarrow's pre_buffer, on by default, kept reads of the whole file). A tokenizer is trained once on a
+sample; each file is then tokenized in a child process (`python -m objtrain tokenize FILE --tokenizer
+...`) whose peak RSS comes from getrusage(RUSAGE_CHILDREN) in a fresh wrapper process. Target: growth
+over the smallest size within 100 MB.
 
     .venv/bin/python benchmarks/bench_parquet.py                  # 100 MB and 1 GB (about 10 min idle)
-    .venv/bin/python benchmarks/bench_parquet.py --sizes 50 200   # quicker
+    .venv/bin/python benchmarks/bench_parquet.py --sizes 50 400   # quicker
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from bench_tokenize import peak_rss_mb
 
 from objtrain.data import sources
 
-SHARD_MB = 64
 ROW_GROUP = 2000
 BUDGET_MB = 100
 
@@ -37,26 +37,21 @@ def paragraphs() -> list[str]:
     return out
 
 
-def write_shards(root: Path, target_mb: int, made: list[Path], paras: list[str]) -> list[Path]:
-    """Add shards under `root` until they hold `target_mb` of text; return all shards so far."""
+def write_file(path: Path, target_mb: int, paras: list[str]) -> float:
+    """One Parquet file holding `target_mb` MB of text, written a row group at a time (the benchmark's
+    own memory stays small); returns the MB of text written."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    total = sum(int(p.stem.split("-")[-1]) for p in made) / 1e6
-    row = sum(1 for _ in made) * 10**9  # row numbers never repeat across shards
-    while total < target_mb:
-        texts: list[str] = []
-        size = 0
-        while size < SHARD_MB * 1e6 and total + size / 1e6 < target_mb:
-            text = f"# row {row}\n{paras[row % len(paras)]}"
-            texts.append(text)
-            size += len(text.encode("utf-8"))
-            row += 1
-        path = root / f"shard-{len(made):04d}-{size}.parquet"
-        pq.write_table(pa.table({"text": texts}), path, row_group_size=ROW_GROUP)
-        made.append(path)
-        total += size / 1e6
-    return made
+    schema = pa.schema([("text", pa.string())])
+    size = row = 0
+    with pq.ParquetWriter(path, schema) as writer:
+        while size < target_mb * 1e6:
+            texts = [f"# row {r}\n{paras[r % len(paras)]}" for r in range(row, row + ROW_GROUP)]
+            row += ROW_GROUP
+            size += sum(len(t.encode("utf-8")) for t in texts)
+            writer.write_table(pa.table({"text": texts}, schema=schema), row_group_size=ROW_GROUP)
+    return size / 1e6
 
 
 def main() -> None:
@@ -74,27 +69,25 @@ def main() -> None:
     rows: list[list[object]] = []
     with tempfile.TemporaryDirectory(prefix="bench_parquet.") as tmp:
         root = Path(tmp)
-        (root / "shards").mkdir()
-        made: list[Path] = []
         first: float | None = None
         model = None
         for mb in sorted(args.sizes):
-            shards = write_shards(root / "shards", mb, made, paras)
+            path = root / f"corpus-{mb}.parquet"
+            text_mb = write_file(path, mb, paras)
             if model is None:
-                peak_rss_mb(
-                    ["tokenize", *map(str, shards[:1]), "--vocab-size", "4096", "-o", str(root / "tok")]
-                )
+                peak_rss_mb(["tokenize", str(path), "--vocab-size", "4096", "-o", str(root / "tok")])
                 model = root / "tok" / "tokenizer.model"
             rss, seconds = peak_rss_mb(
-                ["tokenize", *map(str, shards), "--tokenizer", str(model), "-o", str(root / "s"), "--force"]
+                ["tokenize", str(path), "--tokenizer", str(model), "-o", str(root / "s"), "--force"]
             )
-            text_mb = sum(int(p.stem.split("-")[-1]) for p in shards) / 1e6
+            file_mb = path.stat().st_size / 1e6
+            path.unlink()  # one file on disk at a time
             first = rss if first is None else first
             growth = rss - first
             rows.append(
                 [
                     f"{text_mb:,.0f}",
-                    len(shards),
+                    f"{file_mb:,.0f}",
                     rss,
                     growth,
                     text_mb / seconds,
@@ -102,10 +95,13 @@ def main() -> None:
                 ]
             )
             print(
-                f"  {text_mb:.0f} MB in {len(shards)} shards: peak RSS {rss:.0f} MB, {seconds:.0f} s",
+                f"  {text_mb:.0f} MB of text in one {file_mb:.0f} MB file: "
+                f"peak RSS {rss:.0f} MB, {seconds:.0f} s",
                 flush=True,
             )
-    print(table(["text MB", "shards", "peak RSS MB", "growth MB", "MB/s", f"growth <= {BUDGET_MB} MB"], rows))
+    print(
+        table(["text MB", "file MB", "peak RSS MB", "growth MB", "MB/s", f"growth <= {BUDGET_MB} MB"], rows)
+    )
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ Inputs are files and directories (walked recursively, hidden entries skipped): `
 object per line (text in --text-field), `*.parquet` files and `datasets` save_to_disk folders (`*.arrow`)
 hold the text in column --text-field, anything else is UTF-8 text; JSONL and text may be compressed
 (`.gz`, `.zst`). A text file is one document unless --doc-split cuts it at blank lines or lines.
+A `datasets` DatasetDict folder keeps its own splits: train -> train, validation (else test) -> valid.
 `--corpus stdlib` adds the Python standard library's own `.py` files (without site-packages and without
 its test suites).
 
@@ -90,6 +91,8 @@ def print_summary(console: Console, summary: TokenizeSummary, doc_split: str = "
     console.print(table)
     if summary.tokenizer_note:
         console.print(summary.tokenizer_note, highlight=False, markup=False)
+    for dataset_dict in summary.dataset_dicts:
+        console.print(dataset_dict.describe(), highlight=False, markup=False)
     trained = f"trained in {summary.train_seconds:.1f} s" if summary.tokenizer_trained else "reused"
     rest = max(summary.seconds - summary.train_seconds, 1e-9)
     console.print(

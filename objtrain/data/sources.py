@@ -65,6 +65,7 @@ class Source:
     compression: Compression
     size: int  # bytes on disk
     sha256: str  # of the bytes on disk
+    split: str | None = None  # "train" or "valid" when a DatasetDict folder fixes it; None: by hash
 
     @property
     def compressed(self) -> bool:
@@ -142,43 +143,114 @@ def _key(path: Path) -> Path:
         return path.absolute()
 
 
+@dataclass
+class DatasetDictSplits:
+    """How a `datasets` DatasetDict folder's own splits map onto the store's (recorded in meta.json)."""
+
+    path: Path
+    train: str  # the DatasetDict split read into train
+    valid: str | None  # the one read into valid; None: valid is cut from train by hash (--valid-fraction)
+    unused: tuple[str, ...]  # the other splits, left out
+
+    def describe(self) -> str:
+        """One line for tokenize's summary."""
+        kept = f"train -> train, {self.valid} -> valid" if self.valid else "train (valid cut from it by hash)"
+        left = f"; left out: {', '.join(self.unused)}" if self.unused else ""
+        return f"DatasetDict {self.path}: its own splits kept, {kept}{left}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path), "train": self.train, "valid": self.valid, "unused": list(self.unused)}
+
+
+@dataclass
+class Found:
+    """Every input file in order: `(file, named_explicitly, fixed split or None)`, and the DatasetDict
+    folders met (their unused splits are not walked)."""
+
+    files: list[tuple[Path, bool, str | None]]
+    dataset_dicts: list[DatasetDictSplits]
+
+
+def dataset_dict_splits(directory: Path) -> DatasetDictSplits:
+    """A DatasetDict folder's split plan: `train` -> train; `validation`, else `test` -> valid.
+
+    Its splits are kept apart, never pooled and re-split by hash: a test split read into train would
+    leak into training. Without a `train` split there is nothing to map: one line, naming its splits."""
+    try:
+        splits = json.loads((directory / "dataset_dict.json").read_text(encoding="utf-8"))["splits"]
+        if not (isinstance(splits, list) and all(isinstance(x, str) for x in splits)):
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UserError(
+            f"{directory / 'dataset_dict.json'} is not a datasets DatasetDict index (a JSON object with "
+            "a list of split names under 'splits')"
+        ) from None
+    if "train" not in splits:
+        raise UserError(
+            f"{directory} is a DatasetDict without a 'train' split (splits: {', '.join(splits) or 'none'}); "
+            f"tokenize one split's folder instead, e.g. {directory / splits[0]}"
+            if splits
+            else f"{directory} is a DatasetDict without splits"
+        )
+    valid = next((name for name in ("validation", "test") if name in splits), None)
+    unused = tuple(name for name in splits if name not in ("train", valid))
+    return DatasetDictSplits(directory, "train", valid, unused)
+
+
 def find_files(
     inputs: Sequence[Path], include: Sequence[str] = (), exclude: Sequence[str] = (), skip: Path | None = None
 ) -> list[tuple[Path, bool]]:
-    """Expand inputs to `(file, named_explicitly)` in a deterministic order.
+    """`find_inputs`' files as `(file, named_explicitly)`."""
+    return [(path, explicit) for path, explicit, _ in find_inputs(inputs, include, exclude, skip).files]
+
+
+def find_inputs(
+    inputs: Sequence[Path], include: Sequence[str] = (), exclude: Sequence[str] = (), skip: Path | None = None
+) -> Found:
+    """Expand inputs to files in a deterministic order.
 
     Directories are walked recursively in sorted order, skipping hidden entries; `include`/`exclude` globs
     match a file's name or its path relative to the directory (`*.txt`, `*/test/*`). Files named
-    explicitly are always taken. `skip` (the output directory) is never walked into.
+    explicitly are always taken. `skip` (the output directory) is never walked into. Inside a DatasetDict
+    folder met while walking (`dataset_dict.json`), a split's files carry the store split it maps to.
     """
     for raw in inputs:
         check_input(Path(raw))
     skip_key = _key(skip) if skip is not None else None
-    found: list[tuple[Path, bool]] = []
+    found = Found([], [])
     seen: set[Path] = set()
+    fixed: dict[Path, str] = {}  # a DatasetDict split folder -> the store split its files go to
 
-    def add(path: Path, explicit: bool) -> None:
+    def add(path: Path, explicit: bool, split: str | None) -> None:
         key = _key(path)
         if key not in seen:
             seen.add(key)
-            found.append((path, explicit))
+            found.files.append((path, explicit, split))
 
     for raw in inputs:
         path = Path(raw)
         if path.is_file():
-            add(path, True)
+            add(path, True, None)
         elif path.is_dir():
             for dirpath, dirnames, filenames in os.walk(path):
+                here = Path(dirpath)
                 dirnames[:] = sorted(
-                    d for d in dirnames if not d.startswith(".") and _key(Path(dirpath) / d) != skip_key
+                    d for d in dirnames if not d.startswith(".") and _key(here / d) != skip_key
                 )
+                split = next((fixed[p] for p in (here, *here.parents) if p in fixed), None)
                 names = sorted(filenames)
+                if "dataset_dict.json" in names:
+                    plan = dataset_dict_splits(here)
+                    found.dataset_dicts.append(plan)
+                    if plan.valid is not None:  # with only a train split, valid is cut from it by hash
+                        fixed[here / plan.train], fixed[here / plan.valid] = "train", "valid"
+                    dirnames[:] = [d for d in dirnames if d not in plan.unused]
                 if DATASETS_FILES & set(names):
-                    names = _datasets_files(Path(dirpath), names)
+                    names = _datasets_files(here, names)
                 for name in names:
                     if name.startswith("."):
                         continue
-                    file = Path(dirpath) / name
+                    file = here / name
                     rel = file.relative_to(path).as_posix()
                     if include and not _matches(include, rel):
                         continue
@@ -186,7 +258,7 @@ def find_files(
                         continue
                     # a link to nothing (or a link loop) is listed by scan() as unreadable, not ignored
                     if file.is_file() or (file.is_symlink() and not file.exists()):
-                        add(file, False)
+                        add(file, False, split)
         else:
             raise UserError(f"input {path} is neither a file nor a directory")
     return found
@@ -322,7 +394,7 @@ def _check_text(stream: BinaryIO) -> str | None:
     return None
 
 
-def scan(path: Path, explicit: bool, text_field: str = "text") -> Source | Skipped:
+def scan(path: Path, explicit: bool, text_field: str = "text", split: str | None = None) -> Source | Skipped:
     """Hash a file and check that it is readable: UTF-8 text without NUL bytes (read in blocks), or a
     Parquet/Arrow file with a string column `text_field` (its footer or schema only).
 
@@ -352,7 +424,7 @@ def scan(path: Path, explicit: bool, text_field: str = "text") -> Source | Skipp
                 f"{path}: {reason}; objtrain reads {what} (files inside a directory are skipped instead)"
             )
         return Skipped(path, reason)
-    return Source(path, fmt, compression, size, digest.hexdigest())
+    return Source(path, fmt, compression, size, digest.hexdigest(), split)
 
 
 def _text_stream(source: Source) -> io.TextIOWrapper:

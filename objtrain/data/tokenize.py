@@ -97,6 +97,7 @@ class TokenizeSummary:
     train_seconds: float
     seconds: float
     tokenizer_note: str = ""  # how another model's tokenizer was fitted with objtrain's special tokens
+    dataset_dicts: list[src.DatasetDictSplits] = field(default_factory=list)  # whose own splits were kept
 
     @property
     def documents(self) -> int:
@@ -167,23 +168,39 @@ def _check_config(config: TokenizeConfig, inputs: Sequence[Path]) -> None:
 
 
 def collect_sources(
-    inputs: Sequence[Path], config: TokenizeConfig, progress: Progress, output: Path | None = None
+    inputs: Sequence[Path],
+    config: TokenizeConfig,
+    progress: Progress,
+    output: Path | None = None,
+    dataset_dicts: list[src.DatasetDictSplits] | None = None,
 ) -> tuple[list[Source], list[Skipped]]:
-    """Every input file, scanned: readable ones in order, and the ones skipped with the reason."""
-    files = src.find_files(inputs, config.include, config.exclude, skip=output)
+    """Every input file, scanned: readable ones in order, and the ones skipped with the reason. The
+    DatasetDict folders met are appended to `dataset_dicts`."""
+    found = src.find_inputs(inputs, config.include, config.exclude, skip=output)
+    files = found.files
     if config.corpus == "stdlib":
-        files += [(path, False) for path in src.stdlib_files()]
+        files += [(path, False, None) for path in src.stdlib_files()]
+    if dataset_dicts is not None:
+        dataset_dicts += found.dataset_dicts
     progress.start("scanning", len(files))
     sources: list[Source] = []
     skipped: list[Skipped] = []
-    for path, explicit in files:
-        result = src.scan(path, explicit, config.text_field)
+    for path, explicit, split in files:
+        result = src.scan(path, explicit, config.text_field, split)
         (sources if isinstance(result, Source) else skipped).append(result)  # type: ignore[arg-type]
         progress.advance(1)
     if not sources:
         why = f" ({len(skipped)} skipped: {skipped[0].reason}, ...)" if skipped else ""
         raise UserError(f"empty corpus: no readable text files among the inputs{why}")
     return sources, skipped
+
+
+def _in_valid(source: Source, data: bytes, config: TokenizeConfig) -> bool:
+    """A document's split: its DatasetDict's when it comes from one that has a valid split, else by a
+    keyed hash of its bytes (so the same document always lands in the same split)."""
+    if source.split is not None:
+        return source.split == "valid"
+    return _keys(data, config.seed)[0] < config.valid_fraction
 
 
 def _documents(
@@ -203,15 +220,15 @@ def sample_for_training(sources: Sequence[Source], config: TokenizeConfig, progr
     heap: list[tuple[int, int, str]] = []  # max-heap on the key, through negation
     total = n_train = n_valid = 0
     unreported = 0
-    for _, text, data in _documents(sources, config):
+    for index, text, data in _documents(sources, config):
         unreported += len(data)
         if unreported >= config.chunk_bytes:  # progress in document bytes, a step per chunk
             progress.advance(unreported)
             unreported = 0
         if not data:
             continue
-        split_key, sample_key = _keys(data, config.seed)
-        if split_key < config.valid_fraction:
+        sample_key = _keys(data, config.seed)[1]
+        if _in_valid(sources[index], data, config):
             n_valid += 1
             continue
         n_train += 1
@@ -403,7 +420,7 @@ def encode_documents(
                     continue
                 per_source[index] += 1
                 chunk.texts.append(text)
-                chunk.valid.append(_keys(data, config.seed)[0] < config.valid_fraction)
+                chunk.valid.append(_in_valid(sources[index], data, config))
                 chunk.n_bytes.append(len(data))
                 chunk.size += len(data)
                 if chunk.size >= config.chunk_bytes:
@@ -442,7 +459,8 @@ def tokenize_corpus(
         src.check_input(Path(config.tokenizer), "--tokenizer")
     check_output_free(output, force, inputs=[*inputs, *extra], replaces=("an objtrain store", (META_FILE,)))
     start = time.perf_counter()
-    sources, skipped = collect_sources(inputs, config, progress, output)
+    dataset_dicts: list[src.DatasetDictSplits] = []
+    sources, skipped = collect_sources(inputs, config, progress, output, dataset_dicts)
 
     train_seconds = 0.0
     if config.tokenizer is not None:
@@ -477,6 +495,8 @@ def tokenize_corpus(
         (tmp / tokenizer.file_name).write_bytes(tokenizer.model_proto)
         meta = _meta(config, tokenizer, splits, sources, per_source, skipped, empty, model_type)
         meta["malformed_records"] = {"count": bad.count, "first": bad.examples}
+        if dataset_dicts:  # whose splits went where: the folder's own, not a re-split by hash
+            meta["dataset_dicts"] = [d.to_dict() for d in dataset_dicts]
         write_json(tmp / META_FILE, meta)
     return TokenizeSummary(
         path=output,
@@ -490,6 +510,7 @@ def tokenize_corpus(
         train_seconds=train_seconds,
         seconds=time.perf_counter() - start,
         tokenizer_note=_tokenizer_note(tokenizer),
+        dataset_dicts=dataset_dicts,
     )
 
 
@@ -558,6 +579,7 @@ def _meta(
                 "bytes": s.size,
                 "sha256": s.sha256,
                 "documents": n,
+                **({"split": s.split} if s.split is not None else {}),
             }
             for s, n in zip(sources, per_source, strict=True)
         ],

@@ -336,3 +336,86 @@ def test_whole_zst_with_skippable_frames_and_checksums_reads_through(
     (tmp_path / "a.txt.zst").write_bytes(frames)
     tokenize_corpus([tmp_path / "a.txt.zst"], tmp_path / "s", reuse(model_file, doc_split="blank-line"))
     assert len(documents(tmp_path / "s")) == 20
+
+
+def test_parquet_memory_does_not_follow_the_file(tmp_path: Path) -> None:
+    """pyarrow's pre_buffer (on by default) reads ahead across the whole file and keeps it: Arrow's pool
+    then holds about the file's size. Streamed a row group at a time, it holds a few row groups at most."""
+    pa = pytest.importorskip("pyarrow", reason="the 'parquet' extra (pyarrow) is not installed")
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from objtrain.data import tables
+    from objtrain.data.sources import BadRecords
+
+    rng = np.random.default_rng(0)
+    texts = ["".join(map(chr, 97 + rng.integers(0, 26, 200))) for _ in range(20_000)]
+    path = tmp_path / "t.parquet"
+    pq.write_table(
+        pa.table({"text": texts, "n": np.arange(len(texts))}), path, row_group_size=500, compression="none"
+    )
+    pool, peak, seen = pa.default_memory_pool(), 0, []
+    for i, text in enumerate(tables.iter_texts(path, "parquet", "text", BadRecords())):
+        seen.append(text)
+        if i % 100 == 0:
+            peak = max(peak, pool.bytes_allocated())
+    assert seen == texts
+    assert peak < path.stat().st_size / 4, (peak, path.stat().st_size)
+
+
+def test_dataset_dict_keeps_its_own_splits(
+    tmp_path: Path, model_file: Path, monkeypatch: pytest.MonkeyPatch, objtrain_cli: Cli
+) -> None:
+    """A DatasetDict's test rows must not be pooled with train and re-split by hash (they would leak into
+    training): train -> train, validation (else test) -> valid, the rest listed as skipped."""
+    datasets = pytest.importorskip("datasets", reason="the 'datasets' package is not installed")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    train = [f"train row {i}: " + TEXTS[i] for i in range(100)]
+    test = [f"test row {i}: " + TEXTS[i] for i in range(20)]
+    validation = [f"validation row {i}" for i in range(10)]
+    extra = [f"unsupervised row {i}" for i in range(5)]
+
+    def save(name: str, **splits: list[str]) -> Path:
+        parts = {k: datasets.Dataset.from_dict({"text": v}) for k, v in splits.items()}
+        datasets.DatasetDict(parts).save_to_disk(str(tmp_path / name))
+        return tmp_path / name
+
+    def split_docs(path: Path, split: str) -> list[str]:
+        store = TokenStore.open(path)
+        part = store.split(split)
+        return [store.tokenizer.decode(part.doc(i)) for i in range(len(part))]
+
+    # valid_fraction 0.5 would put half of everything in valid if the hash split were applied
+    config = TokenizeConfig(tokenizer=model_file, valid_fraction=0.5)
+    summary = tokenize_corpus([save("tt", train=train, test=test)], tmp_path / "s", config)
+    assert split_docs(tmp_path / "s", "train") == train and split_docs(tmp_path / "s", "valid") == test
+    meta = TokenStore.open(tmp_path / "s").meta
+    assert meta["dataset_dicts"] == [
+        {"path": str(tmp_path / "tt"), "train": "train", "valid": "test", "unused": []}
+    ]
+    assert {s["split"] for s in meta["sources"]} == {"train", "valid"} and not summary.skipped
+
+    folder = save("tvu", train=train, validation=validation, test=test, unsupervised=extra)
+    tokenize_corpus([folder], tmp_path / "v", config)
+    assert split_docs(tmp_path / "v", "train") == train and split_docs(tmp_path / "v", "valid") == validation
+    meta = TokenStore.open(tmp_path / "v").meta
+    assert meta["dataset_dicts"][0]["valid"] == "validation"
+    assert sorted(meta["dataset_dicts"][0]["unused"]) == ["test", "unsupervised"]
+    assert not meta["skipped"]
+
+    # only a train split: valid is cut from it by hash, as for any other input
+    tokenize_corpus([save("only-train", train=train)], tmp_path / "t", config)
+    assert sorted(split_docs(tmp_path / "t", "train") + split_docs(tmp_path / "t", "valid")) == sorted(train)
+    assert 0 < len(split_docs(tmp_path / "t", "valid")) < len(train)
+
+    code, out, err = objtrain_cli("tokenize", folder, "--tokenizer", model_file, "-o", tmp_path / "c")
+    said = f"DatasetDict {folder}: its own splits kept, train -> train, validation -> valid; left out: test"
+    assert code == 0 and said in " ".join(out.split()), out
+
+    # no train split to map: one line
+    code, _, err = objtrain_cli(
+        "tokenize", save("nt", test=test), "--tokenizer", model_file, "-o", tmp_path / "n"
+    )
+    assert code == 2 and "without a 'train' split (splits: test)" in err and "Traceback" not in err, err
+    assert not (tmp_path / "n").exists()
