@@ -13,7 +13,9 @@ from rich.console import Console
 from objtrain.cli.common import DEVICE_HELP, make_console
 from objtrain.config import dotted_keys, key_hint, load_yaml, packaged_config, parse_overrides
 from objtrain.errors import UserError
+from objtrain.io import Unwritable
 from objtrain.training import accounting
+from objtrain.training import checkpoint as ckpt
 from objtrain.training.config import DEFAULT_STEPS, TrainConfig, build_config, config_dict, merged
 from objtrain.training.loop import Plan, prepare, total_steps, train
 
@@ -213,7 +215,17 @@ def run(
         plan = prepare(cfg, run_dir, resume=resume, force=force, console=console)
         _dry_run(console, plan)
         return
-    result = train(cfg, run_dir, resume=resume, force=force, console=console)
+    created = ckpt.first_missing(run_dir)
+    try:
+        result = train(cfg, run_dir, resume=resume, force=force, console=console)
+    except Unwritable as exc:
+        # A new run whose first checkpoint did not fit leaves nothing behind: a run directory without a
+        # checkpoint would only be refused next time ("already exists").
+        if created is not None and ckpt.discard_unsaved(run_dir, created):
+            raise Unwritable(
+                exc.output, exc.reason, f"no checkpoint was saved; {run_dir} was removed"
+            ) from None
+        raise
     if result.stopped:
         console.print(
             f"interrupted at step {result.step}; saved {result.checkpoint}", highlight=False, markup=False
