@@ -178,7 +178,9 @@ class WandbConfig:
 @dataclass
 class LoggingConfig:
     every: int = 10  # steps between log lines (metrics.jsonl gets every step)
-    tensorboard: bool = True  # event files when the `tensorboard` package is installed
+    # Event files: None (the default) writes them when the `tensorboard` package is installed and says
+    # nothing when it is not; true asks for them, and a missing package is then said once.
+    tensorboard: bool | None = None
     sample: bool = True  # end with a short greedy sample from the model
     wandb: WandbConfig | None = None  # Weights & Biases too, e.g. {project: my-project, mode: offline}
 
