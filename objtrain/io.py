@@ -59,10 +59,25 @@ def unwritable(exc: OSError, output: Path | str, kept: str = "") -> Unwritable:
     return Unwritable(output, _reason(exc), kept)
 
 
+def check_no_link_loop(path: Path, what: str = "output") -> None:
+    """Refuse a path that goes through a loop of symbolic links (`a -> b -> a`), in one line: every later
+    step would fail on it with its own traceback (`resolve()`'s RuntimeError, `mkdir`'s FileExistsError)."""
+    try:
+        Path(path).resolve()
+    except (RuntimeError, OSError) as exc:  # Python < 3.13 raises RuntimeError, later ones ELOOP
+        if isinstance(exc, OSError) and exc.errno != errno.ELOOP:
+            raise
+        raise UserError(
+            f"{what} {path} goes through a loop of symbolic links (a link that leads back to itself): "
+            "remove the link or choose another path"
+        ) from None
+
+
 def check_writable(path: Path) -> None:
     """Refuse, before any work, an output that cannot be written: `path` itself if it exists, else the
     nearest existing directory above it, must take a new file (a read-only mount, missing permission or an
-    immutable directory fail here, and a disk already full)."""
+    immutable directory fail here, and a disk already full). A loop of symbolic links is refused too."""
+    check_no_link_loop(path)
     path = Path(path).absolute()
     probe_dir = path
     while not probe_dir.exists() and probe_dir != probe_dir.parent:
