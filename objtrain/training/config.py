@@ -97,8 +97,10 @@ class OptimConfig:
     grad_clip: float = 1.0  # max global grad norm; 0 = off
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.lr) and self.lr >= 0):
-            raise ValueError(f"lr must be a finite number >= 0, got {self.lr}")
+        # 0 is refused too: the weights would never move, and the run would spend its budget writing
+        # checkpoints of its initialisation that every later report would read as a trained model.
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a finite number > 0 (at 0 the weights never move), got {self.lr}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {list(self.betas)}")
         if self.eps < 0 or self.weight_decay < 0 or self.grad_clip < 0:
