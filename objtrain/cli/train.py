@@ -195,7 +195,7 @@ def run(
         raise UserError("--objective is required (or a --config naming one); see `objtrain corrupt --list`")
     cfg = build_config(data_dict)
     _check_objective_keys(cfg, kv)
-    run_dir = output or Path("runs") / f"{cfg.objective.name}-{cfg.model.kind or 'default'}-{cfg.model.size}"
+    run_dir = output or default_run_dir(cfg)
 
     console = Console(stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty())
     under_torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -231,6 +231,25 @@ def run(
             f"interrupted at step {result.step}; saved {result.checkpoint}", highlight=False, markup=False
         )
         raise typer.Exit(143 if result.stopped == "SIGTERM" else 130)
+
+
+def default_run_dir(cfg: TrainConfig) -> Path:
+    """runs/OBJECTIVE-KIND-SIZE (as --help says): the kind the run trains, the objective's first when none
+    is given (`objtrain train --objective fim` -> runs/fim-decoder-tiny)."""
+    from objtrain.objectives.registry import canonical_name, objective_class, objective_config
+
+    name = canonical_name(cfg.objective.name)
+    kinds = objective_class(name).model_kinds
+    if name == "mixture":  # the kinds its components share, first as the mixture itself picks
+        try:
+            parts = [
+                objective_class(c["objective"]).model_kinds
+                for c in objective_config(name, cfg.objective.overrides).components
+            ]
+            kinds = tuple(k for k in parts[0] if all(k in p for p in parts)) or kinds
+        except (UserError, LookupError, TypeError):  # malformed: the run's own checks say how, next
+            pass
+    return Path("runs") / f"{name}-{cfg.model.kind or kinds[0]}-{cfg.model.size}"
 
 
 # The flags that set a run key, for hints ("did you mean optim.lr or --lr?").
