@@ -50,7 +50,7 @@ class Unwritable(UserError):
     """An output that could not be written (`WRITE_ERRNOS`); `reason` is the system's words for it."""
 
     def __init__(self, output: Path | str, reason: str, kept: str = "") -> None:
-        self.output, self.reason = str(output), reason
+        self.output, self.reason, self.kept = str(output), reason, kept
         super().__init__(f"cannot write {output}: {reason}" + (f" ({kept})" if kept else ""))
 
 
@@ -59,10 +59,25 @@ def unwritable(exc: OSError, output: Path | str, kept: str = "") -> Unwritable:
     return Unwritable(output, _reason(exc), kept)
 
 
+def check_no_link_loop(path: Path, what: str = "output") -> None:
+    """Refuse a path that goes through a loop of symbolic links (`a -> b -> a`), in one line: every later
+    step would fail on it with its own traceback (`resolve()`'s RuntimeError, `mkdir`'s FileExistsError)."""
+    try:
+        Path(path).resolve()
+    except (RuntimeError, OSError) as exc:  # Python < 3.13 raises RuntimeError, later ones ELOOP
+        if isinstance(exc, OSError) and exc.errno != errno.ELOOP:
+            raise
+        raise UserError(
+            f"{what} {path} goes through a loop of symbolic links (a link that leads back to itself): "
+            "remove the link or choose another path"
+        ) from None
+
+
 def check_writable(path: Path) -> None:
     """Refuse, before any work, an output that cannot be written: `path` itself if it exists, else the
     nearest existing directory above it, must take a new file (a read-only mount, missing permission or an
-    immutable directory fail here, and a disk already full)."""
+    immutable directory fail here, and a disk already full). A loop of symbolic links is refused too."""
+    check_no_link_loop(path)
     path = Path(path).absolute()
     probe_dir = path
     while not probe_dir.exists() and probe_dir != probe_dir.parent:
@@ -83,12 +98,38 @@ def check_writable(path: Path) -> None:
         raise Unwritable(path, f"{_reason(exc)}{where}", "nothing was written") from None
 
 
+# Libraries written in Rust (safetensors, tokenizers) report a failed write in their own exception types,
+# with the errno only in the text: "I/O error: No space left on device (os error 28)".
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def os_error_of(exc: BaseException, path: Path | str) -> OSError | None:
+    """`exc` as the OSError it stands for: itself, or a Rust library's error that names an errno in its
+    text (so a full disk is the same one line whichever library wrote the file); None for anything else."""
+    if isinstance(exc, OSError):
+        return exc
+    if not isinstance(exc, Exception):
+        return None
+    code = _OS_ERROR.search(str(exc))
+    if code is None:
+        return None
+    number = int(code.group(1))
+    return OSError(number, os.strerror(number), str(path))
+
+
 def save_tensors(tensors: dict[str, Any], path: Path, metadata: dict[str, str] | None = None) -> None:
     """safetensors' `save_file`, leaving the file with the user's usual permissions like every other output
     (it writes 0600 files: a checkpoint shared with a group would be readable but for its weights)."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
-    save_file(tensors, str(path), metadata=metadata)
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except SafetensorError as exc:
+        failed = os_error_of(exc, path)
+        if failed is None:
+            raise
+        raise failed from exc
     os.chmod(path, 0o666 & ~_umask())
 
 
@@ -209,8 +250,9 @@ def atomic_dir(path: Path, force: bool = False) -> Iterator[Path]:
                 os.replace(old, path)  # the previous output back where it was
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-        if is_unwritable(exc):  # a full disk, a read-only mount: one line, and nothing half-written
-            raise unwritable(exc, path, kept) from None  # type: ignore[arg-type]
+        failed = os_error_of(exc, path)
+        if failed is not None and is_unwritable(failed):  # a full disk: one line, nothing half-written
+            raise unwritable(failed, path, kept) from None
         raise
 
 
@@ -234,8 +276,9 @@ def atomic_file(path: Path, mode: str = "wb") -> Iterator[Any]:
         if tmp_name is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp_name)
-        if is_unwritable(exc):
-            raise unwritable(exc, path, kept) from None  # type: ignore[arg-type]
+        failed = os_error_of(exc, path)
+        if failed is not None and is_unwritable(failed):
+            raise unwritable(failed, path, kept) from None
         raise
 
 

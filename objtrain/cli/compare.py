@@ -18,7 +18,7 @@ from objtrain.compare import load_experiment, plan_comparison, run_comparison, w
 from objtrain.compare.runner import PLAN, Comparison, Interrupted
 from objtrain.compare.sweep import Sweep, SweepSpec, parse_sweep, plan_sweep, run_sweep
 from objtrain.errors import UserError
-from objtrain.io import OutputLock, check_writable
+from objtrain.io import OutputLock, Unwritable, check_writable
 
 HELP = """Train several arms under one equal budget, evaluate them with the same suite, report side by side.
 
@@ -132,6 +132,8 @@ def _compare(comparison: Comparison, name: str, output: Path, console: Console) 
     except Interrupted as exc:
         console.print(f"[bold red]{escape(str(exc))}[/]")  # the message starts with "interrupted"
         raise typer.Exit(130) from None
+    except Unwritable as exc:
+        raise _kept(exc, f"finished arms are kept in {output}") from None
     write_report(comparison, make_console(highlight=False))
     console.print(f"report: {output / 'report.md'} (results.json and plots beside it)", markup=False)
 
@@ -165,6 +167,14 @@ def _sweep(s: Sweep, spec: SweepSpec, output: Path, console: Console) -> None:
     except Interrupted as exc:
         console.print(f"[bold red]{escape(str(exc))}[/]")
         raise typer.Exit(130) from None
+    except Unwritable as exc:
+        raise _kept(exc, f"finished points are kept in {output}") from None
+
+
+def _kept(exc: Unwritable, kept: str) -> Unwritable:
+    """A full disk mid-comparison: the line says what is kept and how to go on once there is room."""
+    before = f"{exc.kept}; " if exc.kept else ""
+    return Unwritable(exc.output, exc.reason, f"{before}{kept}: free space, then continue with --resume")
 
 
 run.__doc__ = HELP

@@ -12,6 +12,7 @@ from rich.table import Table
 from objtrain.cli.common import make_console
 from objtrain.data.pack import PackConfig, PackSummary, pack_store
 from objtrain.data.store import SPLITS
+from objtrain.io import check_no_link_loop
 
 HELP = """Pack a token store into rows of --seq-len tokens, each document followed by eos.
 
@@ -57,6 +58,7 @@ def run(
 ) -> None:
     splits = SPLITS if split == "all" else (split,)
     config = PackConfig(seq_len=seq_len, mode=mode, seed=seed, splits=splits)  # type: ignore[arg-type]
+    check_no_link_loop(output)  # before pack_store resolves it to compare it with the input
     summary = pack_store(store, output, config, force=force)
     print_summary(make_console(), summary)
 

@@ -13,7 +13,9 @@ from rich.console import Console
 from objtrain.cli.common import DEVICE_HELP, make_console
 from objtrain.config import dotted_keys, key_hint, load_yaml, packaged_config, parse_overrides
 from objtrain.errors import UserError
+from objtrain.io import Unwritable
 from objtrain.training import accounting
+from objtrain.training import checkpoint as ckpt
 from objtrain.training.config import DEFAULT_STEPS, TrainConfig, build_config, config_dict, merged
 from objtrain.training.loop import Plan, prepare, total_steps, train
 
@@ -193,7 +195,7 @@ def run(
         raise UserError("--objective is required (or a --config naming one); see `objtrain corrupt --list`")
     cfg = build_config(data_dict)
     _check_objective_keys(cfg, kv)
-    run_dir = output or Path("runs") / f"{cfg.objective.name}-{cfg.model.kind or 'default'}-{cfg.model.size}"
+    run_dir = output or default_run_dir(cfg)
 
     console = Console(stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty())
     under_torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -213,12 +215,41 @@ def run(
         plan = prepare(cfg, run_dir, resume=resume, force=force, console=console)
         _dry_run(console, plan)
         return
-    result = train(cfg, run_dir, resume=resume, force=force, console=console)
+    created = ckpt.first_missing(run_dir)
+    try:
+        result = train(cfg, run_dir, resume=resume, force=force, console=console)
+    except Unwritable as exc:
+        # A new run whose first checkpoint did not fit leaves nothing behind: a run directory without a
+        # checkpoint would only be refused next time ("already exists").
+        if created is not None and ckpt.discard_unsaved(run_dir, created):
+            raise Unwritable(
+                exc.output, exc.reason, f"no checkpoint was saved; {run_dir} was removed"
+            ) from None
+        raise
     if result.stopped:
         console.print(
             f"interrupted at step {result.step}; saved {result.checkpoint}", highlight=False, markup=False
         )
         raise typer.Exit(143 if result.stopped == "SIGTERM" else 130)
+
+
+def default_run_dir(cfg: TrainConfig) -> Path:
+    """runs/OBJECTIVE-KIND-SIZE (as --help says): the kind the run trains, the objective's first when none
+    is given (`objtrain train --objective fim` -> runs/fim-decoder-tiny)."""
+    from objtrain.objectives.registry import canonical_name, objective_class, objective_config
+
+    name = canonical_name(cfg.objective.name)
+    kinds = objective_class(name).model_kinds
+    if name == "mixture":  # the kinds its components share, first as the mixture itself picks
+        try:
+            parts = [
+                objective_class(c["objective"]).model_kinds
+                for c in objective_config(name, cfg.objective.overrides).components
+            ]
+            kinds = tuple(k for k in parts[0] if all(k in p for p in parts)) or kinds
+        except (UserError, LookupError, TypeError):  # malformed: the run's own checks say how, next
+            pass
+    return Path("runs") / f"{name}-{cfg.model.kind or kinds[0]}-{cfg.model.size}"
 
 
 # The flags that set a run key, for hints ("did you mean optim.lr or --lr?").

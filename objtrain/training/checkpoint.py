@@ -30,7 +30,7 @@ from torch import nn
 
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
-from objtrain.io import is_count, save_tensors
+from objtrain.io import OutputLock, is_count, save_tensors
 from objtrain.models.checkpoint import load_weights, mark_latest, read_latest, save_checkpoint, unwrap
 from objtrain.specials import Specials
 
@@ -194,6 +194,44 @@ def latest_checkpoint(run: Path) -> Path | None:
         return latest.resolve()
     found = complete_checkpoints(run)
     return found[-1][1] if found else None
+
+
+def first_missing(path: Path) -> Path | None:
+    """The outermost directory of `path` that does not exist yet (what a run into it would create)."""
+    path = Path(path).absolute()
+    if path.exists() or path.is_symlink():
+        return None
+    while not path.parent.exists() and path.parent != path.parent.parent:
+        path = path.parent
+    return path
+
+
+def discard_unsaved(run: Path, created: Path) -> bool:
+    """Remove a run that this command created and that never saved a checkpoint (a full disk at its first
+    save), then the empty directories made above it up to `created`; True if it is gone. A run another
+    process holds, or one with a complete checkpoint, is left alone."""
+    run = Path(run).absolute()
+    if not run.is_dir() or run.is_symlink() or complete_checkpoints(run):
+        return False
+    try:
+        lock = OutputLock(run).acquire()
+    except UserError:  # in use by another run since: not ours to remove
+        return False
+    try:
+        if complete_checkpoints(run):
+            return False
+        shutil.rmtree(run, ignore_errors=True)
+    finally:
+        lock.release()
+    parent = run.parent
+    created = Path(created).absolute()
+    while parent != created.parent and created in (parent, *parent.parents):
+        try:
+            parent.rmdir()  # only if empty: another run may have been made beside this one meanwhile
+        except OSError:
+            break
+        parent = parent.parent
+    return not run.exists()
 
 
 def skipped_newer(run: Path, chosen: Path) -> list[Path]:

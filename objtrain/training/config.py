@@ -97,8 +97,10 @@ class OptimConfig:
     grad_clip: float = 1.0  # max global grad norm; 0 = off
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.lr) and self.lr >= 0):
-            raise ValueError(f"lr must be a finite number >= 0, got {self.lr}")
+        # 0 is refused too: the weights would never move, and the run would spend its budget writing
+        # checkpoints of its initialisation that every later report would read as a trained model.
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a finite number > 0 (at 0 the weights never move), got {self.lr}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {list(self.betas)}")
         if self.eps < 0 or self.weight_decay < 0 or self.grad_clip < 0:
@@ -178,7 +180,9 @@ class WandbConfig:
 @dataclass
 class LoggingConfig:
     every: int = 10  # steps between log lines (metrics.jsonl gets every step)
-    tensorboard: bool = True  # event files when the `tensorboard` package is installed
+    # Event files: None (the default) writes them when the `tensorboard` package is installed and says
+    # nothing when it is not; true asks for them, and a missing package is then said once.
+    tensorboard: bool | None = None
     sample: bool = True  # end with a short greedy sample from the model
     wandb: WandbConfig | None = None  # Weights & Biases too, e.g. {project: my-project, mode: offline}
 

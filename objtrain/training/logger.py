@@ -106,8 +106,12 @@ class Wandb:
 
 
 class TensorBoard:
-    """Scalars to RUN/tensorboard when the optional `tensorboard` package is installed, else nothing:
-    `missing` is then the note to show, once per process (a compare's arms would repeat it)."""
+    """Scalars to RUN/tensorboard when the optional `tensorboard` package is installed, else nothing.
+
+    `enabled` is `logging.tensorboard`: None (the default) writes when the package is there and is silent
+    when it is not (most installs lack it: a note on every run would be noise); True is the user asking
+    for event files, so a missing package is `missing`, the note to show, once per process (a compare's
+    arms would repeat it); False writes nothing."""
 
     MISSING = (
         "note: logging.tensorboard is on but the tensorboard package is not installed, so no event files "
@@ -115,15 +119,15 @@ class TensorBoard:
     )
     _said = False
 
-    def __init__(self, path: Path, enabled: bool) -> None:
+    def __init__(self, path: Path, enabled: bool | None) -> None:
         self.writer = None
         self.missing = ""
-        if not enabled:
+        if enabled is False:
             return
         try:
             from torch.utils.tensorboard import SummaryWriter
         except (ImportError, ModuleNotFoundError):
-            if not TensorBoard._said:
+            if enabled and not TensorBoard._said:
                 TensorBoard._said = True
                 self.missing = self.MISSING
             return

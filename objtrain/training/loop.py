@@ -550,7 +550,7 @@ def _run(
         resolved = config_dict(cfg) | {"resolved": resolved_settings(plan, total)}
         mirror = Wandb(run_dir, w.project, w.mode, resolved, entity=w.entity, name=w.name, tags=w.tags)
     log = MetricsLog(run_dir / "metrics.jsonl", mirror) if world.is_main else None
-    tb = TensorBoard(run_dir / "tensorboard", cfg.logging.tensorboard and world.is_main)
+    tb = TensorBoard(run_dir / "tensorboard", cfg.logging.tensorboard if world.is_main else False)
     if log is not None and plan.resume_from is not None:
         event = {"event": "resume", "step": state.step, "from": plan.resume_from.name, "total_steps": total}
         if trainer.extension:

@@ -148,3 +148,34 @@ def test_a_sigkilled_tokenize_leaves_a_temporary_that_the_next_run_removes(tmp_p
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "small.txt"]
+
+
+def test_a_loop_of_symbolic_links_as_output_is_one_line_for_every_command(
+    cli: Callable[..., Result], small_store: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    quiet = ("validation.every=-1", "logging.sample=false", "workers=0")
+    assert cli("train", small_store, "--objective", "clm", "--model", "debug", "--seq-len", "32",
+               "--batch-size", "2", "--steps", "1", *quiet, "-o", run)[0] == 0  # fmt: skip
+    text = tmp_path / "corpus.txt"
+    text.write_text("def f(x):\n    return x\n", encoding="utf-8")
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    commands = {
+        "tokenize": ("tokenize", text, "--tokenizer", small_store),
+        "pack": ("pack", small_store, "--seq-len", "64"),
+        "export": ("export", run),
+        "train": ("train", small_store, "--objective", "clm", "--model", "debug", "--steps", "1", *quiet),
+        "compare": ("compare", "fim-vs-clm", "--budget", "tiny", "--data", small_store),
+    }
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for name, args in commands.items():
+        for out in (tmp_path / "a", tmp_path / "a" / "sub"):  # the loop as the output, or above it
+            for force in ((), ("--force",)):
+                code, _, err = cli(*args, "-o", out, *force)
+                assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, (
+                    name,
+                    err,
+                )
+                assert f"output {out} goes through a loop of symbolic links" in err, (name, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

@@ -1,17 +1,19 @@
 """What a run says when no one watches a terminal: the plain progress line (logs, CI, pipes) carries the
-facts the terminal bar shows, and a default that cannot take effect (TensorBoard without its package) is
-said once rather than silently dropped."""
+facts the terminal bar shows, and TensorBoard asked for without its package is said once, while the
+default (event files when the package is there) is silent without it."""
 
 from __future__ import annotations
 
 import io
 import re
 import sys
+import types
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from objtrain.training.config import TrainConfig
 from objtrain.training.logger import Progress, TensorBoard
 from objtrain.training.loop import train
 
@@ -68,3 +70,35 @@ def test_tensorboard_on_without_its_package_is_said_once(
     console, buffer = _piped()
     train(small_config(train_store, budget={"steps": 1}), tmp_path / "three", console=console)
     assert "not installed" not in buffer.getvalue()
+    # left at its default (not asked for), as in every run of an install without the extra: nothing said
+    console, buffer = _piped()
+    default = small_config(train_store, budget={"steps": 1}, logging={"tensorboard": None})
+    assert default.logging.tensorboard is None and TrainConfig().logging.tensorboard is None
+    train(default, tmp_path / "four", console=console)
+    assert "note:" not in buffer.getvalue() and not (tmp_path / "four" / "tensorboard").exists()
+
+
+def test_tensorboard_left_at_its_default_writes_event_files_when_the_package_is_there(
+    train_store: Path, tmp_path: Path, small_config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    written: list[tuple[str, float, int]] = []
+
+    class Writer:  # stands for torch.utils.tensorboard's SummaryWriter
+        def __init__(self, path: str, max_queue: int = 10) -> None:
+            Path(path).mkdir(parents=True)
+
+        def add_scalar(self, tag: str, value: float, step: int) -> None:
+            written.append((tag, value, step))
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=Writer))
+    console, buffer = _piped()
+    train(
+        small_config(train_store, budget={"steps": 2}, logging={"tensorboard": None}),
+        tmp_path / "r",
+        console=console,
+    )
+    assert (tmp_path / "r" / "tensorboard").is_dir() and "note:" not in buffer.getvalue()
+    assert {step for tag, _, step in written if tag == "train/loss"} == {1, 2}
