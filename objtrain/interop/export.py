@@ -78,7 +78,9 @@ def _max_positions(ckpt: Checkpoint) -> int:
 def _tokenizer_files(ckpt: Checkpoint, directory: Path) -> None:
     """tokenizer.json + tokenizer_config.json built from the sentencepiece model by transformers' own
     converter (which follows the model's settings: no dummy prefix, no whitespace folding, byte fallback),
-    with every objtrain special registered at its id; `tokenizer.model` is kept beside them."""
+    with every objtrain special registered at its id; `tokenizer.model` is kept beside them. Then what
+    objtrain's training fixes: the longest input (`model_max_length`, the run's sequence length) and,
+    for an encoder-decoder, the `</s>` ending every encoder input."""
     from objtrain.interop.hf_tokenizer import save_hf_tokenizer
 
     assert ckpt.tokenizer is not None
@@ -87,8 +89,31 @@ def _tokenizer_files(ckpt: Checkpoint, directory: Path) -> None:
 
         assert isinstance(ckpt.tokenizer, HFTokenizer)
         save_hf_files(ckpt.tokenizer, directory)
-        return
-    save_hf_tokenizer(ckpt.tokenizer, directory)
+    else:
+        save_hf_tokenizer(ckpt.tokenizer, directory)
+    config_file = directory / "tokenizer_config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    config["model_max_length"] = _max_positions(ckpt)
+    if ckpt.config.kind == "encdec":
+        _append_eos(directory / "tokenizer.json", ckpt.tokenizer.piece(ckpt.specials.eos), ckpt.specials.eos)
+    write_json(config_file, config)
+
+
+def _append_eos(path: Path, piece: str, eos: int) -> None:
+    """Make tokenizer.json end every encoding with `</s>` (its post-processor), as objtrain ends every
+    encoder input of an encoder-decoder, in training and in `generate` (T5's tokenizer does the same).
+    A byte-level post-processor (offsets only) is kept before it; one that adds other tokens is replaced:
+    objtrain adds none."""
+    tokenizers = require("tokenizers", "objtrain export")
+    processors = tokenizers.processors
+    tok = tokenizers.Tokenizer.from_file(str(path))
+    template = processors.TemplateProcessing(
+        single=f"$A {piece}", pair=f"$A {piece} $B:1 {piece}:1", special_tokens=[(piece, eos)]
+    )
+    if isinstance(tok.post_processor, processors.ByteLevel):
+        template = processors.Sequence([tok.post_processor, template])
+    tok.post_processor = template
+    tok.save(str(path))
 
 
 def _remote_source(name: str) -> str:
@@ -250,7 +275,22 @@ def check_export(ckpt: Checkpoint, directory: Path) -> tuple[float, int, int | N
         )
     if cfg.kind == "encoder":
         return diff, 0, None
+    if cfg.kind == "encdec":
+        _check_appends_eos(transformers, directory, ckpt.specials.eos)
     return diff, *_check_greedy(ckpt, hf, ids[0])
+
+
+def _check_appends_eos(transformers: Any, directory: Path, eos: int) -> None:
+    """The exported tokenizer ends an encoder-decoder's input with `</s>`, as objtrain's inputs end."""
+    # trust_remote_code: config.json names the modelling code written beside it (else a prompt on stdout)
+    tok = _run(lambda: transformers.AutoTokenizer.from_pretrained(str(directory), trust_remote_code=True))
+    text = SAMPLE_TEXT.splitlines()[0]
+    plain = tok(text, add_special_tokens=False)["input_ids"]
+    if tok(text)["input_ids"] != [*plain, eos]:
+        raise UserError(
+            "load-back check failed: the exported tokenizer does not end its input with </s> as objtrain "
+            "does for an encoder-decoder; nothing written"
+        )
 
 
 def _check_greedy(ckpt: Checkpoint, hf: Any, row: Tensor) -> tuple[int, int | None]:

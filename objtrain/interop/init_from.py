@@ -1,12 +1,13 @@
 """`objtrain train --init-from`: start a new run from existing weights.
 
-The source is an objtrain checkpoint (or a run: its newest checkpoint), or a local Hugging Face directory
-of a Llama-architecture causal LM (`config.json` + `model.safetensors`, possibly sharded), grouped-query
-attention and an untied output layer included. The new run's model takes the source's shape (width,
-layers, heads, key/value heads, FFN, RoPE base, vocabulary, tied or untied output); the run's own
-objective decides its heads. Weights the source has and the new model has are copied exactly; a head the
-new objective adds (MTP heads 2..n, an encoder's segment embedding or pooled head) starts fresh, and one
-it does not use (a source's MTP heads for CLM) is left out; both are said.
+The source is an objtrain checkpoint (or a run: its newest checkpoint), or a local Hugging Face
+directory of a Llama-architecture causal LM (`config.json` + `model.safetensors`, possibly sharded),
+grouped-query attention and an untied output layer included (a Mistral model without a sliding window is
+one). The new run's model takes the source's shape (width, layers, heads, key/value heads, FFN, RoPE
+base, vocabulary, tied or untied output); the run's own objective decides its heads. Weights the source
+has and the new model has are copied exactly; a head the new objective adds (MTP heads 2..n, an
+encoder's segment embedding or pooled head) starts fresh, and one it does not use (a source's MTP heads
+for CLM) is left out; both are said.
 
 The tokenizer must be the one the data was tokenized with: the same sentencepiece model (compared by
 hash), or, for a store tokenized with a Hugging Face `tokenizer.json`, the same file. A Hugging Face

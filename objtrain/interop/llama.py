@@ -111,11 +111,19 @@ def _get(config: dict[str, Any], key: str, default: Any = None) -> Any:
 def model_config_from_llama(config: dict[str, Any], where: str) -> ModelConfig:
     """A decoder `ModelConfig` from a Llama config.json, refusing what objtrain's decoder cannot compute."""
     architectures = config.get("architectures") or []
-    if config.get("model_type") != "llama" and "LlamaForCausalLM" not in architectures:
+    mistral = config.get("model_type") == "mistral" or "MistralForCausalLM" in architectures
+    if config.get("model_type") != "llama" and "LlamaForCausalLM" not in architectures and not mistral:
         raise UserError(
             f"{where} holds a {config.get('model_type') or 'unknown'!s} model "
             f"({', '.join(map(str, architectures)) or 'no architectures'}); "
             "--init-from reads Llama-architecture (LlamaForCausalLM) directories only"
+        )
+    # Mistral's blocks, names and RoPE are Llama's; only a sliding attention window differs, and
+    # `sliding_window: null` (Mistral 7B v0.2 on) switches it off: such a model is a Llama
+    if mistral and config.get("sliding_window") is not None:
+        raise UserError(
+            f"{where}: a Mistral model with sliding_window {config['sliding_window']}; objtrain attends to "
+            "every earlier token, so only sliding_window null (a Llama) is read"
         )
     try:
         D = int(config["hidden_size"])

@@ -188,6 +188,44 @@ def test_encdec_exports_with_its_modelling_code_and_loads_with_trust_remote_code
     assert tok.convert_tokens_to_ids("<extra_id_0>") == ours.specials.sentinel(0)
 
 
+def test_encdec_tokenizer_ends_inputs_with_eos_and_generate_equals_objtrains(
+    tmp_path: Path, tokenizer: Tokenizer, objtrain_cli: Callable[..., tuple[int, str, str]]
+) -> None:
+    """objtrain ends every encoder input with </s> (training, `generate`): so does the exported tokenizer,
+    and transformers' seq2seq generation on the export gives `objtrain generate`'s tokens."""
+    from objtrain.evaluation.generate import encode_input
+    from objtrain.models.checkpoint import save_checkpoint
+
+    # A random tied model repeats its input token (its own embedding dominates the residual stream);
+    # scaled-up block outputs make what it writes depend on the encoder input, and on its </s>.
+    ckpt = tmp_path / "loud"
+    model = load_checkpoint(tiny_checkpoint(tmp_path / "ck", tokenizer, kind="encdec"))
+    with torch.no_grad():
+        for name, param in model.model.named_parameters():
+            if name.startswith("decoder.") and name.endswith(("proj.weight", "w2.weight")):
+                param *= 10
+    save_checkpoint(ckpt, model.model, model.specials, tokenizer, model.training)
+    export_checkpoint(ckpt, tmp_path / "hf")
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"), trust_remote_code=True)
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(
+        str(tmp_path / "hf"), dtype=torch.float32, trust_remote_code=True
+    ).eval()
+    eos = tokenizer.specials.eos
+    assert tok("x = 1")["input_ids"] == [*tokenizer.encode("x = 1"), eos]
+    for text in ("for i in [MASK](n):", "def [MASK](self):\n    return [MASK]", "[MASK] = 1"):
+        pieces = text.split("[MASK]")
+        spelled = pieces[0] + "".join(f"<extra_id_{k}>{p}" for k, p in enumerate(pieces[1:]))
+        ids = tok(spelled)["input_ids"]
+        assert ids == encode_input(tokenizer, text, fill="sentinel", append_eos=True)[0]
+        code, out, err = objtrain_cli(
+            "generate", ckpt, "--text", text, "--max-new-tokens", "10", "--format", "json"
+        )
+        assert code == 0, err
+        with torch.no_grad():
+            theirs = hf.generate(torch.tensor([ids]), max_new_tokens=10)[0, 1:].tolist()
+        assert theirs[: len(theirs) - (theirs[-1:] == [eos])] == json.loads(out)["tokens"]
+
+
 def test_encdec_export_with_wrong_modelling_code_fails_and_leaves_nothing(
     tmp_path: Path, tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -246,6 +284,7 @@ def test_autotokenizer_round_trip_and_special_ids(
         specials.sentinel(0),
     ]
     assert len(tok) == tokenizer.vocab_size
+    assert tok.model_max_length == 64  # the run's sequence length (tiny_checkpoint's seq_len)
 
 
 def test_cli_torn_checkpoint_refused_leaving_nothing(

@@ -395,3 +395,49 @@ def test_hf_tokenizer_json_is_compared_as_json_and_must_fit_the_model(
     (copy / "config.json").write_text(json.dumps(config_json | {"vocab_size": 100}))
     with pytest.raises(UserError, match=r"tokenizer\.json has 500 tokens, its model only 100 embedding rows"):
         init_from.check_tokenizer(init_from.load_source(copy), tokenizer, store)
+
+
+def test_mistral_without_a_sliding_window_is_a_llama(
+    tmp_path: Path,
+    store: Path,
+    tokenizer: Tokenizer,
+    objtrain_cli: Cli,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    transformers = pytest.importorskip(
+        "transformers", reason="the 'hf' extra (transformers) is not installed"
+    )
+    torch.manual_seed(0)
+    mistral = transformers.MistralConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=64,
+        intermediate_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        sliding_window=None,
+        tie_word_embeddings=False,
+    )
+    model = transformers.MistralForCausalLM(mistral).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                param *= 8  # attention far from uniform, so a wrong RoPE layout would show
+    source = tmp_path / "mistral"
+    model.save_pretrained(str(source))
+    (source / "tokenizer.model").write_bytes(tokenizer.model_proto)
+    assert json.loads((source / "config.json").read_text())["sliding_window"] is None
+    ids = torch.randint(300, tokenizer.vocab_size, (2, 40), generator=torch.Generator().manual_seed(2))
+    trainer = Trainer(prepare(config(store, source, "clm"), tmp_path / "run"))
+    with torch.no_grad():
+        theirs = model(input_ids=ids).logits
+    assert float((logits(trainer.model.eval(), ids) - theirs).abs().max()) < 1e-4
+    # a real sliding window is another function than objtrain's attention: refused in one line
+    windowed = json.loads((source / "config.json").read_text()) | {"sliding_window": 4096}
+    (source / "config.json").write_text(json.dumps(windowed))
+    out = tmp_path / "refused"
+    capsys.readouterr()  # save_pretrained's progress bar
+    code, _, err = objtrain_cli("train", store, "--objective", "clm", "--init-from", source, "-o", out)
+    assert code == 2 and "sliding_window 4096" in err and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err and not out.exists()
