@@ -19,7 +19,11 @@ from objtrain.evaluation.suite import METRICS, EvalOptions, evaluate
 HELP = """Evaluate a checkpoint (or the newest checkpoint of a run directory) with everything it can do.
 
 Left to right (decoders; encoder-decoders through their decoder): loss, perplexity and bits per byte over
-whole documents with a sliding window (--window, --stride), every byte counted once. Masked-token accuracy
+whole documents with a sliding window (--window, --stride), every byte counted once. Conditional bits per
+byte (decoders, prefix LMs, encoder-decoders): the second half of held-out documents given the first, each
+model in its own form (a decoder reads on, a prefix LM takes the first half as its prefix, an encoder-decoder
+as its encoder input, a FIM model as the prefix with an empty suffix), the metric to compare kinds on.
+Masked-token accuracy
 (encoders) and span-target loss (encoder-decoders) on fixed-seed corruptions, and the training objective's
 own loss. Infilling of held-out Python functions (one line or one span cut out) with the model's own infill
 mode, or tasks from a HumanEval-Infilling JSONL (--infill): exact match and the share that still parses,
@@ -51,6 +55,9 @@ def run(
     stride: Annotated[int | None, typer.Option(help="Window stride (default: the window, disjoint).")] = None,
     word_ppl: Annotated[bool, typer.Option("--word-ppl", help="Also word-level perplexity.")] = False,
     max_docs: Annotated[int | None, typer.Option("--max-docs", help="Score at most N documents.")] = None,
+    conditional_docs: Annotated[
+        int, typer.Option("--conditional-docs", min=1, help="Documents scored for conditional_bpb.")
+    ] = 256,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Rows per forward.")] = 16,
     seed: Annotated[int, typer.Option(help="Eval seed: corruptions, infill cuts, probe sampling.")] = 1234,
     corrupt_rows: Annotated[int, typer.Option("--corrupt-rows", min=1, help="Rows for masked scores.")] = 64,
@@ -102,7 +109,9 @@ def run(
         float, typer.Option("--finetune-lr", help="Fine-tuning peak learning rate.")
     ] = 3e-4,
     samples: Annotated[int, typer.Option(min=0, help="Greedy samples to show.")] = 3,
-    skip: Annotated[str, typer.Option(help="Parts to leave out: lm,corrupted,infill,probe,samples.")] = "",
+    skip: Annotated[
+        str, typer.Option(help="Parts to leave out: lm,conditional,corrupted,infill,probe,samples.")
+    ] = "",
     output_format: Annotated[
         str, typer.Option("--format", help="text (a table) or json (one object).")
     ] = "text",
@@ -115,6 +124,7 @@ def run(
         stride=stride,
         word_ppl=word_ppl,
         max_docs=max_docs,
+        conditional_docs=conditional_docs,
         batch_size=batch_size,
         seed=seed,
         corrupt_rows=corrupt_rows,
@@ -147,7 +157,8 @@ def run(
 
 
 NOTES = (
-    "data", "window", "stride", "scored_tokens", "scored_bytes", "lm_mode", "infill_mode", "infill_tasks",
+    "data", "window", "stride", "scored_tokens", "scored_bytes", "lm_mode", "conditional_mode",
+    "conditional_docs", "infill_mode", "infill_tasks",
     "infill_skipped", "middle_mode", "middle_tasks", "probe", "probe_classes", "probe_feature_dim",
     "probe_layer", "eval_seed", "finetune_best_step", "finetune_steps",
 )  # fmt: skip

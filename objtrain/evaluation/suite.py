@@ -10,6 +10,9 @@ checkpoint without one gets what its model kind allows):
 - left to right (`lm.py`): decoders (MTP: head 1; FIM: plain text; prefix LM: empty prefix) and
   encoder-decoders through their decoder (the encoder reads one EOS): loss, perplexity, bits_per_byte,
   byte_perplexity, word_perplexity;
+- conditional (`conditional.py`): every decoder, prefix LM and encoder-decoder, in its own form:
+  conditional_bpb, the second half of held-out documents given the first (the metric every generating
+  kind can be compared on);
 - corruptions (`corrupted.py`): the trained objective's own loss (objective_loss); masked_accuracy and
   masked_loss for encoders; span_target_loss for encoder-decoders;
 - infilling (`infill.py`): FIM decoders, span models, other decoders left to right (line tasks only):
@@ -39,14 +42,14 @@ from objtrain.data.default import default_store_path
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.devices import resolve_device
 from objtrain.errors import UserError, did_you_mean
-from objtrain.evaluation import corrupted, finetune, infill, lm, middle, probe
+from objtrain.evaluation import conditional, corrupted, finetune, infill, lm, middle, probe
 from objtrain.evaluation import generate as gen
 from objtrain.models.checkpoint import Checkpoint, load_checkpoint
 from objtrain.models.zoo import count_parameters
 from objtrain.training.accounting import token_bytes
 from objtrain.training.data import DataSource, Documents
 
-PARTS = ("lm", "corrupted", "infill", "probe", "finetune", "samples")
+PARTS = ("lm", "conditional", "corrupted", "infill", "probe", "finetune", "samples")
 INFILL_KINDS = {
     "line": ("line",),
     "lines": ("lines",),
@@ -61,6 +64,12 @@ DEFAULT_WINDOW = 256
 METRICS: dict[str, tuple[str, str]] = {
     "bits_per_byte": ("lower", "left-to-right NLL in bits per UTF-8 byte (comparable across tokenizers)"),
     "loss": ("lower", "left-to-right NLL per scored token (nats)"),
+    "conditional_bpb": (
+        "lower",
+        "bits per byte of held-out documents' second half given the first, each model in its own form "
+        "(decoder reads on, prefix LM as its prefix, encoder-decoder as encoder input, FIM empty suffix)",
+    ),
+    "conditional_bpb_se": ("info", "standard error of conditional_bpb over the scored documents"),
     "bits_per_byte_se": ("info", "standard error of bits_per_byte over the scored documents"),
     "middle_bpb_se": ("info", "standard error of middle_bpb over the infilling tasks"),
     "probe_sst2_accuracy_se": ("info", "binomial standard error of the SST-2 probe's test accuracy"),
@@ -118,6 +127,7 @@ class EvalOptions:
     stride: int | None = None  # None = window (disjoint windows, as the LM evaluation harness)
     word_ppl: bool = False  # also word-level perplexity (whitespace words of the scored text)
     max_docs: int | None = None  # score at most this many documents (None = all)
+    conditional_docs: int = 256  # documents whose second half is scored given the first (conditional.py)
     batch_size: int = 16
     seed: int = 1234  # eval seed: corruptions, infill cuts, probe sampling
     corrupt_rows: int = 64  # rows for corruption-based scores
@@ -143,7 +153,12 @@ class EvalOptions:
     device: str = "auto"  # as `train`: a GPU when there is one
 
     def __post_init__(self) -> None:
-        sizes = {"--window": self.window, "--stride": self.stride, "--max-docs": self.max_docs}
+        sizes = {
+            "--window": self.window,
+            "--stride": self.stride,
+            "--max-docs": self.max_docs,
+            "--conditional-docs": self.conditional_docs,
+        }
         if self.middle_tasks < 0:
             raise UserError(f"--middle-tasks must be at least 0, got {self.middle_tasks}")
         for flag, value in sizes.items():
@@ -356,6 +371,18 @@ def evaluate(
         result.update(part)
         timings["lm"] = time.perf_counter() - t0
         say(f"  bits per byte {result['bits_per_byte']:.4f} ({timings['lm']:.1f} s)")
+    if "conditional" not in options.skip and kind != "encoder":
+        say(
+            f"conditional: second halves of {options.conditional_docs} documents given the first "
+            "(--conditional-docs)"
+        )
+        t0 = time.perf_counter()
+        part = _conditional(ckpt, evaldata, options, seq_len)
+        units.update(part.pop("units", {}))
+        result.update(part)
+        timings["conditional"] = time.perf_counter() - t0
+        if "conditional_bpb" in part:
+            say(f"  conditional bits per byte {part['conditional_bpb']:.4f} ({timings['conditional']:.1f} s)")
     if "corrupted" not in options.skip:
         say(f"corruptions: {options.corrupt_rows} rows under eval seed {options.seed} (--corrupt-rows)")
         t0 = time.perf_counter()
@@ -460,6 +487,26 @@ def _left_to_right(
     if options.units and score.doc_nats is not None and score.doc_bytes is not None:
         out["units"] = {"bits_per_byte": middle.units_of(score.doc_nats, score.doc_bytes)}
     return out
+
+
+def _conditional(ckpt: Checkpoint, data: EvalData, options: EvalOptions, seq_len: int) -> dict[str, Any]:
+    tokenizer = ckpt.tokenizer
+    assert tokenizer is not None
+    # documents shorter than conditional.MIN_TOKENS are skipped: read a few times as many as are scored
+    limit = options.max_docs if options.max_docs is not None else 8 * options.conditional_docs
+    return conditional.conditional_scores(
+        ckpt.model,
+        ckpt.config.kind,
+        ckpt.training,
+        tokenizer,
+        data.documents(limit),
+        token_bytes(tokenizer),
+        options.seed,
+        seq_len,
+        options.conditional_docs,
+        options.batch_size,
+        options.units,
+    )
 
 
 def _infill(

@@ -1,0 +1,216 @@
+"""Conditional bits per byte: the second half of a held-out document given its first half, every model in its
+own form (reference evaluation.md section 2, "the fair form is conditional").
+
+Left-to-right bits per byte charges an encoder-decoder for text it never learnt to write without an input
+(its encoder reads one EOS), and a prefix LM for a prefix it never had; conditional scoring asks every
+generating model the same question, in the layout it was trained on:
+
+- decoder (CLM, MTP head 1, ...): `first second`, causal; the first half's last token predicts the second's
+  first token, as a document starts in training (no context token before it);
+- prefix LM (decoder-only prefix_lm, a mixture with a prefix-LM component, UL2's S denoiser): `[mode] first`
+  as the bidirectional prefix, `second` read on from it;
+- FIM decoder, its own order with an empty suffix: PSM `<PRE> first <SUF> <MID> second`, SPM
+  `<PRE> <SUF> <MID> first second`;
+- span models (T5 span corruption; UL2 without an S denoiser): the second half as one span at the end, encoder
+  (or bidirectional prefix) `[mode] first <extra_id_0> </s>`, target `<extra_id_0> second`;
+- encoder-decoder prefix LM (prefix_lm, UL2's S, a mixture with either): encoder `[mode] first </s>`, decoder
+  `second`, as T5's prefix_lm layout;
+- BART: encoder `first <mask> </s>` (text infilling of the rest), decoder `first second`: the first half is
+  reconstructed, only the second is scored.
+Encoders (MLM, NSP, SOP, ...) generate nothing left to right and get no score.
+
+Documents and split. The first `conditional_docs` documents of the evaluated split with at least
+`MIN_TOKENS` tokens; a document longer than the row budget (`seq_len - 4`, the same for every model kind, so
+that arms at one row length score the same text) is read through a window of that many tokens starting at a
+word, its start drawn under the eval seed. The split point is a token that starts a word (a piece that begins
+with a space, or any piece after whitespace) in the middle fifth of the window (40% to 60% of its tokens),
+drawn under the eval seed, so both halves are whole words and a model that encodes the halves apart (FIM)
+sees the tokens the whole text has. Draws use `numpy.random.default_rng((seed, document index))`: a
+document's split does not depend on how many others are scored.
+
+Bytes are the UTF-8 bytes of the second half's text (each token's bytes, the word marker as one space), the
+scored tokens exactly; the trailing stop token is not scored (it has no bytes). The result is a ratio of
+corpus sums with its standard error over documents (delta method), and per-document nats and bytes with
+`units` for paired comparisons.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.evaluation.infill import infill_mode
+from objtrain.evaluation.middle import Scored, ratio_se, score, units_of
+from objtrain.specials import Specials
+
+MIN_TOKENS = 8  # shorter documents leave halves of a token or two: skipped
+OVERHEAD = 4  # row positions kept for the layouts' sentinels, mode token and EOS (same for every kind)
+PREFIX_OBJECTIVES = ("prefix_lm",)
+
+
+def _objectives(training: Mapping[str, Any]) -> list[str]:
+    """The objective and, for a mixture, its components' objectives."""
+    names = [str(training.get("objective"))]
+    settings = training.get("objective_config")
+    if isinstance(settings, Mapping):
+        names += [str(c.get("objective")) for c in settings.get("components") or [] if isinstance(c, Mapping)]
+    return names
+
+
+def _s_mode(training: Mapping[str, Any]) -> str | None:
+    """UL2's S-denoiser mode token name ("s2s", or "none"), or None when the run has no S denoiser."""
+    settings = training.get("objective_config")
+    denoisers = settings.get("denoisers") if isinstance(settings, Mapping) else None
+    if denoisers is None:
+        return "s2s"  # the default mixture has one, with [S2S]
+    for d in denoisers:
+        if isinstance(d, Mapping) and d.get("kind") == "S" and float(d.get("weight", 1.0)) > 0:
+            return str(d.get("mode", "s2s"))
+    return None
+
+
+def conditional_mode(kind: str, training: Mapping[str, Any]) -> str:
+    """The layout a model is scored in (see the module docstring): causal, prefix, fim-psm, fim-spm, sentinel,
+    encoder-input, bart, or none (encoders)."""
+    if kind == "encoder":
+        return "none"
+    names = _objectives(training)
+    prefix = any(n in PREFIX_OBJECTIVES for n in names) or ("ul2" in names and _s_mode(training) is not None)
+    if kind == "encdec":
+        if prefix:
+            return "encoder-input"
+        return "bart" if "bart" in names else "sentinel"
+    if prefix:
+        return "prefix"
+    mode = infill_mode(kind, dict(training))
+    return mode if mode in ("fim-psm", "fim-spm", "sentinel") else "causal"
+
+
+def _lead(training: Mapping[str, Any], specials: Specials, mode: str) -> list[int]:
+    """The mode token a UL2 model reads first: its S denoiser's in the prefix layouts, [NLU] for spans."""
+    if "ul2" not in _objectives(training):
+        return []
+    name = _s_mode(training) if mode in ("prefix", "encoder-input") else "nlu"
+    return [int(getattr(specials, name))] if name and name != "none" else []
+
+
+def split_documents(
+    documents: Sequence[np.ndarray], tokenizer: Tokenizer, seed: int, budget: int, limit: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(first, second) token halves of the first `limit` documents with at least MIN_TOKENS tokens, each
+    read through a window of at most `budget` tokens (module docstring)."""
+    begins, ends = (t.numpy() for t in tokenizer.word_boundary_tables)
+    out: list[tuple[np.ndarray, np.ndarray]] = []
+    for index, doc in enumerate(documents):
+        if len(out) >= limit:
+            break
+        doc = np.asarray(doc, dtype=np.int64)
+        if len(doc) < MIN_TOKENS:
+            continue
+        rng = np.random.default_rng((seed, index))
+        starts = np.ones(len(doc), dtype=bool)  # token t starts a word
+        starts[1:] = begins[doc[1:]] | ends[doc[:-1]]
+        if len(doc) > budget:
+            room = np.flatnonzero(starts[: len(doc) - budget + 1])
+            lo = int(rng.choice(room)) if len(room) else int(rng.integers(0, len(doc) - budget + 1))
+            doc, starts = doc[lo : lo + budget], starts[lo : lo + budget]
+        n = len(doc)
+        if n < MIN_TOKENS:
+            continue
+        lo, hi = max(1, round(0.4 * n)), min(n - 1, round(0.6 * n))
+        cuts = lo + np.flatnonzero(starts[lo : hi + 1])
+        cut = int(rng.choice(cuts)) if len(cuts) else n // 2
+        out.append((doc[:cut], doc[cut:]))
+    return out
+
+
+def sequence(
+    mode: str, first: list[int], second: list[int], specials: Specials, lead: list[int], start: int
+) -> Scored:
+    """One document's layout in `mode`, scoring exactly the tokens of `second`."""
+    s = specials
+    if mode == "causal":
+        return Scored([*first, *second], len(first) - 1, len(first) + len(second) - 1)
+    if mode == "prefix":
+        ids = [*lead, *first, *second]
+        head = len(lead) + len(first)
+        return Scored(ids, head - 1, head + len(second) - 1, prefix_len=head)
+    if mode in ("fim-psm", "fim-spm"):
+        if mode == "fim-psm":
+            head = [s.fim_prefix, *first, s.fim_suffix, s.fim_middle]
+        else:
+            head = [s.fim_prefix, s.fim_suffix, s.fim_middle, *first]
+        return Scored([*head, *second], len(head) - 1, len(head) + len(second) - 1)
+    if mode == "encoder-input":
+        return Scored([start, *second], 0, len(second), inputs=[*lead, *first, s.eos])
+    if mode == "bart":
+        return Scored(
+            [start, *first, *second], len(first), len(first) + len(second), inputs=[*first, s.mask, s.eos]
+        )
+    if mode in ("sentinel", "sentinel-encdec"):
+        inputs = [*lead, *first, s.sentinel(0), s.eos]
+        if mode == "sentinel-encdec":
+            return Scored([start, s.sentinel(0), *second], 1, 1 + len(second), inputs=inputs)
+        ids = [*inputs, s.sentinel(0), *second]
+        return Scored(ids, len(inputs), len(inputs) + len(second), prefix_len=len(inputs))
+    raise ValueError(f"no conditional layout {mode!r}")
+
+
+MODE_NOTES = {
+    "causal": "first half, then the second read on (causal)",
+    "prefix": "first half as the bidirectional prefix",
+    "fim-psm": "FIM PSM with an empty suffix, the second half as the middle",
+    "fim-spm": "FIM SPM with an empty suffix, the second half as the middle",
+    "sentinel": "second half as one span at the end (sentinel)",
+    "encoder-input": "first half as the encoder input, second half decoded",
+    "bart": "encoder reads the first half and <mask>, decoder rebuilds it; second half scored",
+}
+
+
+@torch.no_grad()
+def conditional_scores(
+    model: nn.Module,
+    kind: str,
+    training: Mapping[str, Any],
+    tokenizer: Tokenizer,
+    documents: Sequence[np.ndarray],
+    byte_table: torch.Tensor,
+    seed: int,
+    seq_len: int,
+    limit: int = 256,
+    batch_size: int = 16,
+    units: bool = False,
+) -> dict[str, Any]:
+    """`conditional_bpb` with its standard error, the documents and bytes scored, and the layout used (module
+    docstring); {} for encoders or when no document is long enough."""
+    mode = conditional_mode(kind, training)
+    if mode == "none":
+        return {}
+    specials = tokenizer.specials
+    halves = split_documents(documents, tokenizer, seed, max(seq_len - OVERHEAD, MIN_TOKENS), limit)
+    if not halves:
+        return {"conditional_skipped": f"no held-out document has {MIN_TOKENS} tokens or more"}
+    lead = _lead(training, specials, mode)
+    start = int(training.get("decoder_start_id", specials.pad))
+    layout = f"{mode}-encdec" if mode == "sentinel" and kind == "encdec" else mode
+    seqs = [sequence(layout, a.tolist(), b.tolist(), specials, lead, start) for a, b in halves]
+    nats = score(model, seqs, specials.pad, batch_size)
+    table = byte_table.to(torch.int64).numpy()
+    nbytes = np.array([float(table[b].sum()) for _, b in halves], dtype=np.float64)
+    bpb, se = ratio_se(nats, nbytes)
+    out: dict[str, Any] = {
+        "conditional_bpb": bpb,
+        "conditional_bpb_se": se,
+        "conditional_docs": float(len(halves)),
+        "conditional_tokens": float(sum(len(b) for _, b in halves)),
+        "conditional_bytes": float(nbytes.sum()),
+        "conditional_mode": MODE_NOTES[mode] + (f", mode token {tokenizer.piece(lead[0])}" if lead else ""),
+    }
+    if units:
+        out["units"] = {"conditional_bpb": units_of(nats, nbytes)}
+    return out
