@@ -3,6 +3,7 @@ with which command; and the index page, a pure function of the experiments' resu
 
     python -m objtrain.compare.findings run [--jobs N] [NAME ...]   train, evaluate (resumable), publish
     python -m objtrain.compare.findings publish                     rewrite every report.md and the index
+    python -m objtrain.compare.findings refit                       refit the sweeps from their points
 
 Each experiment's report directory is `docs/findings/NAME/` (its arms' checkpoints under `arms/` stay out
 of version control); `report.md` is regenerated from `results.json`, so the published tables cannot drift
@@ -30,7 +31,10 @@ from objtrain.compare.experiment import find_experiment, load_experiment, resolv
 from objtrain.compare.regime import regime_gap, regime_text
 from objtrain.compare.report import claim_regime, difference, markdown, verdict_cell
 from objtrain.compare.sweep_report import markdown as sweep_markdown
+from objtrain.compare.sweep_report import plot as sweep_plot
 from objtrain.compare.sweep_report import point_verdict
+from objtrain.compare.sweep_report import refit as sweep_refit
+from objtrain.io import read_json, write_json
 from objtrain.training.config import ScheduleConfig
 
 ROOT = Path("docs/findings")
@@ -301,6 +305,24 @@ def publish(root: Path = ROOT) -> list[Path]:
     return written
 
 
+def refit(root: Path = ROOT) -> list[Path]:
+    """Recompute each published sweep's fits from its own points (results.json and curves.png rewritten
+    whole): what a newer fit reports (the free fit, the out-of-sample check, points inside the warm-up
+    left out) without training anything."""
+    written = []
+    for name in SWEEPS:
+        path = root / name / "results.json"
+        if not path.is_file():
+            continue
+        results = sweep_refit(read_json(path, "sweep results"), load_experiment(find_experiment(name)))
+        plots = sweep_plot(results, root / name)
+        results.pop("_fits")
+        results["plots"] = plots
+        write_json(path, results)
+        written.append(path)
+    return written
+
+
 def run_tokens(name: str) -> dict[str, float]:
     """Tokens each run of one seed trains at the experiment's own budget: arm -> tokens (a sweep: arm/point
     -> tokens of its chain's share: the longest point whole, each shorter one's decay after the branch)."""
@@ -395,6 +417,10 @@ def run(names: list[str], jobs: int = 1) -> int:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["publish"]:
         for path in publish():
+            print(f"wrote {path}")
+        return 0
+    if argv[:1] == ["refit"]:
+        for path in [*refit(), *publish()]:
             print(f"wrote {path}")
         return 0
     if argv[:1] == ["run"]:

@@ -22,6 +22,11 @@ Between log and linear residuals the weights differ by the ratio of the largest 
 - A fit is refused, never drawn, when there are fewer than 3 distinct compute points (`too_few_points`),
   or when the best α lies at an end of the grid or the curve runs the wrong way for the metric
   (`not_converged`: the points do not determine a saturating power law).
+- E identified: beside the clamped fit the free one is reported; E counts as identified only when the free
+  fit converges with E > 0 and the bootstrap interval of E stays above 0 (reference findings.md section
+  4.3: otherwise report the no-offset exponent and say so).
+- Out of sample: the curve is refitted without the largest compute point and its prediction there set
+  against the measured mean (`holdout`), the error beside the seeds' std at that point.
 - Bootstrap over seeds and points: each replicate draws seed columns with replacement (the same draw for
   every point, and, from the same generator seed, for every arm: seed k is shared by all arms, so the
   replicates of two arms pair up) and points with replacement (redrawn until 3 distinct ones), averages
@@ -77,6 +82,13 @@ class Fit:
     # Per replicate (NaN where it did not converge), in draw order: two arms fitted with the same
     # generator seed and grid pair up replicate by replicate (crossover intervals).
     boot: np.ndarray | None = None  # (replicates, 3): E, A (units of C), alpha
+    # The fit with E left free beside the clamped one (lower-is-better metrics): E is identified when the
+    # free fit converges with E > 0 and the bootstrap interval of E stays above 0.
+    free: dict[str, Any] | None = None
+    E_identified: bool | None = None
+    # Out of sample: the curve fitted without the largest compute point, its prediction there against the
+    # measured mean (with the seeds' std at that point for scale).
+    holdout: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -104,6 +116,9 @@ class Fit:
             "converged_replicates": self.converged,
             "points": [{"flops": c, "value": v} for c, v in zip(self.compute, self.values, strict=True)],
             "lower_is_better": self.lower_is_better,
+            "free": self.free,
+            "E_identified": self.E_identified,
+            "holdout": self.holdout,
         }
 
 
@@ -227,6 +242,14 @@ def fit_curve(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             fit.seed_std = float(np.nanmean(np.nanstd(v, axis=1, ddof=1)))
+    fit.holdout = _holdout(c, v, lower_is_better, nonneg)
+    if nonneg:
+        ef, af, alf, convf, _ = _fit_rows(x[None, :], means[None, :], False, lower_is_better)
+        fit.free = {"E": float(ef[0]), "A": float(af[0] * ref ** alf[0]), "alpha": float(alf[0]),
+                    "converged": bool(convf[0])}  # fmt: skip
+        fit.E_identified = bool(convf[0] and ef[0] > 0)
+    else:
+        fit.E_identified = True  # nothing held: the fit is the free one (its interval is checked below)
     if v.shape[1] == 1 and distinct <= MIN_POINTS:
         # One seed and three points: every replicate would redraw the same three points, so a bootstrap
         # would show no spread at all, which is not the same as none.
@@ -242,7 +265,35 @@ def fit_curve(
             for k, name in enumerate(("E", "A", "alpha")):
                 lo, hi = np.percentile(good[:, k], [2.5, 97.5])
                 fit.intervals[name] = (float(lo), float(hi))
+            if lower_is_better and fit.intervals["E"][0] <= 0:
+                fit.E_identified = False  # the seeds' replicates reach a floor of 0: no floor is pinned
     return fit
+
+
+def _holdout(c: np.ndarray, v: np.ndarray, lower: bool, nonneg: bool) -> dict[str, Any]:
+    """The fit without the largest compute point, checked on it (`status` says why not where it cannot)."""
+    top = c == c.max()
+    if len(np.unique(c[~top])) < MIN_POINTS:
+        return {"status": "too_few_points", "reason": f"fewer than {MIN_POINTS + 1} distinct compute points"}
+    rest = fit_curve(c[~top], v[~top], lower_is_better=lower, nonneg_e=nonneg, replicates=0)
+    if not rest.ok or rest.law is None:
+        return {"status": rest.status, "reason": rest.reason}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        measured = float(np.nanmean(v[top]))
+        spread = v[top].ravel()
+        spread = spread[np.isfinite(spread)]
+    predicted = float(rest.law(float(c.max())))
+    std = float(np.std(spread, ddof=1)) if len(spread) > 1 else None
+    return {
+        "status": "ok",
+        "flops": float(c.max()),
+        "predicted": predicted,
+        "measured": measured,
+        "error": predicted - measured,
+        "relative_error": (predicted - measured) / measured if measured else None,
+        "seed_std": std,
+    }
 
 
 def resample_indices(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 from itertools import combinations
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,7 @@ from rich.table import Table
 
 from objtrain.compare import fit as fitting
 from objtrain.compare import suite
-from objtrain.compare.experiment import Claim, PaperSetting
+from objtrain.compare.experiment import Claim, Experiment, PaperSetting
 from objtrain.compare.regime import regime_gap, regime_text
 from objtrain.compare.report import (
     ONE_ARM_NOTE,
@@ -36,11 +37,19 @@ from objtrain.compare.report import (
 from objtrain.compare.runner import machine
 from objtrain.compare.sweep import Sweep, sweep_plan_dict
 from objtrain.io import atomic_file, write_json
+from objtrain.training.config import ScheduleConfig
+from objtrain.training.optim import warmup_steps
 
 # Differences within one model (with and without the suffix, say): they start at 0 and may change sign.
 DIFFERENCES = ("suffix_gain", "suffix_worth", "far_prefix_worth")
 PRIMARY = ("val_bpb", "bits_per_byte", "val_loss")  # metrics first in this order, then alphabetically
+WARMUP_FACTOR = 10  # a fitted point trains at least this many times its warm-up steps
 CHINCHILLA_TOKENS_PER_PARAMETER = 20.0  # Hoffmann et al. 2022: compute-optimal tokens per parameter
+
+
+def inside_warmup(cell: dict[str, Any]) -> bool:
+    """Fewer than `WARMUP_FACTOR` times the warm-up's steps: too early in training to fit."""
+    return int(cell["steps"]) < WARMUP_FACTOR * int(cell.get("warmup_steps") or 0)
 
 
 def _ordered(metrics: set[str]) -> list[str]:
@@ -77,6 +86,7 @@ def collect(s: Sweep) -> dict[str, Any]:
                 "parameters": record["train"]["parameters"],
                 "parameters_no_embedding": record["train"]["parameters_no_embedding"],
                 "steps": record["train"]["steps"],
+                "warmup_steps": warmup_steps(cell.run.cfg.schedule, int(record["train"]["steps"])),
                 "branched_at_step": cell.branch_step or None,
                 "metrics": {},
                 "runs": [],
@@ -114,26 +124,38 @@ def _frontier(cells: list[dict[str, Any]], metric: str, lower: bool, by_budget: 
     return out
 
 
-def build_sweep_results(s: Sweep, replicates: int = 1000) -> dict[str, Any]:
-    c, spec, exp = s.comparison, s.spec, s.comparison.experiment
-    arms = collect(s)
-    sized = bool(spec.sizes)
+def analyse(
+    arms: dict[str, Any], exp: Experiment, kind: str, sizes: list[str], replicates: int
+) -> dict[str, Any]:
+    """Fits, crossovers, the frontier and the points left out inside the warm-up, from the cells of
+    `collect` (or of a results.json, `refit`): a pure function of the measured points."""
+    sized = bool(sizes)
     metrics = _ordered({m for a in arms.values() for cell in a["cells"].values() for m in cell["metrics"]})
     fits: dict[str, dict[str, fitting.Fit]] = {}
-    out_arms = []
     frontiers: dict[str, list[dict[str, Any]]] = {}
+    excluded: list[dict[str, Any]] = []
+    ordered: dict[str, list[dict[str, Any]]] = {}
+    size_order = {size: i for i, size in enumerate(sizes)}
     for spec_arm in exp.arms:
         if spec_arm.name not in arms:
             continue
-        size_order = {size: i for i, size in enumerate(spec.sizes)}
         cells = sorted(
             arms[spec_arm.name]["cells"].values(), key=lambda c: (size_order.get(c["size"], 0), c["budget"])
         )
+        ordered[spec_arm.name] = cells
+        # A point still near its warm-up measures the schedule, not the budget (findings.md section 4.3):
+        # the fits and the frontier leave it out, and the report names it.
+        fitted = [cell for cell in cells if not inside_warmup(cell)]
+        excluded += [
+            {"arm": spec_arm.name, "point": c["label"], "steps": c["steps"], "warmup": c["warmup_steps"]}
+            for c in cells
+            if inside_warmup(c)
+        ]
         for metric in metrics:
             if metric.startswith(DIFFERENCES):
                 continue  # no saturating power law describes them: the claims give them point by point
             lower = suite.direction(metric) == "lower"
-            chosen = _frontier(cells, metric, lower, spec.kind == "flops") if sized else cells
+            chosen = _frontier(fitted, metric, lower, kind == "flops") if sized else fitted
             chosen = [cell for cell in chosen if metric in cell["metrics"]]
             if not chosen:
                 continue  # the arm has no such metric (a decoder's validation bpb for an encoder)
@@ -144,19 +166,6 @@ def build_sweep_results(s: Sweep, replicates: int = 1000) -> dict[str, Any]:
             )
             if sized and metric == _primary(cells):
                 frontiers[spec_arm.name] = chosen
-        out_arms.append(
-            {
-                "name": spec_arm.name,
-                "objective": spec_arm.objective.name,
-                "objective_overrides": spec_arm.objective.overrides,
-                "model_kind": "",
-                "cells": [_cell_dict(cell) for cell in cells],
-            }
-        )
-    for arm in out_arms:
-        kinds = {c.results[cell.run.key]["train"]["model_kind"] for cell in s.cells
-                 if cell.run.arm.name == arm["name"] and cell.run.key in c.results}  # fmt: skip
-        arm["model_kind"] = ", ".join(sorted(kinds))
     crossovers = []
     same_objective = (
         len({json.dumps([a.objective.name, a.objective.overrides], sort_keys=True) for a in exp.arms}) == 1
@@ -167,7 +176,6 @@ def build_sweep_results(s: Sweep, replicates: int = 1000) -> dict[str, Any]:
         for a, b in combinations([n for n in (x.name for x in exp.arms) if n in fits.get(metric, {})], 2):
             x = fitting.crossover(a, fits[metric][a], b, fits[metric][b])
             crossovers.append({"metric": metric, "arms": [a, b], **x.to_dict()})
-    claims = [sweep_claim(claim, arms, c.seeds, claim.regime or exp.regime) for claim in exp.claims]
     frontier_rows = []
     for arm, cells in frontiers.items():
         metric = _primary(list(arms[arm]["cells"].values()))
@@ -188,6 +196,39 @@ def build_sweep_results(s: Sweep, replicates: int = 1000) -> dict[str, Any]:
                 }
             )
     return {
+        "metrics": metrics,
+        "cells": ordered,
+        "fits": {m: {a: f.to_dict() for a, f in per.items()} for m, per in fits.items()},
+        "crossovers": crossovers,
+        "frontier": frontier_rows,
+        "inside_warmup": excluded,
+        "warmup_factor": WARMUP_FACTOR,
+        "bootstrap_replicates": replicates,
+        "_fits": fits,  # dropped before writing: the objects the plot draws
+    }
+
+
+def build_sweep_results(s: Sweep, replicates: int = 1000) -> dict[str, Any]:
+    c, spec, exp = s.comparison, s.spec, s.comparison.experiment
+    arms = collect(s)
+    found = analyse(arms, exp, spec.kind, spec.sizes, replicates)
+    out_arms = []
+    for spec_arm in exp.arms:
+        if spec_arm.name not in arms:
+            continue
+        kinds = {c.results[cell.run.key]["train"]["model_kind"] for cell in s.cells
+                 if cell.run.arm.name == spec_arm.name and cell.run.key in c.results}  # fmt: skip
+        out_arms.append(
+            {
+                "name": spec_arm.name,
+                "objective": spec_arm.objective.name,
+                "objective_overrides": spec_arm.objective.overrides,
+                "model_kind": ", ".join(sorted(kinds)),
+                "cells": [_cell_dict(cell) for cell in found.pop("cells")[spec_arm.name]],
+            }
+        )
+    claims = [sweep_claim(claim, arms, c.seeds, claim.regime or exp.regime) for claim in exp.claims]
+    return {
         "experiment": {
             "name": exp.name,
             "question": exp.question,
@@ -200,16 +241,40 @@ def build_sweep_results(s: Sweep, replicates: int = 1000) -> dict[str, Any]:
         "evaluation": {"suite": suite.available(), "data": c.eval_data, "options": c.eval_options},
         "machine": machine(),
         "wall_seconds": c.seconds,
-        "metrics": metrics,
         "arms": out_arms,
-        "fits": {m: {a: f.to_dict() for a, f in per.items()} for m, per in fits.items()},
-        "crossovers": crossovers,
         "claims": claims,
-        "frontier": frontier_rows,
         "chinchilla_tokens_per_parameter": CHINCHILLA_TOKENS_PER_PARAMETER,
-        "bootstrap_replicates": replicates,
-        "_fits": fits,  # dropped before writing: the objects the plot draws
-    }
+    } | found
+
+
+def refit(results: dict[str, Any], exp: Experiment, replicates: int | None = None) -> dict[str, Any]:
+    """A published sweep's results.json with its fits, crossovers and frontier recomputed from its own
+    points (older files lack the free fit, the out-of-sample check and the warm-up exclusion); `_fits`
+    holds the fit objects for `plot`, to be dropped before writing. A cell
+    without its warm-up steps gets the sweep's: the schedule's warm-up of the chain's shortest run."""
+    sw = results["sweep"]
+    kind = "tokens" if "tokens" in sw else "flops"
+    arms: dict[str, Any] = {}
+    for arm in results["arms"]:
+        cells = {}
+        shortest: dict[str, int] = {}
+        for cell in arm["cells"]:
+            shortest[cell["size"]] = min(shortest.get(cell["size"], cell["steps"]), cell["steps"])
+        schedule = ScheduleConfig(**exp.train.get("schedule", {}))
+        for cell in arm["cells"]:
+            raw = dict(cell)
+            raw["metrics"] = {m: [math.nan if x is None else float(x) for x in v["values"]]
+                              for m, v in cell["metrics"].items()}  # fmt: skip
+            raw.setdefault("warmup_steps", warmup_steps(schedule, shortest[cell["size"]]))
+            cells[cell["label"]] = raw
+        arms[arm["name"]] = {"cells": cells}
+    found = analyse(
+        arms, exp, kind, list(sw.get("size") or []), replicates or results["bootstrap_replicates"]
+    )
+    ordered = found.pop("cells")
+    out = dict(results) | found
+    out["arms"] = [dict(arm, cells=[_cell_dict(c) for c in ordered[arm["name"]]]) for arm in results["arms"]]
+    return out
 
 
 def sweep_claim(
@@ -233,9 +298,11 @@ def sweep_claim(
         per_seed = {name: vals for name, vals in per_seed.items() if vals}
         v = claim_verdict(claim, per_seed, len(seeds))
         chosen = [cells_a[label], *([cells_b[label]] if b is not None else [])]
+        params = [float(cell["parameters"]) for cell in chosen if cell.get("parameters")]
+        tokens = [float(np.mean(cell["tokens"])) for cell in chosen if cell.get("tokens")]
         scale = {
-            "parameters": float(np.mean([cell["parameters"] for cell in chosen])),
-            "tokens": float(np.mean([np.mean(cell["tokens"]) for cell in chosen])),
+            "parameters": float(np.mean(params)) if params else None,
+            "tokens": float(np.mean(tokens)) if tokens else None,
         }
         notes = {k: v[k] for k in ("one_seed", "seeds_needed", "straddles") if k in v}
         points.append({"point": label, "budget": cells_a[label]["budget"], "verdict": v["verdict"],
@@ -310,8 +377,8 @@ def _interval(fit: dict[str, Any], key: str) -> str:
 
 
 def fit_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    header = ["metric", "arm", "fit", "E [95%]", "A [95%]", "α [95%]", "points", "residual rms (seed std)",
-              "replicates converged"]  # fmt: skip
+    header = ["metric", "arm", "fit", "E [95%]", "E identified? (free fit's E)", "A [95%]", "α [95%]",
+              "points", "residual rms (seed std)", "replicates converged"]  # fmt: skip
     rows = []
     for metric in results["metrics"]:
         for arm, f in results["fits"].get(metric, {}).items():
@@ -322,7 +389,7 @@ def fit_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                     + _interval(f, "E")
                     + (" (held at 0: no-offset law)" if f["E_at_bound"] else "")
                 )
-                rows.append([metric, arm, "ok", e, _g(law["A"]) + _interval(f, "A"),
+                rows.append([metric, arm, "ok", e, _identified(f), _g(law["A"]) + _interval(f, "A"),
                              _g(law["alpha"]) + _interval(f, "alpha"), str(len(f["points"])),
                              f"{_g(f['residual_rms'], 2)} ({_g(f['seed_std'], 2)})",
                              f"{f['converged_replicates']}/{f['replicates']}" if f["replicates"]
@@ -330,8 +397,47 @@ def fit_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             else:
                 what = "too few points" if f["status"] == "too_few_points" else "not converged"
                 rows.append(
-                    [metric, arm, f"{what}: {f['reason']}", "—", "—", "—", str(len(f["points"])), "—", "—"]
+                    [
+                        metric,
+                        arm,
+                        f"{what}: {f['reason']}",
+                        "—",
+                        "—",
+                        "—",
+                        "—",
+                        str(len(f["points"])),
+                        "—",
+                        "—",
+                    ]
                 )
+    return header, rows
+
+
+def _identified(f: dict[str, Any]) -> str:
+    """`yes (1.32)` / `no (-0.16)`: whether the floor E is pinned down, the free fit's E beside."""
+    known = f.get("E_identified")
+    if known is None:  # a results.json from before the free fit was reported
+        return "—"
+    free = f.get("free")
+    beside = f" ({_g(free['E'])})" if free else ""
+    return ("yes" if known else "no") + beside
+
+
+def holdout_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    header = ["metric", "arm", "held-out point (FLOPs)", "predicted", "measured", "error (relative)",
+              "seed std there"]  # fmt: skip
+    rows = []
+    for metric in results["metrics"]:
+        for arm, f in results["fits"].get(metric, {}).items():
+            h = f.get("holdout")
+            if not h:
+                continue
+            if h["status"] != "ok":
+                rows.append([metric, arm, f"not checked: {h['reason']}", "—", "—", "—", "—"])
+                continue
+            rel = f" ({h['relative_error']:+.1%})" if h.get("relative_error") is not None else ""
+            rows.append([metric, arm, _g(h["flops"]), _g(h["predicted"], 4), _g(h["measured"], 4),
+                         f"{h['error']:+.3g}{rel}", _g(h["seed_std"], 2)])  # fmt: skip
     return header, rows
 
 
@@ -423,8 +529,13 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
         "points bend in a way the power law cannot follow (early training, say): read its exponent with "
         "care. Expect α of roughly 0.1 to 0.2 where E is identified "
         "(Chinchilla-form frontiers; reference findings.md section 4.2); these budgets lie far below every "
-        "published scaling study, so no published exponent is a target here.",
+        "published scaling study, so no published exponent is a target here. E identified: the free fit "
+        "(E not held at 0) converges with E > 0 and the bootstrap interval of E stays above 0; where it "
+        "does not, the floor is an artefact of the clamp and only the exponent of the no-offset law is "
+        "read.",
         "",
+        *_holdout_section(results),
+        *_warmup_note(results),
         "## Crossovers",
         "",
         _table(*crossover_rows(results))
@@ -479,7 +590,41 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
     return "\n".join(out)
 
 
-def plot(s: Sweep, results: dict[str, Any]) -> list[str]:
+def _holdout_section(results: dict[str, Any]) -> list[str]:
+    header, rows = holdout_rows(results)
+    if not rows:
+        return [
+            "### Out of sample",
+            "",
+            f"No curve was fitted, so none was checked out of sample (a check needs {fitting.MIN_POINTS + 1} "
+            "compute points past the warm-up: one held out, the rest fitted).",
+            "",
+        ]
+    return [
+        "### Out of sample",
+        "",
+        _table(header, rows),
+        "",
+        "Each curve refitted without its largest compute point, its prediction there set against the "
+        "measured mean: an out of sample error well above the seed std says the law does not extrapolate "
+        "even one step, so its crossovers past the data are not to be read.",
+        "",
+    ]
+
+
+def _warmup_note(results: dict[str, Any]) -> list[str]:
+    points = results.get("inside_warmup") or []
+    if not points:
+        return []
+    named = ", ".join(f"{p['arm']} {p['point']} ({p['steps']} steps, warm-up {p['warmup']})" for p in points)
+    return [
+        f"Left out of every fit and the frontier, inside the warm-up (fewer than "
+        f"{results['warmup_factor']}x the warm-up steps): {named}.",
+        "",
+    ]
+
+
+def plot(results: dict[str, Any], out_dir: Path) -> list[str]:
     """curves.png: per metric, each arm's points (mean, seed-std bars) and fitted curve, log-log."""
     import matplotlib
 
@@ -498,9 +643,9 @@ def plot(s: Sweep, results: dict[str, Any]) -> list[str]:
     metrics = [m for m in results["metrics"] if m in fits and positive(m)]
     if not metrics:
         return []
-    colours = {a.name: f"C{i % 10}" for i, a in enumerate(s.comparison.experiment.arms)}
+    colours = {a["name"]: f"C{i % 10}" for i, a in enumerate(results["arms"])}
     markers = ["o", "s", "^", "D", "v", "P"]
-    sizes = {size: markers[i % len(markers)] for i, size in enumerate(s.spec.sizes)}
+    sizes = {size: markers[i % len(markers)] for i, size in enumerate(results["sweep"].get("size") or [])}
     cols = min(len(metrics), 3)
     nrows = math.ceil(len(metrics) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(5.4 * cols, 4.2 * nrows), squeeze=False)
@@ -549,7 +694,7 @@ def plot(s: Sweep, results: dict[str, Any]) -> list[str]:
         fontsize=9,
     )
     fig.tight_layout()
-    with atomic_file(s.comparison.report_dir / "curves.png", "wb") as handle:
+    with atomic_file(out_dir / "curves.png", "wb") as handle:
         fig.savefig(handle, format="png", dpi=110)
     plt.close(fig)
     return ["curves.png"]
@@ -558,7 +703,7 @@ def plot(s: Sweep, results: dict[str, Any]) -> list[str]:
 def write_sweep_report(s: Sweep, console: Console | None = None, replicates: int = 1000) -> dict[str, Any]:
     """results.json, curves.png, then report.md (each written whole or not at all)."""
     results = build_sweep_results(s, replicates)
-    plots = plot(s, results)
+    plots = plot(results, s.comparison.report_dir)
     results.pop("_fits")
     results["plots"] = plots
     write_json(s.comparison.report_dir / "results.json", results)

@@ -4,11 +4,15 @@ curves that are not power laws refused rather than drawn."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 import pytest
 
+from objtrain.compare.experiment import experiment_from_dict
 from objtrain.compare.fit import EXTRAPOLATION, PowerLaw, crossover, fit_curve
+from objtrain.compare.sweep_report import analyse
+from objtrain.compare.sweep_report import markdown as sweep_markdown
 
 C = np.geomspace(1e12, 1e14, 7)
 
@@ -195,3 +199,52 @@ def test_a_claim_of_one_arm_judges_its_within_model_difference_against_zero() ->
     assert missing["verdict"] == "not measured"
     with pytest.raises(ValueError, match="one against 0"):
         Claim("c", "p", "m", ["a", "b", "c"])
+
+
+def _grid(steps: list[int], warmup: int, law: PowerLaw, seeds: int = 3) -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    cells = {}
+    for k in steps:
+        flops = 1e9 * k
+        vals = [float(law(flops)) + float(rng.normal(0, 0.002)) for _ in range(seeds)]
+        label = f"tokens-{k}"
+        cells[label] = {"label": label, "size": "tiny", "budget": float(k), "flops": [flops] * seeds,
+                        "tokens": [k * 100] * seeds, "parameters": 1e6, "parameters_no_embedding": 5e5,
+                        "steps": k, "warmup_steps": warmup, "branched_at_step": None,
+                        "metrics": {"val_bpb": vals}, "runs": []}  # fmt: skip
+    return cells
+
+
+def test_points_inside_the_warmup_are_left_out_and_the_fit_is_checked_out_of_sample() -> None:
+    exp = experiment_from_dict({"arms": [{"name": "clm", "objective": "clm"}]})
+    law = PowerLaw(E=1.5, A=400.0, alpha=0.2)
+    cells = _grid([15, 49, 150, 500, 1500, 5000], 5, law)
+    found = analyse({"clm": {"cells": cells}}, exp, "tokens", [], 200)
+    assert [p["point"] for p in found["inside_warmup"]] == ["tokens-15", "tokens-49"]
+    fit = found["fits"]["val_bpb"]["clm"]
+    assert [p["flops"] for p in fit["points"]] == [1.5e11, 5e11, 1.5e12, 5e12]
+    h = fit["holdout"]
+    assert h["status"] == "ok" and h["flops"] == 5e12
+    assert h["measured"] == pytest.approx(float(law(5e12)), abs=0.01)
+    assert h["error"] == pytest.approx(h["predicted"] - h["measured"])
+    # E is well inside the data's reach here: the free fit finds it, the clamp never acts.
+    assert fit["E_identified"] is True and fit["free"]["E"] == pytest.approx(fit["law"]["E"])
+    text = sweep_markdown(
+        {"experiment": {"name": "x", "question": "", "expect": "", "source": None}, "sweep": {"tokens": [1.0],
+         "size": [], "span": 1.0}, "seeds": [0, 1, 2], "evaluation": {"suite": True, "options": {}},
+         "machine": {"platform": "p", "cpu_count": 2, "torch_threads": 2, "torch": "2"}, "wall_seconds": 1.0,
+         "arms": [], "claims": [], "chinchilla_tokens_per_parameter": 20.0} | {
+             k: v for k, v in found.items() if k not in ("_fits", "cells")
+         }, []
+    )  # fmt: skip
+    assert "### Out of sample" in text and "| val_bpb | clm | 5e+12 |" in text
+    assert "clm tokens-15 (15 steps, warm-up 5)" in text
+    assert "| val_bpb | clm | ok | 1.5" in text and "| yes (1.5" in text
+
+
+def test_a_floor_the_free_fit_puts_below_zero_is_not_identified() -> None:
+    c = np.geomspace(1e10, 1e13, 6)
+    pure = 3.0 * c**-0.05  # no floor: the free fit's E goes below 0, the clamp holds it at 0
+    fit = fit_curve(c, np.stack([pure, pure * 1.001, pure * 0.999], axis=1), replicates=100)
+    assert fit.ok and fit.free is not None
+    assert fit.E_identified is False and fit.free["E"] < 0.05
