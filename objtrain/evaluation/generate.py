@@ -14,6 +14,12 @@ The path's keys and values are then moved to contiguous cache slots (none move w
 argmax chain, which the layout puts first). The n head layers run as one batched block
 (`StackedBlocks`), so a step costs about the trunk plus one layer over the tree's nodes, against the
 trunk plus head 1 of a plain greedy step.
+
+Static decoding (`static=True`, the default on CUDA; `objtrain.models.static`): the same arithmetic on
+caches of fixed size, with the token, its position and (speculative) the drafts and cache length kept on
+the device, each step captured once in a CUDA graph and replayed, and the host reading a step's tokens
+while the next one runs. Its output is the dynamic path's, token for token (tests check it on CPU, where
+the dynamic path stays the default: there the full-size masked cache costs more than it saves).
 """
 
 from __future__ import annotations
@@ -32,6 +38,13 @@ from objtrain.errors import UserError
 from objtrain.models.decoder import Decoder
 from objtrain.models.encdec import EncoderDecoder
 from objtrain.models.encoder import Encoder
+from objtrain.models.static import (
+    DecoderSteps,
+    EncDecSteps,
+    HostReads,
+    SpeculativeSteps,
+    steps_for,
+)
 from objtrain.specials import Specials
 
 FimMode = Literal["psm", "spm"]
@@ -94,6 +107,19 @@ def _generator(sampling: Sampling, device: torch.device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(sampling.seed)
 
 
+def static_default(device: torch.device, static: bool | None) -> bool:
+    """Whether decoding takes the static path: as asked, else on CUDA only."""
+    return device.type == "cuda" if static is None else static
+
+
+def _graphs(model: torch.nn.Module, device: torch.device) -> bool:
+    """Capture the steps in CUDA graphs: on CUDA, unless dropout is live (a model left in training mode)."""
+    live_dropout = model.training and any(
+        isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()
+    )
+    return device.type == "cuda" and not live_dropout
+
+
 @torch.no_grad()
 def generate_decoder(
     model: Decoder,
@@ -102,14 +128,31 @@ def generate_decoder(
     sampling: Sampling | None = None,
     stop_ids: tuple[int, ...] = (),
     use_cache: bool = True,
+    static: bool | None = None,
+    compile: bool = False,
 ) -> Iterator[int]:
-    """Continue `prompt` (a non-empty id list) with up to `max_new_tokens` tokens."""
+    """Continue `prompt` (a non-empty id list) with up to `max_new_tokens` tokens.
+
+    `static` (default: on CUDA) decodes with static caches and captured steps; `compile` also compiles
+    each step with torch.compile first (fused kernels; a slow first call)."""
     if not prompt:
         raise UserError("the prompt is empty: give at least one token")
     sampling = sampling or Sampling()
     device = model.embed.weight.device
     generator = _generator(sampling, device)
     ids = torch.tensor([prompt], device=device)  # (1, T)
+    if use_cache and static_default(device, static):
+        need = len(prompt) + max_new_tokens
+        steps: DecoderSteps = steps_for(
+            model,
+            f"decoder-{compile}",
+            lambda st: st.max_len >= need,
+            lambda: DecoderSteps(model, need, _graphs(model, device), compile),
+        )
+        first = choose(steps.prefill(ids), sampling, generator)
+        steps.start(first, len(prompt))
+        yield from _static_stream(steps, first, max_new_tokens, sampling, generator, stop_ids)
+        return
     if use_cache:
         caches = model.new_cache(1, len(prompt) + max_new_tokens)
         logits = model.step(ids, torch.arange(len(prompt), device=device)[None], caches)[0][:, -1]
@@ -126,6 +169,35 @@ def generate_decoder(
             logits = model.step(token[:, None], pos, caches)[0][:, -1]
         else:
             logits = model.logits(ids)[:, -1]
+
+
+@torch.no_grad()  # a decorated generator holds no_grad only while it runs, not while it is suspended
+def _static_stream(
+    steps: DecoderSteps | EncDecSteps,
+    first: Tensor,
+    max_new_tokens: int,
+    sampling: Sampling,
+    generator: torch.Generator,
+    stop_ids: tuple[int, ...],
+) -> Iterator[int]:
+    """Tokens from static steps whose input is `first` (1,). Greedy, the argmax is taken inside the step
+    and fed to the next one on the device, so step i + 1 is queued before token i is read (one step in
+    flight, no wait between them). Sampling draws on the host's generator as the dynamic path does, so
+    its steps run one at a time."""
+    reads = HostReads(1, first.device)
+    reads.put(0, first)
+    for i in range(max_new_tokens):
+        if sampling.greedy and i + 1 < max_new_tokens:
+            steps.advance(greedy=True)  # consumes token i, leaves token i + 1 in steps.token
+            reads.put(i + 1, steps.token)
+        token = reads.get(i)[0]
+        if token in stop_ids:
+            return
+        yield token
+        if not sampling.greedy and i + 1 < max_new_tokens:
+            nxt = choose(steps.advance(greedy=False), sampling, generator)
+            steps.token.copy_(nxt[:, None])
+            reads.put(i + 1, nxt)
 
 
 # A draft tree is a set of rank paths: (r_1, ..., r_d) is the node whose token at depth i is draft head
@@ -269,11 +341,18 @@ def generate_speculative(
     stop_ids: tuple[int, ...] = (),
     stats: SpeculativeStats | None = None,
     tree: DraftTree | None = None,
+    static: bool | None = None,
+    compile: bool = False,
 ) -> Iterator[int]:
     """Greedy self-speculative decoding with the MTP heads (see the module docstring): each forward
-    verifies a tree of drafts, `default_tree(n)` unless `tree` is given. The output is greedy's."""
+    verifies a tree of drafts, `default_tree(n)` unless `tree` is given. The output is greedy's.
+    `static` (default: on CUDA) and `compile` as for `generate_decoder`."""
     stats = stats if stats is not None else SpeculativeStats()
     tree = default_tree(model.config.mtp_heads) if tree is None else tree
+    device = model.embed.weight.device
+    if static_default(device, static):
+        yield from _static_speculative(model, prompt, max_new_tokens, stop_ids, stats, tree, compile)
+        return
     spec = TreeSpeculator(model, prompt, max_new_tokens, tree)
     out = [spec.token]
     produced = 0
@@ -290,6 +369,62 @@ def generate_speculative(
         stats.drafted += spec.layout.max_depth
         stats.accepted += len(out) - 1
         stats.tokens += len(out)
+
+
+@torch.no_grad()
+def _static_speculative(
+    model: Decoder,
+    prompt: list[int],
+    max_new_tokens: int,
+    stop_ids: tuple[int, ...],
+    stats: SpeculativeStats,
+    tree: DraftTree,
+    compile: bool,
+) -> Iterator[int]:
+    """`generate_speculative` on `SpeculativeSteps`: step k + 1 is queued before step k's tokens are read."""
+    n = model.config.mtp_heads
+    if n < 2:
+        raise UserError("--speculative needs a model with MTP heads (mtp_heads > 1)")
+    if not prompt:
+        raise UserError("the prompt is empty: give at least one token")
+    device = model.embed.weight.device
+    layout = tree_layout(tree, n, device)
+    # a queued step may run after the last one read: room for its whole tree past a full output
+    need = len(prompt) + max_new_tokens + layout.max_depth + layout.size
+    key = (tuple(sorted(tuple(p) for p in tree)), compile)
+    steps: SpeculativeSteps = steps_for(
+        model,
+        f"speculative-{key}",
+        lambda st: st.max_len >= need,
+        lambda: SpeculativeSteps(model, layout, need, _graphs(model, device), compile),
+    )
+    steps.prefill(torch.tensor([prompt], device=device))
+    depth = steps.layout.max_depth
+    reads = HostReads(depth + 2, device)
+    first = HostReads(1, device)
+    first.put(0, steps.root)
+    steps.advance()
+    reads.put(1, steps.out)
+    out, produced, k = first.get(0), 0, 1  # k: the step whose tokens come next
+    while True:
+        for token in out:
+            if token in stop_ids:
+                return
+            yield token
+            produced += 1
+            if produced >= max_new_tokens:
+                return
+        # queue step k + 1 (its input is on the device already), then read step k
+        steps.advance()
+        reads.put(k + 1, steps.out)
+        row = reads.get(k)
+        m = row[-1]
+        out = [*row[:m], row[depth]]
+        k += 1
+        stats.forwards += 1
+        stats.drafted += depth
+        stats.accepted += m
+        stats.tokens += m + 1
 
 
 def encode_input(
@@ -378,8 +513,11 @@ def generate_encdec(
     stop_ids: tuple[int, ...] = (),
     start_id: int = 0,
     use_cache: bool = True,
+    static: bool | None = None,
+    compile: bool = False,
 ) -> Iterator[int]:
-    """Decode from the encoder input `encoder_ids`, starting from `start_id` (T5: pad = 0)."""
+    """Decode from the encoder input `encoder_ids`, starting from `start_id` (T5: pad = 0).
+    `static` (default: on CUDA) and `compile` as for `generate_decoder`."""
     if not encoder_ids:
         raise UserError("the encoder input is empty")
     sampling = sampling or Sampling()
@@ -388,6 +526,19 @@ def generate_encdec(
     enc = torch.tensor([encoder_ids], device=device)  # (1, T)
     enc_pos = torch.arange(enc.size(1), device=device)[None]
     dec = torch.tensor([[start_id]], device=device)  # (1, 1)
+    if use_cache and static_default(device, static):
+        need, memory = max_new_tokens + 1, len(encoder_ids)
+        steps: EncDecSteps = steps_for(
+            model,
+            f"encdec-{compile}",
+            lambda st: st.max_len >= need and st.memory_len >= memory,
+            lambda: EncDecSteps(model, need, memory, _graphs(model, device), compile),
+        )
+        steps.encode(enc)
+        first = choose(steps.prefill(dec), sampling, generator)
+        steps.start(first, 1)
+        yield from _static_stream(steps, first, max_new_tokens, sampling, generator, stop_ids)
+        return
     if use_cache:
         memory = model.encode(enc, enc_pos, torch.zeros_like(enc))
         kv = model.memory_kv(memory)

@@ -157,6 +157,11 @@ class KVCache:
 
     `length` is the number of valid positions; speculative decoding rolls back by lowering it, or keeps a
     draft tree's accepted path with `compact`.
+
+    Static use (`objtrain.models.static`): with `slots` set to a (t,) index tensor, `append` writes the new
+    keys/values there and returns the whole buffers, whose shapes never change; the caller's mask hides
+    the positions not yet valid. No Python number tracks the length, so the step can be captured in a
+    CUDA graph and replayed.
     """
 
     def __init__(self, batch: int, n_head: int, max_len: int, head_dim: int, like: Tensor) -> None:
@@ -164,9 +169,15 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=like.dtype, device=like.device)
         self.v = torch.zeros(shape, dtype=like.dtype, device=like.device)
         self.length = 0
+        self.slots: Tensor | None = None
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store (B, H, t, K) new keys/values; return all valid ones (B, H, length, K)."""
+        """Store (B, H, t, K) new keys/values; return all valid ones (B, H, length, K), or with `slots`
+        set, store them at those positions and return all `max_len` positions."""
+        if self.slots is not None:
+            self.k.index_copy_(2, self.slots, k)
+            self.v.index_copy_(2, self.slots, v)
+            return self.k, self.v
         t = k.size(2)
         end = self.length + t
         if end > self.k.size(2):
@@ -358,6 +369,15 @@ class StackedBlocks:
         self.n = len(blocks)
         self.n_head, self.n_kv_head = blocks[0].attn.n_head, blocks[0].attn.n_kv_head
         self.eps = blocks[0].norm1.eps
+
+    def refresh(self, blocks: list[Block]) -> None:
+        """Take the blocks' current weights into the same tensors (a captured step reads them in place)."""
+        with torch.no_grad():
+            for dst, src in zip(self._weights(), StackedBlocks(blocks)._weights(), strict=True):
+                dst.copy_(src)
+
+    def _weights(self) -> tuple[Tensor, ...]:
+        return self.norm1, self.qkv, self.proj, self.norm2, self.w13, self.w2
 
     def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
         return F.rms_norm(x, (x.size(-1),), None, self.eps) * weight

@@ -85,10 +85,16 @@ class Decoder(ZooModel):
         return [self.unembed(h) for h in self.step_hidden(ids, positions, caches, n_heads)]
 
     def step_hidden(
-        self, ids: Tensor, positions: Tensor, caches: list[KVCache], n_heads: int = 1
+        self,
+        ids: Tensor,
+        positions: Tensor,
+        caches: list[KVCache],
+        n_heads: int = 1,
+        mask: Tensor | None = None,
     ) -> list[Tensor]:
-        """As `step`, but each head's normed hidden state (B, t, D): unembed only the positions needed."""
-        x, cos, sin, mask = self._step_trunk(ids, positions, caches)
+        """As `step`, but each head's normed hidden state (B, t, D): unembed only the positions needed.
+        `mask` (1, 1, t, S) bool replaces the causal one over the cache (static caches give it)."""
+        x, cos, sin, mask = self._step_trunk(ids, positions, caches, mask)
         n_trunk = len(self.blocks) - 1
         out = []
         for k in range(n_heads):

@@ -98,13 +98,22 @@ class EncoderDecoder(ZooModel):
         return [block.cross.memory_kv(memory) for block in self.decoder]  # type: ignore[union-attr]
 
     def step(
-        self, ids: Tensor, positions: Tensor, caches: list[KVCache], memory_kv: list[tuple[Tensor, Tensor]]
+        self,
+        ids: Tensor,
+        positions: Tensor,
+        caches: list[KVCache],
+        memory_kv: list[tuple[Tensor, Tensor]],
+        mask: Tensor | None = None,
+        cross_mask: Tensor | None = None,
     ) -> Tensor:
-        """New decoder tokens ids (B, t) at positions (B, t) -> logits (B, t, V)."""
+        """New decoder tokens ids (B, t) at positions (B, t) -> logits (B, t, V). `mask` (1, 1, t, S)
+        replaces the causal one over the cache and `cross_mask` (1, 1, t, T) hides padded memory (static
+        caches and memory buffers give both)."""
         t = ids.size(1)
         cos, sin = self.rotary(positions)
-        mask = causal_chunk_mask(t, caches[0].length + t, ids.device)
+        if mask is None:
+            mask = causal_chunk_mask(t, caches[0].length + t, ids.device)
         x = self.embed(ids)
         for block, cache, kv in zip(self.decoder, caches, memory_kv, strict=True):
-            x = block(x, cos, sin, mask, False, cache=cache, memory_kv=kv)
+            x = block(x, cos, sin, mask, False, cross_mask=cross_mask, cache=cache, memory_kv=kv)
         return self.lm_head(x, self.embed.weight)[1]
