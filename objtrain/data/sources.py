@@ -345,6 +345,8 @@ def zstd_truncation(path: Path) -> str | None:
                 while not last:
                     block = int.from_bytes(need(3, "a block header", frame), "little")
                     last, kind, length = block & 1, block >> 1 & 3, block >> 3
+                    if kind == 3:  # reserved: a damaged file, not a cut one; decompressing says so
+                        return None
                     if kind == 1:  # RLE: one byte repeated
                         length = 1
                     if f.seek(length, os.SEEK_CUR) > size:

@@ -336,6 +336,14 @@ def test_whole_zst_with_skippable_frames_and_checksums_reads_through(
     (tmp_path / "a.txt.zst").write_bytes(frames)
     tokenize_corpus([tmp_path / "a.txt.zst"], tmp_path / "s", reuse(model_file, doc_split="blank-line"))
     assert len(documents(tmp_path / "s")) == 20
+    # a damaged block (reserved type 3) is unreadable, not "truncated"
+    one = bytearray(zstandard.ZstdCompressor(write_content_size=False).compress(TEXTS[0].encode() * 50))
+    one[6] |= 0b110  # first block header, after magic (4), descriptor (1) and window descriptor (1)
+    one[8] = 0xFF  # and a size past the end of the file
+    (tmp_path / "bad.txt.zst").write_bytes(bytes(one))
+    with pytest.raises(UserError, match="unreadable") as refused:
+        tokenize_corpus([tmp_path / "bad.txt.zst"], tmp_path / "b", reuse(model_file))
+    assert "truncated" not in str(refused.value)
 
 
 def test_parquet_memory_does_not_follow_the_file(tmp_path: Path) -> None:
