@@ -31,7 +31,10 @@ and the middle's bits per byte given prefix and suffix (and from the prefix alon
 too small for exact match.
 A linear probe on frozen features: by default, which standard-library package a function comes from; or a
 labelled TSV/JSONL (--probe train.tsv --probe-valid dev.tsv), or named tasks (--probe-task sst2,trec,cola
---probe-data DIR); the layer and penalty are chosen on a dev split, never on the reported one. With
+--probe-data DIR); the layer and penalty are chosen on a dev split, never on the reported one. Beside each
+probe: its majority class, the same probe on bag-of-words token counts and on the same architecture at random
+init, and its sd over probe seeds (refits on redrawn examples); a probe near its random-init baseline says
+little about the features. With
 --finetune, the whole model is also fine-tuned on the same tasks (a linear head, AdamW, weights chosen on
 dev) and scored on test, as the literature compares objectives. A few greedy samples for the eye.
 
@@ -93,6 +96,13 @@ def run(
     probe_data: Annotated[
         Path | None, typer.Option("--probe-data", help="Directory holding sst2/, trec/, cola/.")
     ] = None,
+    no_baselines: Annotated[
+        bool,
+        typer.Option("--no-baselines", help="Leave out the probes' bag-of-words and random-init baselines."),
+    ] = False,
+    probe_seeds: Annotated[
+        int, typer.Option("--probe-seeds", min=1, help="Probe refits on redrawn examples for its sd.")
+    ] = 5,
     middle_tasks: Annotated[
         int, typer.Option("--middle-tasks", min=0, help="Infilling tasks whose middle is scored in bits.")
     ] = 240,
@@ -138,6 +148,8 @@ def run(
         probe_layers=probe_layers,
         probe_tasks=tuple(k.strip() for k in probe_tasks.split(",") if k.strip()),
         probe_data=probe_data,
+        probe_baselines=not no_baselines,
+        probe_seeds=probe_seeds,
         middle_tasks=middle_tasks,
         finetune=finetune,
         finetune_steps=finetune_steps,
@@ -158,9 +170,9 @@ def run(
 
 NOTES = (
     "data", "window", "stride", "scored_tokens", "scored_bytes", "lm_mode", "conditional_mode",
-    "conditional_docs", "infill_mode", "infill_tasks",
-    "infill_skipped", "middle_mode", "middle_tasks", "probe", "probe_classes", "probe_feature_dim",
-    "probe_layer", "eval_seed", "finetune_best_step", "finetune_steps",
+    "conditional_docs", "infill_mode", "infill_tasks", "infill_skipped", "middle_mode", "middle_tasks",
+    "probe", "probe_method", "probe_classes", "probe_feature_dim", "probe_layer", "eval_seed",
+    "finetune_best_step", "finetune_steps",
 )  # fmt: skip
 
 

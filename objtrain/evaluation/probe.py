@@ -27,7 +27,7 @@ import ast
 import json
 import re
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from objtrain.batch import Batch
 from objtrain.data.sources import stdlib_root
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError, did_you_mean
+from objtrain.models.zoo import build_model
 
 TEXT_FIELDS = ("text", "sentence", "question", "sentence1")
 LABEL_RE = re.compile(r"^[A-Za-z0-9_.:+-]{1,32}$")
@@ -495,3 +496,77 @@ def task_files(name: str, root: Path) -> tuple[Labelled, Labelled | None, Labell
     train, dev, test = TASKS[name]
     read = lambda rel: read_labelled(Path(root) / rel)  # noqa: E731
     return read(train), (read(dev) if dev else None), read(test)
+
+
+# Baselines and noise beside every probe (reference evaluation.md section 5, step 5): what the same probe
+# reaches from token counts alone, and from the same architecture before any training; and how much the
+# probe itself moves when its training examples are redrawn. A claim about features is worth something only
+# beyond these.
+
+BOW_FEATURES = 2048  # the most frequent tokens of the probe's training split that the bag of words counts
+PROBE_SEEDS = 5  # probe refits for the probe-seed standard deviation
+PROBE_SEED_SHARE = 0.8  # share of each class's training examples each refit draws
+
+
+def bow_features(
+    encoded: Sequence[Sequence[list[int]]], vocab_size: int, n_features: int = BOW_FEATURES
+) -> list[Tensor]:
+    """Bag-of-words features of several splits of token ids, the first being the probe's training split:
+    log(1 + count) of each of the `n_features` tokens that occur in the most training examples (ties to the
+    lower id), one (N, n_features) float64 tensor per split. The vocabulary is chosen on the training split
+    alone, so nothing is learnt from the split that is scored."""
+
+    def counts(split: Sequence[list[int]]) -> Tensor:
+        rows = torch.repeat_interleave(torch.arange(len(split)), torch.tensor([len(e) for e in split]))
+        ids = torch.tensor([t for e in split for t in e], dtype=torch.int64)
+        out = torch.zeros(len(split), vocab_size, dtype=torch.float64)
+        out.index_put_((rows, ids), torch.ones(len(ids), dtype=torch.float64), accumulate=True)
+        return out
+
+    train = counts(encoded[0])
+    df = (train > 0).sum(dim=0)
+    # stable sort: among tokens in as many examples, the lower id first (deterministic)
+    keep = torch.sort(-df, stable=True).indices[: min(n_features, vocab_size)]
+    keep = keep[df[keep] > 0]  # every training example has a token (an empty text is one EOS)
+    return [c[:, keep].log1p() for c in (train, *(counts(s) for s in encoded[1:]))]
+
+
+def random_init_like(model: nn.Module, seed: int) -> nn.Module:
+    """The same architecture as `model`, freshly initialised under `seed` (the global RNG is left as it
+    was), on the model's device, in eval mode: the random-init baseline."""
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        fresh = build_model(model.config)  # type: ignore[arg-type]
+    return fresh.to(device).eval()
+
+
+def stratified_subsample(labels: Sequence[str], share: float, seed: int) -> np.ndarray:
+    """Sorted indices of `share` of each class's examples (at least one each), drawn under `seed`."""
+    rng = np.random.default_rng(seed)
+    labels_arr = np.asarray(labels)
+    picked = []
+    for c in sorted(set(labels)):
+        members = np.flatnonzero(labels_arr == c)
+        k = max(1, round(share * len(members)))
+        picked.append(rng.permutation(members)[:k])
+    return np.sort(np.concatenate(picked))
+
+
+def probe_seed_sd(
+    protocol: Callable[[Sequence[Tensor], Sequence[str]], dict[str, float]],
+    train_x: Sequence[Tensor],
+    train_labels: Sequence[str],
+    seed: int,
+    seeds: int = PROBE_SEEDS,
+) -> float:
+    """Sample standard deviation of the probe's test accuracy over `seeds` refits, each on a stratified
+    `PROBE_SEED_SHARE` of the training examples drawn under its own probe seed; `protocol(xs, labels)`
+    fits and scores one probe on the rows `xs` (one tensor per layer) of those examples. The fit is
+    deterministic given its examples, so the examples are what a probe seed changes."""
+    accs = []
+    for k in range(seeds):
+        idx = stratified_subsample(train_labels, PROBE_SEED_SHARE, seed * 1000 + k)
+        at = torch.from_numpy(idx)
+        accs.append(protocol([x[at] for x in train_x], [train_labels[i] for i in idx])["probe_accuracy"])
+    return float(np.std(accs, ddof=1)) if len(accs) > 1 else float("nan")

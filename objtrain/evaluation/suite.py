@@ -28,8 +28,9 @@ training seed, and is stored in the result.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,29 @@ METRICS: dict[str, tuple[str, str]] = {
     "finetune_cola_accuracy": ("higher", "CoLA in-domain dev accuracy after fine-tuning"),
 }
 
+PROBE_TASK_NAMES = ("", "sst2", "trec", "cola", "sentence_order")
+
+
+def _probe_baseline_metrics() -> dict[str, tuple[str, str]]:
+    """Beside every probe (the default one: "probe_"; named tasks: "probe_sst2_", ...): its baselines and
+    its own noise, never ranked (a report draws them next to the arms)."""
+    out: dict[str, tuple[str, str]] = {}
+    for task in PROBE_TASK_NAMES:
+        p, what = (f"probe_{task}_", f"the {task} probe") if task else ("probe_", "the probe")
+        out[f"{p}majority_accuracy"] = ("info", f"{what}: always the majority training label")
+        out[f"{p}bow_accuracy"] = ("info", f"{what} on bag-of-words token counts (same protocol)")
+        out[f"{p}bow_mcc"] = ("info", f"Matthews correlation of {what} on bag-of-words counts")
+        out[f"{p}random_init_accuracy"] = ("info", f"{what} on the same architecture at random init")
+        out[f"{p}random_init_mcc"] = ("info", f"Matthews correlation of {what} at random init")
+        out[f"{p}accuracy_probe_sd"] = (
+            "info",
+            f"sd of {what}'s accuracy over probe seeds (redrawn examples)",
+        )
+    return out
+
+
+METRICS.update({k: v for k, v in _probe_baseline_metrics().items() if k not in METRICS})
+
 
 @dataclass
 class EvalOptions:
@@ -143,6 +167,8 @@ class EvalOptions:
     probe_layers: str = "best"  # best: every layer and l2 tried, chosen on a held-out dev split; last
     probe_tasks: tuple[str, ...] = ()  # named tasks (sst2, trec, cola) read from probe_data
     probe_data: Path | None = None  # directory laid out as ../shared/data (sst2/, trec/, cola/)
+    probe_baselines: bool = True  # also a bag of words and the architecture at random init, same protocol
+    probe_seeds: int = probe.PROBE_SEEDS  # refits on redrawn examples for the probe's own sd (1: none)
     units: bool = False  # per-document and per-task scores in result["units"] (compare's paired SEs)
     finetune: bool = False  # also fine-tune the whole model on the probe's tasks (finetune.py); slow
     finetune_steps: int = 300
@@ -158,6 +184,7 @@ class EvalOptions:
             "--stride": self.stride,
             "--max-docs": self.max_docs,
             "--conditional-docs": self.conditional_docs,
+            "--probe-seeds": self.probe_seeds,
         }
         if self.middle_tasks < 0:
             raise UserError(f"--middle-tasks must be at least 0, got {self.middle_tasks}")
@@ -422,11 +449,15 @@ def evaluate(
         result.update(_probe(ckpt, options, seq_len, device))
         timings["probe"] = time.perf_counter() - t0
         say(f"  ({timings['probe']:.1f} s)")
+        near = near_baseline(result)
+        if near and not options.finetune:
+            say(f"  {near}: --finetune fine-tunes the whole model, a measure that separates more")
     if options.finetune and "finetune" not in options.skip:
         tasks = ", ".join(options.probe_tasks) or "the default probe's task"
         say(f"fine-tune: {tasks}, {options.finetune_steps} steps each (--finetune-steps)")
         t0 = time.perf_counter()
         result.update(_finetune(ckpt, options, seq_len, device))
+        result["probe_method"] = "linear+finetune" if "probe_method" in result else "finetune"
         timings["finetune"] = time.perf_counter() - t0
         say(f"  ({timings['finetune']:.1f} s)")
     if "samples" not in options.skip and options.samples > 0:
@@ -437,6 +468,21 @@ def evaluate(
     result["seconds"] = time.perf_counter() - started
     result["part_seconds"] = {k: round(v, 3) for k, v in timings.items()}
     return result
+
+
+def near_baseline(result: dict[str, Any]) -> str:
+    """Which probes do not beat their random-init baseline by two of their probe-seed sds, as one phrase
+    ("" when all do, or when there is no baseline to judge by)."""
+    near = []
+    for task in PROBE_TASK_NAMES:
+        p = f"probe_{task}_" if task else "probe_"
+        acc, base = result.get(f"{p}accuracy"), result.get(f"{p}random_init_accuracy")
+        sd = result.get(f"{p}accuracy_probe_sd")
+        if isinstance(acc, float) and isinstance(base, float):
+            margin = 2 * sd if isinstance(sd, float) and math.isfinite(sd) else 0.0
+            if acc - base <= margin:
+                near.append(f"{task or 'the'} probe {acc:.3f} vs random init {base:.3f}")
+    return "; ".join(near)
 
 
 def check_probe_tasks(options: EvalOptions) -> None:
@@ -570,26 +616,19 @@ def _probe(ckpt: Checkpoint, options: EvalOptions, seq_len: int, device: torch.d
     tokenizer = ckpt.tokenizer
     assert tokenizer is not None
     pooling, seed = options.probe_pooling, options.seed
-    layers = "all" if options.probe_layers == "best" else "last"
-    segments = probe.trained_with_segments(ckpt.training)
-
-    def feats(data: probe.Labelled) -> list[torch.Tensor]:
-        width = options.batch_size * 2
-        return probe.layer_features(
-            ckpt.model, tokenizer, data.texts, seq_len, pooling, width, device, layers, segments
-        )
-
-    out: dict[str, Any] = {"probe_pooling": pooling, "probe_layers_mode": options.probe_layers}
+    out: dict[str, Any] = {
+        "probe_pooling": pooling,
+        "probe_layers_mode": options.probe_layers,
+        "probe_method": "linear",
+    }
+    task = _ProbeTask(ckpt, options, seq_len, device)
     if options.probe_tasks:
         assert options.probe_data is not None
         for name in options.probe_tasks:
             train, dev, test = probe.task_files(name, options.probe_data)
             if dev is None:
                 train, dev = probe.split_off(train, 0.2, seed)
-            scores = probe.select_and_score(
-                feats(train), train.labels, feats(dev), dev.labels, feats(test), test.labels
-            )
-            out.update({k.replace("probe_", f"probe_{name}_", 1): v for k, v in scores.items()})
+            out.update(task.scores(name, train, dev, test))
         return out
     if options.probe_train is None:
         train, valid = probe.stdlib_probe(seed)
@@ -603,16 +642,96 @@ def _probe(ckpt: Checkpoint, options: EvalOptions, seq_len: int, device: torch.d
             train, valid = probe.split_off(train, 0.25, seed)
     if options.probe_layers == "best":
         fit, dev = probe.split_off(train, 0.2, seed + 1)
-        out.update(
-            probe.select_and_score(feats(fit), fit.labels, feats(dev), dev.labels, feats(valid), valid.labels)
-        )
+        out.update(task.scores("", fit, dev, valid))
         out["probe_valid_examples"] = out.pop("probe_test_examples")
     else:
-        xt, xv = feats(train)[-1], feats(valid)[-1]
-        out.update(probe.run_probe(xt, train.labels, xv, valid.labels, options.probe_l2))
+        out.update(task.scores("", train, None, valid))
     if train.replaced_lines or valid.replaced_lines:
         out["probe_non_utf8_lines"] = float(train.replaced_lines + valid.replaced_lines)
     return out
+
+
+class _ProbeTask:
+    """One probe protocol (features, layer and penalty selection) applied to the checkpoint, to its
+    baselines (bag of words, the same architecture at random init) and to redrawn training examples."""
+
+    def __init__(self, ckpt: Checkpoint, options: EvalOptions, seq_len: int, device: torch.device) -> None:
+        self.ckpt, self.options, self.seq_len, self.device = ckpt, options, seq_len, device
+        self.segments = probe.trained_with_segments(ckpt.training)
+        self._random: torch.nn.Module | None = None
+
+    def feats(self, model: torch.nn.Module, data: probe.Labelled) -> list[torch.Tensor]:
+        o = self.options
+        layers = "all" if o.probe_layers == "best" else "last"
+        tokenizer = self.ckpt.tokenizer
+        assert tokenizer is not None
+        return probe.layer_features(
+            model, tokenizer, data.texts, self.seq_len, o.probe_pooling, o.batch_size * 2, self.device,
+            layers, self.segments,
+        )  # fmt: skip
+
+    def protocol(
+        self,
+        fit: Sequence[torch.Tensor],
+        fit_labels: Sequence[str],
+        dev: Sequence[torch.Tensor],
+        dev_labels: Sequence[str],
+        test: Sequence[torch.Tensor],
+        test_labels: Sequence[str],
+    ) -> dict[str, float]:
+        """`best`: layer and penalty chosen on dev, scored on test; `last`: the last layer at --probe-l2."""
+        if self.options.probe_layers == "best":
+            return probe.select_and_score(fit, fit_labels, dev, dev_labels, test, test_labels)
+        return probe.run_probe(fit[-1], fit_labels, test[-1], test_labels, self.options.probe_l2)
+
+    def scores(
+        self, name: str, fit: probe.Labelled, dev: probe.Labelled | None, test: probe.Labelled
+    ) -> dict[str, Any]:
+        o, model = self.options, self.ckpt.model
+        dev_labels = dev.labels if dev is not None else []
+
+        def run(features: Any) -> dict[str, float]:
+            xf, xd, xt = features
+            return self.protocol(xf, fit.labels, xd, dev_labels, xt, test.labels)
+
+        splits = [fit, *([dev] if dev is not None else []), test]
+
+        def triple(per_split: list[list[torch.Tensor]]) -> tuple[Any, Any, Any]:
+            return per_split[0], (per_split[1] if dev is not None else []), per_split[-1]
+
+        main = triple([self.feats(model, d) for d in splits])
+        out = run(main)
+        if o.probe_seeds > 1:
+            # The probe's own noise: refits on redrawn training examples at the layer and penalty chosen
+            # (one fit each, not the whole selection again: that would multiply the probe's cost).
+            layer = int(out.get("probe_layer", len(main[0]))) - 1
+            l2 = float(out.get("probe_l2", o.probe_l2))
+            out["probe_accuracy_probe_sd"] = probe.probe_seed_sd(
+                lambda xs, ys: probe.run_probe(xs[0], ys, main[2][layer], test.labels, l2),
+                [main[0][layer]],
+                fit.labels,
+                o.seed,
+                o.probe_seeds,
+            )
+        if o.probe_baselines:
+            tokenizer = self.ckpt.tokenizer
+            assert tokenizer is not None
+            encoded = [probe.encode_texts(tokenizer, d.texts, self.seq_len) for d in splits]
+            bow = probe.bow_features(encoded, tokenizer.vocab_size)
+            for label, scores in (
+                ("bow", run(triple([[x] for x in bow]))),
+                ("random_init", run(triple([self.feats(self.random_model(), d) for d in splits]))),
+            ):
+                out[f"probe_{label}_accuracy"] = scores["probe_accuracy"]
+                if "probe_mcc" in scores:
+                    out[f"probe_{label}_mcc"] = scores["probe_mcc"]
+        return {k.replace("probe_", f"probe_{name}_", 1): v for k, v in out.items()} if name else out
+
+    def random_model(self) -> torch.nn.Module:
+        """The random-init baseline, built once under the eval seed."""
+        if self._random is None:
+            self._random = probe.random_init_like(self.ckpt.model, self.options.seed)
+        return self._random
 
 
 def _probe_splits(options: EvalOptions) -> list[tuple[str, probe.Labelled, probe.Labelled, probe.Labelled]]:

@@ -1,0 +1,183 @@
+"""Baselines and noise beside every probe: bag of words, the same architecture at random init, the probe's
+own sd over probe seeds, and which method measured it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.evaluation import probe
+from objtrain.evaluation.suite import METRICS, EvalOptions, _probe, evaluate, near_baseline
+from objtrain.models.checkpoint import load_checkpoint
+
+WORDS = {
+    "pos": ["good", "fine", "great", "nice", "lovely"],
+    "neg": ["bad", "dull", "poor", "awful", "boring"],
+}
+
+
+def _sentences(n: int, seed: int) -> probe.Labelled:
+    rng = np.random.default_rng(seed)
+    texts, labels = [], []
+    for i in range(n):
+        label = ("pos", "neg")[i % 2]
+        texts.append(f"the film was {rng.choice(WORDS[label])} and {rng.choice(['long', 'short', 'new'])}")
+        labels.append(label)
+    return probe.Labelled(texts, labels)
+
+
+def test_bag_of_words_counts_the_training_splits_tokens_only() -> None:
+    train = [[5, 5, 7], [7, 9]]
+    test = [[5, 11, 11]]  # 11 never occurs in training: no feature for it
+    xtr, xte = probe.bow_features([train, test], vocab_size=16)
+    # features: tokens by the number of training examples they occur in (7: two; 5 and 9: one, lower id first)
+    assert xtr.shape == (2, 3) and xte.shape == (1, 3)
+    assert torch.allclose(
+        xtr, torch.tensor([[np.log(2), np.log(3), 0.0], [np.log(2), 0.0, np.log(2)]]).double()
+    )
+    assert torch.allclose(xte, torch.tensor([[0.0, np.log(2), 0.0]]).double())
+    assert probe.bow_features([train, test], 16, n_features=1)[0].shape == (2, 1)
+
+
+def test_random_init_is_the_architecture_under_a_seed_leaving_the_rng_alone(tokenizer: Tokenizer) -> None:
+    from objtrain.models.zoo import build_model, model_config
+
+    torch.manual_seed(5)
+    trained = build_model(model_config("decoder", "debug", vocab_size=tokenizer.vocab_size))
+    state = torch.get_rng_state()
+    a, b = probe.random_init_like(trained, 3), probe.random_init_like(trained, 3)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert not a.training and a.config == trained.config
+    for (name, pa), pb, pt in zip(a.named_parameters(), b.parameters(), trained.parameters(), strict=True):
+        assert torch.equal(pa, pb) and pa.shape == pt.shape, name
+    assert any(not torch.equal(pa, pt) for pa, pt in zip(a.parameters(), trained.parameters(), strict=True))
+
+
+def test_probe_seed_sd_redraws_each_class_and_measures_the_spread() -> None:
+    labels = ["a"] * 30 + ["b"] * 10
+    idx = probe.stratified_subsample(labels, 0.8, 1)
+    assert sorted(labels[i] for i in idx).count("b") == 8 and len(idx) == 32
+    assert np.array_equal(idx, probe.stratified_subsample(labels, 0.8, 1))
+    assert not np.array_equal(idx, probe.stratified_subsample(labels, 0.8, 2))
+    g = torch.Generator().manual_seed(0)
+    noisy = torch.randn(40, 4, generator=g, dtype=torch.float64)
+    test_x, test_y = torch.randn(60, 4, generator=g, dtype=torch.float64), ["a", "b"] * 30
+
+    def protocol(xs: list[torch.Tensor], ys: list[str]) -> dict[str, float]:
+        return probe.run_probe(xs[0], ys, test_x, test_y)
+
+    sd = probe.probe_seed_sd(protocol, [noisy], labels, seed=4, seeds=5)
+    assert sd > 0 and sd == probe.probe_seed_sd(protocol, [noisy], labels, seed=4, seeds=5)
+
+    # a constant feature: every refit predicts the majority, no spread
+    def constant(xs: list[torch.Tensor], ys: list[str]) -> dict[str, float]:
+        return probe.run_probe(xs[0], ys, torch.ones(60, 1, dtype=torch.float64), test_y)
+
+    assert probe.probe_seed_sd(constant, [torch.ones(40, 1, dtype=torch.float64)], labels, 4) == 0.0
+
+
+def _task_dir(root: Path) -> Path:
+    (root / "sst2").mkdir(parents=True)
+    for split, seed, n in (("train", 0, 48), ("dev", 1, 16), ("test", 2, 20)):
+        data = _sentences(n, seed)
+        lines = [f"{1 if y == 'pos' else 0} {t}" for t, y in zip(data.texts, data.labels, strict=True)]
+        (root / "sst2" / f"stsa.binary.{split}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+def test_every_probe_reports_its_baselines_under_fixed_names(
+    debug_checkpoint: Callable[..., Path], tmp_path: Path
+) -> None:
+    # the checkpoint is the debug encoder built under seed 0: probed at eval seed 0, the random-init
+    # baseline is the checkpoint itself, and the two scores must agree
+    ckpt = load_checkpoint(debug_checkpoint("encoder", {"objective": "mlm", "seq_len": 32}))
+    ckpt.model.eval()
+    options = EvalOptions(seed=0, probe_tasks=("sst2",), probe_data=_task_dir(tmp_path / "data"))
+    out = _probe(ckpt, options, 32, torch.device("cpu"))
+    names = ["majority_accuracy", "bow_accuracy", "bow_mcc", "random_init_accuracy", "random_init_mcc"]
+    for name in [*names, "accuracy_probe_sd"]:
+        assert isinstance(out[f"probe_sst2_{name}"], float), name
+        assert METRICS[f"probe_sst2_{name}"][0] == "info" and METRICS[f"probe_{name}"][0] == "info"
+    assert out["probe_sst2_random_init_accuracy"] == out["probe_sst2_accuracy"]
+    assert out["probe_sst2_random_init_mcc"] == out["probe_sst2_mcc"]
+    assert out["probe_sst2_bow_accuracy"] == 1.0  # the label is a word of the sentence
+    assert out["probe_method"] == "linear"
+    # another eval seed: another random init, so another score is possible; the names stay
+    bare = _probe(ckpt, EvalOptions(seed=0, probe_baselines=False, probe_seeds=1, probe_tasks=("sst2",),
+                                    probe_data=tmp_path / "data"), 32, torch.device("cpu"))  # fmt: skip
+    assert not any(k.endswith(("_bow_accuracy", "_random_init_accuracy", "_probe_sd")) for k in bare)
+    assert bare["probe_sst2_accuracy"] == out["probe_sst2_accuracy"]
+
+
+def test_the_default_probe_and_last_layer_mode_have_them_too(debug_checkpoint: Callable[..., Path]) -> None:
+    ckpt = load_checkpoint(debug_checkpoint("decoder", {"objective": "clm", "seq_len": 32}))
+    ckpt.model.eval()
+    for layers in ("best", "last"):
+        out = _probe(ckpt, EvalOptions(probe_layers=layers, probe_seeds=3), 32, torch.device("cpu"))
+        for name in ("probe_bow_accuracy", "probe_random_init_accuracy", "probe_accuracy_probe_sd"):
+            assert 0.0 <= out[name] <= 1.0, (layers, name)
+        assert "probe_bow_mcc" not in out  # several classes: no MCC
+
+
+def test_near_baseline_names_the_probes_that_do_not_beat_random_init() -> None:
+    result = {"probe_accuracy": 0.50, "probe_random_init_accuracy": 0.45, "probe_accuracy_probe_sd": 0.03}
+    assert "random init 0.450" in near_baseline(result)
+    assert near_baseline({**result, "probe_accuracy": 0.60}) == ""
+    assert near_baseline({"probe_sst2_accuracy": 0.5, "probe_sst2_random_init_accuracy": 0.6}).startswith(
+        "sst2"
+    )
+
+
+def test_the_method_records_fine_tuning(debug_checkpoint: Callable[..., Path], tmp_path: Path) -> None:
+    path = debug_checkpoint("encoder", {"objective": "mlm", "seq_len": 32})
+    options = EvalOptions(
+        skip=("lm", "conditional", "corrupted", "infill", "samples"),
+        probe_tasks=("sst2",),
+        probe_data=_task_dir(tmp_path / "data"),
+        probe_seeds=1,
+        probe_baselines=False,
+        finetune=True,
+        finetune_steps=2,
+    )
+    data = tmp_path / "t.txt"
+    data.write_text("x = 1\n", encoding="utf-8")
+    assert evaluate(path, data, options)["probe_method"] == "linear+finetune"
+    options.skip = (*options.skip, "probe")
+    assert evaluate(path, data, options)["probe_method"] == "finetune"
+
+
+def test_probe_seeds_below_one_are_refused() -> None:
+    from objtrain.errors import UserError
+
+    with pytest.raises(UserError, match="--probe-seeds must be at least 1"):
+        EvalOptions(probe_seeds=0)
+
+
+def test_the_command_line_leaves_them_out_on_request(
+    objtrain_cli: Callable[..., tuple[int, str, str]], debug_checkpoint: Callable[..., Path], tmp_path: Path
+) -> None:
+    import json
+
+    data = tmp_path / "t.txt"
+    data.write_text("x = 1\n", encoding="utf-8")
+    ckpt = debug_checkpoint("decoder", {"objective": "clm", "seq_len": 32})
+    args = (
+        "eval",
+        ckpt,
+        "--data",
+        data,
+        "--skip",
+        "lm,conditional,corrupted,infill,samples",
+        "--format",
+        "json",
+    )
+    code, out, err = objtrain_cli(*args, "--no-baselines", "--probe-seeds", "1")
+    assert code == 0, err
+    result = json.loads(out)
+    assert "probe_accuracy" in result and "probe_bow_accuracy" not in result
+    assert "probe_accuracy_probe_sd" not in result and result["probe_method"] == "linear"
