@@ -330,6 +330,34 @@ def metric_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def held_equal(results: dict[str, Any]) -> str:
+    """Which control the arms shared, and how far the other apart: equal tokens is not equal compute
+    when the arms' model kinds or head counts differ."""
+    kind = results["budget"]["kind"]
+
+    def spread(key: str) -> tuple[float, float] | None:
+        vals = [a["cost"].get(key, NONE)["mean"] for a in results["arms"]]
+        vals = [v for v in vals if v is not None and v > 0]
+        return (min(vals), max(vals)) if vals else None
+
+    held = {"tokens": "tokens", "flops": "FLOPs", "seconds": "training seconds"}[kind]
+    parts = [f"**Held equal: {held}.**"]
+    for key, name in (("tokens", "tokens"), ("flops", "FLOPs")):
+        if key == kind:
+            continue
+        r = spread(key)
+        if r is None:
+            continue
+        lo, hi = r
+        if hi > 1.05 * lo:
+            parts.append(f"The arms' {name} differ {hi / lo:.2f}x ({lo:.3g} to {hi:.3g})" + (
+                ": this is a comparison at equal tokens, not at equal compute." if key == "flops" else "."
+            ))  # fmt: skip
+        else:
+            parts.append(f"Their {name} agree within 5%.")
+    return " ".join(parts)
+
+
 def cost_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     header = ["arm", "objective", "model", *(label for _, label in COST)]
     rows = []
@@ -430,7 +458,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
         "",
     ]
     header, rows = cost_rows(results)
-    out += ["## What each arm cost", "", _markdown_table(header, rows), ""]
+    out += ["## What each arm cost", "", _markdown_table(header, rows), "", held_equal(results), ""]
     out += [
         "FLOPs: estimated training FLOPs (6N per token plus attention, encoder and decoder counted apart). "
         "Seconds and tokens/s are training steps only, measured in this one run on the machine below; "

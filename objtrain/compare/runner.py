@@ -199,9 +199,8 @@ def _check_arm(
         plan = prepare(cfg, scratch, console=console)
     except UserError as exc:
         raise UserError(f"arm {arm.name!r}: {exc}") from None
-    target_len = _target_len(plan)
+    target_len, per_step = _target_len_and_flops(plan, cfg.batch.batch_size)
     rows = cfg.batch.batch_size
-    per_step = accounting.flops_per_step(plan.model_cfg, rows, plan.seq_len, target_len)
     steps: int | None
     if spec.kind == "tokens":
         steps = max(math.ceil(spec.value / (rows * plan.seq_len)), 1)
@@ -221,13 +220,14 @@ def _check_arm(
     return cfg, plan, target_len, per_step, steps
 
 
-def _target_len(plan: Plan) -> int | None:
-    """Decoder positions of an encoder-decoder batch, from two real corrupted rows (None otherwise)."""
-    if plan.model_cfg.kind != "encdec":
-        return None
+def _target_len_and_flops(plan: Plan, rows: int) -> tuple[int | None, float]:
+    """Decoder positions of an encoder-decoder batch (None otherwise) and the training FLOPs of a step of
+    `rows` rows, both from two real corrupted rows: the batch says what the model runs (a contrastive
+    row's two views, an unembedding no loss reads), `accounting.batch_flops`."""
     stream = plan.source.stream("train", plan.cfg.seed)
     (batch,) = leading_batches(stream, plan.objective, plan.seq_len, 2, 2, plan.cfg.seed, within_epoch=False)
-    return int(batch.labels.size(1))
+    target_len = int(batch.labels.size(1)) if plan.model_cfg.kind == "encdec" else None
+    return target_len, accounting.batch_flops(plan.model_cfg, batch) * rows / 2
 
 
 def _tokenizer_hash(plan: Plan) -> str:

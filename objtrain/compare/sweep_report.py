@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from itertools import combinations
 from pathlib import Path
 from typing import Any
@@ -195,9 +196,16 @@ def analyse(
                     "value": float(np.nanmean(cell["metrics"][metric])),
                 }
             )
+    frontier_fits = {
+        arm: frontier_fit(cells, _primary(list(arms[arm]["cells"].values())), kind == "flops", sizes,
+                          replicates, exp.seed)
+        for arm, cells in ordered.items()
+        if arm in frontiers
+    }  # fmt: skip
     return {
         "metrics": metrics,
         "cells": ordered,
+        "frontier_fits": frontier_fits,
         "fits": {m: {a: f.to_dict() for a, f in per.items()} for m, per in fits.items()},
         "crossovers": crossovers,
         "frontier": frontier_rows,
@@ -205,6 +213,85 @@ def analyse(
         "warmup_factor": WARMUP_FACTOR,
         "bootstrap_replicates": replicates,
         "_fits": fits,  # dropped before writing: the objects the plot draws
+    }
+
+
+def frontier_fit(
+    cells: list[dict[str, Any]], metric: str, by_budget: bool, sizes: list[str], replicates: int, seed: int
+) -> dict[str, Any]:
+    """The compute-optimal frontier of one arm with intervals that resample seeds (findings.md section
+    4.3): each replicate draws seed columns with replacement (the same draw for every cell), re-chooses the
+    best size at each budget on the drawn means, and refits. Per budget L* and N* (parameters of the best
+    size) with 95% percentile intervals; N*(C) = K·C^b by least squares in log-log (b with its interval);
+    L*(C) = E + A·C^(-α) (`fit_curve`, E held at or above 0) with the replicates' α interval. `interior`:
+    no budget's best size lies at an end of the size grid (else the optimum is outside the grid)."""
+    lower = suite.direction(metric) == "lower"
+    cells = [c for c in cells if not inside_warmup(c) and metric in c["metrics"]]
+    values = np.array([c["metrics"][metric] for c in cells], dtype=float)  # (cells, seeds)
+    if not len(cells):
+        return {"metric": metric, "status": "no_points"}
+
+    def choose(means: np.ndarray) -> list[int]:
+        scored = [dict(c, metrics={metric: [m]}) for c, m in zip(cells, means, strict=True)]
+        best = _frontier(scored, metric, lower, by_budget)
+        index = {id(c): i for i, c in enumerate(scored)}
+        return [index[id(c)] for c in best]
+
+    def n_fit(idx: list[int]) -> float:
+        if len({cells[i]["parameters"] for i in idx}) < 2:
+            return math.nan  # one size on the whole frontier: no slope
+        x = np.log([float(np.mean(cells[i]["flops"])) for i in idx])
+        y = np.log([float(cells[i]["parameters"]) for i in idx])
+        return float(np.polyfit(x, y, 1)[0])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        best = choose(np.nanmean(values, axis=1))
+        rng = np.random.default_rng(seed)
+        draws = rng.integers(0, values.shape[1], size=(replicates, values.shape[1]))
+        per_budget: dict[float, list[tuple[float, float]]] = {}
+        slopes, alphas = [], []
+        for draw in draws:
+            means = np.nanmean(values[:, draw], axis=1)
+            idx = choose(means)
+            for i in idx:
+                per_budget.setdefault(float(cells[i]["budget"]), []).append(
+                    (float(means[i]), float(cells[i]["parameters"]))
+                )
+            slopes.append(n_fit(idx))
+            f = fitting.fit_curve([float(np.mean(cells[i]["flops"])) for i in idx], [means[i] for i in idx],
+                                  lower_is_better=lower, replicates=0)  # fmt: skip
+            alphas.append(f.law.alpha if f.ok and f.law is not None else math.nan)
+    main = fitting.fit_curve(
+        [float(np.mean(cells[i]["flops"])) for i in best], [values[i] for i in best], lower_is_better=lower,
+        replicates=0,
+    )  # fmt: skip
+
+    def pct(vals: list[float]) -> list[float] | None:
+        good = [v for v in vals if math.isfinite(v)]
+        return [float(np.percentile(good, 2.5)), float(np.percentile(good, 97.5))] if len(good) >= 2 else None
+
+    points = []
+    for i in best:
+        drawn = per_budget.get(float(cells[i]["budget"]), [])
+        flops = float(np.mean(cells[i]["flops"]))
+        points.append({
+            "budget": cells[i]["budget"], "size": cells[i]["size"], "flops": flops,
+            "value": float(np.nanmean(values[i])), "value_interval": pct([d[0] for d in drawn]),
+            "parameters": cells[i]["parameters"], "parameters_interval": pct([d[1] for d in drawn]),
+        })  # fmt: skip
+    edge = {sizes[0], sizes[-1]} if len(sizes) > 1 else set()
+    interior = bool(points) and not any(p["size"] in edge for p in points)
+    return {
+        "metric": metric,
+        "status": "ok",
+        "points": points,
+        "N_exponent": n_fit(best),
+        "N_exponent_interval": pct(slopes),
+        "L": main.to_dict(),
+        "alpha_interval": pct(alphas),
+        "interior": interior,
+        "replicates": replicates,
     }
 
 
@@ -561,6 +648,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
             "the smallest or largest size of the grid means the optimum lies outside it: extend the grid "
             "before reading the ratio.",
             "",
+            *_frontier_fit_section(results),
         ]
     out += ["## Points", "", _table(*point_rows(results)), ""]
     out += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
@@ -588,6 +676,42 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
         "",
     ]
     return "\n".join(out)
+
+
+def _iv(iv: list[float] | None, digits: int = 3) -> str:
+    return f" [{_g(iv[0], digits)}, {_g(iv[1], digits)}]" if iv else ""
+
+
+def _frontier_fit_section(results: dict[str, Any]) -> list[str]:
+    fits = results.get("frontier_fits") or {}
+    rows = []
+    for arm, f in fits.items():
+        if f.get("status") != "ok":
+            continue
+        law = f["L"].get("law") if f["L"]["status"] == "ok" else None
+        last = f["points"][-1]
+        rows.append([
+            arm, f["metric"], f"{_g(f['N_exponent'])}{_iv(f['N_exponent_interval'])}",
+            (f"α {_g(law['alpha'])}{_iv(f['alpha_interval'])}" if law else f"not fitted: {f['L']['reason']}"),
+            f"{_g(last['value'], 4)}{_iv(last['value_interval'], 4)} at {_g(last['flops'])}",
+            f"{last['size']} ({last['parameters'] / 1e6:.2f}M){_iv(last['parameters_interval'])}",
+            "yes" if f["interior"] else "no: a best size at the grid's edge",
+        ])  # fmt: skip
+    if not rows:
+        return []
+    header = ["arm", "metric", "N*(C) ∝ C^b: b [95%]", "L*(C) = E + A·C^(−α)",
+              "L* at the largest budget [95%]", "N* there [95%]", "optimum inside the grid"]  # fmt: skip
+    return [
+        "### Frontier fits",
+        "",
+        _table(header, rows),
+        "",
+        "Intervals resample the seeds: each replicate redraws the seeds of every cell (one draw for all), "
+        f"re-chooses the best size per budget and refits ({next(iter(fits.values()))['replicates']} "
+        "replicates). Chinchilla's N*(C) exponent is about 0.5; an optimum at the grid's edge says "
+        "nothing about the exponent.",
+        "",
+    ]
 
 
 def _holdout_section(results: dict[str, Any]) -> list[str]:

@@ -178,3 +178,21 @@ def test_resume_refuses_a_changed_plan(write_experiment, tmp_path: Path) -> None
 
 def _train() -> dict[str, Any]:
     return experiment(Path("unused"))["train"]
+
+
+def test_a_flops_budget_counts_what_each_arm_runs(write_experiment, tmp_path: Path) -> None:
+    """Equal FLOPs across kinds: a contrastive row is two views with no unembedding backward, and an
+    encoder-decoder's cross attention projects the encoder positions, so the arms get different steps."""
+    from objtrain.training.accounting import flops_per_step
+
+    arms = [
+        {"name": "clm", "objective": "clm", "model": {"kind": "decoder", "size": "debug"}},
+        {"name": "simcse", "objective": {"name": "contrastive", "overrides": {"views": "crop"}},
+         "model": {"kind": "encoder", "size": "debug"}},
+    ]  # fmt: skip
+    c = plan_comparison(load_experiment(write_experiment(arms, budget={"flops": 1e9})), tmp_path / "r")
+    clm, simcse = c.runs
+    assert clm.flops_per_step == flops_per_step(clm.plan.model_cfg, 4, 32)
+    two_views = flops_per_step(simcse.plan.model_cfg, 8, 32, logits_backward=False)
+    assert simcse.flops_per_step == pytest.approx(two_views)
+    assert simcse.steps == int(1e9 // two_views) != clm.steps

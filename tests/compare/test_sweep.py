@@ -236,6 +236,7 @@ def test_a_size_sweep_reports_its_frontier(compare_store: Path, tmp_path: Path) 
     assert frontier and all(r["metric"] == "val_bpb" for r in frontier)
     assert all(r["tokens_per_parameter"] == pytest.approx(r["tokens"] / r["parameters"]) for r in frontier)
     assert "Chinchilla" in (tmp_path / "report" / "report.md").read_text()
+    assert set(results["frontier_fits"]) == {"clm"} and results["frontier_fits"]["clm"]["metric"] == "val_bpb"
 
 
 @pytest.mark.parametrize("name", ["objectives-scaling", "fim-scaling", "fim-suffix"])

@@ -248,3 +248,36 @@ def test_a_floor_the_free_fit_puts_below_zero_is_not_identified() -> None:
     fit = fit_curve(c, np.stack([pure, pure * 1.001, pure * 0.999], axis=1), replicates=100)
     assert fit.ok and fit.free is not None
     assert fit.E_identified is False and fit.free["E"] < 0.05
+
+
+def test_an_isoflop_grid_gives_a_frontier_with_seed_resampled_intervals() -> None:
+    """Three sizes at each of five FLOPs budgets, loss U-shaped in size around an optimum N* = 1e3·C^0.5:
+    the frontier picks the interior optimum, its exponent comes out near 0.5 with an interval from the
+    seeds, and the report prints it."""
+    rng = np.random.default_rng(1)
+    cells = []
+    budgets = [1e12, 4e12, 1.6e13, 6.4e13, 2.56e14]
+    for c in budgets:
+        n_opt = 1e3 * c**0.5
+        for size, factor in (("small", 0.25), ("mid", 1.0), ("big", 4.0)):
+            n = n_opt * factor
+            loss = 1.0 + 50 * c**-0.15 + 0.3 * np.log(factor) ** 2
+            vals = [float(loss + rng.normal(0, 0.002)) for _ in range(3)]
+            cells.append({"label": f"{size}.flops-{c:g}", "size": size, "budget": c, "flops": [c] * 3,
+                          "tokens": [c / (6 * n)] * 3, "parameters": n, "parameters_no_embedding": n,
+                          "steps": 1000, "warmup_steps": 10, "metrics": {"val_bpb": vals}})  # fmt: skip
+    from objtrain.compare.sweep_report import frontier_fit
+
+    f = frontier_fit(cells, "val_bpb", True, ["small", "mid", "big"], 200, 0)
+    assert f["status"] == "ok" and [p["size"] for p in f["points"]] == ["mid"] * 5
+    assert f["interior"] and f["N_exponent"] == pytest.approx(0.5, abs=0.01)
+    lo, hi = f["N_exponent_interval"]
+    assert lo <= 0.5 + 1e-9 and hi >= 0.5 - 1e-9
+    assert (
+        f["points"][-1]["value_interval"][0]
+        <= f["points"][-1]["value"]
+        <= f["points"][-1]["value_interval"][1]
+    )
+    # The best size at the grid's edge: no interior optimum, and the report says so.
+    edge = frontier_fit([c for c in cells if c["size"] != "big"], "val_bpb", True, ["small", "mid"], 50, 0)
+    assert not edge["interior"]

@@ -84,3 +84,19 @@ def test_a_metric_only_some_arms_have_names_them_not_every_arm() -> None:
         "no difference at this budget"
     )
     assert "every arm" not in line
+
+
+def test_the_cost_section_names_the_control_held_equal_and_the_other_spread() -> None:
+    from objtrain.compare.report import held_equal
+
+    results = _results()
+    results["arms"][0]["cost"]["flops"] = _metric(1e12)
+    results["arms"][1]["cost"]["flops"] = _metric(2.4e12)
+    text = held_equal(results)
+    assert text.startswith("**Held equal: tokens.**")
+    assert "FLOPs differ 2.40x" in text and "not at equal compute" in text
+    results["budget"]["kind"] = "flops"
+    results["arms"][1]["cost"]["tokens"] = _metric(0.5)
+    text = held_equal(results)
+    assert text.startswith("**Held equal: FLOPs.**") and "tokens differ 2.00x" in text
+    assert "**Held equal: FLOPs.**" in markdown(results, [])

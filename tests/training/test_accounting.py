@@ -177,3 +177,53 @@ def test_flops_count_grouped_kv_projections_and_untied_heads_correctly() -> None
     assert flops_per_step(mha, rows, T) - flops_per_step(gqa, rows, T) == rows * T * 6 * L * saved  # type: ignore[arg-type]
     # an untied head is the same matmul as a tied one; the input embedding is a lookup, no FLOPs
     assert flops_per_step(untied, rows, T) == flops_per_step(gqa, rows, T)  # type: ignore[arg-type]
+
+
+def _flop_cases() -> list[tuple[str, str, int]]:
+    from objtrain.objectives.registry import OBJECTIVES, objective_class
+
+    out = []
+    for name in OBJECTIVES:
+        for kind in objective_class(name).model_kinds:
+            if name == "mixture" and kind == "encoder":
+                continue  # the default mixture's components train decoders and encoder-decoders only
+            out += [(name, kind, heads) for heads in ((1, 2, 4) if name == "mtp" else (1,))]
+    return out
+
+
+@pytest.mark.parametrize(("name", "kind", "heads"), _flop_cases())
+def test_the_flops_estimate_matches_a_measured_count(
+    name: str, kind: str, heads: int, tokenizer, stdlib_texts
+) -> None:
+    """Every objective on every kind it trains (MTP at 1, 2, 4 heads): the estimate compare's FLOPs budgets
+    and MFU use, within 1% of `torch.utils.flop_counter`'s count of forward, loss and backward."""
+    from objtrain.models.zoo import build_model, model_config
+    from objtrain.objectives.registry import build_objective
+    from objtrain.training.accounting import batch_flops, measured_batch_flops
+
+    overrides: dict = {"views": "crop"} if name == "contrastive" else {}
+    if name == "mtp":
+        overrides["n"] = heads
+    objective = build_objective(name, tokenizer.specials, tokenizer, kind, overrides)
+    cfg = model_config(
+        kind, "debug", {"mtp_heads": heads} if heads > 1 else None, vocab_size=tokenizer.vocab_size
+    )
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    ids = torch.tensor(tokenizer.encode("".join(stdlib_texts)[:40_000]), dtype=torch.long)
+    rows, width = 4, objective.raw_length(64)
+    raw = ids[: rows * width].reshape(rows, width)
+    batch = objective(raw, torch.zeros_like(raw), torch.arange(rows), 0)
+    ratio = batch_flops(cfg, batch) / measured_batch_flops(model, objective, batch)
+    assert ratio == pytest.approx(1.0, abs=0.01), ratio
+
+
+def test_a_contrastive_batch_counts_both_views_and_no_logits_backward() -> None:
+    from objtrain.models.zoo import model_config
+    from objtrain.training.accounting import flops_per_step
+
+    cfg = model_config("encoder", "debug", vocab_size=1000)
+    one_view = flops_per_step(cfg, 4, 64)
+    two_views = flops_per_step(cfg, 8, 64, logits_backward=False)
+    unembedding = 6 * 1000 * cfg.d_model * 4 * 64
+    assert two_views == pytest.approx(2 * (one_view - unembedding) + 2 * unembedding / 3)
