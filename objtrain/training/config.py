@@ -8,7 +8,7 @@
     optim:      lr, betas, eps, weight_decay, grad_clip
     schedule:   kind (cosine | linear | constant | wsd), warmup, min_lr_ratio, decay_ratio (wsd)
     budget:     steps | tokens | seconds (one of them; none = the default run)
-    precision:  dtype (auto | fp32 | bf16 | fp16), compile
+    precision:  dtype (auto | fp32 | bf16 | fp16), compile (auto | true | false)
     validation: every, rows
     checkpoint: every, keep
     logging:    every, tensorboard, sample, wandb {project, mode, entity, name, tags}
@@ -136,7 +136,9 @@ class BudgetConfig:
 @dataclass
 class PrecisionConfig:
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    compile: bool = False  # torch.compile the model (slow first steps; sharded and MTP runs: each block)
+    # torch.compile the step: auto = on CUDA (CUDA graphs where shapes are static; `loop.compile_mode`), eager
+    # on CPU; true = anywhere; false = never. Slow first steps; sharded and MTP runs compile each block.
+    compile: bool | Literal["auto"] = "auto"
 
 
 @dataclass

@@ -191,6 +191,12 @@ class Progress:
                 highlight=False,
             )
 
+    def set_total(self, total: int) -> None:
+        """A new step count (a --time budget's checks)."""
+        self.total = total
+        if self.bar is not None:
+            self.bar.update(self.task, total=total)
+
     def note(self, text: str) -> None:
         if not self.enabled:
             return

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import signal
 import statistics
+import sys
 import time
 from collections.abc import Callable, Collection
 from contextlib import nullcontext
@@ -48,10 +49,10 @@ from objtrain.models.zoo import build_model, count_parameters
 from objtrain.objectives.base import LossOutput, Objective
 from objtrain.objectives.mtp import mtp_head_loss
 from objtrain.objectives.registry import build_objective
-from objtrain.training import accounting
+from objtrain.training import accounting, budget
 from objtrain.training import checkpoint as ckpt
 from objtrain.training import distributed as dist
-from objtrain.training.budget import total_steps
+from objtrain.training.budget import TimeBudget, measure_step, total_steps
 from objtrain.training.config import TrainConfig, config_dict
 from objtrain.training.cores import packed_cores
 from objtrain.training.data import (
@@ -69,6 +70,7 @@ from objtrain.training.host_memory import keep_freed_memory
 from objtrain.training.logger import MetricsLog, Progress, TensorBoard, Wandb
 from objtrain.training.optim import (
     build_optimizer,
+    clip_scaled,
     describe_extension,
     extended_lr_factor,
     scaled_step,
@@ -84,7 +86,17 @@ from objtrain.training.records import (
     training_info,
     write_record,
 )
-from objtrain.training.steps import NonFiniteLoss, StepOutcome, realised, target_len
+from objtrain.training.steps import (
+    NonFiniteLoss,
+    Pending,
+    StepFigures,
+    host_counts,
+    non_finite,
+    read_window,
+    realised,
+    step_values,
+    target_len,
+)
 
 
 @dataclass
@@ -287,6 +299,38 @@ def train(
         dist.teardown()
 
 
+GRAPHS = "reduce-overhead: CUDA graphs"
+
+
+def compile_mode(setting: bool | str, plan: Plan) -> str | None:
+    """How the step is compiled (None: eager). `auto` compiles on CUDA and stays eager elsewhere: on a
+    CPU compiling costs tens of seconds for a few percent; `true` compiles anywhere.
+
+    On CUDA the forward and loss replay CUDA graphs (`mode="reduce-overhead"`) where that is safe: small
+    models are launch-bound (about 10% MFU eager on an H200), and a graph launches a step's hundreds of
+    kernels at once. Not with gradient accumulation: a later micro-batch's backward accumulates into a
+    `.grad` that can be a graph's output buffer, overwritten by the next replay (an error, or silently
+    wrong gradients in older releases; gpu.md section 2); with one micro-batch the gradients are used and
+    dropped (`zero_grad(set_to_none=True)`) before the next replay. Not for encoder-decoder rows, whose
+    target length varies from batch to batch (each new shape records new graphs), nor where the blocks are
+    compiled one by one (MTP's per-head backward, FSDP). There inductor's default mode compiles."""
+    if setting is False or (setting == "auto" and plan.device.type != "cuda"):
+        return None
+    mtp_split = plan.objective.name == "mtp" and plan.model_cfg.mtp_heads > 1
+    if mtp_split or (plan.cfg.parallel == "fsdp" and plan.world.distributed):
+        return "default, block by block"
+    if plan.device.type == "cuda" and plan.accumulation == 1 and plan.model_cfg.kind != "encdec":
+        return GRAPHS
+    return "default"
+
+
+def _ratio(ranks: float, count: float | Tensor) -> float | Tensor:
+    """ranks / count, the count at least 1: a float from host counts, a device scalar from nccl's sum."""
+    if isinstance(count, Tensor):
+        return (ranks / count.clamp(min=1.0)).float()
+    return ranks / max(count, 1.0)
+
+
 class Trainer:
     """One run's model, optimizer and state. `step` is one optimizer step, `save` one checkpoint;
     `_run` around it streams the data, validates, logs and decides when to save."""
@@ -320,7 +364,9 @@ class Trainer:
         self.state = RunState.restore(saved)
         if self.scaler is not None and saved.get("scaler"):
             self.scaler.load_state_dict(saved["scaler"])
-        self.loss_of = self._compile() if cfg.precision.compile else None
+        self.graphs = False  # the compiled step replays CUDA graphs (`compile_mode`)
+        self.compile_mode = compile_mode(cfg.precision.compile, plan)  # None: eager
+        self.loss_of = self._compile() if self.compile_mode is not None else None
         self.extension = ""  # what the schedule does from a resume that raised the run's total
         if "total_steps" in saved:  # the schedule is that of the whole run, fixed when it started...
             self.total = int(saved["total_steps"])
@@ -328,7 +374,7 @@ class Trainer:
             if saved["config"].get("budget") != config_dict(cfg)["budget"]:  # ...or raised since
                 self._extend(saved)
         else:
-            self.total = total_steps(cfg, plan, lambda: _time_one_step(plan, self.model, self.scaler))
+            self.total = total_steps(cfg, plan, lambda: _time_step(plan, self.model))
             self.totals = [(0, self.total)]
         self.checkpoint = plan.resume_from  # the last complete checkpoint
 
@@ -367,7 +413,9 @@ class Trainer:
             unwrap(self.model).compile_blocks()  # type: ignore[operator]
             return None
         # the forward and the loss as one graph: inductor also fuses the head with the cross-entropy
-        return torch.compile(lambda batch: plan.objective.loss(self.model(batch), batch))
+        self.graphs = self.compile_mode == GRAPHS
+        mode = "reduce-overhead" if self.graphs else None
+        return torch.compile(lambda batch: plan.objective.loss(self.model(batch), batch), mode=mode)
 
     @property
     def finished(self) -> bool:
@@ -377,28 +425,38 @@ class Trainer:
         """Whether an every-N-steps event falls now; the run's end validates and saves on its own."""
         return every > 0 and self.state.step % every == 0 and not self.finished
 
-    def step(self, batches: list[Batch]) -> StepOutcome:
-        """One optimizer step over this rank's micro-batches (steps 2 to 4 of the module docstring)."""
+    def step(self, batches: list[Batch], counts: tuple[float, float] | None = None) -> StepFigures:
+        """One optimizer step over this rank's micro-batches (steps 2 to 4 of the module docstring), with no
+        read from the device: its numbers come back as `StepFigures`, read when they are logged. `counts`:
+        the micro-batches' (targets, pairs), counted on the host before they were moved (`host_counts`)."""
         plan, world, device = self.plan, self.plan.world, self.plan.device
         optim_cfg = plan.cfg.optim
-        counts = torch.tensor([[b.n_targets, b.n_pairs] for b in batches], dtype=torch.float64).sum(0)
-        n_expected, p_expected = dist.all_reduce_sum(counts.to(device), world).tolist()
+        n_expected: float | Tensor
+        p_expected: float | Tensor
+        n_expected, p_expected = counts if counts is not None else host_counts(batches)
+        if world.distributed:
+            summed = torch.tensor([n_expected, p_expected], dtype=torch.float64, device=device)
+            dist.all_reduce_sum(summed, world)
+            # gloo reduces in host memory, which reads without waiting; nccl's sum stays on the GPU
+            n_expected, p_expected = summed.tolist() if summed.device.type == "cpu" else summed.unbind()
         # FSDP averages gradients over the ranks where the replicated path sums them: undo the mean.
         ranks = world.world_size if self.sharded else 1.0
-        scale, pair_scale = ranks / max(n_expected, 1.0), ranks / max(p_expected, 1.0)
+        scale, pair_scale = _ratio(ranks, n_expected), _ratio(ranks, p_expected)
         totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, count, pair sum, pair count
-        metric_sums: dict[str, float] = {}
+        metrics: list[dict[str, Tensor]] = []
         for batch in batches:
+            if self.graphs:  # each micro-batch's forward replays its graphs afresh (gpu.md section 2)
+                torch.compiler.cudagraph_mark_step_begin()
             lo = forward_backward(
                 self.model,
                 plan.objective,
                 batch,
-                scale,
+                scale,  # type: ignore[arg-type]
                 device,
                 plan.dtype,
                 self.scaler,
                 not self.sharded,
-                pair_scale,
+                pair_scale,  # type: ignore[arg-type]
                 self.loss_of,
             )
             totals[0] += lo.loss_sum.double()
@@ -406,37 +464,45 @@ class Trainer:
             if lo.pair_sum is not None and lo.n_pairs is not None:
                 totals[2] += lo.pair_sum.double()
                 totals[3] += lo.n_pairs.double()
-            for key, value in lo.metrics.items():
-                metric_sums[key] = metric_sums.get(key, 0.0) + float(value) / len(batches)
+            metrics.append(lo.metrics)
         dist.all_reduce_sum(totals, world)
-        n_actual = max(float(totals[1]), 1.0)
         if not self.sharded:
             dist.all_reduce_gradients(self.params, world)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        if abs(n_actual - max(n_expected, 1.0)) > 0.5:  # pair-level losses count pairs, not labels
-            for p in self.params:
-                if p.grad is not None:
-                    p.grad.mul_(max(n_expected, 1.0) / n_actual)
+        # Pair-level losses may count pairs, not labels: the gradients are rescaled to the loss's own count.
+        # The factor is exactly 1.0 when the counts agree (every shipped objective), folded into the clip.
+        n_actual = totals[1].clamp(min=1.0)
+        factor = (
+            n_expected.clamp(min=1.0) if isinstance(n_expected, Tensor) else max(n_expected, 1.0)
+        ) / n_actual
         max_norm = optim_cfg.grad_clip if optim_cfg.grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
-        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        loss = float(totals[0]) / n_actual + float(totals[2]) / max(float(totals[3]), 1.0)
-        if not math.isfinite(loss) or (self.scaler is None and not math.isfinite(grad_norm)):
-            what = "loss" if not math.isfinite(loss) else "gradient norm"
-            where = f"; the last good checkpoint is {self.checkpoint}" if self.checkpoint else ""
-            raise NonFiniteLoss(
-                f"the {what} is {loss if what == 'loss' else grad_norm} at step {self.state.step + 1}{where}"
-            )
+        if self.sharded:  # DTensor gradients: torch's clip, the factor applied first (one read per step)
+            if (f := float(factor)) != 1.0:
+                for p in self.params:
+                    if p.grad is not None:
+                        p.grad.mul_(f)
+            norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        else:
+            norm = clip_scaled(self.params, max_norm, factor.float())
         lr = optim_cfg.lr * extended_lr_factor(self.state.optimizer_steps, self.totals, plan.cfg.schedule)
         set_lr(self.optimizer, lr)
-        if self.scaler is not None:
+        if self.scaler is not None:  # the scaler reads its inf check itself: fp16 waits for the GPU each step
             self.state.optimizer_steps += scaled_step(self.optimizer, self.scaler)
         else:
             self.optimizer.step()
             self.state.optimizer_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
-        return StepOutcome(loss, grad_norm, lr, n_actual, metric_sums)
+        names = tuple(metrics[0]) if metrics else ()
+        values = step_values(totals, norm, [[mb[k] for k in names] for mb in metrics])
+        return StepFigures(values, names, len(batches), lr, check_grad=self.scaler is None)
+
+    def retarget(self, total: int) -> None:
+        """A new total for the run (`--time`'s checks): the schedule goes on from where it stands."""
+        if total != self.total:
+            self.totals.append((self.state.optimizer_steps, total))
+            self.total = total
 
     def save(self, log: MetricsLog | None) -> Path:
         """A complete checkpoint of the current step (every rank calls it: gathering may be collective)."""
@@ -572,6 +638,7 @@ def _run(
         )
 
     stream = plan.source.stream("train", cfg.seed)
+    timer = TimeBudget(cfg.budget.seconds, state.step) if cfg.budget.seconds is not None else None
     sampler = RowSampler(
         plan.objective,
         plan.seq_len,
@@ -582,7 +649,7 @@ def _run(
         world.world_size,
         state.position,
         state.step,
-        total,
+        total if timer is None else sys.maxsize,  # --time: the run's checks decide where it ends
         stream=stream,
     )
     loader = make_loader(CorruptedRows(stream, plan.objective, plan.seq_len, cfg.seed), sampler, cfg.workers)
@@ -595,7 +662,7 @@ def _run(
     memory.reset()
     progress = Progress(console, total, state.step, cfg.logging.every, enabled=show)
     if show:
-        _announce(progress, plan, n_params, total, state.step)
+        _announce(progress, plan, n_params, total, state.step, trainer.compile_mode)
     if show and tb.missing:
         progress.note(tb.missing)
 
@@ -618,77 +685,141 @@ def _run(
         _log_validation(log, tb, progress, where, result, on_record)
         return result
 
-    trainer.restore_rng()
-    threads = torch.get_num_threads()
-    with StopFlag() as flag, workers_stopped(wire), packed_cores(threads, device.type, world.world_size):
-        while not trainer.finished:
-            t_step = time.perf_counter()
-            items, wait = [], 0.0
-            for _ in range(plan.accumulation):
-                t0 = time.perf_counter()
-                items.append(next(iterator))
-                wait += time.perf_counter() - t0
-            batches = [b.to(device, non_blocking=True) for _, b in items]
-            out = trainer.step(batches)
+    # Steps run, not yet read (`steps` module docstring): read together at log points, validations,
+    # checkpoints, --time checks and the end, so that the GPU runs ahead of the host in between.
+    window: list[Pending] = []
+    window_start = 0.0
+    first_step = state.step + 1
 
-            state.step += 1
-            before, state.position = state.position, items[-1][0].after
-            state.tokens += tokens_per_step
+    def read() -> None:
+        """Read the window's steps and write their records; a non-finite one stops the run, naming it."""
+        nonlocal last_loss
+        outcomes = read_window(window)
+        scale = 1.0
+        if device.type == "cuda" and window:  # the host only queued the work: share the window's real time
+            real, queued = budget.clock() - window_start, sum(p.seconds for p in window)
+            scale = real / max(queued, 1e-9)
+            state.seconds += real - queued
+        wall = state.seconds - sum(p.seconds * scale for p in window)
+        pending = list(window)
+        window.clear()
+        for p, out in zip(pending, outcomes, strict=True):
+            bad = non_finite(out, p.figures.check_grad)
+            if bad is not None:
+                where = f"; the last good checkpoint is {trainer.checkpoint}" if trainer.checkpoint else ""
+                raise NonFiniteLoss(f"the {bad} at step {p.record['step']}{where}")
+            seconds = p.seconds * scale
+            wall = p.timing["wall_time"] if scale == 1.0 else wall + seconds
             state.target_tokens += int(out.n_targets)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            step_time = time.perf_counter() - t_step
-            state.seconds += step_time
-            last_loss = out.loss
-            flops = accounting.flops_per_step(
-                plan.model_cfg, cfg.batch.batch_size, plan.seq_len, target_len(batches)
-            )
             record: dict[str, Any] = {
-                "step": state.step,
-                "rows": state.position.rows,
-                "tokens": state.tokens,
+                **p.record,
                 "target_tokens": state.target_tokens,
                 "loss": out.loss,
                 "lr": out.lr,
                 "grad_norm": out.grad_norm,
-                "tokens_per_s": tokens_per_step / step_time,
-                "mfu": flops / step_time / world.world_size / peak,
-                "data_wait_frac": wait / step_time,
-                "peak_mem_bytes": memory.peak_bytes(),
-                "wall_time": state.seconds,
-                "elapsed": elapsed(),
-                "time": time.time(),
+                "tokens_per_s": tokens_per_step / seconds,
+                "mfu": p.flops / seconds / world.world_size / peak,
+                "data_wait_frac": p.wait / seconds,
+                **p.timing,
+                "wall_time": wall,
                 **out.metrics,
-                **realised(batches),
+                **p.tail,
             }
-            if isinstance(stream, MixedStream):  # per source: rows, tokens, epochs; a new epoch is an event
-                record |= stream.figures(state.position, plan.seq_len)
-                for name, epoch in stream.epochs_started(before, state.position):
-                    if log is not None:
-                        log.write({"event": "epoch", "step": state.step, "source": name, "epoch": epoch})
-                    progress.note(f"step {state.step}: source {name} starts epoch {epoch + 1}")
+            for event in p.events:
+                if log is not None:
+                    log.write(event)
+            for note in p.notes:
+                progress.note(note)
+            last_loss = out.loss
             mfus.append(record["mfu"])
-            if trainer.scaler is not None:
-                record["loss_scale"] = trainer.scaler.get_scale()
-                record["skipped_steps"] = state.step - state.optimizer_steps
             if log is not None:
                 log.write(record)
-            tb.write(state.step, record)
+            tb.write(record["step"], record)
             progress.update(record)
             if on_record is not None:
                 on_record(record)
+            if p.record["step"] == first_step and trainer.compile_mode is not None:
+                _note_compile(progress, log, trainer.compile_mode, seconds, p.record["step"])
 
+    trainer.restore_rng()
+    threads = torch.get_num_threads()
+    with StopFlag() as flag, workers_stopped(wire), packed_cores(threads, device.type, world.world_size):
+        while not trainer.finished:
+            t_step = budget.clock()
+            items, wait = [], 0.0
+            for _ in range(plan.accumulation):
+                t0 = budget.clock()
+                items.append(next(iterator))
+                wait += budget.clock() - t0
+            host = [b for _, b in items]
+            counts = host_counts(host)  # on the host, before the copy: no read back from the device
+            batches = [b.to(device, non_blocking=True) for b in host]
+            figures = trainer.step(batches, counts)
+
+            state.step += 1
+            before, state.position = state.position, items[-1][0].after
+            state.tokens += tokens_per_step
+            step_time = budget.clock() - t_step  # on a GPU: until queued; `read` puts the real time in
+            state.seconds += step_time
+            if not window:
+                window_start = t_step
+            flops = accounting.flops_per_step(
+                plan.model_cfg, cfg.batch.batch_size, plan.seq_len, target_len(batches)
+            )
+            pending = Pending(
+                figures,
+                {"step": state.step, "rows": state.position.rows, "tokens": state.tokens},
+                {
+                    "peak_mem_bytes": memory.peak_bytes(),
+                    "wall_time": state.seconds,
+                    "elapsed": elapsed(),
+                    "time": time.time(),
+                },
+                step_time,
+                wait,
+                flops,
+                realised(batches),
+            )
+            if isinstance(stream, MixedStream):  # per source: rows, tokens, epochs; a new epoch is an event
+                pending.tail |= stream.figures(state.position, plan.seq_len)
+                for name, epoch in stream.epochs_started(before, state.position):
+                    pending.events.append(
+                        {"event": "epoch", "step": state.step, "source": name, "epoch": epoch}
+                    )
+                    pending.notes.append(f"step {state.step}: source {name} starts epoch {epoch + 1}")
+            if trainer.scaler is not None:
+                pending.tail["loss_scale"] = trainer.scaler.get_scale()
+                pending.tail["skipped_steps"] = state.step - state.optimizer_steps
+            window.append(pending)
+
+            # Every rank reads at the same steps (the collectives below need it); one process alone also
+            # reads at a signal, to save at once.
+            step = state.step
+            logs = step % cfg.logging.every == 0 or step == first_step or trainer.finished
+            validating_now = validating and trainer.due(cfg.validation.every)
+            saving = trainer.due(cfg.checkpoint.every) or (step in save_at and not trainer.finished)
+            checking = timer is not None and timer.due(step)
+            signalled = not world.distributed and flag.signal is not None
+            if not (logs or validating_now or saving or checking or signalled):
+                continue
+            read()
+            if timer is not None and (checking or logs):
+                trainer.retarget(_shared(timer.check(step, state.seconds, trainer.total), timer, world))
+                progress.set_total(trainer.total)
             if validating and trainer.due(cfg.validation.every):
                 validation = run_validation()
-            if trainer.due(cfg.checkpoint.every) or (state.step in save_at and not trainer.finished):
+            if trainer.due(cfg.checkpoint.every) or (step in save_at and not trainer.finished):
                 state.elapsed = elapsed()
                 trainer.save(log)
-            stop = torch.tensor([float(flag.signal is not None)], device=device)
-            if float(dist.all_reduce_max(stop, world)) > 0:
+            stop = flag.signal is not None
+            if world.distributed:  # one rank's signal stops them all, at the same step
+                stop = bool(dist.all_reduce_max(torch.tensor([float(stop)], device=device), world).item())
+            if stop:
                 state.elapsed = elapsed()
                 trainer.save(log)
                 stopped = "SIGTERM" if flag.signal == signal.SIGTERM else "SIGINT"
                 break
+        read()  # an error ends the run before here: its unread steps are not written
 
     if not stopped:
         if validating:
@@ -704,7 +835,7 @@ def _run(
         run_dir=run_dir,
         checkpoint=trainer.checkpoint,
         step=state.step,
-        total_steps=total,
+        total_steps=trainer.total,
         tokens=state.tokens,
         seconds=state.seconds,
         loss=last_loss,
@@ -727,17 +858,23 @@ def _run(
     return result
 
 
-def _announce(progress: Progress, plan: Plan, n_params: int, total: int, step: int) -> None:
+def _announce(
+    progress: Progress, plan: Plan, n_params: int, total: int, step: int, mode: str | None = None
+) -> None:
     cfg = plan.cfg
     size = "--init-from" if plan.init_origin else cfg.model.size  # the source's shape, not a zoo size
+    timed = cfg.budget.seconds is not None
     progress.note(
         f"{plan.objective.name} on a {size} {plan.model_cfg.kind} "
         f"({n_params / 1e6:.2f}M params), "
-        f"{total} steps of {cfg.batch.batch_size} x {plan.seq_len}, {plan.dtype} "
+        + ("~" if timed else "")
+        + f"{total} steps of {cfg.batch.batch_size} x {plan.seq_len}, {plan.dtype} "
         + (f"({plan.dtype_note}) " if plan.dtype_note else "")
         + f"on {plan.device}, "
         f"{plan.world.world_size} process{'es' if plan.world.world_size > 1 else ''}"
         + (f", resumed at step {step}" if step else "")
+        + (f", compiled ({mode})" if mode else "")
+        + (f"; --time {cfg.budget.seconds:g} s: the step count is re-estimated as it runs" if timed else "")
     )
     if plan.objective.name == "mtp" and plan.model_cfg.mtp_heads > 1:
         progress.note(
@@ -764,25 +901,58 @@ def _log_validation(
     progress.note(f"step {step}  " + "  ".join(f"{k} {v:.4f}" for k, v in validation.items()))
 
 
-def _time_one_step(plan: Plan, model: nn.Module, scaler: Any) -> float:
-    """Seconds of one step's forwards and backwards, measured on a throwaway copy (budget: seconds)."""
+def _time_step(plan: Plan, model: nn.Module) -> float:
+    """Seconds of one full step (every micro-batch, clipping, the optimizer step; `budget.measure_step`)
+    on a throwaway copy of the model and of its optimizer, with the run's RNG left as it was: the first
+    estimate of a --time budget."""
     import copy
 
+    device = plan.device
     probe = copy.deepcopy(model)
+    optimizer = build_optimizer(probe, plan.cfg.optim, device)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
     rng = torch.get_rng_state()
-    stream = plan.source.stream("train", plan.cfg.seed)
+    cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
     mb = plan.micro_batch
+    stream = plan.source.stream("train", plan.cfg.seed)
     (batch,) = leading_batches(
         stream, plan.objective, plan.seq_len, mb, mb, plan.cfg.seed, within_epoch=False
     )
-    batch = batch.to(plan.device)
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        forward_backward(probe, plan.objective, batch, 1e-3, plan.device, plan.dtype, None)
-        times.append(time.perf_counter() - t0)
-    torch.set_rng_state(rng)
-    return min(times[1:]) * plan.accumulation * 1.1  # + optimizer and data overhead
+    batch = batch.to(device)
+
+    def run_step() -> None:
+        for _ in range(plan.accumulation):
+            forward_backward(probe, plan.objective, batch, 1e-3, device, plan.dtype, None)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    try:
+        return measure_step(run_step, sync)
+    finally:
+        torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+
+
+def _shared(total: int, timer: TimeBudget, world: dist.World) -> int:
+    """A --time check's decision as the main process took it: every rank trains the same steps."""
+    if world.distributed:
+        total, timer.next_check, timer.warm = dist.broadcast_object(
+            (total, timer.next_check, timer.warm), world
+        )  # type: ignore[misc]
+    return total
+
+
+def _note_compile(progress: Progress, log: MetricsLog | None, mode: str, seconds: float, step: int) -> None:
+    """Say what compiling cost: the first step's time, which holds the compilation."""
+    progress.note(f"torch.compile ({mode}): the first step took {seconds:.1f} s, compilation included")
+    if log is not None:
+        log.write({"event": "compile", "step": step, "mode": mode, "first_step_seconds": seconds})
 
 
 def _summary(console: Console, r: TrainResult, peak_source: str) -> None:

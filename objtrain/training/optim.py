@@ -166,3 +166,21 @@ def scaled_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) 
     scaler.step(optimizer)
     scaler.update()
     return scaler.get_scale() >= before
+
+
+def clip_scaled(params: list[torch.nn.Parameter], max_norm: float, factor: torch.Tensor) -> torch.Tensor:
+    """`clip_grad_norm_` of the gradients times `factor` (a device scalar), with no read from the device:
+    the gradients become `grad * factor * min(max_norm / (norm + 1e-6), 1)`, `norm` that of `grad * factor`,
+    which is returned. With `factor` 1.0 every value is bit for bit torch's (x * 1.0 is x), and the
+    multiplications are the one foreach pass torch's clip makes."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros((), device=factor.device)
+    norm = torch.nn.utils.get_total_norm(grads, 2.0) * factor
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0) * factor  # as torch's: a clamp, not a branch
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for g in grads:
+        groups.setdefault((g.device, g.dtype), []).append(g)
+    for (device, _), group in groups.items():
+        torch._foreach_mul_(group, coef.to(device))
+    return norm
