@@ -13,6 +13,15 @@
 3. Verification cost by model size (random-init n=4 MTP decoders, speed only): the time of one
    speculative step (chain and default tree) against one greedy step of the same model. The speed-up
    is tokens/forward divided by this ratio, so it shows how far acceptance must carry each size here.
+4. Static decoding (`--static`, on by default; `decoding_speed`): greedy tok/s of the dynamic path against
+   static caches with captured steps (CUDA graphs on CUDA; `--compile` also torch.compiles each step),
+   and static speculative decoding against static greedy, all checked identical to dynamic greedy. It
+   runs on the MTP model of section 2 (or `--checkpoint`) on `--device` (default: cuda when there is one).
+   Without CUDA it says so: the figures are then CPU ones (eager static steps, no graphs), not the GPU
+   targets (small model: greedy >= 2,000 tok/s, speculative >= x2.5 over it, on an H100).
+
+`decoding_speed(model, prompts, new_tokens, repeats, compile)` is the function other benchmarks call
+(benchmarks/bench_gpu.py): it returns the section-4 figures for one decoder on its own device.
 
     .venv/bin/python benchmarks/bench_generate.py
     .venv/bin/python benchmarks/bench_generate.py --steps 400 --json out.json
@@ -194,7 +203,8 @@ def trained_mtp(args: argparse.Namespace) -> tuple[Decoder, list[list[int]], dic
     return model.eval(), prompts, info
 
 
-def speculative_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+def mtp_model(args: argparse.Namespace) -> tuple[Decoder, list[list[int]], dict[str, Any]]:
+    """The MTP model of section 2 and its held-out prompts."""
     if args.checkpoint:
         model, prompts, info = trained_mtp(args)
         print(f"MTP checkpoint {info['checkpoint']} (n={info['heads']}, trained by objtrain train)")
@@ -208,6 +218,12 @@ def speculative_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             ids = tokenizer.encode((STDLIB / name).read_text(encoding="utf-8"))
             for start in range(0, len(ids) - args.prompt_len, len(ids) // args.prompts_per_file):
                 prompts.append(ids[start : start + args.prompt_len])
+    return model, prompts, info
+
+
+def speculative_benchmark(
+    args: argparse.Namespace, model: Decoder, prompts: list[list[int]], info: dict[str, Any]
+) -> dict[str, Any]:
     n_new = args.new_tokens
     n = info["heads"]
     tree = gen.chain_tree(n - 1) if args.tree == "chain" else gen.default_tree(n)
@@ -294,6 +310,109 @@ def cost_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _timed_tokens(run: Callable[[], list[int]], device: torch.device) -> tuple[float, list[int]]:
+    """(seconds, tokens) of one generation; it ends by reading its last token on the host, and the
+    device is synchronised as well, so the time covers all of its work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = run()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0, out
+
+
+def decoding_speed(
+    model: Decoder,
+    prompts: list[list[int]],
+    new_tokens: int = 256,
+    repeats: int = 1,
+    compile: bool = False,
+) -> dict[str, Any]:
+    """Greedy and speculative decoding speed of `model` (eval mode, on its own device) over `prompts`.
+
+    Returns tok/s (total new tokens / total seconds, medians over `repeats`) for: greedy on the dynamic
+    path (`greedy_dynamic_tok_s`), greedy on static caches with captured steps (`greedy_static_tok_s`),
+    and, for an MTP model (mtp_heads > 1), static speculative decoding (`speculative_tok_s`) with its
+    `speculative_speedup` over static greedy, `acceptance` and `tokens_per_forward`; `identical` says
+    every static and speculative output equals dynamic greedy. Each path decodes the longest prompt once
+    untimed first: the steps are built (and on CUDA captured, or compiled) there and kept for the rest.
+    """
+    model = model.eval()
+    device = model.embed.weight.device
+    longest = max(prompts, key=len)
+    spec = model.config.mtp_heads > 1
+    runs: dict[str, Callable[[list[int], gen.SpeculativeStats], list[int]]] = {
+        "greedy_dynamic": lambda p, st: list(gen.generate_decoder(model, p, new_tokens, static=False)),
+        "greedy_static": lambda p, st: list(
+            gen.generate_decoder(model, p, new_tokens, static=True, compile=compile)
+        ),
+    }
+    if spec:
+        runs["speculative"] = lambda p, st: list(
+            gen.generate_speculative(model, p, new_tokens, stats=st, static=True, compile=compile)
+        )
+    warm_s: dict[str, float] = {}
+    for name, run in runs.items():  # build, capture (or compile) once
+        warm_s[name] = _timed_tokens(lambda r=run: r(longest, gen.SpeculativeStats()), device)[0]
+    reference = {
+        i: list(gen.generate_decoder(model, p, new_tokens, static=False)) for i, p in enumerate(prompts)
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in runs}
+    tokens = {name: 0 for name in runs}
+    identical = True
+    stats = gen.SpeculativeStats()
+    for r in range(repeats):
+        for name, run in runs.items():  # interleaved: the machine may be shared
+            total = 0.0
+            for i, prompt in enumerate(prompts):
+                elapsed, out = _timed_tokens(lambda run=run, p=prompt: run(p, stats), device)
+                total += elapsed
+                identical &= out == reference[i]
+                if r == 0:
+                    tokens[name] += len(out)
+            seconds[name].append(total)
+    result: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "params": count_parameters(model),
+        "prompts": len(prompts),
+        "new_tokens": new_tokens,
+        "compile": compile,
+        "identical": identical,
+        "first_call_s": warm_s,
+        **{f"{name}_tok_s": tokens[name] / statistics.median(seconds[name]) for name in runs},
+    }
+    if spec:
+        result["speculative_speedup"] = result["speculative_tok_s"] / result["greedy_static_tok_s"]
+        result["acceptance"] = stats.acceptance
+        result["tokens_per_forward"] = stats.tokens_per_forward
+    result["static_speedup"] = result["greedy_static_tok_s"] / result["greedy_dynamic_tok_s"]
+    return result
+
+
+def static_benchmark(args: argparse.Namespace, model: Decoder, prompts: list[list[int]]) -> dict[str, Any]:
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type != "cuda":
+        print("no CUDA here: static decoding measured on the CPU only (eager steps, no CUDA graphs)")
+    model = model.to(device)
+    out = decoding_speed(model, prompts, args.new_tokens, args.repeats, compile=args.compile)
+    line = (
+        f"static decoding on {out['device']} ({out['params'] / 1e6:.1f}M params, {len(prompts)} prompts x "
+        f"{args.new_tokens} tokens{', compiled' if args.compile else ''}): greedy "
+        f"{out['greedy_dynamic_tok_s']:.0f} tok/s dynamic -> {out['greedy_static_tok_s']:.0f} static "
+        f"(x{out['static_speedup']:.2f})"
+    )
+    if "speculative_tok_s" in out:
+        line += (
+            f"; speculative {out['speculative_tok_s']:.0f} tok/s, x{out['speculative_speedup']:.2f} over "
+            f"static greedy (acceptance {out['acceptance']:.0%}, "
+            f"{out['tokens_per_forward']:.2f} tokens/forward)"
+        )
+    print(line + f"; identical to greedy: {out['identical']}", flush=True)
+    return out
+
+
 def build_char_store(path: Path) -> None:
     """Tiny shakespeare as `bench_train.py`'s nanoGPT benchmark tokenizes it, kept at `path`."""
     import shutil
@@ -334,6 +453,9 @@ def main() -> None:
         "--tree", choices=["default", "chain"], default="default", help="draft tree (chain: argmaxes only)"
     )
     ap.add_argument("--skip-cache", action="store_true")
+    ap.add_argument("--skip-static", action="store_true", help="leave out section 4 (static decoding)")
+    ap.add_argument("--device", default=None, help="section 4's device (default: cuda when there is one)")
+    ap.add_argument("--compile", action="store_true", help="section 4: torch.compile each static step too")
     ap.add_argument(
         "--cost-sizes",
         nargs="*",
@@ -356,9 +478,12 @@ def main() -> None:
     out: dict[str, Any] = {}
     if not args.skip_cache:
         out["kv_cache"] = cache_benchmark(args)
-    out["speculative"] = speculative_benchmark(args)
+    model, prompts, info = mtp_model(args)
+    out["speculative"] = speculative_benchmark(args, model, prompts, info)
     if args.cost_sizes:
         out["verification_cost"] = cost_benchmark(args)
+    if not args.skip_static:
+        out["static"] = static_benchmark(args, model, prompts)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
 

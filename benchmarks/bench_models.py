@@ -10,6 +10,15 @@ matmul peak measured in this run for that dtype.
 
     .venv/bin/python benchmarks/bench_models.py                 # 4 layers x 256 wide x seq 256 x batch 16
     .venv/bin/python benchmarks/bench_models.py --kinds decoder --rounds 3 --json out.json
+
+`--attention` measures instead the two kernels of masked attention on packed rows (several documents a
+row): SDPA with a dense mask against FlexAttention block masks (`attention_kernel` sdpa / flex), for causal,
+prefix, bidirectional and encoder-decoder attention, at `--attention-seqs`. On CUDA: a bf16 training step
+(forward, backward) of each, and how far apart their logits are; without CUDA it says so and times the
+forward only (FlexAttention has no CPU backward). `attention_kernels(...)` is the function other
+benchmarks call (benchmarks/bench_gpu.py).
+
+    .venv/bin/python benchmarks/bench_models.py --attention --size small --attention-seqs 256 1024
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from objtrain.batch import Batch
+from objtrain.batch import Batch, positions_of
 from objtrain.models import build_model, model_config
 
 IGNORE = -100
@@ -188,6 +197,126 @@ class Runner:
         return float(counter.get_total_flops())
 
 
+ATTENTION_CASES = (
+    ("decoder", "causal"),
+    ("decoder", "prefix"),
+    ("encoder", "bidirectional"),
+    ("encdec", "bidirectional"),
+)
+
+
+def packed_rows(batch: int, seq: int, mean_doc: int, g: torch.Generator) -> Tensor:
+    """(batch, seq) document ids: rows packed with documents of random lengths around `mean_doc`."""
+    rows = []
+    for _ in range(batch):
+        ids, d = [], 0
+        while len(ids) < seq:
+            n = int(torch.randint(mean_doc // 4 + 1, 2 * mean_doc, (1,), generator=g))
+            ids.extend([d] * n)
+            d += 1
+        rows.append(ids[:seq])
+    return torch.tensor(rows)
+
+
+def packed_batch(kind: str, attention: str, batch: int, seq: int, vocab: int, g: torch.Generator) -> Batch:
+    docs = packed_rows(batch, seq, max(seq // 4, 8), g)
+    ids = torch.randint(20, vocab, docs.shape, generator=g)
+    positions = positions_of(docs)
+    prefix = positions < torch.randint(1, 32, docs.shape, generator=g) if attention == "prefix" else None
+    out = Batch(ids, ids, positions, docs, attention, prefix_mask=prefix)  # type: ignore[arg-type]
+    if kind == "encoder":
+        out.segment_ids = torch.zeros_like(ids)
+    if kind == "encdec":  # targets a quarter as long, one span per encoder document
+        S = seq // 4
+        dec_docs = (torch.arange(S)[None] * (docs.amax(dim=1, keepdim=True) + 1)) // S
+        out.decoder_input_ids = torch.randint(20, vocab, dec_docs.shape, generator=g)
+        out.decoder_document_ids = dec_docs
+        out.decoder_positions = positions_of(dec_docs)
+        out.labels = out.decoder_input_ids
+    return out.mark_layout()
+
+
+def _kernel_step(model: nn.Module, b: Batch, cuda: bool) -> None:
+    """A bf16 training step's forward and backward on CUDA; a forward without gradients elsewhere."""
+    if cuda:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(b).logits
+        F.cross_entropy(logits.flatten(0, 1).float(), b.labels.flatten()).backward()
+        model.zero_grad(set_to_none=True)
+    else:
+        with torch.no_grad():
+            model(b)
+
+
+def attention_kernels(
+    device: str | torch.device | None = None,
+    size: str = "small",
+    seqs: tuple[int, ...] = (256, 1024),
+    batch: int = 16,
+    vocab: int = 8192,
+    steps: int = 10,
+    cases: tuple[tuple[str, str], ...] = ATTENTION_CASES,
+) -> list[dict[str, Any]]:
+    """Masked SDPA against FlexAttention on packed rows, per (model kind, attention) and sequence length.
+
+    Each row: `sdpa_s` and `flex_s` (median seconds of a bf16 forward+backward step on CUDA; of an fp32
+    forward without gradients elsewhere, `what` says which), `flex_speedup`, and `max_abs_diff` of the two
+    kernels' logits (same weights, same batch). Device: cuda when there is one, else cpu."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cuda = dev.type == "cuda"
+    rows: list[dict[str, Any]] = []
+    for seq in seqs:
+        for kind, attention in cases:
+            g = torch.Generator().manual_seed(seq)
+            b = packed_batch(kind, attention, batch, seq, vocab, g).to(dev)
+            models = {}
+            for kernel in ("sdpa", "flex"):
+                torch.manual_seed(0)
+                cfg = model_config(kind, size, {"attention_kernel": kernel}, vocab_size=vocab)
+                models[kernel] = build_model(cfg).to(dev)
+
+            with torch.no_grad():
+                ctx = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
+                with ctx:
+                    diff = (models["flex"](b).logits.float() - models["sdpa"](b).logits.float()).abs().max()
+            times: dict[str, list[float]] = {k: [] for k in models}
+            for model in models.values():
+                for _ in range(3):  # warm-up (flex compiles its kernel and block-mask builder here)
+                    _kernel_step(model, b, cuda)
+            for _ in range(steps):
+                for name, model in models.items():  # interleaved
+                    if cuda:
+                        torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    _kernel_step(model, b, cuda)
+                    if cuda:
+                        torch.cuda.synchronize()
+                    times[name].append(time.perf_counter() - t0)
+            sdpa_s, flex_s = (statistics.median(times[k]) for k in ("sdpa", "flex"))
+            row = {
+                "device": torch.cuda.get_device_name(dev) if cuda else "cpu",
+                "what": "bf16 forward+backward" if cuda else "fp32 forward (no CUDA)",
+                "kind": kind,
+                "attention": attention,
+                "seq": seq,
+                "batch": batch,
+                "docs_per_row": float((b.document_ids.amax(dim=1) + 1).float().mean()),
+                "sdpa_s": sdpa_s,
+                "flex_s": flex_s,
+                "flex_speedup": sdpa_s / flex_s,
+                "max_abs_diff": float(diff),
+            }
+            rows.append(row)
+            print(
+                f"{row['what']:22s} {kind:8s} {attention:13s} T {seq:5d}  sdpa {sdpa_s * 1e3:8.2f} ms  "
+                f"flex {flex_s * 1e3:8.2f} ms  x{row['flex_speedup']:.2f}  "
+                f"max |diff| {row['max_abs_diff']:.1e}  "
+                f"({row['docs_per_row']:.1f} documents a row)",
+                flush=True,
+            )
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kinds", nargs="+", default=["decoder", "encoder", "encdec"])
@@ -203,7 +332,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2, help="timed steps per variant per round")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--attention", action="store_true", help="masked SDPA vs FlexAttention on packed rows")
+    ap.add_argument("--size", default="small", help="--attention: model size")
+    ap.add_argument("--attention-seqs", type=int, nargs="+", default=[256, 1024])
+    ap.add_argument("--device", default=None, help="--attention: device (default: cuda when there is one)")
     args = ap.parse_args()
+    if args.attention:
+        if not torch.cuda.is_available() and args.device in (None, "cpu"):
+            print("no CUDA here: measuring the CPU forward only (FlexAttention has no CPU backward)")
+        rows = attention_kernels(args.device, args.size, tuple(args.attention_seqs), args.batch, args.vocab)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"torch": torch.__version__, "attention": rows}, f, indent=2)
+        return
     torch._logging.set_logs(graph_breaks=False, dynamo=logging.ERROR)
     torch.manual_seed(0)
     s = Shapes(args.layers, args.width, args.heads, args.seq, args.batch, args.vocab, args.decoder_seq)
