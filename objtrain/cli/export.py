@@ -35,10 +35,27 @@ def run(
     force: Annotated[
         bool, typer.Option("--force", help="Replace OUTPUT if it is an earlier export.")
     ] = False,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            "--dtype",
+            help="Precision of the exported weights: fp32, bf16 or fp16. Default: the run's own "
+            "(a bf16 run exports bf16; fp32 where the checkpoint records none).",
+            show_default=False,
+        ),
+    ] = None,
+    max_shard_size: Annotated[
+        str,
+        typer.Option(
+            "--max-shard-size",
+            help="Split the weights into shards of at most this size, with "
+            "model.safetensors.index.json (as transformers' save_pretrained): e.g. 5GB, 500MB, 2GiB.",
+        ),
+    ] = "50GB",
 ) -> None:
     from objtrain.interop.export import describe, export_checkpoint
 
-    summary = export_checkpoint(source, output, force=force)
+    summary = export_checkpoint(source, output, force=force, dtype=dtype, max_shard_size=max_shard_size)
     console = make_console(highlight=False)
     for line in describe(summary):
         console.print(line, markup=False)

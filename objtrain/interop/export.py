@@ -37,6 +37,7 @@ from torch import Tensor
 
 from objtrain.errors import UserError
 from objtrain.interop import llama, quiet_transformers, require
+from objtrain.interop.model_card import model_card
 from objtrain.io import atomic_dir, check_output_free, save_tensors, write_json
 from objtrain.models.checkpoint import Checkpoint, clean_state_dict, load_checkpoint, resolve_checkpoint
 
@@ -44,6 +45,10 @@ REMOTE_ARCHITECTURE = "ObjtrainEncDecForConditionalGeneration"
 REMOTE_FILES = ("configuration_objtrain.py", "modeling_objtrain.py")
 TOLERANCE = 1e-4  # max |logit difference| accepted, fp32, relative to max(1, |logits|.max())
 GREEDY_TOKENS = 32
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # config.json's spelling
+MAX_SHARD_SIZE = "50GB"  # save_pretrained's default in transformers 5
+INDEX = "model.safetensors.index.json"
 SAMPLE_TEXT = (
     "def add(a, b):\n    return a + b\n\n\nclass Point:\n    def __init__(self, x, y):\n"
     "        self.x, self.y = x, y\n\nThe quick brown fox jumps over the lazy dog.\n"
@@ -61,6 +66,10 @@ class ExportSummary:
     stops_after: int | None  # tokens decoded before `</s>` (both sides), None if it never came
     parameters: int
     notes: list[str]
+    dtype: str = "fp32"
+    dtype_reason: str = ""
+    rounding_diff: float = 0.0  # max |logit change| (relative) from storing the weights in `dtype`
+    shards: int = 1
 
 
 def _max_positions(ckpt: Checkpoint) -> int:
@@ -142,24 +151,104 @@ def encdec_config(ckpt: Checkpoint) -> dict[str, Any]:
         "pad_token_id": specials.pad,
         "bos_token_id": specials.bos,
         "eos_token_id": specials.eos,
-        "decoder_start_token_id": specials.pad,
+        "decoder_start_token_id": _decoder_start(ckpt),
         "is_encoder_decoder": True,
         "use_cache": False,
         "tie_word_embeddings": False,
-        "torch_dtype": "float32",
     }
 
 
-def export_checkpoint(source: Path, output: Path, force: bool = False) -> ExportSummary:
+def run_dtype(path: Path) -> str | None:
+    """The precision the checkpoint's run trained in (its state.json), or None where it is not recorded."""
+    try:
+        value = json.loads((Path(path) / "state.json").read_text(encoding="utf-8")).get("dtype")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return None
+    return value if value in DTYPES else None
+
+
+def choose_dtype(requested: str | None, path: Path) -> tuple[str, str]:
+    """(dtype, why). By default the run's own precision: a bf16 run is published in bf16, as models on the
+    Hugging Face hub are published in the precision they were trained in, at half the size of the fp32
+    master weights; a run that records none (or an fp32 one) exports fp32. `--dtype fp32` keeps the
+    master weights exactly."""
+    if requested is not None:
+        if requested not in DTYPES:
+            raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {requested!r}")
+        return requested, "--dtype"
+    trained = run_dtype(path)
+    if trained is None:
+        return "fp32", "the checkpoint records no training precision"
+    return (
+        trained,
+        f"the run's precision{'' if trained == 'fp32' else '; --dtype fp32 keeps the fp32 weights'}",
+    )
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
+
+
+def parse_size(value: str | int) -> int:
+    """Bytes from `--max-shard-size`, spelled as transformers spells it: 5GB (10^9), 5GiB (2^30), 500MB,
+    or a plain number of bytes."""
+    import re
+
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]I?B|B)?\s*", str(value), re.IGNORECASE)
+    size = int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()]) if match else 0
+    if size <= 0:
+        raise UserError(f"--max-shard-size must be a size such as 5GB, 500MB or 2GiB, got {value!r}")
+    return size
+
+
+def save_weights(tensors: dict[str, Tensor], directory: Path, max_shard_size: int) -> int:
+    """model.safetensors, or past `max_shard_size` bytes the shards model-0000k-of-0000n.safetensors with
+    model.safetensors.index.json, as transformers' save_pretrained writes them: tensors in order, a new
+    shard when the next would overflow this one, a tensor larger than the limit alone in its own.
+    Returns the number of files."""
+    groups: list[dict[str, Tensor]] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if groups[-1] and size + nbytes > max_shard_size:
+            groups.append({})
+            size = 0
+        groups[-1][name] = tensor
+        size += nbytes
+    if len(groups) == 1:
+        save_tensors(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+        return 1
+    weight_map: dict[str, str] = {}
+    for k, group in enumerate(groups, 1):
+        name = f"model-{k:05d}-of-{len(groups):05d}.safetensors"
+        save_tensors(group, directory / name, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(group, name))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    write_json(directory / INDEX, {"metadata": {"total_size": total}, "weight_map": weight_map})
+    return len(groups)
+
+
+def export_checkpoint(
+    source: Path,
+    output: Path,
+    force: bool = False,
+    dtype: str | None = None,
+    max_shard_size: str | int = MAX_SHARD_SIZE,
+) -> ExportSummary:
     """Write `output` from the checkpoint (or run's newest checkpoint) at `source`, checked by loading it
-    back with transformers. Raises `UserError` for bad input or a failed check; `output` then stays as it
+    back with transformers. `dtype` (fp32, bf16, fp16): the weights' precision, by default the run's
+    (`choose_dtype`). Raises `UserError` for bad input or a failed check; `output` then stays as it
     was."""
     output = Path(output)
     require("transformers", "objtrain export")
+    shard_bytes = parse_size(max_shard_size)
+    if dtype is not None:
+        choose_dtype(dtype, Path(source))  # a bad --dtype is refused before any work
     check_output_free(
         output, force, inputs=[Path(source)], replaces=("a Hugging Face export", ("config.json",))
     )
     path = resolve_checkpoint(Path(source))
+    dtype, dtype_reason = choose_dtype(dtype, path)
     ckpt = load_checkpoint(path)
     if ckpt.tokenizer is None:
         raise UserError(
@@ -197,6 +286,9 @@ def export_checkpoint(source: Path, output: Path, force: bool = False) -> Export
         config = encdec_config(ckpt)
     specials = ckpt.specials
     config.update(pad_token_id=specials.pad, bos_token_id=specials.bos, eos_token_id=specials.eos)
+    # transformers 5 reads `dtype`, 4.x `torch_dtype`: from_pretrained(dtype="auto") loads in this one
+    config.update(dtype=DTYPE_NAMES[dtype], torch_dtype=DTYPE_NAMES[dtype])
+    tensors = {name: t.to(DTYPES[dtype]).contiguous() for name, t in tensors.items()}
     config["transformers_version"] = require("transformers", "objtrain export").__version__
     config["objtrain"] = {
         "checkpoint": str(path),
@@ -205,7 +297,7 @@ def export_checkpoint(source: Path, output: Path, force: bool = False) -> Export
     }
 
     with atomic_dir(output, force=force) as tmp:
-        save_tensors(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+        shards = save_weights(tensors, tmp, shard_bytes)
         write_json(tmp / "config.json", config)
         if cfg.kind in ("decoder", "encdec"):
             generation = {
@@ -215,15 +307,53 @@ def export_checkpoint(source: Path, output: Path, force: bool = False) -> Export
                 "do_sample": False,
             }
             if cfg.kind == "encdec":  # T5's start token; no key/value cache in the written code
-                generation.update(decoder_start_token_id=specials.pad, use_cache=False)
+                generation.update(decoder_start_token_id=_decoder_start(ckpt), use_cache=False)
             write_json(tmp / "generation_config.json", generation)
         if cfg.kind == "encdec":
             for name in REMOTE_FILES:
                 (tmp / name).write_text(_remote_source(name), encoding="utf-8")
         _tokenizer_files(ckpt, tmp)
+        rounding = _round_weights(ckpt, DTYPES[dtype])
         diff, greedy, stops_after = check_export(ckpt, tmp)
-    parameters = sum(t.numel() for t in tensors.values())
-    return ExportSummary(output, path, architecture, diff, greedy, stops_after, parameters, notes)
+        parameters = sum(t.numel() for t in tensors.values())
+        summary = ExportSummary(output, path, architecture, diff, greedy, stops_after, parameters, notes)
+        summary.dtype, summary.dtype_reason, summary.rounding_diff, summary.shards = (
+            dtype,
+            dtype_reason,
+            rounding,
+            shards,
+        )
+        card = model_card(ckpt, path, output.name, architecture, dtype, describe(summary)[1:])
+        (tmp / "README.md").write_text(card, encoding="utf-8")
+    return summary
+
+
+def _decoder_start(ckpt: Checkpoint) -> int:
+    """An encoder-decoder's first decoder input, as objtrain's `generate` starts (T5: pad)."""
+    return int(ckpt.training.get("decoder_start_id", ckpt.specials.pad))
+
+
+def _round_weights(ckpt: Checkpoint, dtype: torch.dtype) -> float:
+    """Round the objtrain model's weights to the exported precision (computing on in fp32), so that the
+    load-back check compares the same weights; returns how far that moves the logits on the sample rows
+    (relative to their scale; 0 for fp32)."""
+    model = ckpt.model.float().eval()
+    if dtype == torch.float32:
+        return 0.0
+    ids = sample_rows(ckpt, length=min(64, _max_positions(ckpt)))
+    decoder_ids = ids.roll(1, dims=0)
+    with torch.no_grad():
+        before = _any_logits(model, ids, decoder_ids)
+        for param in model.parameters():
+            param.copy_(param.to(dtype).float())
+        after = _any_logits(model, ids, decoder_ids)
+    return float((before - after).abs().max()) / max(1.0, float(before.abs().max()))
+
+
+def _any_logits(model: Any, ids: Tensor, decoder_ids: Tensor) -> Tensor:
+    if model.config.kind == "encdec":
+        return _objtrain_encdec_logits(model, ids, decoder_ids)
+    return _objtrain_logits(model, ids)
 
 
 def sample_rows(ckpt: Checkpoint, n_rows: int = 3, length: int = 64, seed: int = 0) -> Tensor:
@@ -410,6 +540,12 @@ def describe(summary: ExportSummary) -> list[str]:
             if summary.stops_after is not None
             else f"{how} neither emits it within {summary.greedy_tokens} tokens"
         )
+    stored = f"weights stored as {summary.dtype} ({summary.dtype_reason})"
+    if summary.dtype != "fp32":
+        stored += f"; rounding them moves objtrain's logits by {summary.rounding_diff:.1e} (relative)"
+    lines.append(stored)
+    if summary.shards > 1:
+        lines.append(f"weights in {summary.shards} shards, listed in {INDEX}")
     return lines + summary.notes
 
 

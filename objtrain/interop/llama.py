@@ -60,7 +60,7 @@ def export_layers(weights: dict[str, Tensor], cfg: ModelConfig, layer_names: lis
     out["model.norm.weight"] = weights["lm_head.norm.weight"]
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = weights["lm_head.out.weight"]
-    return {k: v.detach().float().contiguous().clone() for k, v in out.items()}  # config says float32
+    return {k: v.detach().float().contiguous().clone() for k, v in out.items()}  # cast on export
 
 
 def decoder_to_llama(weights: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
@@ -99,7 +99,6 @@ def llama_config(
         "pad_token_id": 0,
         "bos_token_id": 2,
         "eos_token_id": 3,
-        "torch_dtype": "float32",
     }
 
 

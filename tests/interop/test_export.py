@@ -312,3 +312,111 @@ def test_an_export_serves_as_tokenize_tokenizer(
     assert code == 0, err
     meta = json.loads((tmp_path / "s" / "meta.json").read_text())
     assert meta["tokenizer"]["hash"] == tokenizer.hash
+
+
+@pytest.fixture(scope="module")
+def bf16_run(tmp_path_factory: pytest.TempPathFactory, stdlib_texts: list[str], tokenizer: Tokenizer) -> Path:
+    """A short real run in bf16 (a store of standard-library modules, validation at its end)."""
+    from objtrain.data.tokenize import TokenizeConfig, tokenize_corpus
+    from objtrain.training.config import build_config
+    from objtrain.training.loop import train
+
+    root = tmp_path_factory.mktemp("bf16")
+    (root / "corpus").mkdir()
+    for i, text in enumerate(stdlib_texts):
+        (root / "corpus" / f"m{i}.py").write_text(text, encoding="utf-8")
+    (root / "tok.model").write_bytes(tokenizer.model_proto)
+    cfg = TokenizeConfig(tokenizer=root / "tok.model", doc_split="blank-line", valid_fraction=0.1)
+    tokenize_corpus([root / "corpus"], root / "store", cfg)
+    run = build_config(
+        {
+            "data": {"store": str(root / "store")},
+            "model": {"size": "debug"},
+            "objective": {"name": "clm"},
+            "batch": {"seq_len": 64, "batch_size": 8},
+            "budget": {"steps": 4},
+            "validation": {"every": 4, "rows": 8},
+            "logging": {"tensorboard": False, "sample": False},
+            "precision": {"dtype": "bf16"},
+            "device": "cpu",
+            "workers": 0,
+        }
+    )
+    train(run, root / "run", show_progress=False)
+    return root / "run"
+
+
+def test_a_bf16_run_exports_bf16_by_default_and_fp32_on_request(tmp_path: Path, bf16_run: Path) -> None:
+    from safetensors import safe_open
+
+    summary = export_checkpoint(bf16_run, tmp_path / "hf")
+    assert summary.dtype == "bf16" and "the run's precision" in summary.dtype_reason
+    assert 0 < summary.rounding_diff < 0.05 and summary.max_logit_diff < 1e-4
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["dtype"] == "bfloat16" == config["torch_dtype"]
+    with safe_open(str(tmp_path / "hf" / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}  # noqa: SIM118
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
+    assert next(hf.parameters()).dtype == torch.bfloat16  # transformers' default dtype "auto" reads it
+    full = export_checkpoint(bf16_run, tmp_path / "fp32", dtype="fp32")
+    assert full.dtype == "fp32" and full.rounding_diff == 0.0
+    ours = load_checkpoint(bf16_run)
+    expected = llama.decoder_to_llama(ours.model.state_dict(), ours.config)
+    with safe_open(str(tmp_path / "fp32" / "model.safetensors"), "pt") as f:
+        assert all(torch.equal(f.get_tensor(k), v) for k, v in expected.items())  # the master weights
+
+
+def test_the_model_card_says_objective_data_budget_metrics_and_loading(
+    tmp_path: Path, bf16_run: Path
+) -> None:
+    export_checkpoint(bf16_run, tmp_path / "my-model")
+    card = (tmp_path / "my-model" / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: transformers\npipeline_tag: text-generation\n")
+    assert "`clm`" in card and "token store: `store`" in card and "`m0.py`" in card
+    assert "- steps: 4" in card and "- tokens seen: 2,048" in card and "trained in bf16" in card
+    records = [json.loads(line) for line in (bf16_run / "metrics.jsonl").read_text().splitlines()]
+    val = [r for r in records if r.get("split") == "val"][-1]
+    assert f"| val_loss | {val['val_loss']:.4g} |" in card
+    last = [r for r in records if "loss" in r and "split" not in r][-1]
+    assert f"| train loss | {last['loss']:.4g} |" in card
+    assert 'AutoModelForCausalLM.from_pretrained("my-model")' in card
+    assert str(bf16_run.parent) not in card  # no local paths in what is meant to be published
+
+
+def test_past_max_shard_size_the_weights_are_sharded_with_an_index(
+    tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    from objtrain.interop.init_from import load_source
+
+    ckpt = tiny_checkpoint(tmp_path / "ck", tokenizer)
+    summary = export_checkpoint(ckpt, tmp_path / "hf", max_shard_size="100KB")
+    files = sorted(p.name for p in (tmp_path / "hf").glob("model*.safetensors"))
+    assert summary.shards == len(files) > 2 and "model.safetensors" not in files
+    assert files[0] == f"model-00001-of-{len(files):05d}.safetensors"
+    index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
+    ours = load_checkpoint(ckpt)
+    expected = llama.decoder_to_llama(ours.model.state_dict(), ours.config)
+    assert set(index["weight_map"]) == set(expected) and set(index["weight_map"].values()) == set(files)
+    assert index["metadata"]["total_size"] == sum(t.numel() * 4 for t in expected.values())
+    embed = expected["model.embed_tokens.weight"].numel() * 4  # the one tensor past the limit
+    for name in files:
+        size = (tmp_path / "hf" / name).stat().st_size
+        assert size < 100_000 + 2_000 or size > embed  # a shard holds at most the limit, or one big tensor
+    # transformers loads it (the export's own check did), and --init-from reads it back exactly
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32)
+    assert torch.equal(hf.model.embed_tokens.weight, expected["model.embed_tokens.weight"])
+    source = load_source(tmp_path / "hf")
+    assert all(torch.equal(source.weights[k], v) for k, v in ours.model.state_dict().items())
+
+
+def test_cli_bad_dtype_or_shard_size_is_one_line_and_writes_nothing(
+    tmp_path: Path, tokenizer: Tokenizer, objtrain_cli: Callable[..., tuple[int, str, str]]
+) -> None:
+    ckpt = tiny_checkpoint(tmp_path / "ck", tokenizer)
+    for flag, value, says in (
+        ("--dtype", "fp8", "--dtype must be one of"),
+        ("--max-shard-size", "5XB", "5GB"),
+    ):
+        code, _, err = objtrain_cli("export", ckpt, "-o", tmp_path / "hf", flag, value)
+        assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "hf").exists()
