@@ -291,7 +291,8 @@ def export_checkpoint(
     tensors = {name: t.to(DTYPES[dtype]).contiguous() for name, t in tensors.items()}
     config["transformers_version"] = require("transformers", "objtrain export").__version__
     config["objtrain"] = {
-        "checkpoint": str(path),
+        "checkpoint": path.name,  # its name, not its local path: an export is made to be published
+        "step": ckpt.training.get("step"),
         "objective": ckpt.training.get("objective"),
         "kind": cfg.kind,
     }

@@ -380,7 +380,9 @@ def test_the_model_card_says_objective_data_budget_metrics_and_loading(
     last = [r for r in records if "loss" in r and "split" not in r][-1]
     assert f"| train loss | {last['loss']:.4g} |" in card
     assert 'AutoModelForCausalLM.from_pretrained("my-model")' in card
-    assert str(bf16_run.parent) not in card  # no local paths in what is meant to be published
+    for name in ("README.md", "config.json", "generation_config.json", "tokenizer_config.json"):
+        text = (tmp_path / "my-model" / name).read_text()
+        assert str(bf16_run.parent) not in text, name  # no local paths in what is meant to be published
 
 
 def test_past_max_shard_size_the_weights_are_sharded_with_an_index(
