@@ -137,11 +137,11 @@ def _budget_lines(ckpt: Checkpoint, state: dict[str, Any], dtype: str) -> list[s
     if batch:
         seq_len = info.get("seq_len", batch.get("seq_len", "?"))
         lines.append(f"- batch: {batch.get('batch_size', '?')} rows of {seq_len} tokens")
-    seconds = state.get("elapsed") or state.get("seconds")
+    seconds = state.get("seconds")  # the training steps' wall time (without start-up)
     if isinstance(seconds, int | float):
         device = state.get("accelerator") or state.get("processor") or "?"
         world = state.get("world_size", 1)
-        lines.append(f"- training time: {seconds:,.0f} s on {world} x {device}")
+        lines.append(f"- training time: {seconds:,.1f} s on {world} x {device}")
     trained = state.get("dtype")
     lines.append(f"- precision: trained in {trained or 'an unrecorded precision'}, weights here in {dtype}")
     if info.get("init_from"):
@@ -217,7 +217,7 @@ def model_card(
         "",
         "## Model",
         "",
-        f"- width {cfg.d_model}, {cfg.n_layer} layers"
+        f"- width {cfg.d_model}, {cfg.n_layer} layer{'s' if cfg.n_layer != 1 else ''}"
         + (f" (decoder {cfg.decoder_layers})" if cfg.kind == "encdec" else "")
         + f", {cfg.n_head} heads ({cfg.kv_heads} key/value), feed-forward {cfg.ffn_dim}",
         f"- vocabulary {cfg.vocab_size}, trained on rows of {info.get('seq_len', '?')} tokens "
