@@ -238,6 +238,9 @@ def test_a_model_of_such_a_store_exports_with_its_tokenizer(store: Path, tmp_pat
         ids = hf(text, add_special_tokens=False)["input_ids"]
         assert ids == opened.tokenizer.encode(text) and hf.decode(ids) == text
     s = opened.specials
+    # with its special tokens: an encoder-decoder's input ends with </s>, as objtrain's; nothing else added
+    added = [s.eos] if kind == "encdec" else []
+    assert hf(HARD[0])["input_ids"] == [*opened.tokenizer.encode(HARD[0]), *added]
     assert hf.convert_tokens_to_ids(["<extra_id_0>", "<mask>", "<fim_prefix>"]) == [
         s.sentinel(0),
         s.mask,
