@@ -9,6 +9,7 @@ import typer
 
 from objtrain.cli.common import make_console
 
+# `\\[hf]`: --help renders rich markup, where a bare [hf] is a tag and vanishes
 HELP = """Export a checkpoint (or a run's newest one) as a Hugging Face transformers directory.
 
 A decoder becomes a stock LlamaForCausalLM (an MTP model: its trunk with head 1), an encoder a stock
@@ -21,7 +22,7 @@ Every export is checked before it is kept: transformers loads the directory and 
 equal objtrain's (fp32, 1e-4), and greedy decoding is identical, for 32 tokens without a stop token and
 again with </s> ending it on both sides (as generation_config.json makes transformers stop). If not,
 nothing is written.
-Needs the `hf` extra: pip install 'objtrain[hf]'.
+Needs the `hf` extra: pip install 'objtrain\\[hf]'.
 
 Example: objtrain export runs/clm -o runs/clm-hf
 """
