@@ -80,7 +80,7 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted; nothing was written\n")
         sys.exit(130)
-    cli_main()
+    cli_main(program=True)
 
 
 if __name__ == "__main__":

@@ -218,6 +218,20 @@ def clean_stale(path: Path) -> list[Path]:
     return removed
 
 
+# The outputs this process has put in place whole (`atomic_dir`), newest last: a Ctrl-C after one of them
+# says it is complete rather than "nothing was written".
+_completed: list[Path] = []
+
+
+def completed_outputs() -> list[Path]:
+    return list(_completed)
+
+
+def forget_completed() -> None:
+    """A new command starts with none (tests run several in one process)."""
+    _completed.clear()
+
+
 @contextlib.contextmanager
 def atomic_dir(path: Path, force: bool = False) -> Iterator[Path]:
     """Yield a temporary sibling directory; on success it replaces `path`, on failure it is removed."""
@@ -244,7 +258,10 @@ def atomic_dir(path: Path, force: bool = False) -> Iterator[Path]:
             _remove(old)
         else:
             os.replace(tmp, path)
+        _completed.append(path)
     except BaseException as exc:
+        if tmp is not None and not tmp.exists() and path.exists():
+            _completed.append(path)  # cut (Ctrl-C) right after the rename: the output is whole all the same
         if moved and not (path.exists() or path.is_symlink()):
             with contextlib.suppress(OSError):
                 os.replace(old, path)  # the previous output back where it was

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -20,7 +21,7 @@ from typer.main import get_command
 import objtrain
 from objtrain.cli import common, compare, corrupt, evaluate, export, generate, pack, tokenize, train
 from objtrain.errors import UserError
-from objtrain.io import is_unwritable, unwritable
+from objtrain.io import forget_completed, is_unwritable, unwritable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -108,17 +109,32 @@ def _quiet_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
 
 
-def main(argv: list[str] | None = None) -> None:
+def _finished() -> None:
+    """The command is done: a Ctrl-C from now on (the interpreter's shutdown) is ignored. Python would
+    raise it in a shutdown hook (a stray 'KeyboardInterrupt' under exit 0) or, once its handler is gone,
+    die of the signal without a word, although everything was written."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def main(argv: list[str] | None = None, program: bool = False) -> None:
     """Entry point: bad input is one line on stderr and exit 2, Ctrl-C one line and exit 130.
 
     Usage errors are typer's own (exit 2); everything a command raises arrives here past typer, which
-    only ever ends by SystemExit.
+    only ever ends by SystemExit. `program`: this is the process's own run (the `objtrain` executable),
+    which ignores Ctrl-C once the command has succeeded; not when a caller (a test) runs commands in-process.
     """
     err = common.make_console(stderr=True)
     common.interrupt_note(common.NOTHING_WRITTEN)  # each run starts from the default (tests call main twice)
+    forget_completed()
     try:
         try:
             command()(args=argv, prog_name="objtrain")
+            if program:
+                _finished()
+        except SystemExit as exc:
+            if program and exc.code in (0, None):
+                _finished()
+            raise
         finally:
             sys.stdout.flush()  # a closed pipe shows here, inside the handlers below
     except UserError as exc:

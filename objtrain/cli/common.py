@@ -6,7 +6,8 @@
 - Output to a terminal is laid out for its width; piped or redirected output is never wrapped, and
   progress displays stay off (nothing but results on stdout, nothing stray on stderr).
 - Ctrl-C ends a command with one line and exit 130: `interrupted; nothing was written` unless the
-  command says what it kept (`interrupt_note`).
+  command says what it kept (`interrupt_note`) or its output was already in place, complete (the line
+  then says so). Once the command has finished, a Ctrl-C is ignored: it can neither undo nor misreport it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from rich import progress as rp
 from rich.console import Console
 
 from objtrain.errors import UserError, did_you_mean
+from objtrain.io import completed_outputs
 
 FORMATS = ("text", "json", "jsonl")
 DEVICE_HELP = "auto | cpu | cuda | cuda:N | mps (auto: cuda, then mps, then cpu)."
@@ -35,6 +37,11 @@ def interrupt_note(message: str) -> None:
 
 
 def interrupted_message() -> str:
+    """The command's own note; by default, the output this command had already put in place whole, if
+    any (a Ctrl-C while it printed its summary), else that nothing was written."""
+    done = completed_outputs()
+    if _note["interrupt"] == NOTHING_WRITTEN and done:
+        return f"interrupted after {done[-1]} was written: it is complete"
     return _note["interrupt"]
 
 

@@ -6,10 +6,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from newcomer_helpers import objtrain_cmd, subprocess_env
+from newcomer_helpers import Result, objtrain_cmd, subprocess_env
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to time the signal")
 
@@ -96,3 +97,54 @@ def test_closed_pipe_ends_quietly(small_store: Path) -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0, err
     assert err == ""
+
+
+def test_ctrl_c_after_the_output_is_in_place_says_it_is_complete(
+    cli: Callable[..., Result], small_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import objtrain.cli.tokenize as tokenize_cli
+    from objtrain.data.store import TokenStore
+
+    def ctrl_c(*args: object, **kwargs: object) -> None:  # while the summary prints, after the rename
+        raise KeyboardInterrupt
+
+    text = tmp_path / "corpus.txt"
+    text.write_text("def f(x):\n    return x\n\n\ndef g(y):\n    return y\n", encoding="utf-8")
+    monkeypatch.setattr(tokenize_cli, "print_summary", ctrl_c)
+    out = tmp_path / "store"
+    code, _, err = cli("tokenize", text, "--tokenizer", small_store, "-o", out)
+    assert code == 130 and err.strip().splitlines() == [
+        f"interrupted after {out} was written: it is complete"
+    ]
+    assert TokenStore.open(out).tokenizer is not None  # whole, as the line says
+    # the next command's Ctrl-C, before it wrote anything, is "nothing was written" again
+    monkeypatch.setattr(tokenize_cli, "tokenize_corpus", ctrl_c)
+    code, _, err = cli("tokenize", text, "--tokenizer", small_store, "-o", tmp_path / "other")
+    assert code == 130 and err.strip().splitlines() == ["interrupted; nothing was written"]
+
+
+def test_ctrl_c_once_the_command_has_finished_is_ignored(tmp_path: Path, small_store: Path) -> None:
+    """A Ctrl-C that lands in the interpreter's shutdown (here: sent by an exit hook) neither prints a
+    stray KeyboardInterrupt under exit 0 nor kills the process without a word."""
+    script = (
+        "import atexit, os, signal, sys\n"
+        "atexit.register(lambda: os.kill(os.getpid(), signal.SIGINT))\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "from objtrain.__main__ import main\n"
+        "sys.argv = ['objtrain', *sys.argv[1:]]\n"
+        "main()\n"
+    )
+    out = tmp_path / "packed"
+    done = subprocess.run([sys.executable, "-c", script, "pack", small_store, "--seq-len", "64", "-o", out],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert (out / "meta.json").is_file()
+    # a command that failed keeps Ctrl-C as it was (it ends now anyway), and in-process callers keep theirs
+    from objtrain.cli import main
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(SystemExit):
+        main(["pack", str(small_store), "--seq-len", "64", "-o", str(out)])  # exists: refused, exit 2
+    with pytest.raises(SystemExit):
+        main(["corrupt", "--list"])
+    assert signal.getsignal(signal.SIGINT) is before
