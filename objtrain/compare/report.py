@@ -440,6 +440,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
     lines = verdict(results)
     if lines:
         out += ["**Verdict.**", "", *(f"- {line}" for line in lines), ""]
+    out += [finding(results), ""]
     seeds_note = (
         f"mean ± sample std over {n_seeds} seeds ({', '.join(map(str, results['seeds']))}); **bold** = best "
         f"arm for the metric (none when every arm has the same value); {MARK} = the 95% interval of its "
@@ -567,10 +568,75 @@ def verdict(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def print_tables(results: dict[str, Any], console: Console) -> None:
+TERMINAL_METRICS = 4  # learnt-table columns on a terminal: what answers the question (the rest: report.md)
+
+
+def question_metrics(results: dict[str, Any], limit: int = TERMINAL_METRICS) -> list[str]:
+    """The few metrics that answer the experiment's question: its claims' metrics, then the headline
+    metrics the arms were ranked on, then the rest of the ranked ones."""
+    have = {m for a in results["arms"] for m in a["metrics"]}
+    order = [c["metric"] for c in results.get("claims", [])]
+    order += [m for m in HEADLINE if m in results.get("rankings", {})] + list(results.get("rankings", {}))
+    out: list[str] = []
+    for m in order:
+        if m in have and m not in out:
+            out.append(m)
+    return out[:limit]
+
+
+def finding(results: dict[str, Any]) -> str:
+    """What the comparison found, in one sentence a newcomer can read: the first claim the arms measured,
+    which way the numbers went and whether that settles it; without claims, the best arm on the first
+    ranked metric."""
+    n = len(results["seeds"])
+    arms = {a["name"]: a for a in results["arms"]}
+    for c in results.get("claims", []):
+        p = c.get("paired") or {}
+        if p.get("delta") is None:
+            continue
+        metric, (a, b) = c["metric"].replace("_", " "), arm_pair(c["arms"])
+        d = p["delta"]
+        if b is None:
+            went = f"{a}'s {metric} is {d:+.3g}"
+        elif c["expect"] == "equal":
+            side = "within" if abs(d) <= c["margin"] else "beyond"
+            allows = f"{side} the {c['margin']:g} the claim allows"
+            went = f"{a} and {b} differ by {abs(d):.3g} in {metric}, {allows}"
+        else:
+            va, vb = (arms[x]["metrics"].get(c["metric"], {}).get("mean") for x in (a, b))
+            values = f" ({va:.4g} against {vb:.4g})" if va is not None and vb is not None else ""
+            went = f"{a} scores {'lower' if d < 0 else 'higher'} {metric} than {b}{values}"
+        settled = {
+            "agrees": "so the published finding holds at this scale",
+            "disagrees": "so the published finding does not hold at this scale",
+            "no published comparison": "our direction only",
+        }.get(c["verdict"])
+        if settled is None:
+            settled = (
+                "but one seed cannot say how much of that is noise (run --seeds 3)"
+                if n == 1
+                else f"but {n} seeds cannot tell it from noise yet"
+            )
+        said = "no paper has tested" if c["verdict"] == "no published comparison" else "the literature says"
+        return f"In short: {said} {c['claim']!r}; here {went}, {settled}."
+    rankings = results.get("rankings", {})
+    if rankings:
+        metric = next(iter(rankings))
+        best = rankings[metric]["best"]
+        return f"In short: of the {len(arms)} arms, {best} did best on {metric.replace('_', ' ')}."
+    return "In short: no metric was measured on more than one arm, so nothing was compared."
+
+
+def print_tables(results: dict[str, Any], console: Console, report: str = "report.md") -> None:
+    """The cost table, the learnt table cut to the metrics that answer the question (the rest are in
+    `report`), the verdict, and the one-sentence finding last."""
+    header, rows = metric_rows(results)
+    keep = [0] + [header.index(m) for m in question_metrics(results)]
+    left = len(header) - len(keep)
+    learnt = ([header[i] for i in keep], [[row[i] for i in keep] for row in rows])
     for title, (header, rows) in (
         ("what each arm cost", cost_rows(results)),
-        ("what each arm learnt", metric_rows(results)),
+        ("what each arm learnt", learnt),
     ):
         table = Table(title=title, title_justify="left")
         for i, h in enumerate(header):
@@ -578,11 +644,14 @@ def print_tables(results: dict[str, Any], console: Console) -> None:
         for row in rows:
             table.add_row(*(_rich(cell) for cell in row))
         console.print(table)
+    if left:
+        console.print(f"({left} more metrics in {escape(report)})", soft_wrap=True)
     lines = verdict(results)
     if lines:
         console.print("[bold]verdict[/]")
         for line in lines:
             console.print(f"  {escape(line)}")
+    console.print(f"[bold]{escape(finding(results))}[/]")
 
 
 def _rich(cell: str) -> str:
@@ -702,5 +771,5 @@ def write_report(c: Comparison, console: Console | None = None) -> dict[str, Any
     with atomic_file(c.report_dir / "report.md", "w") as handle:
         handle.write(markdown(results, plots))
     if console is not None:
-        print_tables(results, console)
+        print_tables(results, console, str(c.report_dir / "report.md"))
     return results

@@ -7,7 +7,7 @@ import io
 
 from rich.console import Console
 
-from objtrain.compare.report import markdown, print_tables, verdict
+from objtrain.compare.report import finding, markdown, print_tables, question_metrics, verdict
 
 
 def _metric(mean: float) -> dict:
@@ -59,7 +59,8 @@ def test_the_printed_report_ends_on_the_learnt_table_and_the_verdict() -> None:
     print_tables(results, Console(file=buffer, width=200, force_terminal=False))
     text = buffer.getvalue()
     assert text.index("what each arm cost") < text.index("what each arm learnt") < text.index("verdict")
-    assert text.rstrip().endswith(verdict(results)[-1])
+    assert verdict(results)[-1] in text
+    assert text.rstrip().endswith("In short: of the 2 arms, clm did best on bits per byte.")
     assert "**Verdict.**" in markdown(results, [])
 
 
@@ -100,3 +101,32 @@ def test_the_cost_section_names_the_control_held_equal_and_the_other_spread() ->
     text = held_equal(results)
     assert text.startswith("**Held equal: FLOPs.**") and "tokens differ 2.00x" in text
     assert "**Held equal: FLOPs.**" in markdown(results, [])
+
+
+def test_the_terminal_shows_the_metrics_that_answer_the_question_and_ends_on_the_finding() -> None:
+    results = _results()
+    for i, arm in enumerate(results["arms"]):
+        arm["metrics"].update({f"extra_{k}": _metric(float(k + i)) for k in range(20)})
+    results["claims"] = [{
+        "claim": "FIM for free", "metric": "bits_per_byte", "arms": ["fim-0.5", "clm"], "expect": "equal",
+        "margin": 0.1, "verdict": "not resolved",
+        "paired": {"delta": 0.05, "ci95": None, "n": 1, "std": None},
+    }]  # fmt: skip
+    assert question_metrics(results) == ["bits_per_byte", "infill_exact_match"]
+    buffer = io.StringIO()
+    print_tables(results, Console(file=buffer, width=400, force_terminal=False), "runs/demo/report.md")
+    text = buffer.getvalue()
+    assert "(20 more metrics in runs/demo/report.md)" in text and "extra_3" not in text
+    assert max(len(line) for line in text.splitlines() if "│" in line) < 120  # tables, not the sentence
+    sentence = finding(results)
+    assert text.rstrip().endswith(sentence)
+    assert sentence == (
+        "In short: the literature says 'FIM for free'; here fim-0.5 and clm differ by 0.05 in bits per byte, "
+        "within the 0.1 the claim allows, but one seed cannot say how much of that is noise (run --seeds 3)."
+    )
+    results["claims"][0] |= {"expect": "lower", "verdict": "disagrees"}
+    results["seeds"] = [0, 1, 2]
+    assert finding(results).endswith(
+        "here fim-0.5 scores higher bits per byte than clm (2.05 against 2), so the published finding does "
+        "not hold at this scale."
+    )
