@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,12 @@ def build_results(c: Comparison) -> dict[str, Any]:
             k: summarise([float(r["train"][k]) for r in runs if r["train"].get(k) is not None])
             for k, _ in COST
         }
+        found: dict[str, list[float]] = {}
+        for r in runs:
+            for key, value in r["eval"].items():
+                if BASELINE.match(key) and isinstance(value, (int, float)) and math.isfinite(value):
+                    found.setdefault(key, []).append(float(value))
+        baselines = {k: summarise(v).to_dict() for k, v in sorted(found.items())}
         arms.append(
             {
                 "name": arm.name,
@@ -99,6 +106,7 @@ def build_results(c: Comparison) -> dict[str, Any]:
                 "batch_size": first["batch_size"],
                 "steps": first["steps"],
                 "cost": {k: s.to_dict() for k, s in cost.items()},
+                "baselines": baselines,
                 "metrics": {k: metrics[k].to_dict() for k in _ordered(metrics)},
                 "runs": runs,
             }
@@ -129,6 +137,7 @@ def build_results(c: Comparison) -> dict[str, Any]:
         | {"regime": claim_regime(claim.regime or exp.regime, arms, claim.arms)}
         for claim in exp.claims
     ]
+    claims = [baseline_gate(claim, arms) for claim in claims]
     return {
         "experiment": {
             "name": exp.name,
@@ -207,6 +216,96 @@ def claim_verdict(
     )
 
 
+# The probe's baselines, per task (`probe_sst2_random_init_accuracy`) or for the default probe
+# (`probe_random_init_accuracy`): the majority class, a bag-of-words logistic regression on the same examples,
+# the same architecture at random init, and the probe's own seed-to-seed spread.
+BASELINE = re.compile(
+    r"^probe_(?:\w+_)?(?:majority_accuracy|bow_accuracy|random_init_accuracy|accuracy_probe_sd)$"
+)
+PROBE_ACCURACY = re.compile(r"^probe_(?:(\w+)_)?accuracy$")
+BASELINE_NAMES = (("random_init_accuracy", "random-init"), ("bow_accuracy", "bag-of-words"),
+                  ("majority_accuracy", "majority"), ("accuracy_probe_sd", "probe-seed sd"))  # fmt: skip
+
+
+def _baseline_key(metric: str, kind: str) -> str | None:
+    """`probe_sst2_accuracy`, `random_init_accuracy` -> `probe_sst2_random_init_accuracy`."""
+    m = PROBE_ACCURACY.match(metric)
+    if m is None:
+        return None
+    return f"probe_{m.group(1)}_{kind}" if m.group(1) else f"probe_{kind}"
+
+
+def baseline_gate(claim: dict[str, Any], arms: list[dict[str, Any]]) -> dict[str, Any]:
+    """A classification claim is judged only when its arms beat the random-init baseline (the same
+    architecture untrained, probed alike) beyond that baseline's 95% interval (its probe-seed sd where one
+    seed leaves no interval); otherwise its verdict is "not judged", and it says why."""
+    key = _baseline_key(claim["metric"], "random_init_accuracy")
+    if key is None or claim.get("verdict") == "not measured":
+        return claim
+    by_name = {a["name"]: a for a in arms}
+    short = []
+    for name in claim["arms"]:
+        arm = by_name.get(name)
+        if arm is None or claim["metric"] not in arm["metrics"]:
+            continue
+        base = arm.get("baselines", {}).get(key)
+        if base is None or base["mean"] is None:
+            return claim | {"baseline": "no random-init baseline was measured: the verdict cannot say "
+                            "whether pretraining taught the probe anything"}  # fmt: skip
+        sd = arm["baselines"].get(_baseline_key(claim["metric"], "accuracy_probe_sd") or "", {}).get("mean")
+        width = base["ci95"] if base.get("ci95") is not None else (sd or 0.0)
+        mean = arm["metrics"][claim["metric"]]["mean"]
+        if not mean > base["mean"] + width:
+            short.append(f"{name} {mean:.3g} against random-init {base['mean']:.3g} ± {width:.2g}")
+    if not short:
+        return claim | {"baseline": "every arm beats its random-init baseline beyond its interval"}
+    return claim | {
+        "verdict": "not judged",
+        "verdict_before_baseline": claim["verdict"],
+        "baseline": "not judged: the arms do not beat the same architecture at random init beyond its "
+        f"interval ({'; '.join(short)}), so the probe does not show what pretraining taught",
+    }
+
+
+def baseline_section(results: dict[str, Any]) -> list[str]:
+    """Each probe metric beside its baselines, per arm: random-init, bag-of-words, majority, probe-seed sd."""
+    metrics = sorted({m for a in results["arms"] for m in a["metrics"] if PROBE_ACCURACY.match(m)})
+    if not metrics:
+        return []
+    header = ["arm", "probe", "arm's accuracy", *(label for _, label in BASELINE_NAMES)]
+    rows = []
+    for metric in metrics:
+        for arm in results["arms"]:
+            if metric not in arm["metrics"]:
+                continue
+            cells = [arm["name"], metric, _ci_cell(arm["metrics"][metric])]
+            for kind, _ in BASELINE_NAMES:
+                base = arm.get("baselines", {}).get(_baseline_key(metric, kind) or "")
+                cells.append(_ci_cell(base) if base else "—")
+            rows.append(cells)
+    measured = any(a.get("baselines") for a in results["arms"])
+    return [
+        "### Probe baselines",
+        "",
+        _markdown_table(header, rows),
+        "",
+        "Mean ± 95% interval over seeds. random-init: the same architecture untrained, probed alike; "
+        "bag-of-words: a logistic regression on word counts of the same examples; majority: always the "
+        "most frequent label; probe-seed sd: the probe's own spread on one checkpoint. A classification "
+        "claim is judged only when its arms beat their random-init baseline beyond its interval."
+        + ("" if measured else " These results measured no baseline (— throughout): their probe verdicts "
+           "cannot say whether pretraining taught the probe anything."),
+        "",
+    ]  # fmt: skip
+
+
+def _ci_cell(value: dict[str, Any]) -> str:
+    if value.get("mean") is None:
+        return "—"
+    ci = value.get("ci95")
+    return f"{value['mean']:.4g}" + (f" ± {ci:.2g}" if ci is not None else "")
+
+
 def claim_regime(setting: Any, arms: list[dict[str, Any]], names: list[str]) -> dict[str, Any] | None:
     """The paper's smallest setting against the claim's arms (their mean parameters and tokens)."""
     chosen = [a for a in arms if a["name"] in names]
@@ -249,6 +348,8 @@ def _eval_se(units: dict[str, dict[int, Any]] | None, a: str, b: str | None) -> 
 def verdict_cell(c: dict[str, Any]) -> str:
     """`**agrees**`, then what the verdict knows of itself: one seed deciding, seeds needed."""
     notes = notes_text(c)
+    if c.get("verdict") == "not judged" or str(c.get("baseline", "")).startswith("no random-init"):
+        notes = "; ".join(n for n in (c.get("baseline", ""), notes) if n)
     return f"**{c['verdict']}**" + (f" ({notes})" if notes else "")
 
 
@@ -437,6 +538,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
         ]
     header, rows = metric_rows(results)
     out += ["## What each arm learnt", "", _markdown_table(header, rows), ""]
+    out += baseline_section(results)
     lines = verdict(results)
     if lines:
         out += ["**Verdict.**", "", *(f"- {line}" for line in lines), ""]

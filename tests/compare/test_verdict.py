@@ -7,7 +7,7 @@ import io
 
 from rich.console import Console
 
-from objtrain.compare.report import finding, markdown, print_tables, question_metrics, verdict
+from objtrain.compare.report import finding, markdown, print_tables, question_metrics, verdict, verdict_cell
 
 
 def _metric(mean: float) -> dict:
@@ -130,3 +130,37 @@ def test_the_terminal_shows_the_metrics_that_answer_the_question_and_ends_on_the
         "here fim-0.5 scores higher bits per byte than clm (2.05 against 2), so the published finding does "
         "not hold at this scale."
     )
+
+
+def _probe_arms(random_init: float | None) -> list[dict]:
+    arms = []
+    for name, acc in (("mlm", 0.64), ("clm", 0.60)):
+        base = {} if random_init is None else {
+            "probe_sst2_random_init_accuracy": {"mean": random_init, "std": 0.01, "n": 3, "ci95": 0.02},
+            "probe_sst2_bow_accuracy": {"mean": 0.70, "std": 0.0, "n": 3, "ci95": 0.0},
+        }  # fmt: skip
+        metric = {"mean": acc, "std": 0.01, "n": 3, "ci95": 0.02}
+        arms.append({"name": name, "metrics": {"probe_sst2_accuracy": metric}, "baselines": base})
+    return arms
+
+
+def test_a_probe_claim_is_judged_only_beyond_the_random_init_baseline() -> None:
+    from objtrain.compare.report import baseline_gate, baseline_section
+
+    claim = {"claim": "MLM beats CLM", "metric": "probe_sst2_accuracy", "arms": ["mlm", "clm"],
+             "verdict": "agrees"}  # fmt: skip
+    beaten = baseline_gate(claim, _probe_arms(0.55))
+    assert beaten["verdict"] == "agrees" and beaten["baseline"].startswith("every arm beats")
+    # clm's 0.60 lies within random-init's 0.59 ± 0.02: the claim is not judged, and says why.
+    near = baseline_gate(claim, _probe_arms(0.59))
+    assert near["verdict"] == "not judged" and near["verdict_before_baseline"] == "agrees"
+    assert "clm 0.6 against random-init 0.59 ± 0.02" in near["baseline"]
+    assert "not judged" in verdict_cell(near)
+    unknown = baseline_gate(claim, _probe_arms(None))
+    assert unknown["verdict"] == "agrees" and unknown["baseline"].startswith("no random-init baseline")
+    assert baseline_gate(dict(claim, metric="bits_per_byte"), _probe_arms(0.59)) == dict(
+        claim, metric="bits_per_byte"
+    )
+    text = "\n".join(baseline_section({"arms": _probe_arms(0.59)}))
+    assert "| mlm | probe_sst2_accuracy | 0.64 ± 0.02 | 0.59 ± 0.02 | 0.7 ± 0 | — | — |" in text
+    assert "random-init" in text and "bag-of-words" in text
