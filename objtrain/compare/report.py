@@ -781,9 +781,10 @@ def plot(c: Comparison, results: dict[str, Any]) -> list[str]:
     names: list[str] = []
     data = curves(c)
     colours = {a.name: f"C{i % 10}" for i, a in enumerate(c.experiment.arms)}
-    keys = [
-        k for k in ("val_loss", "val_bpb") if any(k in r for runs in data.values() for v in runs for r in v)
-    ]
+    # Each arm's own objective loss goes on one axis only when every arm trains the same objective: the
+    # losses of different objectives are different quantities.
+    own = ("val_loss",) if "val_loss" in results["rankings"] else ()
+    keys = [k for k in (*own, "val_bpb") if any(k in r for runs in data.values() for v in runs for r in v)]
     for x_key, x_label, file in (
         ("tokens", "tokens through the model", "val_loss_vs_tokens.png"),
         ("wall_time", "training seconds", "val_loss_vs_seconds.png"),
@@ -821,7 +822,9 @@ def plot(c: Comparison, results: dict[str, Any]) -> list[str]:
         plt.close(fig)
         names.append(file)
 
-    metrics = _ordered({m for a in results["arms"] for m in a["metrics"]})
+    # Only the metrics that rank the arms (the suite's named ones; an arm's own loss only between arms of
+    # one objective), with 95% intervals of the mean, not the seed std.
+    metrics = plotted_metrics(results)
     if metrics and results["arms"]:
         cols = min(len(metrics), 3)
         rows = math.ceil(len(metrics) / cols)
@@ -830,15 +833,15 @@ def plot(c: Comparison, results: dict[str, Any]) -> list[str]:
             ax.axis("off")
         for ax, metric in zip(axes.flat, metrics, strict=False):
             arms = [a for a in results["arms"] if metric in a["metrics"] and a["metrics"][metric]["n"]]
-            means = [a["metrics"][metric]["mean"] for a in arms]
-            stds = [a["metrics"][metric]["std"] or 0.0 for a in arms]
-            # Points with seed-std bars on an autoscaled axis: bars from zero would hide the gaps.
             for i, a in enumerate(arms):
-                ax.errorbar(i, means[i], yerr=stds[i], fmt="o", ms=6, capsize=4, color=colours[a["name"]])
+                m = a["metrics"][metric]
+                ax.errorbar(i, m["mean"], yerr=m.get("ci95") or 0.0, fmt="o", ms=6, capsize=4,
+                            color=colours[a["name"]])  # fmt: skip
                 for r in a["runs"]:
                     value = _run_value(r, metric)
                     if value is not None and len(a["runs"]) > 1:
                         ax.plot(i + 0.12, value, ".", color=colours[a["name"]], alpha=0.5)
+            _draw_baselines(ax, metric, arms)
             ax.set_xlim(-0.6, len(arms) - 0.4)
             ax.set_xticks(range(len(arms)), [a["name"] for a in arms], rotation=30, ha="right", fontsize=8)
             better = suite.direction(metric)
@@ -846,12 +849,48 @@ def plot(c: Comparison, results: dict[str, Any]) -> list[str]:
                 f"{metric} ({better} is better)" if better in ("lower", "higher") else metric, fontsize=9
             )
             ax.grid(axis="y", alpha=0.3)
-        fig.suptitle(f"{results['experiment']['name']}: metrics per arm (mean; bars: seed std; dots: seeds)")
+        fig.suptitle(
+            f"{results['experiment']['name']}: metrics that rank the arms "
+            "(mean; bars: 95% interval; dots: seeds)"
+        )
         fig.tight_layout()
         _save(fig, c.report_dir / "metrics.png")
         plt.close(fig)
         names.append("metrics.png")
     return names
+
+
+def plotted_metrics(results: dict[str, Any]) -> list[str]:
+    """The metrics the per-arm plot draws: those that rank the arms, in the report's order."""
+    have = {k for a in results["arms"] for k in a["metrics"]}
+    return [m for m in _ordered(results["rankings"]) if m in have]
+
+
+def _draw_baselines(ax: Any, metric: str, arms: list[dict[str, Any]]) -> None:
+    """A probe's axis from chance (its majority baseline, else 0) with the baselines drawn: majority and
+    bag-of-words as lines (the same examples for every arm), random-init per arm (its own architecture)."""
+    if _baseline_key(metric, "majority_accuracy") is None:
+        return
+
+    def mean(arm: dict[str, Any], kind: str) -> float | None:
+        b = arm.get("baselines", {}).get(_baseline_key(metric, kind) or "")
+        return b["mean"] if b and b.get("mean") is not None else None
+
+    majority = [v for a in arms if (v := mean(a, "majority_accuracy")) is not None]
+    bow = [v for a in arms if (v := mean(a, "bow_accuracy")) is not None]
+    if majority:
+        ax.axhline(sum(majority) / len(majority), color="0.4", ls=":", lw=1, label="majority")
+    if bow:
+        ax.axhline(sum(bow) / len(bow), color="0.4", ls="--", lw=1, label="bag-of-words")
+    for i, a in enumerate(arms):
+        b = a.get("baselines", {}).get(_baseline_key(metric, "random_init_accuracy") or "")
+        if b and b.get("mean") is not None:
+            ax.errorbar(i - 0.15, b["mean"], yerr=b.get("ci95") or 0.0, fmt="x", color="0.5", capsize=3,
+                        label="random-init" if i == 0 else None)  # fmt: skip
+    top = max(a["metrics"][metric]["mean"] + (a["metrics"][metric].get("ci95") or 0.0) for a in arms)
+    ax.set_ylim(min(majority) if majority else 0.0, max(top, *(bow or [0.0])) * 1.02 + 1e-9)
+    if majority or bow or any(a.get("baselines") for a in arms):
+        ax.legend(fontsize=7)
 
 
 def _run_value(run: dict[str, Any], metric: str) -> float | None:

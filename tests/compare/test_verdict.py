@@ -164,3 +164,25 @@ def test_a_probe_claim_is_judged_only_beyond_the_random_init_baseline() -> None:
     text = "\n".join(baseline_section({"arms": _probe_arms(0.59)}))
     assert "| mlm | probe_sst2_accuracy | 0.64 ± 0.02 | 0.59 ± 0.02 | 0.7 ± 0 | — | — |" in text
     assert "random-init" in text and "bag-of-words" in text
+
+
+def test_plots_draw_ranked_metrics_and_probe_axes_from_chance_with_baselines() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from objtrain.compare.report import _draw_baselines, plotted_metrics
+
+    results = _results()
+    results["arms"][0]["metrics"]["val_loss"] = _metric(3.0)  # each arm's own loss: not ranked, not drawn
+    assert plotted_metrics(results) == ["bits_per_byte", "infill_exact_match"]
+    arms = _probe_arms(0.55)
+    for arm in arms:
+        arm["baselines"]["probe_sst2_majority_accuracy"] = {"mean": 0.5, "std": 0.0, "n": 3, "ci95": 0.0}
+    fig, ax = plt.subplots()
+    _draw_baselines(ax, "probe_sst2_accuracy", arms)
+    assert ax.get_ylim()[0] == 0.5  # from chance, not autoscaled above it
+    labels = set(ax.get_legend_handles_labels()[1])
+    assert labels == {"majority", "bag-of-words", "random-init"}
+    plt.close(fig)
