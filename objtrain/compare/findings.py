@@ -29,7 +29,7 @@ from typing import Any
 
 from objtrain.compare.experiment import find_experiment, load_experiment, resolve_budget
 from objtrain.compare.regime import regime_gap, regime_text
-from objtrain.compare.report import claim_regime, difference, markdown, verdict_cell
+from objtrain.compare.report import baseline_gate, claim_regime, difference, markdown, verdict_cell
 from objtrain.compare.sweep_report import markdown as sweep_markdown
 from objtrain.compare.sweep_report import plot as sweep_plot
 from objtrain.compare.sweep_report import point_verdict
@@ -107,6 +107,10 @@ def with_regime(name: str, results: dict[str, Any]) -> dict[str, Any]:
     """`results` with each claim's regime (the paper's smallest setting against ours) where an older
     results.json lacks it: the setting from the shipped experiment, our scale from the results' own costs."""
     claims = results.get("claims", [])
+    if name in FINDINGS:  # a classification claim without a random-init baseline says so
+        results["claims"] = claims = [
+            c if "baseline" in c else baseline_gate(c, results["arms"]) for c in claims
+        ]
     if all("regime" in c for c in claims):
         return results
     exp = load_experiment(find_experiment(name))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,12 @@ def build_results(c: Comparison) -> dict[str, Any]:
             k: summarise([float(r["train"][k]) for r in runs if r["train"].get(k) is not None])
             for k, _ in COST
         }
+        found: dict[str, list[float]] = {}
+        for r in runs:
+            for key, value in r["eval"].items():
+                if BASELINE.match(key) and isinstance(value, (int, float)) and math.isfinite(value):
+                    found.setdefault(key, []).append(float(value))
+        baselines = {k: summarise(v).to_dict() for k, v in sorted(found.items())}
         arms.append(
             {
                 "name": arm.name,
@@ -99,6 +106,7 @@ def build_results(c: Comparison) -> dict[str, Any]:
                 "batch_size": first["batch_size"],
                 "steps": first["steps"],
                 "cost": {k: s.to_dict() for k, s in cost.items()},
+                "baselines": baselines,
                 "metrics": {k: metrics[k].to_dict() for k in _ordered(metrics)},
                 "runs": runs,
             }
@@ -129,6 +137,7 @@ def build_results(c: Comparison) -> dict[str, Any]:
         | {"regime": claim_regime(claim.regime or exp.regime, arms, claim.arms)}
         for claim in exp.claims
     ]
+    claims = [baseline_gate(claim, arms) for claim in claims]
     return {
         "experiment": {
             "name": exp.name,
@@ -207,6 +216,96 @@ def claim_verdict(
     )
 
 
+# The probe's baselines, per task (`probe_sst2_random_init_accuracy`) or for the default probe
+# (`probe_random_init_accuracy`): the majority class, a bag-of-words logistic regression on the same examples,
+# the same architecture at random init, and the probe's own seed-to-seed spread.
+BASELINE = re.compile(
+    r"^probe_(?:\w+_)?(?:majority_accuracy|bow_accuracy|random_init_accuracy|accuracy_probe_sd)$"
+)
+PROBE_ACCURACY = re.compile(r"^probe_(?:(\w+)_)?accuracy$")
+BASELINE_NAMES = (("random_init_accuracy", "random-init"), ("bow_accuracy", "bag-of-words"),
+                  ("majority_accuracy", "majority"), ("accuracy_probe_sd", "probe-seed sd"))  # fmt: skip
+
+
+def _baseline_key(metric: str, kind: str) -> str | None:
+    """`probe_sst2_accuracy`, `random_init_accuracy` -> `probe_sst2_random_init_accuracy`."""
+    m = PROBE_ACCURACY.match(metric)
+    if m is None:
+        return None
+    return f"probe_{m.group(1)}_{kind}" if m.group(1) else f"probe_{kind}"
+
+
+def baseline_gate(claim: dict[str, Any], arms: list[dict[str, Any]]) -> dict[str, Any]:
+    """A classification claim is judged only when its arms beat the random-init baseline (the same
+    architecture untrained, probed alike) beyond that baseline's 95% interval (its probe-seed sd where one
+    seed leaves no interval); otherwise its verdict is "not judged", and it says why."""
+    key = _baseline_key(claim["metric"], "random_init_accuracy")
+    if key is None or claim.get("verdict") == "not measured":
+        return claim
+    by_name = {a["name"]: a for a in arms}
+    short = []
+    for name in claim["arms"]:
+        arm = by_name.get(name)
+        if arm is None or claim["metric"] not in arm["metrics"]:
+            continue
+        base = arm.get("baselines", {}).get(key)
+        if base is None or base["mean"] is None:
+            return claim | {"baseline": "no random-init baseline was measured: the verdict cannot say "
+                            "whether pretraining taught the probe anything"}  # fmt: skip
+        sd = arm["baselines"].get(_baseline_key(claim["metric"], "accuracy_probe_sd") or "", {}).get("mean")
+        width = base["ci95"] if base.get("ci95") is not None else (sd or 0.0)
+        mean = arm["metrics"][claim["metric"]]["mean"]
+        if not mean > base["mean"] + width:
+            short.append(f"{name} {mean:.3g} against random-init {base['mean']:.3g} ± {width:.2g}")
+    if not short:
+        return claim | {"baseline": "every arm beats its random-init baseline beyond its interval"}
+    return claim | {
+        "verdict": "not judged",
+        "verdict_before_baseline": claim["verdict"],
+        "baseline": "not judged: the arms do not beat the same architecture at random init beyond its "
+        f"interval ({'; '.join(short)}), so the probe does not show what pretraining taught",
+    }
+
+
+def baseline_section(results: dict[str, Any]) -> list[str]:
+    """Each probe metric beside its baselines, per arm: random-init, bag-of-words, majority, probe-seed sd."""
+    metrics = sorted({m for a in results["arms"] for m in a["metrics"] if PROBE_ACCURACY.match(m)})
+    if not metrics:
+        return []
+    header = ["arm", "probe", "arm's accuracy", *(label for _, label in BASELINE_NAMES)]
+    rows = []
+    for metric in metrics:
+        for arm in results["arms"]:
+            if metric not in arm["metrics"]:
+                continue
+            cells = [arm["name"], metric, _ci_cell(arm["metrics"][metric])]
+            for kind, _ in BASELINE_NAMES:
+                base = arm.get("baselines", {}).get(_baseline_key(metric, kind) or "")
+                cells.append(_ci_cell(base) if base else "—")
+            rows.append(cells)
+    measured = any(a.get("baselines") for a in results["arms"])
+    return [
+        "### Probe baselines",
+        "",
+        _markdown_table(header, rows),
+        "",
+        "Mean ± 95% interval over seeds. random-init: the same architecture untrained, probed alike; "
+        "bag-of-words: a logistic regression on word counts of the same examples; majority: always the "
+        "most frequent label; probe-seed sd: the probe's own spread on one checkpoint. A classification "
+        "claim is judged only when its arms beat their random-init baseline beyond its interval."
+        + ("" if measured else " These results measured no baseline (— throughout): their probe verdicts "
+           "cannot say whether pretraining taught the probe anything."),
+        "",
+    ]  # fmt: skip
+
+
+def _ci_cell(value: dict[str, Any]) -> str:
+    if value.get("mean") is None:
+        return "—"
+    ci = value.get("ci95")
+    return f"{value['mean']:.4g}" + (f" ± {ci:.2g}" if ci is not None else "")
+
+
 def claim_regime(setting: Any, arms: list[dict[str, Any]], names: list[str]) -> dict[str, Any] | None:
     """The paper's smallest setting against the claim's arms (their mean parameters and tokens)."""
     chosen = [a for a in arms if a["name"] in names]
@@ -249,6 +348,8 @@ def _eval_se(units: dict[str, dict[int, Any]] | None, a: str, b: str | None) -> 
 def verdict_cell(c: dict[str, Any]) -> str:
     """`**agrees**`, then what the verdict knows of itself: one seed deciding, seeds needed."""
     notes = notes_text(c)
+    if c.get("verdict") == "not judged" or str(c.get("baseline", "")).startswith("no random-init"):
+        notes = "; ".join(n for n in (c.get("baseline", ""), notes) if n)
     return f"**{c['verdict']}**" + (f" ({notes})" if notes else "")
 
 
@@ -437,9 +538,11 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
         ]
     header, rows = metric_rows(results)
     out += ["## What each arm learnt", "", _markdown_table(header, rows), ""]
+    out += baseline_section(results)
     lines = verdict(results)
     if lines:
         out += ["**Verdict.**", "", *(f"- {line}" for line in lines), ""]
+    out += [finding(results), ""]
     seeds_note = (
         f"mean ± sample std over {n_seeds} seeds ({', '.join(map(str, results['seeds']))}); **bold** = best "
         f"arm for the metric (none when every arm has the same value); {MARK} = the 95% interval of its "
@@ -567,10 +670,75 @@ def verdict(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def print_tables(results: dict[str, Any], console: Console) -> None:
+TERMINAL_METRICS = 4  # learnt-table columns on a terminal: what answers the question (the rest: report.md)
+
+
+def question_metrics(results: dict[str, Any], limit: int = TERMINAL_METRICS) -> list[str]:
+    """The few metrics that answer the experiment's question: its claims' metrics, then the headline
+    metrics the arms were ranked on, then the rest of the ranked ones."""
+    have = {m for a in results["arms"] for m in a["metrics"]}
+    order = [c["metric"] for c in results.get("claims", [])]
+    order += [m for m in HEADLINE if m in results.get("rankings", {})] + list(results.get("rankings", {}))
+    out: list[str] = []
+    for m in order:
+        if m in have and m not in out:
+            out.append(m)
+    return out[:limit]
+
+
+def finding(results: dict[str, Any]) -> str:
+    """What the comparison found, in one sentence a newcomer can read: the first claim the arms measured,
+    which way the numbers went and whether that settles it; without claims, the best arm on the first
+    ranked metric."""
+    n = len(results["seeds"])
+    arms = {a["name"]: a for a in results["arms"]}
+    for c in results.get("claims", []):
+        p = c.get("paired") or {}
+        if p.get("delta") is None:
+            continue
+        metric, (a, b) = c["metric"].replace("_", " "), arm_pair(c["arms"])
+        d = p["delta"]
+        if b is None:
+            went = f"{a}'s {metric} is {d:+.3g}"
+        elif c["expect"] == "equal":
+            side = "within" if abs(d) <= c["margin"] else "beyond"
+            allows = f"{side} the {c['margin']:g} the claim allows"
+            went = f"{a} and {b} differ by {abs(d):.3g} in {metric}, {allows}"
+        else:
+            va, vb = (arms[x]["metrics"].get(c["metric"], {}).get("mean") for x in (a, b))
+            values = f" ({va:.4g} against {vb:.4g})" if va is not None and vb is not None else ""
+            went = f"{a} scores {'lower' if d < 0 else 'higher'} {metric} than {b}{values}"
+        settled = {
+            "agrees": "so the published finding holds at this scale",
+            "disagrees": "so the published finding does not hold at this scale",
+            "no published comparison": "our direction only",
+        }.get(c["verdict"])
+        if settled is None:
+            settled = (
+                "but one seed cannot say how much of that is noise (run --seeds 3)"
+                if n == 1
+                else f"but {n} seeds cannot tell it from noise yet"
+            )
+        said = "no paper has tested" if c["verdict"] == "no published comparison" else "the literature says"
+        return f"In short: {said} {c['claim']!r}; here {went}, {settled}."
+    rankings = results.get("rankings", {})
+    if rankings:
+        metric = next(iter(rankings))
+        best = rankings[metric]["best"]
+        return f"In short: of the {len(arms)} arms, {best} did best on {metric.replace('_', ' ')}."
+    return "In short: no metric was measured on more than one arm, so nothing was compared."
+
+
+def print_tables(results: dict[str, Any], console: Console, report: str = "report.md") -> None:
+    """The cost table, the learnt table cut to the metrics that answer the question (the rest are in
+    `report`), the verdict, and the one-sentence finding last."""
+    header, rows = metric_rows(results)
+    keep = [0] + [header.index(m) for m in question_metrics(results)]
+    left = len(header) - len(keep)
+    learnt = ([header[i] for i in keep], [[row[i] for i in keep] for row in rows])
     for title, (header, rows) in (
         ("what each arm cost", cost_rows(results)),
-        ("what each arm learnt", metric_rows(results)),
+        ("what each arm learnt", learnt),
     ):
         table = Table(title=title, title_justify="left")
         for i, h in enumerate(header):
@@ -578,11 +746,14 @@ def print_tables(results: dict[str, Any], console: Console) -> None:
         for row in rows:
             table.add_row(*(_rich(cell) for cell in row))
         console.print(table)
+    if left:
+        console.print(f"({left} more metrics in {escape(report)})", soft_wrap=True)
     lines = verdict(results)
     if lines:
         console.print("[bold]verdict[/]")
         for line in lines:
             console.print(f"  {escape(line)}")
+    console.print(f"[bold]{escape(finding(results))}[/]")
 
 
 def _rich(cell: str) -> str:
@@ -610,9 +781,10 @@ def plot(c: Comparison, results: dict[str, Any]) -> list[str]:
     names: list[str] = []
     data = curves(c)
     colours = {a.name: f"C{i % 10}" for i, a in enumerate(c.experiment.arms)}
-    keys = [
-        k for k in ("val_loss", "val_bpb") if any(k in r for runs in data.values() for v in runs for r in v)
-    ]
+    # Each arm's own objective loss goes on one axis only when every arm trains the same objective: the
+    # losses of different objectives are different quantities.
+    own = ("val_loss",) if "val_loss" in results["rankings"] else ()
+    keys = [k for k in (*own, "val_bpb") if any(k in r for runs in data.values() for v in runs for r in v)]
     for x_key, x_label, file in (
         ("tokens", "tokens through the model", "val_loss_vs_tokens.png"),
         ("wall_time", "training seconds", "val_loss_vs_seconds.png"),
@@ -650,7 +822,9 @@ def plot(c: Comparison, results: dict[str, Any]) -> list[str]:
         plt.close(fig)
         names.append(file)
 
-    metrics = _ordered({m for a in results["arms"] for m in a["metrics"]})
+    # Only the metrics that rank the arms (the suite's named ones; an arm's own loss only between arms of
+    # one objective), with 95% intervals of the mean, not the seed std.
+    metrics = plotted_metrics(results)
     if metrics and results["arms"]:
         cols = min(len(metrics), 3)
         rows = math.ceil(len(metrics) / cols)
@@ -659,15 +833,15 @@ def plot(c: Comparison, results: dict[str, Any]) -> list[str]:
             ax.axis("off")
         for ax, metric in zip(axes.flat, metrics, strict=False):
             arms = [a for a in results["arms"] if metric in a["metrics"] and a["metrics"][metric]["n"]]
-            means = [a["metrics"][metric]["mean"] for a in arms]
-            stds = [a["metrics"][metric]["std"] or 0.0 for a in arms]
-            # Points with seed-std bars on an autoscaled axis: bars from zero would hide the gaps.
             for i, a in enumerate(arms):
-                ax.errorbar(i, means[i], yerr=stds[i], fmt="o", ms=6, capsize=4, color=colours[a["name"]])
+                m = a["metrics"][metric]
+                ax.errorbar(i, m["mean"], yerr=m.get("ci95") or 0.0, fmt="o", ms=6, capsize=4,
+                            color=colours[a["name"]])  # fmt: skip
                 for r in a["runs"]:
                     value = _run_value(r, metric)
                     if value is not None and len(a["runs"]) > 1:
                         ax.plot(i + 0.12, value, ".", color=colours[a["name"]], alpha=0.5)
+            _draw_baselines(ax, metric, arms)
             ax.set_xlim(-0.6, len(arms) - 0.4)
             ax.set_xticks(range(len(arms)), [a["name"] for a in arms], rotation=30, ha="right", fontsize=8)
             better = suite.direction(metric)
@@ -675,12 +849,48 @@ def plot(c: Comparison, results: dict[str, Any]) -> list[str]:
                 f"{metric} ({better} is better)" if better in ("lower", "higher") else metric, fontsize=9
             )
             ax.grid(axis="y", alpha=0.3)
-        fig.suptitle(f"{results['experiment']['name']}: metrics per arm (mean; bars: seed std; dots: seeds)")
+        fig.suptitle(
+            f"{results['experiment']['name']}: metrics that rank the arms "
+            "(mean; bars: 95% interval; dots: seeds)"
+        )
         fig.tight_layout()
         _save(fig, c.report_dir / "metrics.png")
         plt.close(fig)
         names.append("metrics.png")
     return names
+
+
+def plotted_metrics(results: dict[str, Any]) -> list[str]:
+    """The metrics the per-arm plot draws: those that rank the arms, in the report's order."""
+    have = {k for a in results["arms"] for k in a["metrics"]}
+    return [m for m in _ordered(results["rankings"]) if m in have]
+
+
+def _draw_baselines(ax: Any, metric: str, arms: list[dict[str, Any]]) -> None:
+    """A probe's axis from chance (its majority baseline, else 0) with the baselines drawn: majority and
+    bag-of-words as lines (the same examples for every arm), random-init per arm (its own architecture)."""
+    if _baseline_key(metric, "majority_accuracy") is None:
+        return
+
+    def mean(arm: dict[str, Any], kind: str) -> float | None:
+        b = arm.get("baselines", {}).get(_baseline_key(metric, kind) or "")
+        return b["mean"] if b and b.get("mean") is not None else None
+
+    majority = [v for a in arms if (v := mean(a, "majority_accuracy")) is not None]
+    bow = [v for a in arms if (v := mean(a, "bow_accuracy")) is not None]
+    if majority:
+        ax.axhline(sum(majority) / len(majority), color="0.4", ls=":", lw=1, label="majority")
+    if bow:
+        ax.axhline(sum(bow) / len(bow), color="0.4", ls="--", lw=1, label="bag-of-words")
+    for i, a in enumerate(arms):
+        b = a.get("baselines", {}).get(_baseline_key(metric, "random_init_accuracy") or "")
+        if b and b.get("mean") is not None:
+            ax.errorbar(i - 0.15, b["mean"], yerr=b.get("ci95") or 0.0, fmt="x", color="0.5", capsize=3,
+                        label="random-init" if i == 0 else None)  # fmt: skip
+    top = max(a["metrics"][metric]["mean"] + (a["metrics"][metric].get("ci95") or 0.0) for a in arms)
+    ax.set_ylim(min(majority) if majority else 0.0, max(top, *(bow or [0.0])) * 1.02 + 1e-9)
+    if majority or bow or any(a.get("baselines") for a in arms):
+        ax.legend(fontsize=7)
 
 
 def _run_value(run: dict[str, Any], metric: str) -> float | None:
@@ -702,5 +912,5 @@ def write_report(c: Comparison, console: Console | None = None) -> dict[str, Any
     with atomic_file(c.report_dir / "report.md", "w") as handle:
         handle.write(markdown(results, plots))
     if console is not None:
-        print_tables(results, console)
+        print_tables(results, console, str(c.report_dir / "report.md"))
     return results

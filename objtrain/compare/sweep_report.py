@@ -36,6 +36,7 @@ from objtrain.compare.report import (
     verdict_cell,
 )
 from objtrain.compare.runner import machine
+from objtrain.compare.stats import t975
 from objtrain.compare.sweep import Sweep, sweep_plan_dict
 from objtrain.io import atomic_file, write_json
 from objtrain.training.config import ScheduleConfig
@@ -748,6 +749,18 @@ def _warmup_note(results: dict[str, Any]) -> list[str]:
     ]
 
 
+def fit_band(f: fitting.Fit, c: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The 2.5-97.5% band of the fitted curve at `c` over the bootstrap replicates that converged."""
+    if f.boot is None:
+        return None
+    good = f.boot[np.isfinite(f.boot[:, 0])]
+    if len(good) < 20:
+        return None
+    curves = np.stack([fitting.PowerLaw(*row)(c) for row in good])
+    lo, hi = np.percentile(curves, [2.5, 97.5], axis=0)
+    return lo, hi
+
+
 def plot(results: dict[str, Any], out_dir: Path) -> list[str]:
     """curves.png: per metric, each arm's points (mean, seed-std bars) and fitted curve, log-log."""
     import matplotlib
@@ -764,7 +777,15 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[str]:
             for cell in arm["cells"]
         )
 
-    metrics = [m for m in results["metrics"] if m in fits and positive(m)]
+    # An arm's own objective loss shares a panel only with arms of the same objective.
+    same = len(
+        {json.dumps([a["objective"], a["objective_overrides"]], sort_keys=True) for a in results["arms"]}
+    )
+    metrics = [
+        m
+        for m in results["metrics"]
+        if m in fits and positive(m) and (same == 1 or m not in suite.OWN_LOSSES)
+    ]
     if not metrics:
         return []
     colours = {a["name"]: f"C{i % 10}" for i, a in enumerate(results["arms"])}
@@ -784,13 +805,19 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[str]:
                 if v is None or v["mean"] is None or v["mean"] <= 0:
                     continue
                 x = float(np.mean(cell["flops"]))
-                ax.errorbar(x, v["mean"], yerr=v["std"] or 0.0, fmt=sizes.get(cell["size"], "o"), ms=5,
-                            capsize=3, color=colour, alpha=0.9)  # fmt: skip
+                n = v.get("n") or 1
+                ci = t975(n - 1) * v["std"] / math.sqrt(n) if v["std"] is not None and n > 1 else 0.0
+                hollow = "warmup_steps" in cell and inside_warmup(cell)  # left out of the fits
+                ax.errorbar(x, v["mean"], yerr=ci, fmt=sizes.get(cell["size"], "o"), ms=5, capsize=3,
+                            color=colour, alpha=0.9, mfc="none" if hollow else colour)  # fmt: skip
                 right = max(right, x)
             f = fits[metric].get(arm["name"])
             if f is not None and f.ok and f.law is not None:
                 solid = np.geomspace(f.c_min, f.c_max, 100)
                 ax.plot(solid, f.law(solid), "-", color=colour, label=f"{arm['name']} (α={f.law.alpha:.2g})")
+                band = fit_band(f, solid)
+                if band is not None:
+                    ax.fill_between(solid, band[0], band[1], color=colour, alpha=0.15, lw=0)
                 dashed = np.geomspace(f.c_max, f.c_max * fitting.EXTRAPOLATION * 3, 60)
                 ax.plot(dashed, f.law(dashed), "--", color=colour, alpha=0.7)
             elif any(metric in cell["metrics"] for cell in arm["cells"]):
@@ -812,8 +839,9 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[str]:
         ax.legend(fontsize=7)
     marks = f"; markers: {', '.join(f'{m} {k}' for k, m in sizes.items())}" if sizes else ""
     fig.suptitle(
-        f"{results['experiment']['name']}: metric vs compute (points: mean, bars: seed std; solid: fit over "
-        f"the measured range, dashed: extrapolation; shaded: past {fitting.EXTRAPOLATION:g}x; grey lines: "
+        f"{results['experiment']['name']}: metric vs training FLOPs (points: mean, bars: 95% interval; "
+        "solid: fit over the measured range, band: its 95% bootstrap interval; dashed: extrapolation; "
+        f"shaded: past {fitting.EXTRAPOLATION:g}x; hollow: inside the warm-up, not fitted; grey lines: "
         f"crossovers the seeds resolve{marks})",
         fontsize=9,
     )

@@ -7,7 +7,7 @@ import io
 
 from rich.console import Console
 
-from objtrain.compare.report import markdown, print_tables, verdict
+from objtrain.compare.report import finding, markdown, print_tables, question_metrics, verdict, verdict_cell
 
 
 def _metric(mean: float) -> dict:
@@ -59,7 +59,8 @@ def test_the_printed_report_ends_on_the_learnt_table_and_the_verdict() -> None:
     print_tables(results, Console(file=buffer, width=200, force_terminal=False))
     text = buffer.getvalue()
     assert text.index("what each arm cost") < text.index("what each arm learnt") < text.index("verdict")
-    assert text.rstrip().endswith(verdict(results)[-1])
+    assert verdict(results)[-1] in text
+    assert text.rstrip().endswith("In short: of the 2 arms, clm did best on bits per byte.")
     assert "**Verdict.**" in markdown(results, [])
 
 
@@ -100,3 +101,88 @@ def test_the_cost_section_names_the_control_held_equal_and_the_other_spread() ->
     text = held_equal(results)
     assert text.startswith("**Held equal: FLOPs.**") and "tokens differ 2.00x" in text
     assert "**Held equal: FLOPs.**" in markdown(results, [])
+
+
+def test_the_terminal_shows_the_metrics_that_answer_the_question_and_ends_on_the_finding() -> None:
+    results = _results()
+    for i, arm in enumerate(results["arms"]):
+        arm["metrics"].update({f"extra_{k}": _metric(float(k + i)) for k in range(20)})
+    results["claims"] = [{
+        "claim": "FIM for free", "metric": "bits_per_byte", "arms": ["fim-0.5", "clm"], "expect": "equal",
+        "margin": 0.1, "verdict": "not resolved",
+        "paired": {"delta": 0.05, "ci95": None, "n": 1, "std": None},
+    }]  # fmt: skip
+    assert question_metrics(results) == ["bits_per_byte", "infill_exact_match"]
+    buffer = io.StringIO()
+    print_tables(results, Console(file=buffer, width=400, force_terminal=False), "runs/demo/report.md")
+    text = buffer.getvalue()
+    assert "(20 more metrics in runs/demo/report.md)" in text and "extra_3" not in text
+    assert max(len(line) for line in text.splitlines() if "│" in line) < 120  # tables, not the sentence
+    sentence = finding(results)
+    assert text.rstrip().endswith(sentence)
+    assert sentence == (
+        "In short: the literature says 'FIM for free'; here fim-0.5 and clm differ by 0.05 in bits per byte, "
+        "within the 0.1 the claim allows, but one seed cannot say how much of that is noise (run --seeds 3)."
+    )
+    results["claims"][0] |= {"expect": "lower", "verdict": "disagrees"}
+    results["seeds"] = [0, 1, 2]
+    assert finding(results).endswith(
+        "here fim-0.5 scores higher bits per byte than clm (2.05 against 2), so the published finding does "
+        "not hold at this scale."
+    )
+
+
+def _probe_arms(random_init: float | None) -> list[dict]:
+    arms = []
+    for name, acc in (("mlm", 0.64), ("clm", 0.60)):
+        base = {} if random_init is None else {
+            "probe_sst2_random_init_accuracy": {"mean": random_init, "std": 0.01, "n": 3, "ci95": 0.02},
+            "probe_sst2_bow_accuracy": {"mean": 0.70, "std": 0.0, "n": 3, "ci95": 0.0},
+        }  # fmt: skip
+        metric = {"mean": acc, "std": 0.01, "n": 3, "ci95": 0.02}
+        arms.append({"name": name, "metrics": {"probe_sst2_accuracy": metric}, "baselines": base})
+    return arms
+
+
+def test_a_probe_claim_is_judged_only_beyond_the_random_init_baseline() -> None:
+    from objtrain.compare.report import baseline_gate, baseline_section
+
+    claim = {"claim": "MLM beats CLM", "metric": "probe_sst2_accuracy", "arms": ["mlm", "clm"],
+             "verdict": "agrees"}  # fmt: skip
+    beaten = baseline_gate(claim, _probe_arms(0.55))
+    assert beaten["verdict"] == "agrees" and beaten["baseline"].startswith("every arm beats")
+    # clm's 0.60 lies within random-init's 0.59 ± 0.02: the claim is not judged, and says why.
+    near = baseline_gate(claim, _probe_arms(0.59))
+    assert near["verdict"] == "not judged" and near["verdict_before_baseline"] == "agrees"
+    assert "clm 0.6 against random-init 0.59 ± 0.02" in near["baseline"]
+    assert "not judged" in verdict_cell(near)
+    unknown = baseline_gate(claim, _probe_arms(None))
+    assert unknown["verdict"] == "agrees" and unknown["baseline"].startswith("no random-init baseline")
+    assert baseline_gate(dict(claim, metric="bits_per_byte"), _probe_arms(0.59)) == dict(
+        claim, metric="bits_per_byte"
+    )
+    text = "\n".join(baseline_section({"arms": _probe_arms(0.59)}))
+    assert "| mlm | probe_sst2_accuracy | 0.64 ± 0.02 | 0.59 ± 0.02 | 0.7 ± 0 | — | — |" in text
+    assert "random-init" in text and "bag-of-words" in text
+
+
+def test_plots_draw_ranked_metrics_and_probe_axes_from_chance_with_baselines() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from objtrain.compare.report import _draw_baselines, plotted_metrics
+
+    results = _results()
+    results["arms"][0]["metrics"]["val_loss"] = _metric(3.0)  # each arm's own loss: not ranked, not drawn
+    assert plotted_metrics(results) == ["bits_per_byte", "infill_exact_match"]
+    arms = _probe_arms(0.55)
+    for arm in arms:
+        arm["baselines"]["probe_sst2_majority_accuracy"] = {"mean": 0.5, "std": 0.0, "n": 3, "ci95": 0.0}
+    fig, ax = plt.subplots()
+    _draw_baselines(ax, "probe_sst2_accuracy", arms)
+    assert ax.get_ylim()[0] == 0.5  # from chance, not autoscaled above it
+    labels = set(ax.get_legend_handles_labels()[1])
+    assert labels == {"majority", "bag-of-words", "random-init"}
+    plt.close(fig)
