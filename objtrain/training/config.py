@@ -12,7 +12,7 @@
     validation: every, rows
     checkpoint: every, keep
     logging:    every, tensorboard, sample, wandb {project, mode, entity, name, tags}
-    seed, device, workers, parallel (ddp | fsdp)
+    seed, device, workers (auto | N), parallel (ddp | fsdp)
 
 Every section is a dataclass, read strictly by `objtrain.config.from_dict`: an unknown key is refused
 before any work. Command-line flags are overrides of the same keys (`--lr 1e-3` is `optim.lr=1e-3`).
@@ -208,7 +208,9 @@ class TrainConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     seed: int = 0
     device: str = "auto"
-    workers: int = 1  # DataLoader worker processes preparing batches; 0 = in the training process
+    # DataLoader worker processes preparing batches per training process; 0 = in the training process;
+    # auto = from the cores each process may use (up to 4 on a GPU, 1 on a CPU; `data.auto_workers`).
+    workers: int | Literal["auto"] = "auto"
     # Over several processes: "ddp" replicates the model and sums gradients; "fsdp" shards parameters,
     # gradients and optimizer state (FSDP2 fully_shard per block), for models that do not fit one device.
     parallel: Literal["ddp", "fsdp"] = "ddp"
@@ -217,7 +219,7 @@ class TrainConfig:
     init_from: str | None = None
 
     def __post_init__(self) -> None:
-        if self.workers < 0:
+        if isinstance(self.workers, int) and self.workers < 0:
             raise ValueError(f"workers must be >= 0 (0 = load in the training process), got {self.workers}")
 
 

@@ -704,25 +704,47 @@ class CorruptedRows(Dataset[tuple[WorkItem, Batch]]):
         return item, batch
 
 
-def _to_wire(pair: tuple[WorkItem, Batch]) -> tuple[WorkItem, dict[str, Any]]:
-    """A batch as numpy arrays for the trip from a worker: pickled through the pipe, a micro-batch costs
-    ~1.5 ms to receive, against ~5 ms for torch's shared-memory handoff of each tensor (a file
-    descriptor per tensor), which on a small model is several percent of the step."""
+class Wire:
+    """A batch's fields as numpy arrays, for the trip from a worker: pickled through the pipe, a
+    micro-batch costs ~1.5 ms to receive, against ~5 ms for torch's shared-memory handoff of each tensor
+    (a file descriptor per tensor), which on a small model is several percent of the step. Bound for a
+    GPU, the DataLoader's pinning thread calls `pin_memory`: the arrays become page-locked tensors there,
+    off the training thread, ready for a copy that does not wait (reference gpu.md section 4)."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields
+
+    def pin_memory(self, device: Any = None) -> Wire:
+        return Wire(
+            {
+                k: torch.from_numpy(v).pin_memory() if isinstance(v, np.ndarray) else v
+                for k, v in self.fields.items()
+            }
+        )
+
+
+def _to_wire(pair: tuple[WorkItem, Batch]) -> tuple[WorkItem, Wire]:
+    """A batch as numpy arrays (`Wire`)."""
     item, batch = pair
     fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
-    return item, {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in fields.items()}
+    return item, Wire({k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in fields.items()})
 
 
-def received(wire: Iterator[tuple[WorkItem, dict[str, Any]]]) -> Iterator[tuple[WorkItem, Batch]]:
-    """The loader's (item, batch) pairs back as tensors (views of the received arrays, no copy). A refusal
-    raised in a worker (a damaged id in a store too large to check at start) comes back as its own one
-    line, not as the worker's traceback torch wraps it in."""
+def received(wire: Iterator[tuple[WorkItem, Wire]]) -> Iterator[tuple[WorkItem, Batch]]:
+    """The loader's (item, batch) pairs back as tensors (views of the received arrays, no copy; pinned
+    tensors as they are). A refusal raised in a worker (a damaged id in a store too large to check at
+    start) comes back as its own one line, not as the worker's traceback torch wraps it in."""
     try:
         for item, fields in wire:
             yield (
                 item,
                 Batch(
-                    **{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in fields.items()}
+                    **{
+                        k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+                        for k, v in fields.fields.items()
+                    }
                 ),
             )
     except UserError as exc:
@@ -777,9 +799,9 @@ class _Loader(DataLoader):
         return wire
 
 
-def make_loader(dataset: CorruptedRows, sampler: RowSampler, workers: int) -> DataLoader:
+def make_loader(dataset: CorruptedRows, sampler: RowSampler, workers: int, pin: bool = False) -> DataLoader:
     """Work items through `workers` processes (0 = in this process), a few micro-batches ahead; iterate it
-    through `received`."""
+    through `received`. `pin`: batches come page-locked (for a GPU), pinned by the loader's own thread."""
     init = functools.partial(_leave_signals_to_the_trainer, trainer=os.getpid())  # forked from this process
     if workers:
         # Registered after multiprocessing's exit handler, so run before it (atexit is last in, first out).
@@ -791,6 +813,7 @@ def make_loader(dataset: CorruptedRows, sampler: RowSampler, workers: int) -> Da
         batch_size=None,
         num_workers=workers,
         collate_fn=_to_wire,
+        pin_memory=pin,
         prefetch_factor=4 if workers else None,
         persistent_workers=False,
         worker_init_fn=init if workers else None,
@@ -798,6 +821,21 @@ def make_loader(dataset: CorruptedRows, sampler: RowSampler, workers: int) -> Da
         # RNG (dropout) untouched by data loading (reference training.md section 3).
         generator=torch.Generator().manual_seed(0),
     )
+
+
+def auto_workers(device_type: str, processes_per_host: int, cores: int | None = None) -> int:
+    """Loader worker processes for `workers: auto`, from the cores this process may use and the training
+    processes on this host. On a GPU: each process's share of the cores less 2 (its own training thread
+    and the pinning thread), between 1 and 4 (torchtitan's example and litgpt use 4 and 8; one worker
+    left the GPU waiting 4-6% of a small model's step on a 16-core H200 host; 8-GPU hosts have 13-14
+    cores a GPU; reference gpu.md section 4). On a CPU the training's own threads need the cores: 1
+    worker, none where a process has a single core (a worker would only take turns with it)."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    share = cores // max(processes_per_host, 1)
+    if device_type == "cuda":
+        return max(1, min(4, share - 2))
+    return 1 if share >= 2 else 0
 
 
 def donor_offsets(

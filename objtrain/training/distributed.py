@@ -31,6 +31,7 @@ class World:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    local_world_size: int = 1  # processes on this host (torchrun's LOCAL_WORLD_SIZE): they share its cores
 
     @property
     def is_main(self) -> bool:
@@ -53,7 +54,8 @@ def setup(device_type: str) -> World:
             torch.cuda.set_device(local_rank)
         timeout = datetime.timedelta(seconds=float(os.environ.get("OBJTRAIN_DIST_TIMEOUT", "600")))
         dist.init_process_group(backend, timeout=timeout)
-    return World(rank, world_size, local_rank)
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
+    return World(rank, world_size, local_rank, local_world_size)
 
 
 def teardown() -> None:

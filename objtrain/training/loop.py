@@ -652,7 +652,8 @@ def _run(
         total if timer is None else sys.maxsize,  # --time: the run's checks decide where it ends
         stream=stream,
     )
-    loader = make_loader(CorruptedRows(stream, plan.objective, plan.seq_len, cfg.seed), sampler, cfg.workers)
+    rows = CorruptedRows(stream, plan.objective, plan.seq_len, cfg.seed)
+    loader = make_loader(rows, sampler, plan.workers, pin=device.type == "cuda")
     validating = cfg.validation.every >= 0 and plan.has_valid
     valid = ValidationSets.build(plan) if validating else ValidationSets()
 
@@ -872,6 +873,8 @@ def _announce(
         + (f"({plan.dtype_note}) " if plan.dtype_note else "")
         + f"on {plan.device}, "
         f"{plan.world.world_size} process{'es' if plan.world.world_size > 1 else ''}"
+        f", {plan.workers} loader worker{'' if plan.workers == 1 else 's'}"
+        + (" each" if plan.world.world_size > 1 else "")
         + (f", resumed at step {step}" if step else "")
         + (f", compiled ({mode})" if mode else "")
         + (f"; --time {cfg.budget.seconds:g} s: the step count is re-estimated as it runs" if timed else "")

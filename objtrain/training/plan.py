@@ -26,7 +26,7 @@ from objtrain.training import accounting
 from objtrain.training import checkpoint as ckpt
 from objtrain.training import distributed as dist
 from objtrain.training.config import TrainConfig, check_divisible
-from objtrain.training.data import Sources, leading_batches, open_sources
+from objtrain.training.data import Sources, auto_workers, leading_batches, open_sources
 
 DEFAULT_SEQ_LEN = 256
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints")  # what makes a directory a training run
@@ -54,6 +54,7 @@ class Plan:
     init_origin: str | None = None  # what the run started from, kept in every checkpoint across resumes
     dtype_note: str = ""  # how --dtype auto was resolved ("" when given explicitly)
     lock: OutputLock | None = None  # RUN held by this process (main rank) while it trains
+    workers: int = 0  # loader worker processes, `workers: auto` resolved (`data.auto_workers`)
 
     def release(self) -> None:
         """Let RUN go (another process may then write it)."""
@@ -193,6 +194,9 @@ def _resolve(
         model_cfg, init_origin = init_from.resumed_model_config(resume_from, model_cfg)
     dtype, dtype_note = _choose_dtype(cfg.precision.dtype, device, resume_from)
     check_precision(dtype, device)
+    workers = (
+        cfg.workers if isinstance(cfg.workers, int) else auto_workers(device.type, world.local_world_size)
+    )
     return Plan(
         cfg,
         run_dir,
@@ -210,6 +214,7 @@ def _resolve(
         init,
         init_origin,
         dtype_note,
+        workers=workers,
     )
 
 

@@ -96,6 +96,7 @@ def resolved_settings(plan: Plan, total: int) -> dict[str, Any]:
         "micro_batch_size": plan.micro_batch,
         "accumulation": plan.accumulation,
         "processes": plan.world.world_size,
+        "loader_workers": plan.workers,
         "dtype": plan.dtype,
         "device": str(plan.device),
         "data": plan.source.identity if plan.source.mixture else str(plan.source.path),
