@@ -80,7 +80,8 @@ class CapturedStep:
                 self.warm_up()
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            # thread-local: CUDA work of other threads (a loader's pinning thread) does not break the capture
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self.out = self.fn()
             self.graph = graph
         except Exception as exc:  # a kernel that cannot be captured must not stop decoding: run eager
