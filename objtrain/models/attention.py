@@ -155,7 +155,9 @@ def use_flex(kernel: AttentionKernel, device: torch.device) -> bool:
 def _block_mask(mask_mod: Any, B: int, q_len: int, kv_len: int, device: torch.device) -> BlockMask:
     """`create_block_mask` with H=None (one mask for every head). On CUDA it runs compiled: eager, it
     materialises the dense B x Q x KV mask first (torchtitan keeps one compiled builder likewise)."""
-    build = _compiled_create_block_mask() if device.type == "cuda" else create_block_mask
+    # inside a compiled forward the builder is traced into that graph: no compiled function is made there
+    eager = device.type != "cuda" or torch.compiler.is_compiling()
+    build = create_block_mask if eager else _compiled_create_block_mask()
     return build(mask_mod, B, None, q_len, kv_len, device=device)
 
 

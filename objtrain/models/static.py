@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from objtrain.models.blocks import KVCache
+
 if TYPE_CHECKING:  # the steps take models; the models never import this module
     from objtrain.models.decoder import Decoder
     from objtrain.models.encdec import EncoderDecoder
@@ -80,7 +82,8 @@ class CapturedStep:
                 self.warm_up()
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            # thread-local: CUDA work of other threads (a loader's pinning thread) does not break the capture
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self.out = self.fn()
             self.graph = graph
         except Exception as exc:  # a kernel that cannot be captured must not stop decoding: run eager
@@ -273,6 +276,14 @@ class EncDecSteps(_Steps):
         return logits
 
 
+def _share_buffer(caches: list[KVCache]) -> Tensor:
+    """One (layers, 2, B, G, max_len, K) tensor holding the caches' keys and values (now its views)."""
+    buffer = torch.stack([torch.stack([c.k, c.v]) for c in caches])
+    for i, cache in enumerate(caches):
+        cache.k, cache.v = buffer[i, 0], buffer[i, 1]
+    return buffer
+
+
 class SpeculativeSteps(_Steps):
     """Greedy self-speculative decoding (see `objtrain.evaluation.generate`) with every step on the
     device: the current token (`root`), the draft heads' candidates after it and the cache length
@@ -295,6 +306,9 @@ class SpeculativeSteps(_Steps):
         n, depth = model.config.mtp_heads, layout.max_depth
         self.heads = model.stacked_heads()
         self.caches = model.new_stacked_cache(1, self.max_len)
+        # every cache's keys and values as views of two buffers (trunk layers; the stacked heads), so moving
+        # the accepted path is two gathers and two scatters, not four per layer
+        self.buffers = [_share_buffer(c) for c in (self.caches[:-1], self.caches[-1:]) if c]
         self.keys = torch.arange(self.max_len, device=device)
         self.nodes = torch.arange(layout.size, device=device)
         self.path_slots = torch.arange(depth + 1, device=device)
@@ -346,9 +360,10 @@ class SpeculativeSteps(_Steps):
         path = layout.paths[best][0]  # (depth + 1,) root .. best, padded with best
         m = layout.depth[best]  # (1,)
         source, target = self.start + path, self.start + self.path_slots
-        for cache in caches:  # the path's keys/values to start, start + 1, ...: the rest is overwritten
-            cache.k.index_copy_(2, target, cache.k.index_select(2, source))
-            cache.v.index_copy_(2, target, cache.v.index_select(2, source))
+        for (
+            buffer
+        ) in self.buffers:  # the path's keys/values to start, start + 1, ...: the rest is overwritten
+            buffer.index_copy_(-2, target, buffer.index_select(-2, source))
         root = verified[best]  # (1,)
         self.out.copy_(torch.cat([ids[path[1:]], root, m]))
         self.root.copy_(root)

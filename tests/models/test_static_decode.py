@@ -62,6 +62,13 @@ def test_static_speculative_equals_greedy_and_dynamic_speculative(n: int, tree: 
         assert stats == dynamic_stats  # the same steps, the same drafts accepted
 
 
+def test_static_speculative_without_trunk_layers() -> None:
+    """n_layer 1: head 1's layer is the only block, so only the stacked heads hold a cache."""
+    model = tiny_model("decoder", mtp_heads=3, n_layer=1)
+    greedy = list(gen.generate_decoder(model, PROMPTS[0], 20))
+    assert list(gen.generate_speculative(model, PROMPTS[0], 20, static=True)) == greedy
+
+
 def test_static_speculative_accepts_every_draft_when_heads_agree() -> None:
     model = tiny_model("decoder", mtp_heads=4)
     with torch.no_grad():  # identity blocks: the model repeats its last token, every head agrees
