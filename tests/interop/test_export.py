@@ -422,3 +422,24 @@ def test_cli_bad_dtype_or_shard_size_is_one_line_and_writes_nothing(
         code, _, err = objtrain_cli("export", ckpt, "-o", tmp_path / "hf", flag, value)
         assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
         assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("kind", ["decoder", "encoder", "encdec"])
+def test_the_model_cards_loading_example_runs(
+    tmp_path: Path, tokenizer: Tokenizer, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import contextlib
+    import io
+    import re
+
+    export_checkpoint(tiny_checkpoint(tmp_path / "ck", tokenizer, kind=kind), tmp_path / "card-test")
+    card = (tmp_path / "card-test" / "README.md").read_text()
+    pipeline = {"decoder": "text-generation", "encoder": "fill-mask", "encdec": "text2text-generation"}[kind]
+    assert f"pipeline_tag: {pipeline}\n" in card and "metrics.jsonl` was not found" in card  # no run here
+    example = re.search(r"```python\n(.*?)```", card, re.S)
+    assert example is not None
+    monkeypatch.chdir(tmp_path)  # the example names the export by its directory
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(example.group(1), {})
+    assert printed.getvalue().strip()
