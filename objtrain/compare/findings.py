@@ -27,14 +27,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from objtrain.compare.experiment import find_experiment, load_experiment, resolve_budget
+import torch
+
+from objtrain.compare.experiment import (
+    ArmSpec,
+    Experiment,
+    arm_config,
+    find_experiment,
+    load_experiment,
+    resolve_budget,
+)
 from objtrain.compare.regime import regime_gap, regime_text
 from objtrain.compare.report import baseline_gate, claim_regime, difference, markdown, verdict_cell
 from objtrain.compare.sweep_report import markdown as sweep_markdown
 from objtrain.compare.sweep_report import plot as sweep_plot
 from objtrain.compare.sweep_report import point_verdict
 from objtrain.compare.sweep_report import refit as sweep_refit
+from objtrain.errors import UserError
 from objtrain.io import read_json, write_json
+from objtrain.models.zoo import model_config
+from objtrain.objectives.registry import build_objective
+from objtrain.specials import Specials
+from objtrain.training.accounting import batch_flops, flops_per_step
 from objtrain.training.config import ScheduleConfig
 
 ROOT = Path("docs/findings")
@@ -332,11 +346,37 @@ def run_tokens(name: str) -> dict[str, float]:
     -> tokens of its chain's share: the longest point whole, each shorter one's decay after the branch)."""
     exp = load_experiment(find_experiment(name))
     if name not in SWEEPS:
-        tokens = float(resolve_budget(exp, None)[1].tokens or 0)
-        return {arm.name: tokens for arm in exp.arms}
+        spec = resolve_budget(exp, None)[1]
+        if spec.kind == "flops":  # each arm's tokens: the budget over its own FLOPs a token
+            vocab = VOCAB[FINDINGS[name].corpus]
+            return {arm.name: spec.value / flops_per_token(exp, arm, vocab) for arm in exp.arms}
+        return {arm.name: float(spec.tokens or 0) for arm in exp.arms}
     points = sorted(float(p) for p in (exp.sweep or {}).get("tokens", []))
     decay = float(exp.train.get("schedule", {}).get("decay_ratio", ScheduleConfig.decay_ratio))
     return {f"{arm.name}/{p:g}": p if p == points[-1] else decay * p for arm in exp.arms for p in points}
+
+
+VOCAB = {"prose": 8192, "code": 4096}  # the findings' tokenizers (CORPUS_TEXT)
+
+
+def flops_per_token(exp: Experiment, arm: ArmSpec, vocab: int) -> float:
+    """An arm's estimated training FLOPs a token at the experiment's row length, without its data: the
+    model from its size and overrides (MTP heads matched as the experiment says), an encoder-decoder's
+    target length from its objective's corruption of random rows (a contrastive row's two views)."""
+    cfg = arm_config(exp, arm, exp.seed, {"steps": 1})
+    seq_len = cfg.batch.seq_len
+    model = model_config(cfg.model.kind or "decoder", cfg.model.size, cfg.model.overrides, vocab_size=vocab)
+    if cfg.objective.name == "mtp":
+        model = model_config(model.kind, cfg.model.size, cfg.model.overrides | {"mtp_heads": int(
+            cfg.objective.overrides.get("n", 1))}, vocab_size=vocab)  # fmt: skip
+    try:
+        objective = build_objective(cfg.objective.name, Specials(), None, model.kind, cfg.objective.overrides)
+        width = objective.raw_length(seq_len)
+        rows = torch.randint(100, vocab, (2, width), generator=torch.Generator().manual_seed(0))
+        batch = objective(rows, torch.zeros_like(rows), torch.arange(2), 0)
+        return batch_flops(model, batch) / (2 * seq_len)
+    except UserError:  # an objective that needs a tokenizer: its rows as long as the model's
+        return flops_per_step(model, 1, seq_len) / seq_len
 
 
 def most_tokens_first(names: list[str]) -> list[str]:

@@ -274,11 +274,12 @@ def test_lanes_share_the_cores_and_keep_their_output_apart(monkeypatch, tmp_path
 
 
 def test_lanes_take_the_most_tokens_first() -> None:
-    # objectives: 5 arms x 1.5M tokens; mtp-heads: 3 x 2M; span-length: 3 x 1.5M
-    assert findings.most_tokens_first(["span-length", "objectives", "mtp-heads"]) == [
+    # objectives at 1.6e13 FLOPs an arm: 1.2M to 2.6M tokens an arm, 8.1M in all; span-length: 3 x 1.5M;
+    # mtp-heads at 2e13 FLOPs an arm: 2.0M + 1.5M + 1.0M (the extra heads make a token dearer)
+    assert findings.most_tokens_first(["mtp-heads", "objectives", "span-length"]) == [
         "objectives",
-        "mtp-heads",
         "span-length",
+        "mtp-heads",
     ]
 
 
@@ -298,3 +299,38 @@ def test_an_interrupt_stops_the_lanes_without_a_traceback(monkeypatch, tmp_path:
     monkeypatch.setattr(findings, "publish", lambda: pytest.fail("published after an interrupt"))
     assert findings.main(["run", "--jobs", "2", "span-length", "nsp-sop"]) == 130
     assert "run it again to continue" in capsys.readouterr().out
+
+
+GPU = [n for n in [*findings.FINDINGS, "fim-vs-clm"] if "gpu" in load_experiment(n).budgets]
+
+
+@pytest.mark.parametrize("name", GPU)
+def test_the_gpu_budget_asks_the_same_question_at_10_to_100m_parameters(
+    name: str, compare_store, tmp_path
+) -> None:
+    """A dry run on CPU: every arm of the `gpu` budget plans (the loop's own checks) at size small."""
+    from objtrain.compare import plan_comparison
+    from objtrain.models.zoo import build_model, count_parameters
+
+    c = plan_comparison(load_experiment(name), tmp_path / "r", budget="gpu", data=str(compare_store))
+    assert not (tmp_path / "r").exists()  # planned, nothing written
+    for run in c.runs:
+        assert run.cfg.model.size == "small" and run.cfg.precision.dtype == "bf16"
+        assert 1e7 <= count_parameters(build_model(run.plan.model_cfg)) <= 1e8, run.key
+
+
+def test_every_question_where_kinds_or_heads_differ_holds_flops_equal(compare_store, tmp_path) -> None:
+    from objtrain.compare import plan_comparison
+    from objtrain.models.zoo import build_model, count_parameters
+
+    for name in findings.FINDINGS:
+        exp = load_experiment(name)
+        kinds = {(a.model.kind, a.objective.overrides.get("n", 1)) for a in exp.arms}
+        assert len(kinds) == 1 or exp.budget.kind == "flops", name
+    # MTP arms parameter-matched (Gloeckle et al.): within 5%, here exactly equal.
+    c = plan_comparison(load_experiment("mtp-heads"), tmp_path / "r", data=str(compare_store))
+    params = {r.arm.name: count_parameters(build_model(r.plan.model_cfg)) for r in c.runs}
+    assert max(params.values()) <= 1.05 * min(params.values()), params
+    assert [r.plan.model_cfg.n_layer for r in c.runs] == [4, 3, 1]
+    tokens = findings.run_tokens("mtp-heads")
+    assert tokens["mtp-1"] > tokens["mtp-2"] > tokens["mtp-4"]  # equal FLOPs: dearer tokens, fewer of them
