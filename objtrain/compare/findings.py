@@ -16,6 +16,7 @@ section of the index of their own.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -351,9 +352,20 @@ def run_tokens(name: str) -> dict[str, float]:
             vocab = VOCAB[FINDINGS[name].corpus]
             return {arm.name: spec.value / flops_per_token(exp, arm, vocab) for arm in exp.arms}
         return {arm.name: float(spec.tokens or 0) for arm in exp.arms}
-    points = sorted(float(p) for p in (exp.sweep or {}).get("tokens", []))
+    sweep = exp.sweep or {}
+    kind = "flops" if "flops" in sweep else "tokens"
+    points = sorted(float(p) for p in sweep.get(kind, []))
     decay = float(exp.train.get("schedule", {}).get("decay_ratio", ScheduleConfig.decay_ratio))
-    return {f"{arm.name}/{p:g}": p if p == points[-1] else decay * p for arm in exp.arms for p in points}
+    share = {p: 1.0 if p == points[-1] else decay for p in points}  # the longest whole, the others' decay
+    if kind == "tokens":
+        return {f"{arm.name}/{p:g}": share[p] * p for arm in exp.arms for p in points}
+    out = {}
+    for arm in exp.arms:  # a FLOPs point is fewer tokens for a larger size
+        for size in sweep.get("size") or [arm.model.size]:
+            sized = dataclasses.replace(arm, model=dataclasses.replace(arm.model, size=size))
+            per_token = flops_per_token(exp, sized, VOCAB[SWEEPS[name].corpus])
+            out.update({f"{arm.name}/{size}/{p:g}": share[p] * p / per_token for p in points})
+    return out
 
 
 VOCAB = {"prose": 8192, "code": 4096}  # the findings' tokenizers (CORPUS_TEXT)
