@@ -20,6 +20,7 @@ import dataclasses
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -30,6 +31,7 @@ from typing import Any
 
 import torch
 
+from objtrain.compare.changes import PREVIOUS, diff
 from objtrain.compare.experiment import (
     ArmSpec,
     Experiment,
@@ -54,6 +56,7 @@ from objtrain.training.config import ScheduleConfig
 
 ROOT = Path("docs/findings")
 LOGS = Path("runs/findings/logs")  # each experiment's output when several run at once
+ARCHIVE = Path("runs/findings/previous")  # published results set aside while a redesigned run replaces them
 PROSE_STORE = "runs/findings/data/prose"
 SHARED = "../shared/data"
 SEEDS = 3
@@ -115,7 +118,47 @@ def read_results(root: Path = ROOT) -> dict[str, dict[str, Any]]:
         path = root / name / "results.json"
         if path.is_file():
             out[name] = with_regime(name, json.loads(path.read_text(encoding="utf-8")))
+            previous = root / name / PREVIOUS
+            if previous.is_file():  # a re-publication: what changed against what it replaced
+                out[name]["changes"] = diff(json.loads(previous.read_text(encoding="utf-8")), out[name])
     return out
+
+
+def plan_changed(name: str) -> bool:
+    """Whether the published report's plan differs from the shipped experiment's now (a redesign: the
+    budget, arms or sweep changed), so a re-run must start over rather than resume."""
+    from objtrain.compare.runner import plan_comparison
+    from objtrain.compare.sweep import parse_sweep, plan_sweep
+
+    exp = load_experiment(find_experiment(name))
+    data = PROSE_STORE if (name in FINDINGS and FINDINGS[name].corpus == "prose") else None
+    try:
+        if name in SWEEPS:
+            spec = parse_sweep(None, exp.sweep, False)
+            assert spec is not None
+            plan_sweep(exp, ROOT / name, spec, None, SWEEP_SEEDS, resume=True, data=data)
+        else:
+            plan_comparison(exp, ROOT / name, None, SEEDS, resume=True, data=data)
+    except UserError as exc:
+        if str(exc).startswith("--resume: the"):
+            return True
+        raise
+    return False
+
+
+def keep_previous(name: str) -> None:
+    """Set the published results.json aside (once) before a re-run that starts over replaces it."""
+    src, kept = ROOT / name / "results.json", ARCHIVE / f"{name}.json"
+    if src.is_file() and not kept.is_file():
+        ARCHIVE.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, kept)
+
+
+def restore_previous(name: str) -> None:
+    """After the re-run: the results it replaced go beside the new ones, for the report's changes."""
+    kept = ARCHIVE / f"{name}.json"
+    if kept.is_file() and (ROOT / name).is_dir():
+        shutil.move(str(kept), ROOT / name / PREVIOUS)
 
 
 def with_regime(name: str, results: dict[str, Any]) -> dict[str, Any]:
@@ -432,10 +475,17 @@ def run(names: list[str], jobs: int = 1) -> int:
     def one(name: str) -> int:
         cmd = command(name)
         if (ROOT / name / "plan.json").is_file():
-            cmd.append("--resume")
+            if plan_changed(name):  # redesigned since it was published: start over, keep what it replaces
+                keep_previous(name)
+                cmd.append("--force")
+            else:
+                cmd.append("--resume")
         if jobs == 1:
             print("$ " + shlex.join(cmd), flush=True)
-            return subprocess.call([objtrain, *cmd[1:]])
+            code = subprocess.call([objtrain, *cmd[1:]])
+            if code == 0:
+                restore_previous(name)
+            return code
         log = LOGS / f"{name}.log"
         print(f"$ {shlex.join(cmd)}  (output: {log})", flush=True)
         started = time.perf_counter()
@@ -443,6 +493,8 @@ def run(names: list[str], jobs: int = 1) -> int:
             code = subprocess.call(
                 [objtrain, *cmd[1:]], stdout=out, stderr=subprocess.STDOUT, env=lane_env(jobs)
             )
+        if code == 0:
+            restore_previous(name)
         took = (time.perf_counter() - started) / 3600
         print(f"{name}: " + (f"done in {took:.2f} h" if code == 0 else f"failed (exit {code}), see {log}"),
               flush=True)  # fmt: skip

@@ -334,3 +334,49 @@ def test_every_question_where_kinds_or_heads_differ_holds_flops_equal(compare_st
     assert [r.plan.model_cfg.n_layer for r in c.runs] == [4, 3, 1]
     tokens = findings.run_tokens("mtp-heads")
     assert tokens["mtp-1"] > tokens["mtp-2"] > tokens["mtp-4"]  # equal FLOPs: dearer tokens, fewer of them
+
+
+def test_a_republication_says_what_changed_against_the_results_it_replaces(
+    monkeypatch, tmp_path: Path
+) -> None:
+    """A redesigned experiment (its plan no longer resumes) is run with --force, the published results.json
+    set aside first and put back beside the new one as previous-results.json; the report then lists the
+    budget, verdicts and metrics that changed."""
+    from objtrain.compare.changes import diff, section
+
+    monkeypatch.chdir(tmp_path)
+    folder = findings.ROOT / "mtp-heads"
+    folder.mkdir(parents=True)
+
+    def results(kind: str, value: float, verdict: str, delta: float, bpb: float) -> dict:
+        claim = {"claim": "c", "metric": "bits_per_byte", "verdict": verdict, "paired": {"delta": delta}}
+        metrics = {"bits_per_byte": {"mean": bpb}, "val_bpb": {"mean": 1.9}}
+        return {"budget": {"name": "default", "kind": kind, "value": value}, "machine": {"commit": "abc"},
+                "claims": [claim], "arms": [{"name": "mtp-1", "metrics": metrics}]}  # fmt: skip
+
+    old = results("tokens", 2e6, "agrees", 0.1, 1.8)
+    (folder / "results.json").write_text(json.dumps(old))
+    (folder / "plan.json").write_text("{}")
+    calls: list[list[str]] = []
+
+    def fake_call(cmd: list[str], **_: object) -> int:
+        calls.append(cmd)
+        assert (tmp_path / findings.ARCHIVE / "mtp-heads.json").is_file()  # set aside before the run
+        (folder / "results.json").write_text(json.dumps(new))
+        return 0
+
+    new = results("flops", 2e13, "not resolved", 0.02, 1.75)
+    monkeypatch.setattr(findings, "plan_changed", lambda name: True)
+    monkeypatch.setattr(findings.subprocess, "call", fake_call)
+    monkeypatch.setattr(findings, "publish", lambda: [])
+    assert findings.main(["run", "mtp-heads"]) == 0
+    assert calls[0][-1] == "--force"
+    assert json.loads((folder / "previous-results.json").read_text()) == old
+    changes = diff(old, new)
+    assert changes["budget"] == ["2e+06 tokens an arm", "2e+13 flops an arm"]
+    assert changes["claims"][0]["verdict"] == ["agrees", "not resolved"]
+    assert changes["metrics"] == [{"arm": "mtp-1", "metric": "bits_per_byte", "before": 1.8, "now": 1.75}]
+    text = "\n".join(section(changes))
+    assert "## Changed since the previous publication" in text and "(objtrain abc)" in text
+    assert "| c | changed | agrees → not resolved | 0.1 → 0.02 |" in text
+    assert "| bits_per_byte | mtp-1 | 1.8 | 1.75 |" in text and "val_bpb" not in text
