@@ -291,9 +291,13 @@ def index(all_results: dict[str, dict[str, Any]]) -> str:
         "`make findings` builds the prose store from `../shared/data` and runs every experiment above "
         "and the compute sweeps below, two at a time, each on one of the 2 cores (`findings run --jobs "
         "2`; each resumable: run it again to continue), then rewrites every report and this page from "
-        "the results. Measured on the machine above with `benchmarks/bench_findings.py --jobs 2`, the "
-        "seven questions take about 4.4 hours (4.9 one at a time on both cores) and the two sweeps about "
-        "0.8 more. One experiment is one command, listed under its heading.",
+        "the results. Measured on the machine above with `benchmarks/bench_findings.py --jobs 2` for "
+        "the results published here, the seven questions took about 4.4 hours (4.9 one at a time on both "
+        "cores) and the two sweeps about 0.8 more. The redesigned experiments (equal FLOPs across kinds "
+        "and heads, objectives-scaling as a grid of 3 sizes x 4 FLOPs budgets) are estimated from their "
+        "FLOPs at about 6 hours in all, not yet measured: rerun the benchmark before relying on it. A "
+        "redesigned experiment starts over and its report says what changed against the results here. "
+        "One experiment is one command, listed under its heading.",
         "",
     ]
     return "\n".join(out + _sweeps_section(all_results))
