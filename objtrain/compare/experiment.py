@@ -52,6 +52,9 @@ class BudgetSpec:
     tokens: int | None = None
     flops: float | None = None  # training FLOPs, estimated per arm (6N + attention, see accounting)
     seconds: float | None = None  # wall time of training steps
+    # A budget at another scale (`gpu:`): every arm's model size, and run settings over the shared ones.
+    size: str | None = None
+    train: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         given = [v for v in (self.tokens, self.flops, self.seconds) if v is not None]
@@ -69,11 +72,12 @@ class BudgetSpec:
         return float(getattr(self, self.kind))
 
     def describe(self) -> str:
+        at = f" at size {self.size}" if self.size else ""
         if self.kind == "tokens":
-            return f"{int(self.value):,} tokens an arm"
+            return f"{int(self.value):,} tokens an arm{at}"
         if self.kind == "flops":
-            return f"{self.value:.3g} training FLOPs an arm"
-        return f"{self.value:g} seconds of training an arm"
+            return f"{self.value:.3g} training FLOPs an arm{at}"
+        return f"{self.value:g} seconds of training an arm{at}"
 
 
 # `--budget tiny`: a smoke run of the whole pipeline, well under a minute an arm on 2 CPU cores.
@@ -163,6 +167,9 @@ class Experiment:
     regime: PaperSetting | None = None  # the papers' smallest setting, for claims that give none of their own
     # A compute sweep (objtrain.compare.sweep): {tokens: [...]} or {flops: [...]}, optionally {size: [...]}.
     sweep: dict[str, Any] = field(default_factory=dict)
+    # Gloeckle et al.'s protocol: an MTP arm with n heads takes its n - 1 extra head layers from the trunk
+    # (n_layer of its size minus n - 1, unless the arm sets n_layer), so the arms' parameters agree.
+    match_mtp_parameters: bool = False
     source: str = ""  # the YAML it was read from
 
     def __post_init__(self) -> None:
@@ -271,16 +278,23 @@ def arm_config(
     tiny: bool = False,
     data: str | None = None,
     defaults: dict[str, Any] | None = None,
+    scale: BudgetSpec | None = None,
 ) -> TrainConfig:
     """The arm's full `TrainConfig`: `defaults` (under everything), the shared settings, the arm's own,
-    then data, seed and the budget."""
+    the budget's scale (`scale`: its model size and run settings), then data, seed and the budget."""
     quiet = merge({"logging": {"tensorboard": False, "sample": False}}, defaults or {})
     base = merge(quiet, exp.train)
     if tiny:
         base = merge(base, TINY_TRAIN)
     settings = merge(base, arm.train)
+    if scale is not None and scale.train:
+        settings = merge(settings, scale.train)
     settings["objective"] = to_dict(arm.objective)
     settings["model"] = to_dict(arm.model)
+    if scale is not None and scale.size:
+        settings["model"]["size"] = scale.size
+    if exp.match_mtp_parameters:
+        settings["model"]["overrides"] = _mtp_matched(arm, settings["model"])
     own = to_dict(arm.data if arm.data is not None else exp.data)
     settings["data"] = own if data is None else merge(own, {"store": data})
     settings["seed"] = seed
@@ -289,6 +303,23 @@ def arm_config(
         return build_config(settings)
     except UserError as exc:
         raise UserError(f"arm {arm.name!r}: {exc}") from None
+
+
+def _mtp_matched(arm: ArmSpec, model: dict[str, Any]) -> dict[str, Any]:
+    """The arm's model overrides with n_layer reduced by its n - 1 extra MTP heads (see Experiment)."""
+    from objtrain.models.zoo import model_config
+
+    overrides = dict(model.get("overrides") or {})
+    heads = int(arm.objective.overrides.get("n", 1)) if arm.objective.name == "mtp" else 1
+    if heads <= 1 or "n_layer" in overrides:
+        return overrides
+    full = model_config(model.get("kind") or "decoder", model.get("size", "tiny"), overrides).n_layer
+    if full - (heads - 1) < 1:
+        raise UserError(
+            f"arm {arm.name!r}: {heads} heads take {heads - 1} layers from a {full}-layer trunk, leaving "
+            "none (match_mtp_parameters): choose a deeper size or fewer heads"
+        )
+    return overrides | {"n_layer": full - (heads - 1)}
 
 
 def experiment_dict(exp: Experiment) -> dict[str, Any]:

@@ -16,9 +16,11 @@ section of the index of their own.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -27,18 +29,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from objtrain.compare.experiment import find_experiment, load_experiment, resolve_budget
+import torch
+
+from objtrain.compare.changes import PREVIOUS, diff
+from objtrain.compare.experiment import (
+    ArmSpec,
+    Experiment,
+    arm_config,
+    find_experiment,
+    load_experiment,
+    resolve_budget,
+)
 from objtrain.compare.regime import regime_gap, regime_text
 from objtrain.compare.report import baseline_gate, claim_regime, difference, markdown, verdict_cell
 from objtrain.compare.sweep_report import markdown as sweep_markdown
 from objtrain.compare.sweep_report import plot as sweep_plot
 from objtrain.compare.sweep_report import point_verdict
 from objtrain.compare.sweep_report import refit as sweep_refit
+from objtrain.errors import UserError
 from objtrain.io import read_json, write_json
+from objtrain.models.zoo import model_config
+from objtrain.objectives.registry import build_objective
+from objtrain.specials import Specials
+from objtrain.training.accounting import batch_flops, flops_per_step
 from objtrain.training.config import ScheduleConfig
 
 ROOT = Path("docs/findings")
 LOGS = Path("runs/findings/logs")  # each experiment's output when several run at once
+ARCHIVE = Path("runs/findings/previous")  # published results set aside while a redesigned run replaces them
 PROSE_STORE = "runs/findings/data/prose"
 SHARED = "../shared/data"
 SEEDS = 3
@@ -100,7 +118,47 @@ def read_results(root: Path = ROOT) -> dict[str, dict[str, Any]]:
         path = root / name / "results.json"
         if path.is_file():
             out[name] = with_regime(name, json.loads(path.read_text(encoding="utf-8")))
+            previous = root / name / PREVIOUS
+            if previous.is_file():  # a re-publication: what changed against what it replaced
+                out[name]["changes"] = diff(json.loads(previous.read_text(encoding="utf-8")), out[name])
     return out
+
+
+def plan_changed(name: str) -> bool:
+    """Whether the published report's plan differs from the shipped experiment's now (a redesign: the
+    budget, arms or sweep changed), so a re-run must start over rather than resume."""
+    from objtrain.compare.runner import plan_comparison
+    from objtrain.compare.sweep import parse_sweep, plan_sweep
+
+    exp = load_experiment(find_experiment(name))
+    data = PROSE_STORE if (name in FINDINGS and FINDINGS[name].corpus == "prose") else None
+    try:
+        if name in SWEEPS:
+            spec = parse_sweep(None, exp.sweep, False)
+            assert spec is not None
+            plan_sweep(exp, ROOT / name, spec, None, SWEEP_SEEDS, resume=True, data=data)
+        else:
+            plan_comparison(exp, ROOT / name, None, SEEDS, resume=True, data=data)
+    except UserError as exc:
+        if str(exc).startswith("--resume: the"):
+            return True
+        raise
+    return False
+
+
+def keep_previous(name: str) -> None:
+    """Set the published results.json aside (once) before a re-run that starts over replaces it."""
+    src, kept = ROOT / name / "results.json", ARCHIVE / f"{name}.json"
+    if src.is_file() and not kept.is_file():
+        ARCHIVE.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, kept)
+
+
+def restore_previous(name: str) -> None:
+    """After the re-run: the results it replaced go beside the new ones, for the report's changes."""
+    kept = ARCHIVE / f"{name}.json"
+    if kept.is_file() and (ROOT / name).is_dir():
+        shutil.move(str(kept), ROOT / name / PREVIOUS)
 
 
 def with_regime(name: str, results: dict[str, Any]) -> dict[str, Any]:
@@ -233,9 +291,13 @@ def index(all_results: dict[str, dict[str, Any]]) -> str:
         "`make findings` builds the prose store from `../shared/data` and runs every experiment above "
         "and the compute sweeps below, two at a time, each on one of the 2 cores (`findings run --jobs "
         "2`; each resumable: run it again to continue), then rewrites every report and this page from "
-        "the results. Measured on the machine above with `benchmarks/bench_findings.py --jobs 2`, the "
-        "seven questions take about 4.4 hours (4.9 one at a time on both cores) and the two sweeps about "
-        "0.8 more. One experiment is one command, listed under its heading.",
+        "the results. Measured on the machine above with `benchmarks/bench_findings.py --jobs 2` for "
+        "the results published here, the seven questions took about 4.4 hours (4.9 one at a time on both "
+        "cores) and the two sweeps about 0.8 more. The redesigned experiments (equal FLOPs across kinds "
+        "and heads, objectives-scaling as a grid of 3 sizes x 4 FLOPs budgets) are estimated from their "
+        "FLOPs at about 6 hours in all, not yet measured: rerun the benchmark before relying on it. A "
+        "redesigned experiment starts over and its report says what changed against the results here. "
+        "One experiment is one command, listed under its heading.",
         "",
     ]
     return "\n".join(out + _sweeps_section(all_results))
@@ -332,11 +394,48 @@ def run_tokens(name: str) -> dict[str, float]:
     -> tokens of its chain's share: the longest point whole, each shorter one's decay after the branch)."""
     exp = load_experiment(find_experiment(name))
     if name not in SWEEPS:
-        tokens = float(resolve_budget(exp, None)[1].tokens or 0)
-        return {arm.name: tokens for arm in exp.arms}
-    points = sorted(float(p) for p in (exp.sweep or {}).get("tokens", []))
+        spec = resolve_budget(exp, None)[1]
+        if spec.kind == "flops":  # each arm's tokens: the budget over its own FLOPs a token
+            vocab = VOCAB[FINDINGS[name].corpus]
+            return {arm.name: spec.value / flops_per_token(exp, arm, vocab) for arm in exp.arms}
+        return {arm.name: float(spec.tokens or 0) for arm in exp.arms}
+    sweep = exp.sweep or {}
+    kind = "flops" if "flops" in sweep else "tokens"
+    points = sorted(float(p) for p in sweep.get(kind, []))
     decay = float(exp.train.get("schedule", {}).get("decay_ratio", ScheduleConfig.decay_ratio))
-    return {f"{arm.name}/{p:g}": p if p == points[-1] else decay * p for arm in exp.arms for p in points}
+    share = {p: 1.0 if p == points[-1] else decay for p in points}  # the longest whole, the others' decay
+    if kind == "tokens":
+        return {f"{arm.name}/{p:g}": share[p] * p for arm in exp.arms for p in points}
+    out = {}
+    for arm in exp.arms:  # a FLOPs point is fewer tokens for a larger size
+        for size in sweep.get("size") or [arm.model.size]:
+            sized = dataclasses.replace(arm, model=dataclasses.replace(arm.model, size=size))
+            per_token = flops_per_token(exp, sized, VOCAB[SWEEPS[name].corpus])
+            out.update({f"{arm.name}/{size}/{p:g}": share[p] * p / per_token for p in points})
+    return out
+
+
+VOCAB = {"prose": 8192, "code": 4096}  # the findings' tokenizers (CORPUS_TEXT)
+
+
+def flops_per_token(exp: Experiment, arm: ArmSpec, vocab: int) -> float:
+    """An arm's estimated training FLOPs a token at the experiment's row length, without its data: the
+    model from its size and overrides (MTP heads matched as the experiment says), an encoder-decoder's
+    target length from its objective's corruption of random rows (a contrastive row's two views)."""
+    cfg = arm_config(exp, arm, exp.seed, {"steps": 1})
+    seq_len = cfg.batch.seq_len
+    model = model_config(cfg.model.kind or "decoder", cfg.model.size, cfg.model.overrides, vocab_size=vocab)
+    if cfg.objective.name == "mtp":
+        model = model_config(model.kind, cfg.model.size, cfg.model.overrides | {"mtp_heads": int(
+            cfg.objective.overrides.get("n", 1))}, vocab_size=vocab)  # fmt: skip
+    try:
+        objective = build_objective(cfg.objective.name, Specials(), None, model.kind, cfg.objective.overrides)
+        width = objective.raw_length(seq_len)
+        rows = torch.randint(100, vocab, (2, width), generator=torch.Generator().manual_seed(0))
+        batch = objective(rows, torch.zeros_like(rows), torch.arange(2), 0)
+        return batch_flops(model, batch) / (2 * seq_len)
+    except UserError:  # an objective that needs a tokenizer: its rows as long as the model's
+        return flops_per_step(model, 1, seq_len) / seq_len
 
 
 def most_tokens_first(names: list[str]) -> list[str]:
@@ -380,10 +479,17 @@ def run(names: list[str], jobs: int = 1) -> int:
     def one(name: str) -> int:
         cmd = command(name)
         if (ROOT / name / "plan.json").is_file():
-            cmd.append("--resume")
+            if plan_changed(name):  # redesigned since it was published: start over, keep what it replaces
+                keep_previous(name)
+                cmd.append("--force")
+            else:
+                cmd.append("--resume")
         if jobs == 1:
             print("$ " + shlex.join(cmd), flush=True)
-            return subprocess.call([objtrain, *cmd[1:]])
+            code = subprocess.call([objtrain, *cmd[1:]])
+            if code == 0:
+                restore_previous(name)
+            return code
         log = LOGS / f"{name}.log"
         print(f"$ {shlex.join(cmd)}  (output: {log})", flush=True)
         started = time.perf_counter()
@@ -391,6 +497,8 @@ def run(names: list[str], jobs: int = 1) -> int:
             code = subprocess.call(
                 [objtrain, *cmd[1:]], stdout=out, stderr=subprocess.STDOUT, env=lane_env(jobs)
             )
+        if code == 0:
+            restore_previous(name)
         took = (time.perf_counter() - started) / 3600
         print(f"{name}: " + (f"done in {took:.2f} h" if code == 0 else f"failed (exit {code}), see {log}"),
               flush=True)  # fmt: skip

@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from objtrain.compare import suite
+from objtrain.compare.changes import section as changes_section
 from objtrain.compare.experiment import REGIME_FACTOR, Claim
 from objtrain.compare.regime import notes_text, regime_gap, regime_text, seed_notes
 from objtrain.compare.runner import Comparison, machine, metrics_records, plan_dict
@@ -536,6 +537,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
             "",
             *ONE_ARM_NOTE * any(len(c["arms"]) == 1 for c in results["claims"]),
         ]
+    out += changes_section(results.get("changes"))
     header, rows = metric_rows(results)
     out += ["## What each arm learnt", "", _markdown_table(header, rows), ""]
     out += baseline_section(results)

@@ -194,7 +194,7 @@ def _check_arm(
 ) -> tuple[TrainConfig, Plan, int | None, float, int | None]:
     """The arm's config and the loop's own checks; the budget turned into this arm's steps."""
     # First pass with a placeholder budget: the plan gives seq_len, model and objective for the FLOPs.
-    cfg = arm_config(exp, arm, seed, {"steps": 1}, tiny, data)
+    cfg = arm_config(exp, arm, seed, {"steps": 1}, tiny, data, scale=spec)
     try:
         plan = prepare(cfg, scratch, console=console)
     except UserError as exc:
@@ -215,7 +215,7 @@ def _check_arm(
     if "every" not in exp.train.get("validation", {}) and "every" not in arm.train.get("validation", {}):
         # Enough validations for a loss curve: about eight points a run.
         overrides["validation"] = {"every": max((steps or 80) // (4 if tiny else 8), 1)}
-    cfg = arm_config(exp, arm, seed, budget, tiny, data, defaults=overrides)
+    cfg = arm_config(exp, arm, seed, budget, tiny, data, defaults=overrides, scale=spec)
     plan.cfg = cfg
     return cfg, plan, target_len, per_step, steps
 
@@ -237,7 +237,9 @@ def _tokenizer_hash(plan: Plan) -> str:
 def plan_dict(c: Comparison) -> dict[str, Any]:
     return {
         "experiment": json.loads(json.dumps(experiment_dict(c.experiment))),
-        "budget": {"name": c.budget_name, c.budget.kind: c.budget.value},
+        "budget": {"name": c.budget_name, c.budget.kind: c.budget.value}
+        | ({"size": c.budget.size} if c.budget.size else {})
+        | ({"train": c.budget.train} if c.budget.train else {}),
         "seeds": c.seeds,
         "data": c.data,
     }

@@ -25,6 +25,7 @@ from rich.table import Table
 
 from objtrain.compare import fit as fitting
 from objtrain.compare import suite
+from objtrain.compare.changes import section as changes_section
 from objtrain.compare.experiment import Claim, Experiment, PaperSetting
 from objtrain.compare.regime import regime_gap, regime_text
 from objtrain.compare.report import (
@@ -609,6 +610,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
             "",
             *ONE_ARM_NOTE * any(len(c["arms"]) == 1 for c in results["claims"]),
         ]
+    out += changes_section(results.get("changes"))
     out += ["## Fitted curves: L(C) = E + A·C^(−α), C in training FLOPs", "", _table(*fit_rows(results)), ""]
     out += [
         f"Fitted on the mean over seeds at each point; 95% intervals are percentiles of "

@@ -274,11 +274,12 @@ def test_lanes_share_the_cores_and_keep_their_output_apart(monkeypatch, tmp_path
 
 
 def test_lanes_take_the_most_tokens_first() -> None:
-    # objectives: 5 arms x 1.5M tokens; mtp-heads: 3 x 2M; span-length: 3 x 1.5M
-    assert findings.most_tokens_first(["span-length", "objectives", "mtp-heads"]) == [
+    # objectives at 1.6e13 FLOPs an arm: 1.2M to 2.6M tokens an arm, 8.1M in all; span-length: 3 x 1.5M;
+    # mtp-heads at 2e13 FLOPs an arm: 2.0M + 1.5M + 1.0M (the extra heads make a token dearer)
+    assert findings.most_tokens_first(["mtp-heads", "objectives", "span-length"]) == [
         "objectives",
-        "mtp-heads",
         "span-length",
+        "mtp-heads",
     ]
 
 
@@ -298,3 +299,84 @@ def test_an_interrupt_stops_the_lanes_without_a_traceback(monkeypatch, tmp_path:
     monkeypatch.setattr(findings, "publish", lambda: pytest.fail("published after an interrupt"))
     assert findings.main(["run", "--jobs", "2", "span-length", "nsp-sop"]) == 130
     assert "run it again to continue" in capsys.readouterr().out
+
+
+GPU = [n for n in [*findings.FINDINGS, "fim-vs-clm"] if "gpu" in load_experiment(n).budgets]
+
+
+@pytest.mark.parametrize("name", GPU)
+def test_the_gpu_budget_asks_the_same_question_at_10_to_100m_parameters(
+    name: str, compare_store, tmp_path
+) -> None:
+    """A dry run on CPU: every arm of the `gpu` budget plans (the loop's own checks) at size small."""
+    from objtrain.compare import plan_comparison
+    from objtrain.models.zoo import build_model, count_parameters
+
+    c = plan_comparison(load_experiment(name), tmp_path / "r", budget="gpu", data=str(compare_store))
+    assert not (tmp_path / "r").exists()  # planned, nothing written
+    for run in c.runs:
+        assert run.cfg.model.size == "small" and run.cfg.precision.dtype == "bf16"
+        assert 1e7 <= count_parameters(build_model(run.plan.model_cfg)) <= 1e8, run.key
+
+
+def test_every_question_where_kinds_or_heads_differ_holds_flops_equal(compare_store, tmp_path) -> None:
+    from objtrain.compare import plan_comparison
+    from objtrain.models.zoo import build_model, count_parameters
+
+    for name in findings.FINDINGS:
+        exp = load_experiment(name)
+        kinds = {(a.model.kind, a.objective.overrides.get("n", 1)) for a in exp.arms}
+        assert len(kinds) == 1 or exp.budget.kind == "flops", name
+    # MTP arms parameter-matched (Gloeckle et al.): within 5%, here exactly equal.
+    c = plan_comparison(load_experiment("mtp-heads"), tmp_path / "r", data=str(compare_store))
+    params = {r.arm.name: count_parameters(build_model(r.plan.model_cfg)) for r in c.runs}
+    assert max(params.values()) <= 1.05 * min(params.values()), params
+    assert [r.plan.model_cfg.n_layer for r in c.runs] == [4, 3, 1]
+    tokens = findings.run_tokens("mtp-heads")
+    assert tokens["mtp-1"] > tokens["mtp-2"] > tokens["mtp-4"]  # equal FLOPs: dearer tokens, fewer of them
+
+
+def test_a_republication_says_what_changed_against_the_results_it_replaces(
+    monkeypatch, tmp_path: Path
+) -> None:
+    """A redesigned experiment (its plan no longer resumes) is run with --force, the published results.json
+    set aside first and put back beside the new one as previous-results.json; the report then lists the
+    budget, verdicts and metrics that changed."""
+    from objtrain.compare.changes import diff, section
+
+    monkeypatch.chdir(tmp_path)
+    folder = findings.ROOT / "mtp-heads"
+    folder.mkdir(parents=True)
+
+    def results(kind: str, value: float, verdict: str, delta: float, bpb: float) -> dict:
+        claim = {"claim": "c", "metric": "bits_per_byte", "verdict": verdict, "paired": {"delta": delta}}
+        metrics = {"bits_per_byte": {"mean": bpb}, "val_bpb": {"mean": 1.9}}
+        return {"budget": {"name": "default", "kind": kind, "value": value}, "machine": {"commit": "abc"},
+                "claims": [claim], "arms": [{"name": "mtp-1", "metrics": metrics}]}  # fmt: skip
+
+    old = results("tokens", 2e6, "agrees", 0.1, 1.8)
+    (folder / "results.json").write_text(json.dumps(old))
+    (folder / "plan.json").write_text("{}")
+    calls: list[list[str]] = []
+
+    def fake_call(cmd: list[str], **_: object) -> int:
+        calls.append(cmd)
+        assert (tmp_path / findings.ARCHIVE / "mtp-heads.json").is_file()  # set aside before the run
+        (folder / "results.json").write_text(json.dumps(new))
+        return 0
+
+    new = results("flops", 2e13, "not resolved", 0.02, 1.75)
+    monkeypatch.setattr(findings, "plan_changed", lambda name: True)
+    monkeypatch.setattr(findings.subprocess, "call", fake_call)
+    monkeypatch.setattr(findings, "publish", lambda: [])
+    assert findings.main(["run", "mtp-heads"]) == 0
+    assert calls[0][-1] == "--force"
+    assert json.loads((folder / "previous-results.json").read_text()) == old
+    changes = diff(old, new)
+    assert changes["budget"] == ["2e+06 tokens an arm", "2e+13 flops an arm"]
+    assert changes["claims"][0]["verdict"] == ["agrees", "not resolved"]
+    assert changes["metrics"] == [{"arm": "mtp-1", "metric": "bits_per_byte", "before": 1.8, "now": 1.75}]
+    text = "\n".join(section(changes))
+    assert "## Changed since the previous publication" in text and "(objtrain abc)" in text
+    assert "| c | changed | agrees → not resolved | 0.1 → 0.02 |" in text
+    assert "| bits_per_byte | mtp-1 | 1.8 | 1.75 |" in text and "val_bpb" not in text
