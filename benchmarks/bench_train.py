@@ -85,8 +85,11 @@ def train_config(store: Path, objective: str, kind: str | None, **sections: Any)
         "precision": {"dtype": "fp32"},
         "validation": {"every": -1},
         "checkpoint": {"every": 0, "keep": 1},
-        "logging": {"every": 1000, "tensorboard": False, "sample": False},
+        # every step read and logged: the hooks below time the loop step by step (records arrive at reads,
+        # which a CPU makes at no cost; on a GPU each read waits for the step)
+        "logging": {"every": 1, "tensorboard": False, "sample": False},
         "device": "cpu",
+        "workers": 1,
     }
     for key, value in sections.items():
         base[key] = value if not isinstance(value, dict) else {**base.get(key, {}), **value}

@@ -1,0 +1,429 @@
+"""objtrain on a CUDA GPU, in one command: the training step, the loop around it, --time and decoding.
+
+    PYTHONPATH=$PWD python3 benchmarks/bench_gpu.py                    # the standard-library store
+    PYTHONPATH=$PWD python3 benchmarks/bench_gpu.py --store STORE --json gpu.json
+
+1. bare: one training step (forward, loss, backward, clip, fused AdamW; bf16 autocast) on random ids, one
+   document a row, at the small (32 x 1024) and base (16 x 1024) decoder shapes with a 32,000 vocabulary:
+   objtrain eager and compiled against Hugging Face `LlamaForCausalLM` (the same widths, SDPA, fused
+   AdamW) eager and compiled; and objtrain compiled on real packed rows of the store (document masking on),
+   the bare step the loop is measured against. Tokens/s and MFU over a window of synchronised steps
+   after warm-up (compilation reported apart).
+2. train: `objtrain train` (its `train()`, defaults: compile auto, workers auto) with a --time budget per
+   objective on the small model at seq-len 1024, and clm on the base model: steady tokens/s (steps after
+   the first, which compiles), MFU, data wait, the loop's share of its bare compiled step (clm), and
+   --time accuracy (the steps' wall time over the budget).
+3. decode: the MTP model trained in 2 (4 heads), 12 prompts of the store's held-out text: greedy and
+   MTP self-speculative decoding (`evaluation.generate`), tokens/s, speed-up, acceptance, identical output.
+
+All figures use one FLOPs formula (`training.accounting.flops_per_step`) and the card's dense bf16 peak
+(`accounting.peak_flops`). Sections stop starting new measurements past --minutes (default 8) and say
+what they skipped. Without CUDA it says so and exits 0: its figures need a real card.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from objtrain.batch import Batch  # noqa: E402
+from objtrain.training import accounting  # noqa: E402
+
+OBJECTIVES = ["clm", "mtp", "fim", "ul2", "mlm", "span", "bart"]
+SHAPES = {"small": (32, 1024), "base": (16, 1024), "tiny": (4, 128)}  # rows x seq-len of one step
+DEVICE = torch.device("cuda")  # --device cpu only checks the script's code paths: its figures mean nothing
+
+
+class Deadline:
+    """The command's time budget: a section asks before starting a measurement."""
+
+    def __init__(self, minutes: float) -> None:
+        self.end = time.monotonic() + 60 * minutes
+        self.skipped: list[str] = []
+
+    def allows(self, what: str, needs_s: float = 0.0) -> bool:
+        if time.monotonic() + needs_s <= self.end:
+            return True
+        self.skipped.append(what)
+        print(f"  skipped (over --minutes): {what}", flush=True)
+        return False
+
+
+def sync() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed_steps(step: Callable[[], None], warmup: int, window_s: float) -> tuple[float, float, int]:
+    """(warm-up seconds, seconds per step, steps timed): `warmup` steps (compilation), then steps until
+    `window_s` has passed, synchronised at both ends."""
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    sync()
+    warm = time.perf_counter() - t0
+    n, t0 = 0, time.perf_counter()
+    while True:
+        for _ in range(5):
+            step()
+        n += 5
+        sync()
+        if time.perf_counter() - t0 >= window_s:
+            break
+    return warm, (time.perf_counter() - t0) / n, n
+
+
+def random_batch(rows: int, seq: int, vocab: int, device: torch.device) -> Batch:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, vocab, (rows, seq + 1), generator=g)
+    positions = torch.arange(seq).expand(rows, seq).clone()
+    batch = Batch(
+        input_ids=ids[:, :-1].contiguous(),
+        labels=ids[:, 1:].contiguous(),
+        positions=positions,
+        document_ids=torch.zeros(rows, seq, dtype=torch.int64),
+        attention="causal",
+    ).mark_layout()
+    return batch.to(device)
+
+
+def store_batch(store: Path, rows: int, seq: int, device: torch.device) -> tuple[Batch, int]:
+    """Real packed clm rows of the store (several documents a row: the document mask is on)."""
+    from objtrain.objectives.registry import build_objective
+    from objtrain.training.data import leading_batches, open_sources
+
+    source = open_sources(str(store), None)
+    objective = build_objective("clm", source.specials, source.tokenizer, "decoder")
+    (batch,) = leading_batches(source.stream("train", 0), objective, seq, rows, rows, 0, within_epoch=False)
+    return batch.mark_layout().to(device), source.tokenizer.vocab_size
+
+
+def objtrain_step(model_cfg: Any, batch: Batch, compiled: bool, device: torch.device) -> Callable[[], None]:
+    from objtrain.models.zoo import build_model
+    from objtrain.objectives.base import token_loss
+    from objtrain.training.config import OptimConfig
+    from objtrain.training.optim import build_optimizer
+
+    torch.manual_seed(0)
+    model = build_model(model_cfg).to(device).train()
+    optimizer = build_optimizer(model, OptimConfig(), device)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+
+    def loss(b: Batch) -> Any:
+        return token_loss(model(b).logits, b.labels)
+
+    loss_of = torch.compile(loss) if compiled else loss
+    n = float((batch.labels != -100).sum())
+
+    def step() -> None:
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+            lo = loss_of(batch)
+        (lo.loss_sum / n).backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def hf_step(model_cfg: Any, batch: Batch, compiled: bool, device: torch.device) -> Callable[[], None]:
+    import transformers
+
+    from objtrain.interop.llama import llama_config
+
+    settings = llama_config(model_cfg, batch.input_ids.size(1))
+    for key in ("architectures", "model_type", "torch_dtype"):
+        settings.pop(key)
+    config = transformers.LlamaConfig(**settings)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), fused=DEVICE.type == "cuda")
+    forward = torch.compile(model) if compiled else model
+    ids, labels = batch.input_ids, batch.labels
+
+    def step() -> None:
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+            logits = forward(input_ids=ids, use_cache=False).logits
+            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _made(maker: Callable[..., Callable[[], None]], cfg: Any, rows: int, seq: int, compiled: bool) -> Any:
+    """A variant's step, built when it is measured (one model on the card at a time)."""
+    device = DEVICE
+    return lambda: maker(cfg, random_batch(rows, seq, cfg.vocab_size, device), compiled, device)
+
+
+def _real(store: Path, size: str, rows: int, seq: int) -> Any:
+    """objtrain compiled on the store's packed rows: the bare step the loop is measured against."""
+    from objtrain.models.zoo import model_config
+
+    def make() -> Callable[[], None]:
+        device = DEVICE
+        batch, vocab = store_batch(store, rows, seq, device)
+        return objtrain_step(model_config("decoder", size, {}, vocab_size=vocab), batch, True, device)
+
+    return make
+
+
+def bench_bare(args: argparse.Namespace, deadline: Deadline, peak: float) -> list[dict[str, Any]]:
+    from objtrain.models.zoo import model_config
+
+    out: list[dict[str, Any]] = []
+    for size in args.sizes:
+        rows, seq = SHAPES[size]
+        cfg = model_config("decoder", size, {}, vocab_size=32000)
+        flops = accounting.flops_per_step(cfg, rows, seq)
+        variants = [
+            ("objtrain eager", _made(objtrain_step, cfg, rows, seq, False)),
+            ("objtrain compiled", _made(objtrain_step, cfg, rows, seq, True)),
+            ("HF Llama eager", _made(hf_step, cfg, rows, seq, False)),
+            ("HF Llama compiled", _made(hf_step, cfg, rows, seq, True)),
+            ("objtrain compiled, store rows", _real(args.store, size, rows, seq)),
+        ]
+        for name, make in variants:
+            if not deadline.allows(f"bare {size} {name}", 30):
+                continue
+            row: dict[str, Any] = {"section": "bare", "size": size, "variant": name, "rows": rows, "seq": seq}
+            try:
+                step = make()
+                warm, per_step, n = timed_steps(step, 3, args.window)
+            except Exception as exc:  # a failed variant is reported, the others run
+                row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                print(f"  bare {size:5s} {name:30s} failed: {row['error']}", flush=True)
+                out.append(row)
+                continue
+            f = flops
+            if name.endswith("store rows"):
+                f = accounting.flops_per_step(
+                    model_config("decoder", size, {}, vocab_size=args.vocab), rows, seq
+                )
+            row |= {
+                "tokens_per_s": rows * seq / per_step,
+                "mfu": f / per_step / peak,
+                "warmup_s": warm,
+                "steps": n,
+            }
+            print(
+                f"  bare {size:5s} {name:30s} {row['tokens_per_s']:>12,.0f} tok/s  MFU {row['mfu']:6.1%}  "
+                f"(warm-up {warm:.1f} s, {n} steps)",
+                flush=True,
+            )
+            out.append(row)
+            torch.cuda.empty_cache()
+    return out
+
+
+def bench_train(
+    args: argparse.Namespace, deadline: Deadline, work: Path, bare: list[dict[str, Any]]
+) -> list[dict]:
+    from rich.console import Console
+
+    from objtrain.training.config import build_config
+    from objtrain.training.loop import train
+
+    small = "small" if "small" in args.sizes else args.sizes[0]
+    runs = [(o, small) for o in args.objectives] + ([("clm", "base")] if "base" in args.sizes else [])
+    out: list[dict[str, Any]] = []
+    for objective, size in runs:
+        if not deadline.allows(f"train {objective} {size}", args.seconds + 45):
+            continue
+        kind = {"mlm": "encoder", "span": "encdec", "bart": "encdec"}.get(objective, "decoder")
+        rows, seq = SHAPES[size]
+        overrides = {"n": 4} if objective == "mtp" else {}
+        cfg = build_config(
+            {
+                "data": {"store": str(args.store)},
+                "model": {"kind": kind, "size": size},
+                "objective": {"name": objective, "overrides": overrides},
+                "batch": {"seq_len": seq, "batch_size": rows},
+                "budget": {"seconds": args.seconds},
+                "precision": {"dtype": "bf16"},
+                "validation": {"every": -1},
+                "checkpoint": {"keep": 1},
+                "logging": {"every": 50, "tensorboard": False, "sample": False},
+                "device": DEVICE.type,
+            }
+        )
+        run = work / f"{objective}-{size}"
+        row: dict[str, Any] = {"section": "train", "objective": objective, "size": size, "run": str(run)}
+        try:
+            result = train(
+                cfg, run, force=True, console=Console(stderr=True, quiet=True), show_progress=False
+            )
+        except Exception as exc:  # a failed run is reported, the others run
+            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            print(f"  train {objective:5s} {size:5s} failed: {row['error']}", flush=True)
+            out.append(row)
+            continue
+        records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        steps = [r for r in records if "loss" in r]
+        compile_event = next((r for r in records if r.get("event") == "compile"), None)
+        steady = steps[1:] or steps  # the first step compiles
+        tokens = steady[-1]["tokens"] - steps[0]["tokens"]
+        span = steady[-1]["wall_time"] - steps[0]["wall_time"]
+        times = [1 / r["tokens_per_s"] for r in steady]  # each step's time, up to one factor
+        waits = [r["data_wait_frac"] * t for r, t in zip(steady, times, strict=True)]
+        row |= {
+            "steps": result.step,
+            "tokens_per_s": tokens / span if span > 0 else float("nan"),
+            "mfu": result.mfu,
+            "data_wait": sum(waits) / sum(times),
+            "time_ratio": steps[-1]["wall_time"] / args.seconds,
+            "first_step_s": compile_event["first_step_seconds"] if compile_event else steps[0]["wall_time"],
+            "compiled": compile_event["mode"] if compile_event else "eager",
+            "checkpoint": str(result.checkpoint),
+        }
+        if objective == "clm":
+            ref = next((b for b in bare if b["size"] == size and b["variant"].endswith("store rows")), None)
+            if ref is not None and "tokens_per_s" in ref:
+                row["of_bare_compiled"] = row["tokens_per_s"] / ref["tokens_per_s"]
+        print(
+            f"  train {objective:5s} {size:5s} {row['tokens_per_s']:>12,.0f} tok/s  MFU {row['mfu']:6.1%}  "
+            f"data wait {row['data_wait']:6.2%}  --time {args.seconds:g} s -> {steps[-1]['wall_time']:.1f} s "
+            f"({row['time_ratio']:.3f})  first step {row['first_step_s']:.1f} s ({row['compiled']})"
+            + (f"  loop/bare {row['of_bare_compiled']:.2f}" if "of_bare_compiled" in row else ""),
+            flush=True,
+        )
+        out.append(row)
+        torch.cuda.empty_cache()
+    return out
+
+
+def bench_decode(
+    args: argparse.Namespace, deadline: Deadline, trained: list[dict[str, Any]]
+) -> dict[str, Any]:
+    from objtrain.evaluation import generate as gen
+    from objtrain.models.checkpoint import load_checkpoint
+    from objtrain.training.data import open_sources
+
+    mtp = next((r for r in trained if r.get("objective") == "mtp" and "checkpoint" in r), None)
+    if mtp is None or not deadline.allows("decode", 60):
+        print("  decode: no MTP model was trained (see train above): skipped", flush=True)
+        return {}
+    loaded = load_checkpoint(Path(mtp["checkpoint"]), device=DEVICE)
+    model = loaded.model.eval()
+    source = open_sources(str(args.store), None)
+    docs = source.documents("valid" if source.has_split("valid") else "train")
+    prompts = []
+    for i in range(len(docs.offsets) - 1):
+        a, b = int(docs.offsets[i]), int(docs.offsets[i + 1])
+        if b - a >= 32:
+            prompts.append(docs.tokens[a : a + 32].tolist())
+        if len(prompts) == args.prompts:
+            break
+    stats = gen.SpeculativeStats()
+    results: dict[str, Any] = {"section": "decode", "prompts": len(prompts), "new_tokens": args.new_tokens}
+    outputs: dict[str, list[list[int]]] = {}
+    with torch.no_grad():
+        for name, run in (
+            ("greedy", lambda p: list(gen.generate_decoder(model, p, args.new_tokens))),
+            ("speculative", lambda p: list(gen.generate_speculative(model, p, args.new_tokens, stats=stats))),
+        ):
+            run(prompts[0])  # warm-up
+            sync()
+            t0 = time.perf_counter()
+            outputs[name] = [run(p) for p in prompts]
+            sync()
+            seconds = time.perf_counter() - t0
+            results[f"{name}_tokens_per_s"] = sum(len(o) for o in outputs[name]) / seconds
+    results["speedup"] = results["speculative_tokens_per_s"] / results["greedy_tokens_per_s"]
+    results["identical"] = outputs["greedy"] == outputs["speculative"]
+    results["acceptance"] = stats.acceptance
+    results["tokens_per_forward"] = stats.tokens_per_forward
+    print(
+        f"  decode greedy {results['greedy_tokens_per_s']:,.0f} tok/s; speculative "
+        f"{results['speculative_tokens_per_s']:,.0f} tok/s (x{results['speedup']:.2f}, acceptance "
+        f"{stats.acceptance:.0%}, {stats.tokens_per_forward:.2f} tokens/forward, identical to greedy: "
+        f"{results['identical']})",
+        flush=True,
+    )
+    return results
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--store", type=Path, default=None, help="a token store (default: the standard-library one)"
+    )
+    ap.add_argument("--sizes", nargs="+", default=["small", "base"], choices=sorted(SHAPES))
+    ap.add_argument("--objectives", nargs="+", default=OBJECTIVES)
+    ap.add_argument("--seconds", type=float, default=20.0, help="--time budget of each train run")
+    ap.add_argument("--window", type=float, default=3.0, help="seconds of timed bare steps per variant")
+    ap.add_argument("--prompts", type=int, default=12)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--minutes", type=float, default=8.0, help="start no measurement past this")
+    ap.add_argument(
+        "--only", nargs="+", default=["bare", "train", "decode"], choices=["bare", "train", "decode"]
+    )
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: a check of the script itself
+    args = ap.parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
+    if DEVICE.type == "cuda" and not torch.cuda.is_available():
+        print(
+            f"bench_gpu.py needs a CUDA GPU: torch {torch.__version__} sees none on this machine, so nothing "
+            "was measured (its figures must come from a real card; run it on a GPU host)."
+        )
+        return 0
+    deadline = Deadline(args.minutes)
+    device = DEVICE
+    peak, peak_source = accounting.peak_flops(device, "bf16")
+    try:
+        import transformers
+
+        hf = transformers.__version__
+    except ImportError:
+        hf = "not installed (HF rows fail)"
+    card = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (a check of the script)"
+    print(
+        f"{card}, torch {torch.__version__}, CUDA {torch.version.cuda}, transformers {hf}; "
+        f"bf16 peak {peak / 1e12:,.0f} TFLOP/s ({peak_source})",
+        flush=True,
+    )
+    if args.store is None:
+        from objtrain.data.default import default_store
+
+        args.store = default_store()
+    from objtrain.training.data import open_sources
+
+    args.vocab = open_sources(str(args.store), None).tokenizer.vocab_size
+    print(f"store {args.store} (vocabulary {args.vocab:,})", flush=True)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    report: dict[str, Any] = {"card": card, "torch": str(torch.__version__), "peak_flops": peak}
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        bare = bench_bare(args, deadline, peak) if "bare" in args.only else []
+        trained = bench_train(args, deadline, Path(tmp), bare) if "train" in args.only else []
+        decoded = bench_decode(args, deadline, trained) if "decode" in args.only else {}
+    report |= {"bare": bare, "train": trained, "decode": decoded, "skipped": deadline.skipped}
+    report["minutes"] = (time.monotonic() - started) / 60
+    print(
+        f"done in {report['minutes']:.1f} min"
+        + (f"; skipped: {', '.join(deadline.skipped)}" if deadline.skipped else "")
+    )
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
