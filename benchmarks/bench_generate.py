@@ -20,8 +20,10 @@
    Without CUDA it says so: the figures are then CPU ones (eager static steps, no graphs), not the GPU
    targets (small model: greedy >= 2,000 tok/s, speculative >= x2.5 over it, on an H100).
 
-`decoding_speed(model, prompts, new_tokens, repeats, compile)` is the function other benchmarks call
-(benchmarks/bench_gpu.py): it returns the section-4 figures for one decoder on its own device.
+`decoding_speed(model, prompts, new_tokens, repeats, compile)` returns the section-4 figures for one decoder
+on its own device; `decoding_benchmark(device, size, heads, train_seconds, n_prompts, new_tokens, compile)`
+first trains that decoder itself (the issue's setting: small, n=4, 60 s, 12 prompts x 256 tokens). Other
+benchmarks (benchmarks/bench_gpu.py) call them: `from bench_generate import decoding_benchmark`.
 
     .venv/bin/python benchmarks/bench_generate.py
     .venv/bin/python benchmarks/bench_generate.py --steps 400 --json out.json
@@ -41,6 +43,7 @@ spread over the one valid document):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sysconfig
@@ -124,34 +127,45 @@ def train_mtp(args: argparse.Namespace) -> tuple[Decoder, Tokenizer, dict[str, A
         stream.extend([*ids, specials.eos])
     data = torch.tensor(stream)
     n = args.heads
+    size = getattr(args, "mtp_size", "tiny")
+    device = torch.device(getattr(args, "train_device", None) or "cpu")
+    seconds: float | None = getattr(args, "train_seconds", None)  # a time budget instead of a step count
     torch.manual_seed(0)
-    overrides = {"mtp_heads": n, "n_layer": args.layers}
-    model: Decoder = build_model(model_config("decoder", "tiny", overrides, vocab_size=tokenizer.vocab_size))  # type: ignore[assignment]
-    model.train()
+    overrides: dict[str, Any] = {"mtp_heads": n}
+    if args.layers:
+        overrides["n_layer"] = args.layers
+    model: Decoder = build_model(model_config("decoder", size, overrides, vocab_size=tokenizer.vocab_size))  # type: ignore[assignment]
+    model.to(device).train()
+    data = data.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     B, T = args.batch, args.seq
     g = torch.Generator().manual_seed(0)
-    positions = torch.arange(T).expand(B, T)
+    positions = torch.arange(T, device=device).expand(B, T)
+    offsets = torch.arange(T + n, device=device)
+    cast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     t0 = time.perf_counter()
     losses: list[float] = []
     for step in range(args.steps):
-        lr = (
-            args.lr * min(1.0, (step + 1) / 30) * (0.1 + 0.9 * (1 - step / args.steps))
-        )  # warm-up, linear decay
+        done = step / args.steps if seconds is None else (time.perf_counter() - t0) / seconds
+        if done >= 1:
+            break
+        lr = args.lr * min(1.0, (step + 1) / 30) * (0.1 + 0.9 * (1 - done))  # warm-up, linear decay
         for group in opt.param_groups:
             group["lr"] = lr
-        starts = torch.randint(0, len(data) - T - n, (B,), generator=g)
-        window = data[starts[:, None] + torch.arange(T + n)]  # (B, T + n)
+        starts = torch.randint(0, len(data) - T - n, (B,), generator=g).to(device)
+        window = data[starts[:, None] + offsets]  # (B, T + n)
         x = window[:, :T]
         batch = Batch(x, window[:, 1 : T + 1], positions, torch.zeros_like(x), "causal")
         # MTP sequential backward (reference section 10): trunk once, each head's forward+backward in
         # turn into the detached trunk output, then one backward through the trunk.
-        trunk = model.trunk(batch)
+        with cast:
+            trunk = model.trunk(batch)
         hidden = trunk.hidden.detach().requires_grad_()
         head1 = 0.0
         for k in range(n):
-            logits = model.head(k, TrunkOutput(hidden, trunk.ctx))[1]  # (B, T, V)
-            loss = F.cross_entropy(logits.flatten(0, 1), window[:, k + 1 : T + k + 1].flatten())
+            with cast:
+                logits = model.head(k, TrunkOutput(hidden, trunk.ctx))[1]  # (B, T, V)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), window[:, k + 1 : T + k + 1].flatten())
             loss.backward()
             head1 = float(loss.detach()) if k == 0 else head1
         trunk.hidden.backward(hidden.grad)
@@ -163,7 +177,9 @@ def train_mtp(args: argparse.Namespace) -> tuple[Decoder, Tokenizer, dict[str, A
             print(f"  step {step:4d}  head-1 loss {head1:.3f}  ({time.perf_counter() - t0:.0f}s)", flush=True)
     info = {
         "train_tokens": len(stream),
-        "steps": args.steps,
+        "size": size,
+        "device": str(device),
+        "steps": len(losses),
         "batch": B,
         "seq": T,
         "heads": n,
@@ -213,11 +229,7 @@ def mtp_model(args: argparse.Namespace) -> tuple[Decoder, list[list[int]], dict[
             f"training a tiny n={args.heads} MTP decoder for {args.steps} steps (minimal loop in this script)"
         )
         model, tokenizer, info = train_mtp(args)
-        prompts = []
-        for name in HELD_OUT:
-            ids = tokenizer.encode((STDLIB / name).read_text(encoding="utf-8"))
-            for start in range(0, len(ids) - args.prompt_len, len(ids) // args.prompts_per_file):
-                prompts.append(ids[start : start + args.prompt_len])
+        prompts = held_out_prompts(tokenizer, args.prompt_len, args.prompts_per_file)
     return model, prompts, info
 
 
@@ -391,6 +403,40 @@ def decoding_speed(
     return result
 
 
+def held_out_prompts(tokenizer: Tokenizer, prompt_len: int, per_file: int) -> list[list[int]]:
+    """`per_file` prompts of `prompt_len` tokens from each standard-library module left out of training."""
+    prompts = []
+    for name in HELD_OUT:
+        ids = tokenizer.encode((STDLIB / name).read_text(encoding="utf-8"))
+        for start in range(0, len(ids) - prompt_len, len(ids) // per_file):
+            prompts.append(ids[start : start + prompt_len])
+    return prompts
+
+
+def decoding_benchmark(
+    device: str | None = None,
+    size: str = "small",
+    heads: int = 4,
+    train_seconds: float = 60.0,
+    n_prompts: int = 12,
+    new_tokens: int = 256,
+    compile: bool = False,
+) -> dict[str, Any]:
+    """Everything `decoding_speed` needs, made here: an n-head MTP decoder of `size` trained for
+    `train_seconds` on the standard library (this script's minimal loop, bf16 on CUDA), `n_prompts`
+    held-out prompts of 64 tokens; then `decoding_speed` on `device` (default cuda when there is one).
+    The result adds `cuda: False` when it measured the CPU only."""
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args = argparse.Namespace(
+        corpus_bytes=3_000_000, vocab=2048, heads=heads, layers=0, lr=3e-3, batch=32, seq=256,
+        steps=1_000_000, mtp_size=size, train_device=dev, train_seconds=train_seconds,
+    )  # fmt: skip
+    model, tokenizer, info = train_mtp(args)
+    prompts = held_out_prompts(tokenizer, 64, max(1, -(-n_prompts // len(HELD_OUT))))[:n_prompts]
+    out = decoding_speed(model, prompts, new_tokens, compile=compile)
+    return {**out, "cuda": dev.startswith("cuda"), "training": info}
+
+
 def static_benchmark(args: argparse.Namespace, model: Decoder, prompts: list[list[int]]) -> dict[str, Any]:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type != "cuda":
@@ -441,7 +487,9 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--layers", type=int, default=4, help="n_layer of the MTP model (trunk = layers - 1)")
+    ap.add_argument(
+        "--layers", type=int, default=0, help="n_layer of the MTP model (trunk = layers - 1; 0: its size's)"
+    )
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=128)
