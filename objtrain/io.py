@@ -8,8 +8,8 @@ import fcntl
 import json
 import os
 import re
+import secrets
 import shutil
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -84,13 +84,17 @@ def check_writable(path: Path) -> None:
         probe_dir = probe_dir.parent
     if not probe_dir.is_dir():
         return  # a file in the way: the command's own checks name that
+    probe = _temp_name(probe_dir, f".objtrain-probe-{os.getpid()}-", "")
     try:
-        fd, name = tempfile.mkstemp(prefix=".objtrain-probe-", dir=probe_dir)
         try:
-            os.write(fd, b"\0")
+            fd = _create_file(probe)
+            try:
+                os.write(fd, b"\0")
+            finally:
+                os.close(fd)
         finally:
-            os.close(fd)
-            os.unlink(name)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(probe)
     except OSError as exc:
         if not is_unwritable(exc):
             raise
@@ -169,6 +173,22 @@ def _temp_prefix(path: Path) -> str:
     return f".{path.name}.{os.getpid()}-"
 
 
+def _temp_name(parent: Path, prefix: str, suffix: str) -> Path:
+    """A fresh name for a temporary, not yet created. Callers hold the name before they create the file
+    (unlike `tempfile.mkstemp`/`mkdtemp`, which return it only after): a Ctrl-C that lands right after the
+    creation, before the name would have reached the caller, must still find the temporary to remove."""
+    while True:
+        name = Path(parent) / f"{prefix}{secrets.token_hex(6)}{suffix}"
+        if not (name.exists() or name.is_symlink()):
+            return name
+
+
+def _create_file(name: Path) -> int:
+    """Create `name` for writing, failing if it exists (`O_EXCL`: never someone else's file), with the
+    user's usual permissions (0666 less the umask; mkstemp would make 0600)."""
+    return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+
+
 def _pid_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
@@ -241,18 +261,20 @@ def atomic_dir(path: Path, force: bool = False) -> Iterator[Path]:
     kept = "the previous one is kept" if path.exists() else "nothing was written"
     tmp: Path | None = None
     old = path.with_name(f".{path.name}.old")
-    moved = False
+    moved = renaming = False
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent))
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; outputs get the user's usual permissions
+        # Named before it is made, so a Ctrl-C at any point after the mkdir removes it (below).
+        tmp = _temp_name(path.parent, _temp_prefix(path), ".tmp")
+        os.mkdir(tmp)  # 0777 less the umask: the user's usual permissions (mkdtemp would make 0700)
         yield tmp
+        renaming = True  # from here, a missing `tmp` means it was renamed into place
         if path.exists() or path.is_symlink():
             # Move the old output aside first so a crash between the two renames loses nothing
             # (clean_stale puts it back). The old output may be a file or a link: --force replaces only it.
             _remove(old)
+            moved = True  # before the rename: a Ctrl-C right after it still puts the old output back
             os.replace(path, old)
-            moved = True
             os.replace(tmp, path)
             moved = False
             _remove(old)
@@ -260,7 +282,7 @@ def atomic_dir(path: Path, force: bool = False) -> Iterator[Path]:
             os.replace(tmp, path)
         _completed.append(path)
     except BaseException as exc:
-        if tmp is not None and not tmp.exists() and path.exists():
+        if renaming and tmp is not None and not tmp.exists() and path.exists():
             _completed.append(path)  # cut (Ctrl-C) right after the rename: the output is whole all the same
         if moved and not (path.exists() or path.is_symlink()):
             with contextlib.suppress(OSError):
@@ -278,12 +300,12 @@ def atomic_file(path: Path, mode: str = "wb") -> Iterator[Any]:
     """Open a temporary sibling of `path` for writing; fsync and rename it into place on success."""
     path = Path(path)
     kept = "the previous one is kept" if path.exists() else "nothing was written"
-    tmp_name: str | None = None
+    tmp_name: Path | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         clean_stale(path)
-        fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
-        os.chmod(tmp_name, 0o666 & ~_umask())  # mkstemp makes 0600
+        tmp_name = _temp_name(path.parent, _temp_prefix(path), ".tmp")  # named first, as in atomic_dir
+        fd = _create_file(tmp_name)
         with os.fdopen(fd, mode) as handle:
             yield handle
             handle.flush()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from newcomer_helpers import Result, objtrain_cmd, subprocess_env
@@ -83,6 +85,87 @@ def test_ctrl_c_while_writing_removes_the_temporary(tmp_path: Path) -> None:
     _wait_for(lambda: any(p.name.endswith(".tmp") for p in tmp_path.iterdir()), proc, "the encoding phase")
     _assert_one_interrupted_line(*_interrupt(proc))
     assert list(tmp_path.iterdir()) == []  # neither the store nor its temporary
+
+
+def _ctrl_c_right_after(monkeypatch: pytest.MonkeyPatch, name: str, first_arg: Callable[[str], bool]) -> None:
+    """`os.<name>` does its work, then a Ctrl-C lands before the line that called it gets the result (once,
+    for the call whose first argument matches): the narrowest window a writer has to survive."""
+    real = getattr(os, name)
+
+    def cut(*args: Any, **kwargs: Any) -> Any:
+        result = real(*args, **kwargs)
+        if first_arg(os.fspath(args[0])):
+            monkeypatch.setattr(os, name, real)
+            if name == "open":
+                os.close(result)
+            raise KeyboardInterrupt
+        return result
+
+    monkeypatch.setattr(os, name, cut)
+
+
+@pytest.mark.parametrize(
+    "writer, call",
+    [("atomic_dir", "mkdir"), ("atomic_file", "open"), ("check_writable", "open")],
+)
+def test_ctrl_c_right_after_a_temporary_is_made_removes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, writer: str, call: str
+) -> None:
+    """The temporary (or the writability probe) exists from the moment the system call returns: a Ctrl-C
+    that lands before its name reached the writer used to leave it behind (`tempfile.mkdtemp` and
+    `mkstemp` return the name only after making it)."""
+    import objtrain.io as objtrain_io
+
+    _ctrl_c_right_after(monkeypatch, call, lambda name: Path(name).parent == tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        if writer == "check_writable":
+            objtrain_io.check_writable(tmp_path / "out")
+        else:
+            with getattr(objtrain_io, writer)(tmp_path / "out"):
+                pass
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_between_the_renames_of_a_replace_puts_the_previous_output_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from objtrain.io import atomic_dir, completed_outputs, forget_completed
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "data").write_text("the previous store")
+    forget_completed()
+    _ctrl_c_right_after(monkeypatch, "replace", lambda name: name == str(out))  # out -> .out.old, then ^C
+    with pytest.raises(KeyboardInterrupt), atomic_dir(out, force=True) as tmp:
+        (tmp / "data").write_text("the new store")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert (out / "data").read_text() == "the previous store"
+    assert completed_outputs() == []  # "nothing was written" is what the line says
+
+
+def test_ctrl_c_before_the_temporary_is_made_is_not_a_complete_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The temporary's name is held before it exists: a missing temporary only means it was renamed into
+    place once the writing is over, not when the Ctrl-C came before the mkdir (over an existing output)."""
+    from objtrain.io import atomic_dir, completed_outputs, forget_completed
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "data").write_text("the previous store")
+    forget_completed()
+
+    real = os.mkdir
+
+    def ctrl_c_before_the_temporary(name: Any, *args: Any, **kwargs: Any) -> None:
+        if os.fspath(name).endswith(".tmp"):
+            raise KeyboardInterrupt
+        real(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", ctrl_c_before_the_temporary)
+    with pytest.raises(KeyboardInterrupt), atomic_dir(out, force=True):
+        pass
+    assert completed_outputs() == [] and [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
 def test_closed_pipe_ends_quietly(small_store: Path) -> None:
