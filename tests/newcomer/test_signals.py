@@ -38,6 +38,16 @@ def _loading_torch(pid: int) -> bool:
         return False
 
 
+def _temporaries(directory: Path) -> list[Path]:
+    return [p for p in directory.iterdir() if p.name.endswith(".tmp")]
+
+
+def _stopped(pid: int) -> bool:
+    """The process is stopped (SIGSTOP has taken effect: state T in /proc/PID/stat)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] in "Tt"  # the state follows the command name in parentheses
+
+
 def _wait_for(condition, proc: subprocess.Popen, what: str, limit: float = 120) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + limit
     while not condition():
@@ -82,8 +92,24 @@ def test_ctrl_c_while_writing_removes_the_temporary(tmp_path: Path) -> None:
     proc = subprocess.Popen(objtrain_cmd(*STDLIB_RUN, "-o", out), env=subprocess_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=_ctrl_c_able)  # fmt: skip
-    _wait_for(lambda: any(p.name.endswith(".tmp") for p in tmp_path.iterdir()), proc, "the encoding phase")
-    _assert_one_interrupted_line(*_interrupt(proc))
+    _wait_for(lambda: _temporaries(tmp_path), proc, "the encoding phase")
+    # Hold the run still, check that it is writing, and let the Ctrl-C land exactly there: on a busy
+    # machine the test may be off the CPU between its look and the signal while the run goes on.
+    proc.send_signal(signal.SIGSTOP)
+    _wait_for(lambda: _stopped(proc.pid), proc, "the stop")
+    assert _temporaries(tmp_path) and not out.exists(), "the run was not writing when it stopped"
+    proc.send_signal(signal.SIGINT)  # pending until it runs again
+    proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=60)
+    if out.exists():
+        # Stopped inside the rename's own system call (microseconds of a phase of seconds): the store is
+        # whole, and the line must say so rather than "nothing was written".
+        assert proc.returncode == 130 and err.strip().splitlines() == [
+            f"interrupted after {out} was written: it is complete"
+        ], err
+        assert [p.name for p in tmp_path.iterdir()] == ["store"] and (out / "meta.json").is_file()
+        return
+    _assert_one_interrupted_line(proc.returncode, err)
     assert list(tmp_path.iterdir()) == []  # neither the store nor its temporary
 
 
