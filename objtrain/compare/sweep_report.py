@@ -376,7 +376,9 @@ def sweep_claim(
     a, b = arm_pair(claim.arms)
     cells_a = arms.get(a, {}).get("cells", {})
     cells_b = cells_a if b is None else arms.get(b, {}).get("cells", {})
-    shared = sorted(set(cells_a) & set(cells_b), key=lambda k: float(np.mean(cells_a[k]["flops"])))
+    # By compute, then label: in a size sweep several sizes share a budget, and the verdict at "the
+    # largest point" must not depend on set order.
+    shared = sorted(set(cells_a) & set(cells_b), key=lambda k: (float(np.mean(cells_a[k]["flops"])), k))
     points = []
     for label in shared:
         per_seed = {
