@@ -294,7 +294,8 @@ def index(all_results: dict[str, dict[str, Any]]) -> str:
         "the results. Measured on the machine above with `benchmarks/bench_findings.py --jobs 2` for "
         "the results published here, the seven questions took about 4.4 hours (4.9 one at a time on both "
         "cores) and the two sweeps about 0.8 more. The redesigned experiments (equal FLOPs across kinds "
-        "and heads, objectives-scaling as a grid of 3 sizes x 4 FLOPs budgets) are estimated from their "
+        "and heads, objectives-scaling and fim-scaling as grids of 3 sizes x 4 FLOPs budgets) are estimated "
+        "from their "
         "FLOPs at about 6 hours in all, not yet measured: rerun the benchmark before relying on it. A "
         "redesigned experiment starts over and its report says what changed against the results here. "
         "One experiment is one command, listed under its heading.",

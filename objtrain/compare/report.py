@@ -28,6 +28,7 @@ from objtrain.io import atomic_file, write_json
 
 # Metrics first in this order, then the rest alphabetically.
 ORDER = (
+    "conditional_bpb",
     "bits_per_byte",
     "val_bpb",
     "loss",
@@ -625,6 +626,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
 # The metrics a verdict names, in order, when the arms were ranked on them: what a left-to-right model pays
 # (bits per byte), what infilling, masking and a probe gain.
 HEADLINE = (
+    "conditional_bpb",  # the one generation score every model kind is judged on alike
     "bits_per_byte",
     "infill_exact_match",
     "masked_accuracy",

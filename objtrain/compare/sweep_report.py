@@ -376,7 +376,9 @@ def sweep_claim(
     a, b = arm_pair(claim.arms)
     cells_a = arms.get(a, {}).get("cells", {})
     cells_b = cells_a if b is None else arms.get(b, {}).get("cells", {})
-    shared = sorted(set(cells_a) & set(cells_b), key=lambda k: float(np.mean(cells_a[k]["flops"])))
+    # By compute, then label: in a size sweep several sizes share a budget, and the verdict at "the
+    # largest point" must not depend on set order.
+    shared = sorted(set(cells_a) & set(cells_b), key=lambda k: (float(np.mean(cells_a[k]["flops"])), k))
     points = []
     for label in shared:
         per_seed = {
@@ -661,6 +663,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
         f"- Experiment: `{experiment_source(exp)}`",
         f"- Sweep: {kind} at {', '.join(_g(p) for p in sw[kind])} ({sw['span']:.0f}x)"
         + (f", sizes {', '.join(sw['size'])}" if sw["size"] else ""),
+        f"- Held equal at each point: {held_at_points(results)}",
         f"- Seeds: {', '.join(map(str, results['seeds']))} (seed k is shared by every arm and point)",
         "- Shorter points branch from the longest run of their chain where the schedule lets them (a "
         "warmup-stable-decay run's stable phase): the branched run equals a separate run step for step "
@@ -683,6 +686,28 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
 
 def _iv(iv: list[float] | None, digits: int = 3) -> str:
     return f" [{_g(iv[0], digits)}, {_g(iv[1], digits)}]" if iv else ""
+
+
+def held_at_points(results: dict[str, Any]) -> str:
+    """Which control a point holds equal across arms, and how far apart the other is at the same point:
+    a claim judged at a tokens point compares equal tokens, which is equal compute only where the arms'
+    FLOPs agree."""
+    sw = results["sweep"]
+    kind = "tokens" if "tokens" in sw else "flops"
+    other, other_name = ("flops", "FLOPs") if kind == "tokens" else ("tokens", "tokens")
+    by_label: dict[str, list[float]] = {}
+    for arm in results["arms"]:
+        for cell in arm["cells"]:
+            if cell.get(other):
+                by_label.setdefault(cell["label"], []).append(float(np.mean(cell[other])))
+    ratios = [max(v) / min(v) for v in by_label.values() if len(v) > 1 and min(v) > 0]
+    spread = max(ratios) if ratios else 1.0
+    held = "tokens" if kind == "tokens" else "training FLOPs"
+    if spread <= 1.05:
+        return f"{held}; the arms' {other_name} agree within 5% at every point"
+    tail = (": the claims at each point compare equal tokens, not equal compute"
+            if kind == "tokens" else "")  # fmt: skip
+    return f"{held}; the arms' {other_name} differ up to {spread:.2f}x at one point{tail}"
 
 
 def _frontier_fit_section(results: dict[str, Any]) -> list[str]:

@@ -380,3 +380,21 @@ def test_a_republication_says_what_changed_against_the_results_it_replaces(
     assert "## Changed since the previous publication" in text and "(objtrain abc)" in text
     assert "| c | changed | agrees → not resolved | 0.1 → 0.02 |" in text
     assert "| bits_per_byte | mtp-1 | 1.8 | 1.75 |" in text and "val_bpb" not in text
+
+
+def test_no_shipped_experiment_calls_equal_tokens_equal_compute() -> None:
+    """'compute' in a question, expectation or claim only where FLOPs are what the arms share: a FLOPs
+    budget or sweep, or arms of one model kind and head count (whose FLOPs per token agree)."""
+    from objtrain.compare.sweep_report import held_at_points
+
+    for name in [*findings.FINDINGS, *findings.SWEEPS, "fim-vs-clm"]:
+        exp = load_experiment(name)
+        words = " ".join([exp.question, *(c.claim for c in exp.claims)]).lower()
+        same = len({(a.model.kind, a.model.size, a.objective.overrides.get("n", 1)) for a in exp.arms}) == 1
+        flops = exp.budget.kind == "flops" if not exp.sweep else "flops" in exp.sweep
+        assert "compute" not in words or flops or same, name
+    arms = [{"cells": [{"label": "tokens-1e6", "flops": [f]}]} for f in (2e12, 1e12)]
+    text = held_at_points({"sweep": {"tokens": [1.0]}, "arms": arms})
+    assert text.endswith(
+        "differ up to 2.00x at one point: the claims at each point compare equal tokens, not equal compute"
+    )
