@@ -126,7 +126,8 @@ def autocast(device: torch.device, dtype: str) -> Any:
 
 
 class StopFlag:
-    """Ctrl-C / SIGTERM set a flag; the loop saves at the next step boundary. A second Ctrl-C stops now."""
+    """Ctrl-C / SIGTERM set a flag; the loop saves at the next step boundary (several processes: at the
+    next step they all read, where they agree to stop). A second Ctrl-C stops now."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
@@ -377,6 +378,8 @@ class Trainer:
                 self._extend(saved)
         else:
             self.total = total_steps(cfg, plan, lambda: _time_step(plan, self.model))
+            if cfg.budget.seconds is not None:  # timed on each rank: the main process's estimate for all
+                self.total = int(dist.broadcast_object(self.total, plan.world))  # type: ignore[call-overload]
             self.totals = [(0, self.total)]
         self.checkpoint = plan.resume_from  # the last complete checkpoint
 
