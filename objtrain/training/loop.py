@@ -5,14 +5,16 @@
 
 Per optimizer step (reference training.md sections 1, 2, 8, 9):
 1. Take this rank's A micro-batches from the loader (timed: the data-wait share).
-2. Count their targets and all-reduce: N, the step's global target count.
+2. Count their targets on the host (the loader's arrays) and all-reduce: N, the step's global count.
 3. Each micro-batch backpropagates `loss_sum / N` (MTP: the trunk once, then each head's forward and
    backward in turn, so one logits tensor is alive at a time). The step's loss is therefore the sum over
    all targets of all micro-batches and ranks over their total count, never a mean of means; if an
    objective's own count differs from the labels' (pair-level losses), gradients are rescaled to it.
-4. SUM the gradients over ranks, unscale (fp16), clip the global norm, check everything is finite (else
-   stop naming the step: the last good checkpoint stays), set the step's lr, step AdamW.
-Then log, validate and checkpoint on their intervals. The lr is a pure function of (optimizer steps
+4. SUM the gradients over ranks, unscale (fp16), clip the global norm, set the step's lr, step AdamW.
+Nothing is read back from the device: the step's numbers wait on it until the loop reads a window of
+steps at once (`steps`), at log points, validations, checkpoints and --time checks; a non-finite loss
+or gradient norm found there stops the run naming its step (the last good checkpoint stays). Then
+validate and checkpoint on their intervals. The lr is a pure function of (optimizer steps
 taken, total steps): a step fp16's GradScaler skips does not advance it (reference training.md section 2).
 Data is a pure function of (seed, rows consumed), RNG states are saved: a resumed run is bit-identical.
 
@@ -124,7 +126,8 @@ def autocast(device: torch.device, dtype: str) -> Any:
 
 
 class StopFlag:
-    """Ctrl-C / SIGTERM set a flag; the loop saves at the next step boundary. A second Ctrl-C stops now."""
+    """Ctrl-C / SIGTERM set a flag; the loop saves at the next step boundary (several processes: at the
+    next step they all read, where they agree to stop). A second Ctrl-C stops now."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
@@ -375,6 +378,8 @@ class Trainer:
                 self._extend(saved)
         else:
             self.total = total_steps(cfg, plan, lambda: _time_step(plan, self.model))
+            if cfg.budget.seconds is not None:  # timed on each rank: the main process's estimate for all
+                self.total = int(dist.broadcast_object(self.total, plan.world))  # type: ignore[call-overload]
             self.totals = [(0, self.total)]
         self.checkpoint = plan.resume_from  # the last complete checkpoint
 

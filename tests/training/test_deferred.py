@@ -162,3 +162,54 @@ def test_a_nonfinite_loss_stops_within_the_logging_interval_naming_the_last_good
     assert latest is not None and latest.name == "step-00000006"
     assert all(torch.isfinite(t).all() for t in load_file(latest / "model.safetensors").values())
     assert not (tmp_path / "run" / "checkpoints" / "step-00000008").exists()
+
+
+TIMING = {"tokens_per_s", "mfu", "data_wait_frac", "peak_mem_bytes", "wall_time", "elapsed", "time"}
+
+
+def test_the_records_do_not_depend_on_when_they_are_read(
+    train_store: Path, tmp_path: Path, small_config
+) -> None:
+    """Read every step or every 4 steps: the same records (their timings aside), the same weights."""
+    runs = {}
+    for every in (1, 4):
+        cfg = small_config(
+            train_store,
+            objective={"name": "nsp"},
+            model={"kind": "encoder"},
+            batch={"micro_batch_size": 4},
+            budget={"steps": 7},
+            logging={"every": every},
+        )
+        train(cfg, tmp_path / f"every{every}", show_progress=False)
+        runs[every] = [
+            {k: v for k, v in r.items() if k not in TIMING} for r in records(tmp_path / f"every{every}")
+        ]
+    assert runs[1] == runs[4] and len([r for r in runs[1] if "loss" in r]) == 7
+    weights = [
+        load_file(ckpt.latest_checkpoint(tmp_path / f"every{e}") / "model.safetensors") for e in (1, 4)
+    ]  # type: ignore[operator]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU's host syncs: needs CUDA")
+def test_a_cuda_step_never_waits_for_the_gpu(
+    train_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_config
+) -> None:
+    """torch's sync debug mode raises on any synchronising call inside a step (reference gpu.md 2)."""
+    step = loop.Trainer.step
+
+    def strict(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if self.state.step < 2:  # the first steps allocate and warm up
+            return step(self, *args, **kwargs)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return step(self, *args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    monkeypatch.setattr(loop.Trainer, "step", strict)
+    cfg = small_config(
+        train_store, device="cuda", precision={"dtype": "bf16", "compile": False}, budget={"steps": 6}
+    )
+    train(cfg, tmp_path / "run", show_progress=False)
