@@ -171,6 +171,7 @@ def test_compiled_steps_trace_as_one_graph_each(monkeypatch: pytest.MonkeyPatch)
     step is one graph (what CUDA graph capture needs too)."""
     monkeypatch.setattr(static_module.torch, "compile", functools.partial(torch.compile, backend="eager"))
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # counted since the process started, across tests
     model = tiny_model("decoder", mtp_heads=3)
     want = list(gen.generate_decoder(model, PROMPTS[0], 12))
     assert list(gen.generate_decoder(model, PROMPTS[0], 12, static=True, compile=True)) == want
