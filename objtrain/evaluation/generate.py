@@ -43,6 +43,7 @@ from objtrain.models.static import (
     EncDecSteps,
     HostReads,
     SpeculativeSteps,
+    TreeLayout,
     steps_for,
 )
 from objtrain.specials import Specials
@@ -225,27 +226,6 @@ def default_tree(n: int) -> tuple[tuple[int, ...], ...]:
         )
     chain = chain_tree(n - 1)
     return tuple(sorted({*chain, *((*p[:-1], 1) for p in chain)}, key=lambda p: (len(p), p)))
-
-
-@dataclass(frozen=True)
-class TreeLayout:
-    """A draft tree's index tensors, built once per generation. Node 0 is the root, then the chain of
-    argmaxes (0,), (0, 0), ..., then the rest breadth-first: every parent comes before its children, and
-    node i's tensors are row i. With the chain first, a step that accepts only argmaxes (the most common
-    outcome) finds its keys and values already contiguous in the caches, and moves none."""
-
-    draft: Tensor  # (N-1,) each non-root node's entry in the flattened (n-1, k) candidate table
-    parent: Tensor  # (N-1,) each non-root node's parent
-    depth: Tensor  # (N,) position offset from the root
-    sees: Tensor  # (N, N) bool: node j is node i or one of its ancestors
-    paths: Tensor  # (N, depth + 1) root .. node, padded by repeating the node
-    in_place: tuple[bool, ...]  # (N,) the path root .. node is nodes 0, 1, .., depth: nothing to move
-    k: int  # candidates taken from each draft head
-    max_depth: int
-
-    @property
-    def size(self) -> int:
-        return self.depth.numel()
 
 
 def tree_layout(tree: DraftTree, n: int, device: torch.device) -> TreeLayout:

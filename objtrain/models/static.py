@@ -19,6 +19,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,6 +36,27 @@ ALIGN = 64  # cache lengths are multiples of this: reused across prompts, aligne
 
 def round_up(n: int, to: int = ALIGN) -> int:
     return -(-n // to) * to
+
+
+@dataclass(frozen=True)
+class TreeLayout:
+    """A draft tree's index tensors, built once per generation. Node 0 is the root, then the chain of
+    argmaxes (0,), (0, 0), ..., then the rest breadth-first: every parent comes before its children, and
+    node i's tensors are row i. With the chain first, a step that accepts only argmaxes (the most common
+    outcome) finds its keys and values already contiguous in the caches, and moves none."""
+
+    draft: Tensor  # (N-1,) each non-root node's entry in the flattened (n-1, k) candidate table
+    parent: Tensor  # (N-1,) each non-root node's parent
+    depth: Tensor  # (N,) position offset from the root
+    sees: Tensor  # (N, N) bool: node j is node i or one of its ancestors
+    paths: Tensor  # (N, depth + 1) root .. node, padded by repeating the node
+    in_place: tuple[bool, ...]  # (N,) the path root .. node is nodes 0, 1, .., depth: nothing to move
+    k: int  # candidates taken from each draft head
+    max_depth: int
+
+    @property
+    def size(self) -> int:
+        return self.depth.numel()
 
 
 class CapturedStep:
@@ -291,14 +313,12 @@ class SpeculativeSteps(_Steps):
     always moved into place (a copy onto itself when it is already there). Each step writes its tokens to
     `out`: the path's drafts (padded to the tree's depth), head 1's next token, and how many drafts hold.
 
-    `layout` is a `TreeLayout` of `objtrain.evaluation.generate` on the model's device.
+    `layout` is a `TreeLayout` (built by `objtrain.evaluation.generate.tree_layout`) on the model's device.
     """
 
     def __init__(
-        self, model: Decoder, layout: object, max_len: int, graphs: bool, compile: bool = False
+        self, model: Decoder, layout: TreeLayout, max_len: int, graphs: bool, compile: bool = False
     ) -> None:
-        from objtrain.evaluation.generate import TreeLayout  # the layout's owner (no import at load)
-
         assert isinstance(layout, TreeLayout)
         self._model, self.layout = weakref.ref(model), layout
         self.max_len = round_up(max_len)

@@ -266,7 +266,7 @@ def _embedded_store(world: dist.World, console: Console | None) -> Path:
             )
         progress = None
         if console is not None and console.is_terminal:
-            from objtrain.cli.tokenize import RichProgress
+            from objtrain.data.progress import RichProgress
 
             progress = RichProgress(console)
             with progress.bar:
