@@ -34,7 +34,8 @@ labelled TSV/JSONL (--probe train.tsv --probe-valid dev.tsv), or named tasks (--
 --probe-data DIR); the layer and penalty are chosen on a dev split, never on the reported one. Beside each
 probe: its majority class, the same probe on bag-of-words token counts and on the same architecture at random
 init, and its sd over probe seeds (refits on redrawn examples); a probe near its random-init baseline says
-little about the features. With
+little about the features. Encoders: sentence order (consecutive segments of held-out text, in order or
+swapped), zero-shot by an NSP/SOP head and as a probe. With
 --finetune, the whole model is also fine-tuned on the same tasks (a linear head, AdamW, weights chosen on
 dev) and scored on test, as the literature compares objectives. A few greedy samples for the eye.
 
@@ -103,6 +104,10 @@ def run(
     probe_seeds: Annotated[
         int, typer.Option("--probe-seeds", min=1, help="Probe refits on redrawn examples for its sd.")
     ] = 5,
+    sentence_order_pairs: Annotated[
+        int,
+        typer.Option("--sentence-order-pairs", min=1, help="Encoders: segment pairs, in order or swapped."),
+    ] = 600,
     middle_tasks: Annotated[
         int, typer.Option("--middle-tasks", min=0, help="Infilling tasks whose middle is scored in bits.")
     ] = 240,
@@ -120,7 +125,10 @@ def run(
     ] = 3e-4,
     samples: Annotated[int, typer.Option(min=0, help="Greedy samples to show.")] = 3,
     skip: Annotated[
-        str, typer.Option(help="Parts to leave out: lm,conditional,corrupted,infill,probe,samples.")
+        str,
+        typer.Option(
+            help="Parts to leave out: lm,conditional,corrupted,infill,probe,sentence_order,finetune,samples."
+        ),
     ] = "",
     output_format: Annotated[
         str, typer.Option("--format", help="text (a table) or json (one object).")
@@ -150,6 +158,7 @@ def run(
         probe_data=probe_data,
         probe_baselines=not no_baselines,
         probe_seeds=probe_seeds,
+        sentence_order_pairs=sentence_order_pairs,
         middle_tasks=middle_tasks,
         finetune=finetune,
         finetune_steps=finetune_steps,
@@ -171,8 +180,8 @@ def run(
 NOTES = (
     "data", "window", "stride", "scored_tokens", "scored_bytes", "lm_mode", "conditional_mode",
     "conditional_docs", "infill_mode", "infill_tasks", "infill_skipped", "middle_mode", "middle_tasks",
-    "probe", "probe_method", "probe_classes", "probe_feature_dim", "probe_layer", "eval_seed",
-    "finetune_best_step", "finetune_steps",
+    "probe", "probe_method", "sentence_order_pairs", "probe_classes", "probe_feature_dim", "probe_layer",
+    "eval_seed", "finetune_best_step", "finetune_steps",
 )  # fmt: skip
 
 

@@ -28,7 +28,7 @@ import json
 import re
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,15 @@ class Labelled:
     texts: list[str]
     labels: list[str]
     replaced_lines: int = 0  # lines that were not UTF-8 and were decoded with replacement characters
+
+
+@dataclass
+class LabelledIds(Labelled):
+    """Examples already in token ids (sentence pairs): `texts` are for the eye, the model reads `ids`, and
+    segment 1 of example i starts at `second[i]`."""
+
+    ids: list[list[int]] = field(default_factory=list)
+    second: list[int] = field(default_factory=list)
 
 
 def _is_label(value: str) -> bool:
@@ -271,10 +280,13 @@ def trained_with_segments(training: Mapping[str, Any]) -> bool:
     return any(name in SEGMENT_OBJECTIVES for name in names)
 
 
-def last_hidden(model: nn.Module, ids: Tensor, valid: Tensor, segments: bool = False) -> Tensor:
+def last_hidden(
+    model: nn.Module, ids: Tensor, valid: Tensor, segments: bool = False, second: Tensor | None = None
+) -> Tensor:
     """The last layer's normed hidden states (B, L, D) of single-example rows: a decoder's causal, an
-    encoder's bidirectional, an encoder-decoder's encoder output. `segments`: feed an encoder segment 0
-    at every token, for models trained on sentence pairs only (see `trained_with_segments`)."""
+    encoder's bidirectional, an encoder-decoder's encoder output. `segments`: feed an encoder segment ids,
+    for models trained on sentence pairs only (see `trained_with_segments`): 0 at every token, or with
+    `second` (B,) segment 1 from that position of each row on (a pair's B)."""
     kind = getattr(model.config, "kind", "decoder")  # type: ignore[union-attr]
     B, L = ids.shape
     docs = torch.where(valid, 0, -1)
@@ -282,7 +294,11 @@ def last_hidden(model: nn.Module, ids: Tensor, valid: Tensor, segments: bool = F
     if kind == "encdec":
         return model.encode(ids, positions, docs)  # type: ignore[operator]
     attention = "causal" if kind == "decoder" else "bidirectional"
-    segment_ids = torch.zeros_like(ids) if segments and kind == "encoder" else None
+    segment_ids = None
+    if segments and kind == "encoder":
+        segment_ids = torch.zeros_like(ids)
+        if second is not None:
+            segment_ids = ((positions >= second[:, None]) & valid).long()
     batch = Batch(ids, ids, positions, docs, attention, segment_ids=segment_ids)  # type: ignore[arg-type]
     return model.last_hidden(batch)  # type: ignore[operator]
 
@@ -306,6 +322,25 @@ def layer_features(
     choose its layer; a decoder's last layer is shaped to predict the next token, and mid layers often
     transfer better (reference findings.md section 3). `segments`: see `last_hidden`."""
     encoded = encode_texts(tokenizer, texts, max_len)
+    return encoded_features(
+        model, encoded, tokenizer.specials.pad, pooling, batch_size, device, layers, segments
+    )
+
+
+@torch.no_grad()
+def encoded_features(
+    model: nn.Module,
+    encoded: Sequence[list[int]],
+    pad: int,
+    pooling: str = "mean",
+    batch_size: int = 32,
+    device: torch.device | str = "cpu",
+    layers: str = "last",
+    segments: bool = False,
+    second: Sequence[int] | None = None,
+) -> list[Tensor]:
+    """`layer_features` of examples already in token ids; `second`: where each example's segment 1 starts
+    (sentence pairs), read by models trained with segments only."""
     # Batches of similar lengths pad little (texts of 2 to 60 tokens, batched as they come, are half
     # padding); the features are put back in the texts' order at the end.
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
@@ -315,11 +350,12 @@ def layer_features(
     per_layer: list[list[Tensor]] = [[] for _ in range(len(blocks) + 1)]
     try:
         for lo in range(0, len(encoded), batch_size):
-            chunk = [encoded[i] for i in order[lo : lo + batch_size]]
-            ids, valid, lengths = padded(chunk, tokenizer.specials.pad)
+            take = order[lo : lo + batch_size]
+            ids, valid, lengths = padded([encoded[i] for i in take], pad)
             ids, valid = ids.to(device), valid.to(device)
+            at = None if second is None else torch.tensor([second[i] for i in take], device=device)
             captured.clear()
-            hidden = last_hidden(model, ids, valid, segments)
+            hidden = last_hidden(model, ids, valid, segments, at)
             if pooling == "pooled":  # BERT's pooled head: tanh(dense(h_0)), trained by NSP/SOP
                 pooler = getattr(model, "pooler", None)
                 if pooler is None:

@@ -43,14 +43,14 @@ from objtrain.data.default import default_store_path
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.devices import resolve_device
 from objtrain.errors import UserError, did_you_mean
-from objtrain.evaluation import conditional, corrupted, finetune, infill, lm, middle, probe
+from objtrain.evaluation import conditional, corrupted, finetune, infill, lm, middle, probe, sentence_order
 from objtrain.evaluation import generate as gen
 from objtrain.models.checkpoint import Checkpoint, load_checkpoint
 from objtrain.models.zoo import count_parameters
 from objtrain.training.accounting import token_bytes
 from objtrain.training.data import DataSource, Documents
 
-PARTS = ("lm", "conditional", "corrupted", "infill", "probe", "finetune", "samples")
+PARTS = ("lm", "conditional", "corrupted", "infill", "probe", "sentence_order", "finetune", "samples")
 INFILL_KINDS = {
     "line": ("line",),
     "lines": ("lines",),
@@ -111,6 +111,15 @@ METRICS: dict[str, tuple[str, str]] = {
     "probe_mcc": ("higher", "Matthews correlation of the probe (two classes)"),
     "probe_train_accuracy": ("info", "linear probe accuracy on its own training split"),
     "probe_majority_accuracy": ("info", "accuracy of always predicting the majority training label"),
+    "sentence_order_accuracy": (
+        "higher",
+        "zero-shot: the NSP/SOP head tells in-order from swapped consecutive segments of held-out text",
+    ),
+    "probe_sentence_order_accuracy": (
+        "higher",
+        "linear probe: in order or swapped (pairs split by document)",
+    ),
+    "probe_sentence_order_mcc": ("higher", "Matthews correlation of the sentence-order probe"),
     "finetune_accuracy": ("higher", "test accuracy after fine-tuning the whole model (--finetune)"),
     "finetune_mcc": ("higher", "Matthews correlation after fine-tuning (two classes)"),
     "finetune_sst2_accuracy": ("higher", "SST-2 test accuracy after fine-tuning the whole model"),
@@ -152,6 +161,7 @@ class EvalOptions:
     word_ppl: bool = False  # also word-level perplexity (whitespace words of the scored text)
     max_docs: int | None = None  # score at most this many documents (None = all)
     conditional_docs: int = 256  # documents whose second half is scored given the first (conditional.py)
+    sentence_order_pairs: int = 600  # encoders: in-order / swapped segment pairs (sentence_order.py)
     batch_size: int = 16
     seed: int = 1234  # eval seed: corruptions, infill cuts, probe sampling
     corrupt_rows: int = 64  # rows for corruption-based scores
@@ -185,6 +195,7 @@ class EvalOptions:
             "--max-docs": self.max_docs,
             "--conditional-docs": self.conditional_docs,
             "--probe-seeds": self.probe_seeds,
+            "--sentence-order-pairs": self.sentence_order_pairs,
         }
         if self.middle_tasks < 0:
             raise UserError(f"--middle-tasks must be at least 0, got {self.middle_tasks}")
@@ -452,6 +463,12 @@ def evaluate(
         near = near_baseline(result)
         if near and not options.finetune:
             say(f"  {near}: --finetune fine-tunes the whole model, a measure that separates more")
+    if "sentence_order" not in options.skip and kind == "encoder":
+        say(f"sentence order: {options.sentence_order_pairs} segment pairs (--sentence-order-pairs)")
+        t0 = time.perf_counter()
+        result.update(_sentence_order(ckpt, evaldata, options, seq_len, device))
+        timings["sentence_order"] = time.perf_counter() - t0
+        say(f"  ({timings['sentence_order']:.1f} s)")
     if options.finetune and "finetune" not in options.skip:
         tasks = ", ".join(options.probe_tasks) or "the default probe's task"
         say(f"fine-tune: {tasks}, {options.finetune_steps} steps each (--finetune-steps)")
@@ -660,14 +677,23 @@ class _ProbeTask:
         self.segments = probe.trained_with_segments(ckpt.training)
         self._random: torch.nn.Module | None = None
 
+    def encoded(self, data: probe.Labelled) -> list[list[int]]:
+        """The token ids the model reads: a text probe's texts encoded (truncated to the row length), a
+        sentence pair's own ids."""
+        if isinstance(data, probe.LabelledIds):
+            return data.ids
+        tokenizer = self.ckpt.tokenizer
+        assert tokenizer is not None
+        return probe.encode_texts(tokenizer, data.texts, self.seq_len)
+
     def feats(self, model: torch.nn.Module, data: probe.Labelled) -> list[torch.Tensor]:
         o = self.options
         layers = "all" if o.probe_layers == "best" else "last"
-        tokenizer = self.ckpt.tokenizer
-        assert tokenizer is not None
-        return probe.layer_features(
-            model, tokenizer, data.texts, self.seq_len, o.probe_pooling, o.batch_size * 2, self.device,
-            layers, self.segments,
+        second = data.second if isinstance(data, probe.LabelledIds) else None
+        pad = self.ckpt.specials.pad
+        return probe.encoded_features(
+            model, self.encoded(data), pad, o.probe_pooling, o.batch_size * 2, self.device, layers,
+            self.segments, second,
         )  # fmt: skip
 
     def protocol(
@@ -716,8 +742,7 @@ class _ProbeTask:
         if o.probe_baselines:
             tokenizer = self.ckpt.tokenizer
             assert tokenizer is not None
-            encoded = [probe.encode_texts(tokenizer, d.texts, self.seq_len) for d in splits]
-            bow = probe.bow_features(encoded, tokenizer.vocab_size)
+            bow = probe.bow_features([self.encoded(d) for d in splits], tokenizer.vocab_size)
             for label, scores in (
                 ("bow", run(triple([[x] for x in bow]))),
                 ("random_init", run(triple([self.feats(self.random_model(), d) for d in splits]))),
@@ -732,6 +757,34 @@ class _ProbeTask:
         if self._random is None:
             self._random = probe.random_init_like(self.ckpt.model, self.options.seed)
         return self._random
+
+
+def _sentence_order(
+    ckpt: Checkpoint, data: EvalData, options: EvalOptions, seq_len: int, device: torch.device
+) -> dict[str, Any]:
+    """Zero-shot by the pair head where the model trained one, and as a probe (unless --skip probe)."""
+    tokenizer = ckpt.tokenizer
+    assert tokenizer is not None
+    budget = sentence_order.pair_budget(ckpt.training, seq_len)
+    limit = options.max_docs if options.max_docs is not None else 4 * options.sentence_order_pairs
+    pairs, source = sentence_order.build_pairs(
+        data.documents(limit), tokenizer, options.seed, budget, options.sentence_order_pairs
+    )
+    if len(pairs.ids) < 10:
+        return {"sentence_order_skipped": f"{len(pairs.ids)} pairs of whole sentences in the held-out data"}
+    out: dict[str, Any] = {"sentence_order_pairs": float(len(pairs.ids))}
+    if getattr(ckpt.model, "pooler", None) is not None and probe.trained_with_segments(ckpt.training):
+        out["sentence_order_accuracy"] = sentence_order.head_accuracy(
+            ckpt.model, pairs, ckpt.specials.pad, options.batch_size * 2
+        )
+    if "probe" not in options.skip:
+        train, dev, test = sentence_order.split_by_document(pairs, source, options.seed)
+        if all(len(set(split.labels)) == 2 for split in (train, dev, test)):
+            task = _ProbeTask(ckpt, options, seq_len, device)
+            out.update(task.scores("sentence_order", train, dev, test))
+        else:
+            out["probe_sentence_order_skipped"] = "too few documents to split the pairs three ways"
+    return out
 
 
 def _probe_splits(options: EvalOptions) -> list[tuple[str, probe.Labelled, probe.Labelled, probe.Labelled]]:
