@@ -196,3 +196,25 @@ def test_a_flops_budget_counts_what_each_arm_runs(write_experiment, tmp_path: Pa
     two_views = flops_per_step(simcse.plan.model_cfg, 8, 32, logits_backward=False)
     assert simcse.flops_per_step == pytest.approx(two_views)
     assert simcse.steps == int(1e9 // two_views) != clm.steps
+
+
+def test_the_command_ends_on_what_the_comparison_found(
+    write_experiment, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """stdout: the tables, the verdict, then the one-sentence finding as the last line (the report's path
+    is said on stderr before them), so `make demo` ends on it."""
+    import sys
+
+    from objtrain.cli import main
+    from objtrain.compare import suite
+
+    monkeypatch.setattr(suite, "default_evaluator", FakeSuite())
+    monkeypatch.setattr(
+        sys, "argv", ["objtrain", "compare", str(write_experiment()), "-o", str(tmp_path / "r")]
+    )
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert not exc.value.code
+    out, err = capsys.readouterr()
+    assert out.rstrip().splitlines()[-1].startswith("In short: ")
+    assert "report: " in err and out.index("what each arm learnt") < out.index("In short: ")
