@@ -148,7 +148,8 @@ def build_results(c: Comparison) -> dict[str, Any]:
             "source": exp.source,
         },
         "plan": plan_dict(c),
-        "budget": {"name": c.budget_name, "kind": c.budget.kind, "value": c.budget.value},
+        "budget": {"name": c.budget_name, "kind": c.budget.kind, "value": c.budget.value}
+        | ({"size": c.budget.size} if c.budget.size else {}),
         "seeds": c.seeds,
         "evaluation": {
             "suite": suite.available(),
@@ -578,7 +579,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
     budget_text = (
         f"{b['value']:,.0f} tokens" if b["kind"] == "tokens" else
         f"{b['value']:.3g} FLOPs" if b["kind"] == "flops" else f"{b['value']:g} seconds"
-    )  # fmt: skip
+    ) + (f" at size {b['size']}" if b.get("size") else "")  # fmt: skip
     ev = results["evaluation"]
     out += [
         "## What was run",
