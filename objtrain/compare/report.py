@@ -103,7 +103,9 @@ def build_results(c: Comparison) -> dict[str, Any]:
                 "objective_overrides": arm.objective.overrides,
                 "model_kind": first["model_kind"],
                 "model_size": first["model_size"],
-                "model_overrides": arm.model.overrides,
+                # as trained: compare may add overrides of its own (match_mtp_parameters' n_layer)
+                "model_overrides": ((first.get("config") or {}).get("model") or {}).get("overrides")
+                or arm.model.overrides,
                 "seq_len": first["seq_len"],
                 "batch_size": first["batch_size"],
                 "steps": first["steps"],

@@ -218,3 +218,17 @@ def test_the_command_ends_on_what_the_comparison_found(
     out, err = capsys.readouterr()
     assert out.rstrip().splitlines()[-1].startswith("In short: ")
     assert "report: " in err and out.index("what each arm learnt") < out.index("In short: ")
+
+
+def test_mtp_arms_are_parameter_matched_and_the_report_says_how(write_experiment, tmp_path: Path) -> None:
+    arms = [
+        {"name": f"mtp-{n}", "objective": {"name": "mtp", "overrides": {"n": n}},
+         "model": {"kind": "decoder", "size": "debug"}}
+        for n in (1, 2)
+    ]  # fmt: skip
+    path = write_experiment(arms, match_mtp_parameters=True)
+    results = compare(path, tmp_path / "r", FakeSuite())
+    one, two = results["arms"]
+    assert one["cost"]["parameters"]["mean"] == two["cost"]["parameters"]["mean"]
+    assert two["model_overrides"] == {"n_layer": 1}  # debug's 2 blocks: 1 trunk layer + 1 head layer
+    assert "decoder debug (n_layer=1)" in (tmp_path / "r" / "report.md").read_text()
