@@ -15,6 +15,7 @@ from rich.markup import escape
 
 from objtrain.cli.common import interrupt_note, make_console
 from objtrain.compare import load_experiment, plan_comparison, run_comparison, write_report
+from objtrain.compare.report import print_tables
 from objtrain.compare.runner import PLAN, Comparison, Interrupted
 from objtrain.compare.sweep import Sweep, SweepSpec, parse_sweep, plan_sweep, run_sweep
 from objtrain.errors import UserError
@@ -134,8 +135,10 @@ def _compare(comparison: Comparison, name: str, output: Path, console: Console) 
         raise typer.Exit(130) from None
     except Unwritable as exc:
         raise _kept(exc, f"finished arms are kept in {output}") from None
-    write_report(comparison, make_console(highlight=False))
+    results = write_report(comparison)
     console.print(f"report: {output / 'report.md'} (results.json and plots beside it)", markup=False)
+    # The tables, the verdict and last the one sentence of what was found: where the run ends.
+    print_tables(results, make_console(highlight=False), str(output / "report.md"))
 
 
 def parse_eval_options(pairs: list[str]) -> dict[str, Any]:

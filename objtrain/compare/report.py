@@ -103,7 +103,9 @@ def build_results(c: Comparison) -> dict[str, Any]:
                 "objective_overrides": arm.objective.overrides,
                 "model_kind": first["model_kind"],
                 "model_size": first["model_size"],
-                "model_overrides": arm.model.overrides,
+                # as trained: compare may add overrides of its own (match_mtp_parameters' n_layer)
+                "model_overrides": ((first.get("config") or {}).get("model") or {}).get("overrides")
+                or arm.model.overrides,
                 "seq_len": first["seq_len"],
                 "batch_size": first["batch_size"],
                 "steps": first["steps"],
@@ -148,7 +150,8 @@ def build_results(c: Comparison) -> dict[str, Any]:
             "source": exp.source,
         },
         "plan": plan_dict(c),
-        "budget": {"name": c.budget_name, "kind": c.budget.kind, "value": c.budget.value},
+        "budget": {"name": c.budget_name, "kind": c.budget.kind, "value": c.budget.value}
+        | ({"size": c.budget.size} if c.budget.size else {}),
         "seeds": c.seeds,
         "evaluation": {
             "suite": suite.available(),
@@ -578,7 +581,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
     budget_text = (
         f"{b['value']:,.0f} tokens" if b["kind"] == "tokens" else
         f"{b['value']:.3g} FLOPs" if b["kind"] == "flops" else f"{b['value']:g} seconds"
-    )  # fmt: skip
+    ) + (f" at size {b['size']}" if b.get("size") else "")  # fmt: skip
     ev = results["evaluation"]
     out += [
         "## What was run",

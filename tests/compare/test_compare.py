@@ -196,3 +196,39 @@ def test_a_flops_budget_counts_what_each_arm_runs(write_experiment, tmp_path: Pa
     two_views = flops_per_step(simcse.plan.model_cfg, 8, 32, logits_backward=False)
     assert simcse.flops_per_step == pytest.approx(two_views)
     assert simcse.steps == int(1e9 // two_views) != clm.steps
+
+
+def test_the_command_ends_on_what_the_comparison_found(
+    write_experiment, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """stdout: the tables, the verdict, then the one-sentence finding as the last line (the report's path
+    is said on stderr before them), so `make demo` ends on it."""
+    import sys
+
+    from objtrain.cli import main
+    from objtrain.compare import suite
+
+    monkeypatch.setattr(suite, "default_evaluator", FakeSuite())
+    monkeypatch.setattr(
+        sys, "argv", ["objtrain", "compare", str(write_experiment()), "-o", str(tmp_path / "r")]
+    )
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert not exc.value.code
+    out, err = capsys.readouterr()
+    assert out.rstrip().splitlines()[-1].startswith("In short: ")
+    assert "report: " in err and out.index("what each arm learnt") < out.index("In short: ")
+
+
+def test_mtp_arms_are_parameter_matched_and_the_report_says_how(write_experiment, tmp_path: Path) -> None:
+    arms = [
+        {"name": f"mtp-{n}", "objective": {"name": "mtp", "overrides": {"n": n}},
+         "model": {"kind": "decoder", "size": "debug"}}
+        for n in (1, 2)
+    ]  # fmt: skip
+    path = write_experiment(arms, match_mtp_parameters=True)
+    results = compare(path, tmp_path / "r", FakeSuite())
+    one, two = results["arms"]
+    assert one["cost"]["parameters"]["mean"] == two["cost"]["parameters"]["mean"]
+    assert two["model_overrides"] == {"n_layer": 1}  # debug's 2 blocks: 1 trunk layer + 1 head layer
+    assert "decoder debug (n_layer=1)" in (tmp_path / "r" / "report.md").read_text()

@@ -281,3 +281,27 @@ def test_an_isoflop_grid_gives_a_frontier_with_seed_resampled_intervals() -> Non
     # The best size at the grid's edge: no interior optimum, and the report says so.
     edge = frontier_fit([c for c in cells if c["size"] != "big"], "val_bpb", True, ["small", "mid"], 50, 0)
     assert not edge["interior"]
+
+
+def test_a_published_sweep_is_refitted_from_its_own_points() -> None:
+    """An older results.json (no free fit, no out-of-sample check, no warm-up steps in its cells): refit
+    takes the warm-up from the experiment's schedule (a fraction of each chain's shortest run) and leaves
+    the points under 10x it out."""
+    from objtrain.compare.sweep_report import refit
+
+    law = PowerLaw(E=1.5, A=400.0, alpha=0.2)
+    cells = []
+    for cell in _grid([15, 49, 150, 500, 1500, 5000], 0, law).values():
+        metrics = {"val_bpb": {"values": cell["metrics"]["val_bpb"], "mean": 0.0, "std": 0.0, "n": 3}}
+        cells.append({k: v for k, v in cell.items() if k != "warmup_steps"} | {"metrics": metrics})
+    exp = experiment_from_dict({
+        "arms": [{"name": "clm", "objective": "clm"}],
+        "train": {"schedule": {"kind": "wsd", "warmup": 0.34}},  # 0.34 x 15 steps = 5 warm-up steps
+    })  # fmt: skip
+    arm = {"name": "clm", "objective": "clm", "objective_overrides": {}, "cells": cells}
+    old = {"sweep": {"tokens": [15.0, 5000.0], "size": []}, "bootstrap_replicates": 100, "arms": [arm]}
+    new = refit(old, exp)
+    assert [p["point"] for p in new["inside_warmup"]] == ["tokens-15", "tokens-49"]
+    assert new["fits"]["val_bpb"]["clm"]["holdout"]["status"] == "ok"
+    assert all(c["warmup_steps"] == 5 for c in new["arms"][0]["cells"])
+    assert "_fits" in new and "_fits" not in old
