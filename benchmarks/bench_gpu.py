@@ -13,8 +13,9 @@
    objective on the small model at seq-len 1024, and clm on the base model: steady tokens/s (steps after
    the first, which compiles), MFU, data wait, the loop's share of its bare compiled step (clm), and
    --time accuracy (the steps' wall time over the budget).
-3. decode: the MTP model trained in 2 (4 heads), 12 prompts of the store's held-out text: greedy and
-   MTP self-speculative decoding (`evaluation.generate`), tokens/s, speed-up, acceptance, identical output.
+3. decode: the MTP model trained in 2 (4 heads), 12 prompts of the store's held-out text, through
+   bench_generate's `decoding_speed`: greedy on the dynamic path and on static caches with captured steps,
+   and static MTP self-speculative decoding: tokens/s, speed-ups, acceptance, output identical to greedy.
 
 All figures use one FLOPs formula (`training.accounting.flops_per_step`) and the card's dense bf16 peak
 (`accounting.peak_flops`). Sections stop starting new measurements past --minutes (default 8) and say
@@ -36,6 +37,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))  # bench_generate's decoding measurement
 
 from objtrain.batch import Batch  # noqa: E402
 from objtrain.training import accounting  # noqa: E402
@@ -310,7 +312,8 @@ def bench_train(
 def bench_decode(
     args: argparse.Namespace, deadline: Deadline, trained: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    from objtrain.evaluation import generate as gen
+    from bench_generate import decoding_speed  # the decoding benchmark's own measurement
+
     from objtrain.models.checkpoint import load_checkpoint
     from objtrain.training.data import open_sources
 
@@ -329,30 +332,14 @@ def bench_decode(
             prompts.append(docs.tokens[a : a + 32].tolist())
         if len(prompts) == args.prompts:
             break
-    stats = gen.SpeculativeStats()
-    results: dict[str, Any] = {"section": "decode", "prompts": len(prompts), "new_tokens": args.new_tokens}
-    outputs: dict[str, list[list[int]]] = {}
     with torch.no_grad():
-        for name, run in (
-            ("greedy", lambda p: list(gen.generate_decoder(model, p, args.new_tokens))),
-            ("speculative", lambda p: list(gen.generate_speculative(model, p, args.new_tokens, stats=stats))),
-        ):
-            run(prompts[0])  # warm-up
-            sync()
-            t0 = time.perf_counter()
-            outputs[name] = [run(p) for p in prompts]
-            sync()
-            seconds = time.perf_counter() - t0
-            results[f"{name}_tokens_per_s"] = sum(len(o) for o in outputs[name]) / seconds
-    results["speedup"] = results["speculative_tokens_per_s"] / results["greedy_tokens_per_s"]
-    results["identical"] = outputs["greedy"] == outputs["speculative"]
-    results["acceptance"] = stats.acceptance
-    results["tokens_per_forward"] = stats.tokens_per_forward
+        results = {"section": "decode", **decoding_speed(model, prompts, args.new_tokens)}
     print(
-        f"  decode greedy {results['greedy_tokens_per_s']:,.0f} tok/s; speculative "
-        f"{results['speculative_tokens_per_s']:,.0f} tok/s (x{results['speedup']:.2f}, acceptance "
-        f"{stats.acceptance:.0%}, {stats.tokens_per_forward:.2f} tokens/forward, identical to greedy: "
-        f"{results['identical']})",
+        f"  decode greedy {results['greedy_dynamic_tok_s']:,.0f} tok/s dynamic, "
+        f"{results['greedy_static_tok_s']:,.0f} static (x{results['static_speedup']:.2f}); speculative "
+        f"{results['speculative_tok_s']:,.0f} tok/s (x{results['speculative_speedup']:.2f} over static "
+        f"greedy, acceptance {results['acceptance']:.0%}, {results['tokens_per_forward']:.2f} tokens a "
+        f"forward); identical to greedy: {results['identical']}",
         flush=True,
     )
     return results
