@@ -126,7 +126,10 @@ def run(
     ),
     device: str = typer.Option(None, "--device", help=DEVICE_HELP, show_default=_DEFAULTS.device),
     compile_: bool = typer.Option(
-        None, "--compile/--no-compile", help="torch.compile each block.", show_default="--no-compile"
+        None,
+        "--compile/--no-compile",
+        help="torch.compile the step (default: on CUDA only, eager on CPU; precision.compile=auto).",
+        show_default="auto",
     ),
     save_every: int = typer.Option(
         None,
@@ -328,7 +331,9 @@ def _dry_run(console: Console, plan: Plan) -> None:
         ),
         (
             "steps",
-            f"{total}" if total is not None else f"fixed after timing a step ({cfg.budget.seconds} s budget)",
+            f"{total}"
+            if total is not None
+            else f"timed, then re-estimated as it runs ({cfg.budget.seconds} s budget)",
         ),
         ("weights + grads", _mib(mem["weights_bytes"] + mem["gradients_bytes"])),
         ("optimizer state", _mib(mem["optimizer_bytes"])),
