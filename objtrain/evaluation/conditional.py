@@ -46,6 +46,7 @@ from torch import nn
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.evaluation.infill import infill_mode
 from objtrain.evaluation.middle import Scored, ratio_se, score, units_of
+from objtrain.objectives.mixture import default_components
 from objtrain.specials import Specials
 
 MIN_TOKENS = 8  # shorter documents leave halves of a token or two: skipped
@@ -54,11 +55,14 @@ PREFIX_OBJECTIVES = ("prefix_lm",)
 
 
 def _objectives(training: Mapping[str, Any]) -> list[str]:
-    """The objective and, for a mixture, its components' objectives."""
+    """The objective and, for a mixture, its components' objectives (a record without them: the default
+    components, span and prefix LM)."""
     names = [str(training.get("objective"))]
     settings = training.get("objective_config")
-    if isinstance(settings, Mapping):
-        names += [str(c.get("objective")) for c in settings.get("components") or [] if isinstance(c, Mapping)]
+    components = settings.get("components") if isinstance(settings, Mapping) else None
+    if names[0] == "mixture" and not components:
+        components = default_components()
+    names += [str(c.get("objective")) for c in components or [] if isinstance(c, Mapping)]
     return names
 
 

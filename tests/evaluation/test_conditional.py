@@ -92,7 +92,12 @@ def test_halves_are_whole_words_in_the_middle_and_fixed_by_the_seed(
         ("encdec", {"objective": "ul2"}, "encoder-input"),
         ("encdec", {"objective": "ul2", "objective_config": {"denoisers": [{"kind": "R"}]}}, "sentinel"),
         ("encdec", {"objective": "bart"}, "bart"),
-        ("encdec", {"objective": "mixture"}, "sentinel"),
+        ("encdec", {"objective": "mixture"}, "encoder-input"),  # the default: span and prefix LM
+        (
+            "encdec",
+            {"objective": "mixture", "objective_config": {"components": [{"objective": "span"}]}},
+            "sentinel",
+        ),
         ("encoder", {"objective": "mlm"}, "none"),
     ],
 )
