@@ -17,7 +17,10 @@ checkpoint without one gets what its model kind allows):
   masked_loss for encoders; span_target_loss for encoder-decoders;
 - infilling (`infill.py`): FIM decoders, span models, other decoders left to right (line tasks only):
   infill_exact_match(_norm), infill_parse_rate, infill_stop_rate;
-- probe (`probe.py`), every model: probe_accuracy, probe_mcc (two classes), baselines;
+- probe (`probe.py`), every model: probe_accuracy, probe_mcc (two classes), and beside each probe its
+  baselines (majority class, bag of words, the architecture at random init) and probe-seed sd;
+- sentence order (`sentence_order.py`), encoders: sentence_order_accuracy by an NSP/SOP head, and
+  probe_sentence_order_accuracy;
 - samples, every model: a few greedy continuations or fills, under `samples`.
 
 Every number is a float under a fixed name (`METRICS` says which direction is better), so `compare`
