@@ -18,8 +18,21 @@ from objtrain.config import from_dict
 
 Evaluator = Callable[[Path, str | None, dict[str, Any]], dict[str, Any]]
 
-# `--budget tiny`: the suite on a handful of documents, so the smoke run stays under a minute an arm.
-TINY_OPTIONS: dict[str, Any] = {"max_docs": 2, "corrupt_rows": 8, "infill_tasks": 4, "samples": 1}
+# `--budget tiny`: the suite on a handful of documents, so the smoke run stays under a minute an arm. Every
+# part that counts its own work is capped here, not only through max_docs: conditional scoring and sentence
+# order take their own counts, and each probe (with its baselines) refits once per probe seed; two seeds
+# still give the probe-seed sd a value, so the smoke run exercises it.
+TINY_OPTIONS: dict[str, Any] = {
+    "max_docs": 2,
+    "conditional_docs": 2,
+    "sentence_order_pairs": 32,
+    "corrupt_rows": 8,
+    "infill_tasks": 4,
+    "middle_tasks": 16,
+    "probe_seeds": 2,
+    "finetune_steps": 10,  # only where an experiment asks for --finetune
+    "samples": 1,
+}
 
 # Each objective's own loss: meaningful within one objective, never ranked across different ones.
 OWN_LOSSES = ("val_loss", "objective_loss")

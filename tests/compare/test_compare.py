@@ -232,3 +232,25 @@ def test_mtp_arms_are_parameter_matched_and_the_report_says_how(write_experiment
     assert one["cost"]["parameters"]["mean"] == two["cost"]["parameters"]["mean"]
     assert two["model_overrides"] == {"n_layer": 1}  # debug's 2 blocks: 1 trunk layer + 1 head layer
     assert "decoder debug (n_layer=1)" in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_the_tiny_budget_caps_every_count_the_evaluation_takes() -> None:
+    """A smoke run stays quick as parts are added: each option that counts documents, pairs, rows, tasks,
+    probe seeds or fine-tuning steps is capped at `--budget tiny`, and a smaller given value is kept."""
+    import dataclasses
+
+    from objtrain.compare import suite
+    from objtrain.evaluation.suite import EvalOptions
+
+    counts = {f.name for f in dataclasses.fields(EvalOptions)
+              if f.name.endswith(("_docs", "_pairs", "_rows", "_tasks", "_seeds", "_steps"))
+              and (f.default is None or isinstance(f.default, int))}  # fmt: skip
+    assert {"conditional_docs", "sentence_order_pairs", "probe_seeds", "middle_tasks"} <= counts
+    capped = suite.options_for({}, tiny=True)
+    assert counts <= set(capped), counts - set(capped)
+    defaults = EvalOptions()
+    assert all(capped[k] < getattr(defaults, k) for k in counts if getattr(defaults, k) is not None)
+    given = suite.options_for({"sentence_order_pairs": 12, "probe_seeds": 9, "middle_tasks": 0}, tiny=True)
+    assert (given["sentence_order_pairs"], given["probe_seeds"], given["middle_tasks"]) == (12, 2, 0)
+    assert suite.options_for({"probe_seeds": 9}, tiny=False) == {"probe_seeds": 9}
+    suite.check_options(capped)  # the capped options are ones the suite accepts
