@@ -187,7 +187,9 @@ def claim_verdict(
         "margin": claim.margin,
     }
     if a not in per_seed or (b is not None and b not in per_seed):
-        return out | {"verdict": "not measured", "paired": None}
+        # Some metrics exist for some arms only (sentence_order_accuracy: the arms with a trained pair
+        # head): say which arms have it, so "not measured" reads as a fact of the arms, not a failure.
+        return out | {"verdict": "not measured", "paired": None, "measured_by": list(per_seed)}
     base = per_seed[b] if b is not None else dict.fromkeys(per_seed[a], 0.0)
     p = paired(per_seed[a], base)
     diffs = {k: float(per_seed[a][k]) - float(base[k]) for k in sorted(set(per_seed[a]) & set(base))}
@@ -350,9 +352,21 @@ def _eval_se(units: dict[str, dict[int, Any]] | None, a: str, b: str | None) -> 
     return math.sqrt(sum(e**2 for e in errors)) / len(errors)  # type: ignore[operator]
 
 
+def measured_text(c: dict[str, Any]) -> str:
+    """For a claim not measured: which of all the arms have its metric ("" where results do not say)."""
+    having = c.get("measured_by")
+    if c.get("verdict") != "not measured" or having is None:
+        return ""
+    missing = [a for a in c["arms"] if a not in having]
+    if not having:
+        return f"no arm has {c['metric']}"
+    return f"{c['metric']} is measured for {', '.join(having)} only, not for {', '.join(missing)}"
+
+
 def verdict_cell(c: dict[str, Any]) -> str:
-    """`**agrees**`, then what the verdict knows of itself: one seed deciding, seeds needed."""
-    notes = notes_text(c)
+    """`**agrees**`, then what the verdict knows of itself: one seed deciding, seeds needed; for a claim
+    not measured, which arms have its metric."""
+    notes = "; ".join(n for n in (measured_text(c), notes_text(c)) if n)
     if c.get("verdict") == "not judged" or str(c.get("baseline", "")).startswith("no random-init"):
         notes = "; ".join(n for n in (c.get("baseline", ""), notes) if n)
     return f"**{c['verdict']}**" + (f" ({notes})" if notes else "")
@@ -671,7 +685,8 @@ def verdict(results: dict[str, Any]) -> list[str]:
     if results["experiment"].get("expect"):
         lines.append(f"the literature: {results['experiment']['expect']}")
     for c in results.get("claims", []):
-        lines.append(f"claim: {c['claim']}: {c['verdict']}")
+        why = measured_text(c)
+        lines.append(f"claim: {c['claim']}: {c['verdict']}" + (f" ({why})" if why else ""))
     if len(results["seeds"]) == 1:
         lines.append("one seed: how much of each gap is seed noise is not measured (--seeds 3 measures it)")
     return lines

@@ -398,3 +398,63 @@ def test_no_shipped_experiment_calls_equal_tokens_equal_compute() -> None:
     assert text.endswith(
         "differ up to 2.00x at one point: the claims at each point compare equal tokens, not equal compute"
     )
+
+
+def test_the_shipped_nsp_sop_experiment_judges_sentence_order_for_every_arm(
+    compare_store: Path, tmp_path: Path
+) -> None:
+    """ALBERT's asymmetry is a claim of the shipped experiment: by the heads (the arms that train one) and
+    by the probe (every arm, so MLM alone is comparable), each on a metric the suite scores higher-better."""
+    from objtrain.compare import suite
+    from objtrain.evaluation.suite import METRICS
+
+    exp = load_experiment("nsp-sop")
+    order = {tuple(c.arms): c for c in exp.claims if c.metric == "sentence_order_accuracy"}
+    assert set(order) == {("mlm-sop", "mlm-nsp")} and order["mlm-sop", "mlm-nsp"].expect == "higher"
+    probed = [c for c in exp.claims if c.metric == "probe_sentence_order_accuracy"]
+    assert {a for c in probed for a in c.arms} == {a.name for a in exp.arms}
+    assert any(c.arms == ["mlm-sop", "mlm-nsp"] and c.expect == "higher" for c in probed)
+    for c in [*order.values(), *probed]:
+        assert c.metric in METRICS and suite.direction(c.metric) == "higher", c.metric
+        assert c.regime is not None and "ALBERT Table 5" in c.regime.source
+        assert "86.5" in c.literature or "53.3" in c.literature  # the reference's figures, cited
+    # Every check compare makes before training (the eval options included) passes at both budgets.
+    for budget in (None, "tiny"):
+        c = plan_comparison(exp, tmp_path / str(budget), budget=budget, data=str(compare_store))
+        assert [r.arm.name for r in c.runs] == ["mlm", "mlm-nsp", "mlm-sop"]
+    assert c.eval_options["sentence_order_pairs"] == 32 and c.eval_options["probe_seeds"] == 2
+
+
+def test_a_claim_on_a_metric_only_some_arms_have_names_the_arms_that_have_it(
+    write_experiment, tmp_path: Path
+) -> None:
+    """sentence_order_accuracy comes from a trained pair head: the MLM arm has none, and a claim naming it
+    is "not measured", saying which arms do have the metric."""
+    encoder = {"kind": "encoder", "size": "debug"}
+    arms = [{"name": "mlm", "objective": "mlm", "model": encoder},
+            {"name": "mlm-sop", "objective": "sop", "model": encoder}]  # fmt: skip
+    claims = [
+        {
+            "claim": "SOP orders, MLM cannot",
+            "literature": "ALBERT Table 5",
+            "metric": "sentence_order_accuracy",
+            "arms": ["mlm-sop", "mlm"],
+            "expect": "higher",
+        }
+    ]
+    values = {
+        ("mlm", 0): {"probe_sentence_order_accuracy": 0.52},
+        ("mlm-sop", 0): {"sentence_order_accuracy": 0.71, "probe_sentence_order_accuracy": 0.66},
+    }
+    c = plan_comparison(load_experiment(write_experiment(arms, claims=claims)), tmp_path / "r")
+    run_comparison(c, evaluator=FakeSuite(values), show_progress=False)
+    results = write_report(c)
+    (claim,) = results["claims"]
+    assert claim["verdict"] == "not measured" and claim["measured_by"] == ["mlm-sop"]
+    said = "sentence_order_accuracy is measured for mlm-sop only, not for mlm"
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert f"**not measured** ({said})" in md
+    assert markdown(results, results["plots"]) == md
+    from objtrain.compare.report import verdict
+
+    assert f"claim: SOP orders, MLM cannot: not measured ({said})" in verdict(results)  # the terminal's
