@@ -301,6 +301,7 @@ def build_sweep_results(s: Sweep, replicates: int = 1000) -> dict[str, Any]:
     c, spec, exp = s.comparison, s.spec, s.comparison.experiment
     arms = collect(s)
     found = analyse(arms, exp, spec.kind, spec.sizes, replicates)
+    ordered = found.pop("cells")  # once, not per arm: every arm's cells, keyed by arm
     out_arms = []
     for spec_arm in exp.arms:
         if spec_arm.name not in arms:
@@ -313,7 +314,7 @@ def build_sweep_results(s: Sweep, replicates: int = 1000) -> dict[str, Any]:
                 "objective": spec_arm.objective.name,
                 "objective_overrides": spec_arm.objective.overrides,
                 "model_kind": ", ".join(sorted(kinds)),
-                "cells": [_cell_dict(cell) for cell in found.pop("cells")[spec_arm.name]],
+                "cells": [_cell_dict(cell) for cell in ordered[spec_arm.name]],
             }
         )
     claims = [sweep_claim(claim, arms, c.seeds, claim.regime or exp.regime) for claim in exp.claims]

@@ -224,6 +224,19 @@ def test_the_report_fits_what_it_can_and_reports_what_it_cannot(compare_store: P
     assert yaml.safe_load((s.cells[0].run.run_dir / "config.yaml").read_text())["seed"] == 0
 
 
+def test_a_sweep_of_several_arms_reports_every_arm(compare_store: Path, tmp_path: Path) -> None:
+    arms = [{"name": "clm", "objective": "clm", "model": {"kind": "decoder", "size": "debug"}},
+            {"name": "mlm", "objective": "mlm", "model": {"kind": "encoder", "size": "debug"}}]  # fmt: skip
+    exp = experiment_from_dict(sweep_experiment(compare_store, arms))
+    spec = parse_sweep([f"tokens={ROWS},{4 * ROWS},{32 * ROWS}"], {}, tiny=False)
+    assert spec is not None
+    s = plan_sweep(exp, tmp_path / "report", spec)
+    run_sweep(s, evaluator=FakeSuite(), show_progress=False)
+    results = write_sweep_report(s, replicates=20)
+    assert [a["name"] for a in results["arms"]] == ["clm", "mlm"]
+    assert all(len(a["cells"]) == 3 for a in results["arms"])
+
+
 def test_a_size_sweep_reports_its_frontier(compare_store: Path, tmp_path: Path) -> None:
     exp = experiment_from_dict(sweep_experiment(compare_store))
     spec = parse_sweep([f"tokens={ROWS},{4 * ROWS},{32 * ROWS}", "size=debug,tiny"], {}, tiny=False)
