@@ -233,6 +233,22 @@ def _budget(results: dict[str, Any]) -> str:
     return f"{amount} an arm{model}"
 
 
+def stale_probe_lines(results: dict[str, Any]) -> list[str]:
+    """A warning for probe numbers measured before encoder probes stopped adding the segment embedding
+    that only NSP/SOP train (`evaluation.probe.trained_with_segments`). Such results predate the probe
+    baselines too, so an arm with probe metrics and no random-init baseline marks them; a re-run clears it."""
+    arms = results.get("arms", [])
+    probed = [a for a in arms if any(k.startswith("probe_") for k in a.get("metrics", {}))]
+    stale = [a for a in probed if not any(k.endswith("_random_init_accuracy") for k in a.get("metrics", {}))]
+    if not stale or not any(a.get("model_kind") == "encoder" for a in stale):
+        return []
+    return [
+        "- Probes: measured before encoder probes stopped feeding an untrained segment embedding (every "
+        "encoder arm not trained with NSP/SOP read its text shifted by that row), and without baselines; "
+        "re-measured when this experiment is re-run, whose report then lists every number that changed"
+    ]
+
+
 def index(all_results: dict[str, dict[str, Any]]) -> str:
     """docs/findings/README.md: one row per claim, in the order of FINDINGS."""
     out = [
@@ -265,6 +281,7 @@ def index(all_results: dict[str, dict[str, Any]]) -> str:
             f"- Machine: {m.get('cpu') or m['platform']}, {m['cpu_count']} CPUs, torch {m['torch']}",
             f"- Report: [{name}/report.md]({name}/report.md); reproduce: `{cmd}`",
             *regime_lines(results),
+            *stale_probe_lines(results),
             "",
             "| claim | the literature | objtrain (mean ± std per arm) | a − b, 95% paired interval "
             "| verdict | scale against the paper |",

@@ -458,3 +458,18 @@ def test_a_claim_on_a_metric_only_some_arms_have_names_the_arms_that_have_it(
     from objtrain.compare.report import verdict
 
     assert f"claim: SOP orders, MLM cannot: not measured ({said})" in verdict(results)  # the terminal's
+
+
+def test_the_index_marks_encoder_probes_measured_before_the_segment_fix() -> None:
+    """Probe numbers of an encoder arm without a random-init baseline predate the fix that stopped probes
+    adding the untrained segment row: the index says so until a re-run brings baselines."""
+
+    def results(kind: str, metrics: dict[str, float]) -> dict[str, object]:
+        return {"arms": [{"name": "a", "model_kind": kind, "metrics": metrics}]}
+
+    old = {"probe_sst2_accuracy": 0.64}
+    new = {**old, "probe_sst2_random_init_accuracy": 0.61, "probe_sst2_bow_accuracy": 0.7}
+    assert "untrained segment embedding" in " ".join(findings.stale_probe_lines(results("encoder", old)))
+    assert findings.stale_probe_lines(results("encoder", new)) == []
+    assert findings.stale_probe_lines(results("decoder", old)) == []  # no segment row to add
+    assert findings.stale_probe_lines(results("encoder", {"bits_per_byte": 2.0})) == []  # nothing probed
