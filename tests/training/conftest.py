@@ -59,3 +59,26 @@ def _small_config(store: Path, **sections: Any) -> TrainConfig:
 def small_config() -> Callable[..., TrainConfig]:
     """`small_config(store, **sections)`: a debug-size run config, sections merged over the defaults."""
     return _small_config
+
+
+@pytest.fixture
+def poison_clm_loss(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], dict[str, int]]:
+    """`poison_clm_loss(k)`: the causal LM's k-th loss call (counting from 1) returns NaN; the returned
+    `{"n": calls}` counts the calls."""
+    from objtrain.objectives.clm import CausalLM
+
+    def poison(at: int) -> dict[str, int]:
+        calls = {"n": 0}
+        original = CausalLM.loss
+
+        def poisoned(self, output, batch):  # type: ignore[no-untyped-def]
+            calls["n"] += 1
+            out = original(self, output, batch)
+            if calls["n"] == at:
+                out.loss_sum = out.loss_sum * float("nan")
+            return out
+
+        monkeypatch.setattr(CausalLM, "loss", poisoned)
+        return calls
+
+    return poison

@@ -133,21 +133,9 @@ def test_targets_are_counted_on_the_host(train_store: Path, small_config) -> Non
 
 
 def test_a_nonfinite_loss_stops_within_the_logging_interval_naming_the_last_good_checkpoint(
-    train_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_config
+    train_store: Path, tmp_path: Path, small_config, poison_clm_loss
 ) -> None:
-    from objtrain.objectives.clm import CausalLM
-
-    calls = {"n": 0}
-    original = CausalLM.loss
-
-    def poisoned(self, output, batch):  # type: ignore[no-untyped-def]
-        calls["n"] += 1
-        out = original(self, output, batch)
-        if calls["n"] == 7:
-            out.loss_sum = out.loss_sum * float("nan")
-        return out
-
-    monkeypatch.setattr(CausalLM, "loss", poisoned)
+    calls = poison_clm_loss(7)
     cfg = small_config(
         train_store, budget={"steps": 20}, logging={"every": 5}, checkpoint={"every": 2, "keep": 9}
     )

@@ -213,21 +213,9 @@ def test_resume_refuses_changed_settings(train_store: Path, tmp_path: Path, smal
 
 
 def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
-    train_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_config
+    train_store: Path, tmp_path: Path, small_config, poison_clm_loss
 ) -> None:
-    from objtrain.objectives.clm import CausalLM
-
-    calls = {"n": 0}
-    original = CausalLM.loss
-
-    def poisoned(self, output, batch):  # type: ignore[no-untyped-def]
-        calls["n"] += 1
-        out = original(self, output, batch)
-        if calls["n"] == 5:
-            out.loss_sum = out.loss_sum * float("nan")
-        return out
-
-    monkeypatch.setattr(CausalLM, "loss", poisoned)
+    poison_clm_loss(5)
     cfg = small_config(train_store, budget={"steps": 8}, checkpoint={"every": 2})
     with pytest.raises(NonFiniteLoss, match="step 5"):
         train(cfg, tmp_path / "run", show_progress=False)
