@@ -79,6 +79,13 @@ class SpeculativeStats:
     drafted: int = 0  # draft positions offered: the tree's depth per forward
     accepted: int = 0  # draft tokens accepted (the kept path's length)
 
+    def verified(self, depth: int, kept: int) -> None:
+        """One verification forward offered `depth` drafts and produced `kept` tokens (accepted + 1)."""
+        self.forwards += 1
+        self.drafted += depth
+        self.accepted += kept - 1
+        self.tokens += kept
+
     @property
     def acceptance(self) -> float:
         return self.accepted / max(self.drafted, 1)
@@ -334,9 +341,22 @@ def generate_speculative(
         yield from _static_speculative(model, prompt, max_new_tokens, stop_ids, stats, tree, compile)
         return
     spec = TreeSpeculator(model, prompt, max_new_tokens, tree)
-    out = [spec.token]
+
+    def chunks() -> Iterator[list[int]]:
+        yield [spec.token]
+        while True:
+            out = spec.step()
+            stats.verified(spec.layout.max_depth, len(out))
+            yield out
+
+    yield from _until_stop(chunks(), stop_ids, max_new_tokens)
+
+
+def _until_stop(chunks: Iterator[list[int]], stop_ids: tuple[int, ...], max_new_tokens: int) -> Iterator[int]:
+    """The tokens of `chunks` up to the first stop token or `max_new_tokens`; a chunk is asked for only
+    once the previous one is used up (a speculative step runs only when its tokens are needed)."""
     produced = 0
-    while True:
+    for out in chunks:
         for token in out:
             if token in stop_ids:
                 return
@@ -344,11 +364,6 @@ def generate_speculative(
             produced += 1
             if produced >= max_new_tokens:
                 return
-        out = spec.step()
-        stats.forwards += 1
-        stats.drafted += spec.layout.max_depth
-        stats.accepted += len(out) - 1
-        stats.tokens += len(out)
 
 
 @torch.no_grad()
@@ -385,26 +400,21 @@ def _static_speculative(
     first.put(0, steps.root)
     steps.advance()
     reads.put(1, steps.out)
-    out, produced, k = first.get(0), 0, 1  # k: the step whose tokens come next
-    while True:
-        for token in out:
-            if token in stop_ids:
-                return
-            yield token
-            produced += 1
-            if produced >= max_new_tokens:
-                return
-        # queue step k + 1 (its input is on the device already), then read step k
-        steps.advance()
-        reads.put(k + 1, steps.out)
-        row = reads.get(k)
-        m = row[-1]
-        out = [*row[:m], row[depth]]
-        k += 1
-        stats.forwards += 1
-        stats.drafted += depth
-        stats.accepted += m
-        stats.tokens += m + 1
+
+    def chunks() -> Iterator[list[int]]:
+        yield first.get(0)
+        k = 1  # the step whose tokens come next
+        while True:
+            # queue step k + 1 (its input is on the device already), then read step k
+            steps.advance()
+            reads.put(k + 1, steps.out)
+            row = reads.get(k)
+            m = row[-1]
+            k += 1
+            stats.verified(depth, m + 1)
+            yield [*row[:m], row[depth]]
+
+    yield from _until_stop(chunks(), stop_ids, max_new_tokens)
 
 
 def encode_input(
