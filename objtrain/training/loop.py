@@ -97,7 +97,6 @@ from objtrain.training.steps import (
     read_window,
     realised,
     step_values,
-    target_len,
 )
 
 
@@ -769,9 +768,9 @@ def _run(
             state.seconds += step_time
             if not window:
                 window_start = t_step
-            flops = accounting.flops_per_step(
-                plan.model_cfg, cfg.batch.batch_size, plan.seq_len, target_len(batches)
-            )
+            # Counted from the host batches as the model sees them: a contrastive step runs two views of
+            # each row and no logits backward, an encoder-decoder its own target length.
+            flops = world.world_size * sum(accounting.batch_flops(plan.model_cfg, b) for b in host)
             pending = Pending(
                 figures,
                 {"step": state.step, "rows": state.position.rows, "tokens": state.tokens},

@@ -132,11 +132,6 @@ def host_counts(batches: list[Batch]) -> tuple[float, float]:
     return float(n), float(p)
 
 
-def target_len(batches: list[Batch]) -> int | None:
-    b = batches[0]
-    return int(b.labels.size(1)) if b.is_encdec else None
-
-
 def realised(batches: list[Batch]) -> dict[str, float]:
     """Waste figures the objectives report (raw tokens fed / unused, target tokens dropped), summed."""
     out: dict[str, float] = {}

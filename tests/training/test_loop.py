@@ -84,6 +84,27 @@ def test_every_objective_trains_every_kind_it_supports(
         assert "val_bpb" in val[-1]
 
 
+def test_mfu_counts_a_contrastive_steps_two_views(train_store: Path, tmp_path: Path, small_config) -> None:
+    """The logged MFU counts the FLOPs the model ran: a contrastive step encodes two views of every row and
+    runs the unembedding forward only, so it is not the one-view count of a plain encoder step."""
+    from objtrain.training import accounting
+
+    sections = {"objective": {"name": "contrastive"}, "model": {"kind": "encoder"}, "budget": {"steps": 2}}
+    for section, values in _SETTINGS[("contrastive", "encoder")].items():
+        sections[section] = {**sections.get(section, {}), **values}
+    cfg = small_config(train_store, **sections)
+    train(cfg, tmp_path / "run", show_progress=False)
+    steps = [r for r in records(tmp_path / "run") if "mfu" in r]
+    peak = accounting.peak_flops(torch.device("cpu"), "fp32")[0]
+    tokens = steps[1]["tokens"] - steps[0]["tokens"]
+    logged = steps[1]["mfu"] * peak * tokens / steps[1]["tokens_per_s"]
+    model_cfg = prepare(cfg, tmp_path / "unused").model_cfg
+    rows, seq_len = cfg.batch.batch_size, cfg.batch.seq_len
+    two_views = accounting.flops_per_step(model_cfg, 2 * rows, seq_len, logits_backward=False)
+    assert logged == pytest.approx(two_views, rel=1e-6)
+    assert logged != pytest.approx(accounting.flops_per_step(model_cfg, rows, seq_len), rel=0.1)  # one view
+
+
 def _grads(cfg: TrainConfig, store: Path, micro: int) -> tuple[dict[str, torch.Tensor], float]:
     """Gradients of one global batch of 16 rows, taken as 16 / micro micro-batches."""
     plan = prepare(cfg, store.parent / "unused-run")
