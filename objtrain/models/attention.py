@@ -136,6 +136,11 @@ def causal_chunk_mask(n_new: int, n_total: int, device: torch.device) -> Tensor 
 # --- FlexAttention ------------------------------------------------------------------------------------
 
 
+FLEX_ON_CPU = (
+    "attention_kernel flex cannot train on CPU (FlexAttention has no CPU backward): use auto or sdpa there"
+)
+
+
 def use_flex(kernel: AttentionKernel, device: torch.device) -> bool:
     """Whether masks on `device` are FlexAttention block masks, for the model's `attention_kernel`.
 
@@ -145,10 +150,7 @@ def use_flex(kernel: AttentionKernel, device: torch.device) -> bool:
     if kernel == "sdpa" or (kernel == "auto" and device.type != "cuda"):
         return False
     if device.type == "cpu" and torch.is_grad_enabled():
-        raise UserError(
-            "attention_kernel flex cannot train on CPU (FlexAttention has no CPU backward): "
-            "use auto or sdpa there"
-        )
+        raise UserError(FLEX_ON_CPU)
     return True
 
 

@@ -19,6 +19,7 @@ from objtrain.devices import auto_dtype, resolve_device
 from objtrain.errors import UserError
 from objtrain.interop import require
 from objtrain.io import OutputLock, check_output_free, check_writable
+from objtrain.models.attention import FLEX_ON_CPU
 from objtrain.models.zoo import ModelConfig, model_config
 from objtrain.objectives.base import Objective
 from objtrain.objectives.registry import build_objective
@@ -194,6 +195,8 @@ def _resolve(
         model_cfg, init_origin = init_from.resumed_model_config(resume_from, model_cfg)
     dtype, dtype_note = _choose_dtype(cfg.precision.dtype, device, resume_from)
     check_precision(dtype, device)
+    if model_cfg.attention_kernel == "flex" and device.type == "cpu":  # refused here, before a run dir exists
+        raise UserError(FLEX_ON_CPU)
     workers = (
         cfg.workers if isinstance(cfg.workers, int) else auto_workers(device.type, world.local_world_size)
     )

@@ -51,6 +51,7 @@ def run_main(
         (["--objective", "clm", "optim.lr=0"], "got 0"),
         (["--objective", "clm", "--keep", "0"], "checkpoint.keep (--keep) >= 1"),
         (["--objective", "clm", "workers=-1"], "workers must be >= 0"),
+        (["--objective", "clm", "model.attention_kernel=flex"], "flex cannot train on CPU"),
         (["--objective", "clm", "--steps", "1", "--resume", "--force"], "--resume continues RUN and --force"),
         (["--objective", "clm", "--time", "nan"], "the budget must be positive and finite, got nan"),
         (["--objective", "clm", "--nproc", "0"], "--nproc must be at least 1, got 0"),
