@@ -57,8 +57,8 @@ import torch.nn.functional as F
 
 from objtrain.batch import Batch
 from objtrain.data.tokenizer import Tokenizer, train_sentencepiece
-from objtrain.evaluation import generate as gen
 from objtrain.models import build_model, count_parameters, model_config
+from objtrain.models import generate as gen
 from objtrain.models.base import TrunkOutput
 from objtrain.models.decoder import Decoder
 from objtrain.specials import Specials

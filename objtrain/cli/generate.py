@@ -25,8 +25,8 @@ from objtrain.cli.common import DEVICE_HELP, check_format, interrupt_note, make_
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.devices import resolve_device
 from objtrain.errors import UserError
-from objtrain.evaluation import generate as gen
 from objtrain.evaluation.probe import trained_with_segments
+from objtrain.models import generate as gen
 from objtrain.models.checkpoint import Checkpoint, load_checkpoint
 
 

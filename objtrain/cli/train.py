@@ -13,6 +13,7 @@ from rich.console import Console
 from objtrain.cli.common import DEVICE_HELP, make_console
 from objtrain.config import dotted_keys, key_hint, load_yaml, packaged_config, parse_overrides
 from objtrain.errors import UserError
+from objtrain.evaluation.sample import print_sample
 from objtrain.io import Unwritable
 from objtrain.training import accounting
 from objtrain.training import checkpoint as ckpt
@@ -220,7 +221,7 @@ def run(
         return
     created = ckpt.first_missing(run_dir)
     try:
-        result = train(cfg, run_dir, resume=resume, force=force, console=console)
+        result = train(cfg, run_dir, resume=resume, force=force, console=console, after=print_sample)
     except Unwritable as exc:
         # A new run whose first checkpoint did not fit leaves nothing behind: a run directory without a
         # checkpoint would only be refused next time ("already exists").

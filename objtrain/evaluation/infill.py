@@ -36,7 +36,7 @@ from torch import nn
 from objtrain.batch import Batch
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
-from objtrain.evaluation import generate as gen
+from objtrain.models import generate as gen
 from objtrain.specials import Specials
 
 TaskKind = Literal["line", "lines", "span"]

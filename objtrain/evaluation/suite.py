@@ -47,7 +47,7 @@ from objtrain.data.tokenizer import Tokenizer
 from objtrain.devices import resolve_device
 from objtrain.errors import UserError, did_you_mean
 from objtrain.evaluation import conditional, corrupted, finetune, infill, lm, middle, probe, sentence_order
-from objtrain.evaluation import generate as gen
+from objtrain.models import generate as gen
 from objtrain.models.checkpoint import Checkpoint, load_checkpoint
 from objtrain.models.zoo import count_parameters
 from objtrain.training.accounting import token_bytes

@@ -431,7 +431,7 @@ def _check_greedy(ckpt: Checkpoint, hf: Any, row: Tensor) -> tuple[int, int | No
     own generation_config.json. Returns (GREEDY_TOKENS, tokens before `</s>` or None if neither emitted
     it); raises `UserError` on the first difference."""
     transformers = quiet_transformers()
-    from objtrain.evaluation.generate import generate_decoder, generate_encdec
+    from objtrain.models.generate import generate_decoder, generate_encdec
 
     model, cfg, specials = ckpt.model, ckpt.config, ckpt.specials
     if cfg.kind == "encdec":

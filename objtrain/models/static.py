@@ -307,13 +307,13 @@ def _share_buffer(caches: list[KVCache]) -> Tensor:
 
 
 class SpeculativeSteps(_Steps):
-    """Greedy self-speculative decoding (see `objtrain.evaluation.generate`) with every step on the
+    """Greedy self-speculative decoding (see `objtrain.models.generate`) with every step on the
     device: the current token (`root`), the draft heads' candidates after it and the cache length
     (`start`) are tensors, acceptance is decided on the device, and the accepted path's keys/values are
     always moved into place (a copy onto itself when it is already there). Each step writes its tokens to
     `out`: the path's drafts (padded to the tree's depth), head 1's next token, and how many drafts hold.
 
-    `layout` is a `TreeLayout` (built by `objtrain.evaluation.generate.tree_layout`) on the model's device.
+    `layout` is a `TreeLayout` (built by `objtrain.models.generate.tree_layout`) on the model's device.
     """
 
     def __init__(

@@ -99,6 +99,9 @@ from objtrain.training.steps import (
     step_values,
 )
 
+# What a finished run shows after its summary, given the plan and the trained model.
+AfterTraining = Callable[[Console, Plan, nn.Module], None]
+
 
 @dataclass
 class TrainResult:
@@ -266,12 +269,15 @@ def train(
     show_progress: bool = True,
     on_record: Callable[[dict[str, Any]], None] | None = None,
     save_at: Collection[int] = (),
+    after: AfterTraining | None = None,
 ) -> TrainResult:
     """Train `cfg` into `run_dir` (see the module docstring); returns what the run did.
 
     `on_record` sees every metrics record (training steps, and validations with `"split": "val"`) on the
     main process: `objtrain compare` draws its progress across arms from it. `save_at`: steps to save a
-    checkpoint at besides `checkpoint.every` (a compare sweep branches shorter runs from them).
+    checkpoint at besides `checkpoint.every` (a compare sweep branches shorter runs from them). `after`:
+    shown a run that trained to its end with its progress shown and `logging.sample` on, the model still in
+    memory (`objtrain train` prints a greedy sample through it; decoding lives above the loop).
     """
     started = time.perf_counter()
     console = console or Console(stderr=True, highlight=False)
@@ -280,7 +286,8 @@ def train(
     try:
         plan = prepare(cfg, run_dir, resume=resume, force=force, world=world, console=console)
         hook = on_record if world.is_main else None
-        return _run(plan, console, show_progress and world.is_main, force, hook, started, frozenset(save_at))
+        show = show_progress and world.is_main
+        return _run(plan, console, show, force, hook, started, frozenset(save_at), after)
     except (OSError, Unwritable) as exc:
         # A write that cannot happen (the disk filled, the mount went read-only): one line naming the
         # checkpoint that is kept, which a save cut short never replaces.
@@ -577,6 +584,7 @@ def _run(
     on_record: Callable[[dict[str, Any]], None] | None,
     started: float,
     save_at: frozenset[int] = frozenset(),
+    after: AfterTraining | None = None,
 ) -> TrainResult:
     cfg, world, device, run_dir = plan.cfg, plan.world, plan.device, plan.run_dir
     if device.type == "cpu":
@@ -858,8 +866,8 @@ def _run(
             console.print(
                 _mixture_summary(stream, state.position, plan.seq_len), highlight=False, markup=False
             )
-        if not stopped and cfg.logging.sample and not trainer.sharded:  # sharded: generating is collective
-            _sample(console, plan, trainer.model)
+        if after is not None and not stopped and cfg.logging.sample and not trainer.sharded:
+            after(console, plan, trainer.model)  # sharded: generating is collective, so not there
     return result
 
 
@@ -982,35 +990,3 @@ def _mixture_summary(stream: MixedStream, position: Position, seq_len: int) -> s
         for name, w in zip(stream.names, stream.weights, strict=True)
     ]
     return "sources: " + "; ".join(parts)
-
-
-def _sample(console: Console, plan: Plan, model: nn.Module) -> None:
-    """A short greedy continuation (decoders) and, for FIM models, an infill: a look at what was learnt."""
-    from objtrain.evaluation import generate as gen
-
-    plain: Any = unwrap(model)
-    plain.eval()
-    tok = plan.source.tokenizer
-    s = plan.source.specials
-    if plan.model_cfg.kind != "decoder":
-        return
-    docs = plan.source.documents(plan.cfg.data.valid_split if plan.has_valid else "train")
-    first = tok.decode(docs.tokens[docs.offsets[0] : docs.offsets[0] + 24].tolist())
-    prompt = first[: max(len(first) // 2, 1)]
-    ids = tok.encode(prompt)
-    out = list(gen.generate_decoder(plain, ids, 48, stop_ids=(s.eos,)))
-    console.print("[bold]sample[/] (greedy):", highlight=False)
-    console.print(f"[dim]{escape(prompt)}[/]{escape(tok.decode(out))}", highlight=False, markup=True)
-    if plan.objective.name == "fim":
-        prefix, suffix = "def add(a, b):\n    ", "\n\nprint(add(1, 2))\n"
-        mode = training_info(plan, 0, 0)["fim_mode"]
-        fill = list(
-            gen.generate_decoder(
-                plain, gen.fim_prompt(tok, prefix, suffix, mode), 24, stop_ids=(s.eos, s.fim_pad)
-            )
-        )
-        console.print(
-            f"[bold]infill[/] ({mode}): {escape(repr(prefix))} [bold]{escape(repr(tok.decode(fill)))}[/] "
-            f"{escape(repr(suffix))}",
-            highlight=False,
-        )

@@ -13,8 +13,8 @@ import torch
 from objtrain.batch import Batch
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.evaluation import finetune
-from objtrain.evaluation import generate as gen
 from objtrain.evaluation.probe import Labelled, layer_features, padded, trained_with_segments
+from objtrain.models import generate as gen
 from objtrain.models.checkpoint import load_checkpoint, save_checkpoint
 from objtrain.models.zoo import build_model, model_config
 

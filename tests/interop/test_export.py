@@ -51,7 +51,7 @@ def steer(ckpt: Any, prompt: list[int], k: int, token: int) -> None:
     """Make `token` the greedy pick at decoding step k of `prompt`, every earlier step unchanged: the last
     (decoder) block's output projection gets a rank-one term that reads only the part of step k's
     activation orthogonal to the earlier steps' and writes towards `token`'s (tied) embedding."""
-    from objtrain.evaluation.generate import generate_decoder, generate_encdec
+    from objtrain.models.generate import generate_decoder, generate_encdec
 
     model = ckpt.model
     encdec = ckpt.config.kind == "encdec"
@@ -83,8 +83,8 @@ def emit_eos_early(path: Path, out: Path, k: int = 3) -> int:
     """The checkpoint at `path`, saved to `out` changed so that its greedy continuation of the export
     check's prompt ends with `</s>` after k tokens. Returns how many tokens objtrain's greedy decoding,
     stopping at `</s>`, then gives."""
-    from objtrain.evaluation.generate import generate_decoder, generate_encdec
     from objtrain.models.checkpoint import save_checkpoint
+    from objtrain.models.generate import generate_decoder, generate_encdec
 
     ckpt = load_checkpoint(path)
     eos = ckpt.specials.eos
@@ -193,8 +193,8 @@ def test_encdec_tokenizer_ends_inputs_with_eos_and_generate_equals_objtrains(
 ) -> None:
     """objtrain ends every encoder input with </s> (training, `generate`): so does the exported tokenizer,
     and transformers' seq2seq generation on the export gives `objtrain generate`'s tokens."""
-    from objtrain.evaluation.generate import encode_input
     from objtrain.models.checkpoint import save_checkpoint
+    from objtrain.models.generate import encode_input
 
     # A random tied model repeats its input token (its own embedding dominates the residual stream);
     # scaled-up block outputs make what it writes depend on the encoder input, and on its </s>.

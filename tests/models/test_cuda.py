@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from model_helpers import docs_row, make_batch, tiny_model
 
-from objtrain.evaluation import generate as gen
+from objtrain.models import generate as gen
 from objtrain.models import static as static_module
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

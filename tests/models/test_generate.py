@@ -12,7 +12,7 @@ from model_helpers import tiny_model
 
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
-from objtrain.evaluation import generate as gen
+from objtrain.models import generate as gen
 from objtrain.models.decoder import Decoder
 from objtrain.specials import Specials
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 import objtrain.models.checkpoint as ck
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
-from objtrain.evaluation import generate as gen
+from objtrain.models import generate as gen
 from objtrain.models import model_config
 from objtrain.models.zoo import config_to_dict
 from objtrain.specials import Specials

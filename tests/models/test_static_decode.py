@@ -10,7 +10,7 @@ import torch
 from model_helpers import tiny_model
 
 import objtrain.models.static as static_module
-from objtrain.evaluation import generate as gen
+from objtrain.models import generate as gen
 from objtrain.models.decoder import Decoder
 from objtrain.models.static import SpeculativeSteps
 

@@ -75,6 +75,18 @@ def test_refusals_are_one_line_and_leave_nothing(
     assert not run.exists()
 
 
+@pytest.mark.parametrize("objective", ["clm", "fim"])
+def test_a_finished_run_prints_a_greedy_sample_and_a_fim_model_an_infill(
+    objective: str, train_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    quick = [a for a in QUICK if a != "logging.sample=false"]
+    args = [str(train_store), *quick, "--objective", objective, "--steps", "2", "-o", str(tmp_path / "run")]
+    code, err = run_main(args, monkeypatch, capsys)
+    assert code == 0, err
+    assert "sample (greedy):" in err
+    assert ("infill (" in err) == (objective == "fim")
+
+
 def test_refuses_an_existing_run_and_a_store_without_a_valid_split(
     train_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
