@@ -50,6 +50,9 @@ OBJTRAIN = str(Path(sys.executable).with_name("objtrain"))
 def small_command(name: str, out: Path) -> list[str]:
     """The experiment's own findings command, at one seed and a small budget, into `out`."""
     cmd = findings.command(name)
+    if "--max-seeds" in cmd:  # one seed: no spread, no seeds added (their cost is not in the estimate)
+        i = cmd.index("--max-seeds")
+        del cmd[i : i + 2]
     i = cmd.index("--seeds")
     cmd[i + 1] = "1"
     cmd[cmd.index("-o") + 1] = str(out)

@@ -15,6 +15,7 @@ from rich.markup import escape
 
 from objtrain.cli.common import interrupt_note, make_console
 from objtrain.compare import load_experiment, plan_comparison, run_comparison, write_report
+from objtrain.compare.regime import seeds_wanted
 from objtrain.compare.report import print_tables
 from objtrain.compare.runner import PLAN, Comparison, Interrupted
 from objtrain.compare.sweep import Sweep, SweepSpec, parse_sweep, plan_sweep, run_sweep
@@ -39,6 +40,12 @@ def run(
         "(default: the experiment's own budget).",
     ),
     seeds: int = typer.Option(1, "--seeds", help="Train every arm with K seeds; report mean ± std."),
+    max_seeds: int = typer.Option(
+        None,
+        "--max-seeds",
+        help="Add seeds, up to M, while a claim's interval straddles its verdict's boundary and the seed "
+        "spread says a few more would resolve it (needs --seeds 2 or more).",
+    ),
     data: str = typer.Option(
         None, "--data", help="Token or packed store for every arm, instead of the experiment's."
     ),
@@ -61,6 +68,8 @@ def run(
     exp = load_experiment(experiment)
     exp.eval.options = {**exp.eval.options, **parse_eval_options(eval_options or [])}
     spec = parse_sweep(sweep, exp.sweep, budget == "tiny")
+    if max_seeds is not None:
+        check_max_seeds(max_seeds, seeds, spec is not None)
     if spec is not None:
         from objtrain.compare.sweep_report import write_sweep_report
 
@@ -84,7 +93,20 @@ def run(
             exp, output, budget, seeds, resume=resume, force=force, data=data, console=console
         ),
     ) as comparison:
-        _compare(comparison, exp.name, output, console)
+
+        def more_seeds(n: int) -> Comparison:
+            return plan_comparison(exp, output, budget, n, resume=True, data=data, console=console)
+
+        _compare(comparison, exp.name, output, console, max_seeds or 0, more_seeds)
+
+
+def check_max_seeds(max_seeds: int, seeds: int, sweep: bool) -> None:
+    if sweep:
+        raise UserError("--max-seeds is for a comparison: a sweep trains --seeds K at every point")
+    if seeds < 2:
+        raise UserError("--max-seeds needs --seeds 2 or more: one seed measures no spread to judge by")
+    if max_seeds < seeds:
+        raise UserError(f"--max-seeds {max_seeds} is below --seeds {seeds}")
 
 
 Planned = TypeVar("Planned", Comparison, Sweep)
@@ -120,7 +142,14 @@ def _held_report(output: Path, force: bool, plan: Callable[[], Planned]) -> Iter
         lock.release()
 
 
-def _compare(comparison: Comparison, name: str, output: Path, console: Console) -> None:
+def _compare(
+    comparison: Comparison,
+    name: str,
+    output: Path,
+    console: Console,
+    max_seeds: int = 0,
+    more_seeds: Callable[[int], Comparison] | None = None,
+) -> None:
     exp = comparison.experiment
     n = len(comparison.runs)
     console.print(
@@ -128,6 +157,35 @@ def _compare(comparison: Comparison, name: str, output: Path, console: Console) 
         f"{comparison.budget.describe()} ({comparison.budget_name}), report in {escape(str(output))}"
     )
     interrupt_note(f"interrupted; finished arms are kept in {output}: continue with --resume")
+    results = _run_and_report(comparison, output, console)
+    # The seeds the spread needs: while a claim's interval straddles its boundary and a few more seeds
+    # would resolve a gap this size, every arm trains them (paired differences need each seed in each arm).
+    while more_seeds is not None and len(comparison.seeds) < max_seeds:
+        want, asking = seeds_wanted(results, max_seeds)
+        if want <= len(comparison.seeds):
+            break
+        have = len(comparison.seeds)
+        earlier = comparison.seeds_raised or {"from": have, "for": []}
+        console.print(
+            f"{have} seeds leave {len(asking)} claim(s) straddling their boundary ({'; '.join(asking)}): "
+            f"training seeds {have} to {want - 1} in every arm (--max-seeds {max_seeds})",
+            markup=False,
+        )
+        comparison = more_seeds(want)
+        comparison.seeds_raised = {
+            "from": earlier["from"],
+            "to": want,
+            "max": max_seeds,
+            "for": list(dict.fromkeys([*earlier["for"], *asking])),
+        }
+        comparison.resume = True
+        results = _run_and_report(comparison, output, console)
+    console.print(f"report: {output / 'report.md'} (results.json and plots beside it)", markup=False)
+    # The tables, the verdict and last the one sentence of what was found: where the run ends.
+    print_tables(results, make_console(highlight=False), str(output / "report.md"))
+
+
+def _run_and_report(comparison: Comparison, output: Path, console: Console) -> dict[str, Any]:
     try:
         run_comparison(comparison, console=console)
     except Interrupted as exc:
@@ -135,10 +193,7 @@ def _compare(comparison: Comparison, name: str, output: Path, console: Console) 
         raise typer.Exit(130) from None
     except Unwritable as exc:
         raise _kept(exc, f"finished arms are kept in {output}") from None
-    results = write_report(comparison)
-    console.print(f"report: {output / 'report.md'} (results.json and plots beside it)", markup=False)
-    # The tables, the verdict and last the one sentence of what was found: where the run ends.
-    print_tables(results, make_console(highlight=False), str(output / "report.md"))
+    return write_report(comparison)
 
 
 def parse_eval_options(pairs: list[str]) -> dict[str, Any]:

@@ -139,3 +139,21 @@ def notes_text(claim: dict[str, Any]) -> str:
             parts.append(f"the interval straddles the boundary: run `seeds: {n}` (--seeds {n}) to resolve a "
                          "gap this size at this spread")  # fmt: skip
     return "; ".join(parts)
+
+
+def seeds_wanted(results: dict[str, Any], most: int) -> tuple[int, list[str]]:
+    """How many seeds the claims' spread asks for, at most `most`, and the claims asking: each claim not
+    resolved because its interval straddles the boundary, where `seeds_needed` (at the spread measured)
+    resolves it. A claim that would need more than MAX_SEEDS asks for nothing: more seeds will not settle
+    a gap that small. (seeds now, []) when no claim asks."""
+    have = len(results.get("seeds") or [])
+    want, asking = have, []
+    for claim in results.get("claims") or []:
+        needed = claim.get("seeds_needed")
+        straddles = claim.get("verdict") == "not resolved" and claim.get("straddles")
+        if not straddles or not isinstance(needed, int):
+            continue
+        if min(needed, most) > have:
+            want = max(want, min(needed, most))
+            asking.append(str(claim.get("claim") or claim.get("metric")))
+    return want, asking

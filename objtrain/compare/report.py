@@ -166,6 +166,17 @@ def build_results(c: Comparison) -> dict[str, Any]:
     }
 
 
+def _raised_text(results: dict[str, Any]) -> str:
+    """What the Seeds line adds when seeds were raised for straddling claims (`compare --max-seeds`)."""
+    raised = (results.get("plan") or {}).get("seeds_raised")
+    if not raised:
+        return ""
+    return (
+        f"; {raised['from']} at first, raised to {raised['to']} (--max-seeds {raised['max']}) because the "
+        f"{raised['from']}-seed interval straddled the verdict's boundary for: {'; '.join(raised['for'])}"
+    )
+
+
 def claim_verdict(
     claim: Claim,
     per_seed: dict[str, dict[int, float]],
@@ -603,7 +614,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
         f"- Experiment: `{experiment_source(exp)}`",
         f"- Budget: {budget_text} an arm ({b['name']}; every arm under the same control)",
         f"- Seeds: {', '.join(map(str, results['seeds']))} (a seed fixes init, data order and corruption; "
-        "seed k is shared by every arm)",
+        "seed k is shared by every arm)" + _raised_text(results),
         f"- Data: {_data_text(results)}",
         "- Evaluation: "
         + (

@@ -87,6 +87,8 @@ class Comparison:
     eval_options: dict[str, Any]
     results: dict[str, dict[str, Any]] = field(default_factory=dict)  # run key -> results file contents
     seconds: float = 0.0
+    # {"from": K, "to": N, "max": M, "for": [claims]}: seeds added because claims' intervals straddled
+    seeds_raised: dict[str, Any] | None = None
 
 
 def plan_comparison(
@@ -105,6 +107,9 @@ def plan_comparison(
     budget_name, spec = resolve_budget(exp, budget)
     tiny = budget_name == "tiny"
     seed_list = [exp.seed + k for k in range(seeds)]
+    saved_plan = _saved_plan(report_dir) if resume else None
+    if saved_plan is not None:
+        seed_list = _resumed_seeds(saved_plan.get("seeds"), seed_list)
     eval_options = suite.options_for(exp.eval.options, tiny)
     suite.check_options(eval_options)
     if exp.eval.data is not None and not Path(exp.eval.data).exists():
@@ -115,8 +120,9 @@ def plan_comparison(
     scratch = Path(tempfile.gettempdir()) / "objtrain-compare-check-does-not-exist"
     for seed in seed_list:
         for arm in exp.arms:
-            key = arm.name if seeds == 1 else f"{arm.name}.seed-{seed}"
-            run_dir = report_dir / "arms" / arm.name / ("" if seeds == 1 else f"seed-{seed}")
+            one = len(seed_list) == 1
+            key = arm.name if one else f"{arm.name}.seed-{seed}"
+            run_dir = report_dir / "arms" / arm.name / ("" if one else f"seed-{seed}")
             cfg, plan, target_len, per_step, steps = _check_arm(
                 exp, arm, seed, spec, tiny, data, scratch, console
             )
@@ -152,13 +158,37 @@ def plan_comparison(
                 # A setting added since the report was planned reads as absent while it is unset
                 part["experiment"] = _without_unset(part["experiment"])
         for key in ("experiment", "budget", "seeds", "data"):
+            if key == "seeds" and _extends(saved.get(key), now[key]):
+                continue  # more seeds for the same arms: the finished ones are kept
             if saved.get(key) != now[key]:
                 what = "seeds differ from those" if key == "seeds" else f"{key} differs from the one"
                 raise UserError(
                     f"--resume: the {what} {report_dir} was started with; "
                     "use the same settings, another -o, or --force to start over"
                 )
+        raised = saved.get("seeds_raised")  # kept while the report still has the seeds added
+        if isinstance(raised, dict) and len(comparison.seeds) > int(raised.get("from", len(seed_list))):
+            comparison.seeds_raised = raised
     return comparison
+
+
+def _saved_plan(report_dir: Path) -> dict[str, Any] | None:
+    path = report_dir / PLAN
+    saved = read_json(path, "comparison plan") if report_dir.is_dir() and path.is_file() else None
+    return saved if isinstance(saved, dict) else None
+
+
+def _extends(saved: Any, now: list[int]) -> bool:
+    """Whether `now` is `saved` with seeds added after it. From one seed it is not: a one-seed report keeps
+    its arms in arms/NAME/, a several-seed one in arms/NAME/seed-S/."""
+    return isinstance(saved, list) and 2 <= len(saved) < len(now) and now[: len(saved)] == saved
+
+
+def _resumed_seeds(saved: Any, asked: list[int]) -> list[int]:
+    """A report whose seeds were raised (`--max-seeds`) resumes with all of them when asked for its first."""
+    if isinstance(saved, list) and _extends(asked, saved):
+        return [int(s) for s in saved]
+    return asked
 
 
 # Experiment keys that judge or describe the runs, or name budgets not chosen: a resume may change them.
@@ -242,7 +272,7 @@ def plan_dict(c: Comparison) -> dict[str, Any]:
         | ({"train": c.budget.train} if c.budget.train else {}),
         "seeds": c.seeds,
         "data": c.data,
-    }
+    } | ({"seeds_raised": c.seeds_raised} if c.seeds_raised else {})
 
 
 def run_comparison(

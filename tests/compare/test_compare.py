@@ -254,3 +254,60 @@ def test_the_tiny_budget_caps_every_count_the_evaluation_takes() -> None:
     assert (given["sentence_order_pairs"], given["probe_seeds"], given["middle_tasks"]) == (12, 2, 0)
     assert suite.options_for({"probe_seeds": 9}, tiny=False) == {"probe_seeds": 9}
     suite.check_options(capped)  # the capped options are ones the suite accepts
+
+
+def test_max_seeds_adds_seeds_while_a_claim_straddles_and_a_resume_keeps_them(
+    write_experiment, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """Two seeds leave the claim's interval across 0 (+0.10 and -0.02): --max-seeds 3 trains seed 2 in
+    every arm, and only it; the report says why; a later --resume --seeds 2 keeps all three."""
+    import sys
+
+    from objtrain.cli import main
+    from objtrain.compare import suite as suite_module
+
+    values = {("clm", 0): 0.80, ("mlm", 0): 0.70, ("clm", 1): 0.70, ("mlm", 1): 0.72}
+    fake = FakeSuite({key: {"probe_accuracy": v} for key, v in values.items()})
+    monkeypatch.setattr(suite_module, "default_evaluator", fake)
+    claim = {"claim": "clm probes better", "literature": "a paper", "metric": "probe_accuracy",
+             "arms": ["clm", "mlm"], "expect": "higher"}  # fmt: skip
+    path, out = write_experiment(claims=[claim]), tmp_path / "r"
+    argv = ["objtrain", "compare", str(path), "-o", str(out), "--seeds", "2", "--max-seeds", "3"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert not exc.value.code
+    err = capsys.readouterr().err
+    assert "2 seeds leave 1 claim(s) straddling their boundary (clm probes better)" in err
+    assert [p.name for p in fake.calls] == ["seed-0", "seed-0", "seed-1", "seed-1", "seed-2", "seed-2"]
+    results = json.loads((out / "results.json").read_text())
+    assert results["seeds"] == [0, 1, 2]
+    raised = {"from": 2, "to": 3, "max": 3, "for": ["clm probes better"]}
+    assert results["plan"]["seeds_raised"] == raised
+    assert "2 at first, raised to 3 (--max-seeds 3)" in (out / "report.md").read_text()
+    resumed = plan_comparison(load_experiment(path), out, seeds=2, resume=True)
+    assert resumed.seeds == [0, 1, 2] and resumed.seeds_raised == raised
+    with pytest.raises(Exception, match="--resume: the seeds differ"):  # not the seeds it was started with
+        plan_comparison(load_experiment(path), out, seeds=1, resume=True)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--seeds", "1", "--max-seeds", "3"], "needs --seeds 2 or more"),
+        (["--seeds", "3", "--max-seeds", "2"], "--max-seeds 2 is below --seeds 3"),
+        (["--seeds", "2", "--max-seeds", "3", "--sweep", "tokens=100,300,3000"], "a sweep trains"),
+    ],
+)
+def test_max_seeds_refusals(args: list[str], message: str, write_experiment, tmp_path: Path, monkeypatch,
+                            capsys) -> None:  # fmt: skip
+    import sys
+
+    from objtrain.cli import main
+
+    argv = ["objtrain", "compare", str(write_experiment()), "-o", str(tmp_path / "r"), *args]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

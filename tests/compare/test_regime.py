@@ -95,3 +95,19 @@ def test_the_claims_table_shows_the_regime_and_the_seed_notes() -> None:
     assert header[-1] == "scale against the paper"
     assert "one seed decides the direction: without seed 2" in rows[0][3]
     assert rows[0][4].startswith("**out of regime**")
+
+
+def test_seeds_wanted_asks_for_the_seeds_a_straddling_claim_needs_up_to_the_cap() -> None:
+    from objtrain.compare.regime import seeds_wanted
+
+    def claim(name: str, verdict: str, needed: int | None, straddles: bool = True) -> dict:
+        return {"claim": name, "verdict": verdict, "seeds_needed": needed, "straddles": straddles}
+
+    results = {"seeds": [0, 1, 2], "claims": [
+        claim("a", "not resolved", 4), claim("b", "not resolved", 9), claim("c", "agrees", None, False),
+        claim("d", "not resolved", None),  # more than 30 seeds: adding a few settles nothing
+    ]}  # fmt: skip
+    assert seeds_wanted(results, 5) == (5, ["a", "b"])
+    assert seeds_wanted(results, 4) == (4, ["a", "b"])
+    assert seeds_wanted(results, 3) == (3, [])
+    assert seeds_wanted({"seeds": [0, 1, 2], "claims": [claim("c", "agrees", None, False)]}, 5) == (3, [])
