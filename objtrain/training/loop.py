@@ -488,11 +488,10 @@ class Trainer:
             n_expected.clamp(min=1.0) if isinstance(n_expected, Tensor) else max(n_expected, 1.0)
         ) / n_actual
         max_norm = optim_cfg.grad_clip if optim_cfg.grad_clip > 0 else float("inf")
-        if self.sharded:  # DTensor gradients: torch's clip, the factor applied first (one read per step)
-            if (f := float(factor)) != 1.0:
-                for p in self.params:
-                    if p.grad is not None:
-                        p.grad.mul_(f)
+        if self.sharded:  # DTensor gradients: torch's clip, the factor (a device scalar) applied first
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.mul_(factor.to(p.grad.dtype))  # x * 1.0 is x: no change where the counts agree
             norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
             norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         else:
