@@ -242,7 +242,10 @@ def stale_probe_lines(results: dict[str, Any]) -> list[str]:
     baselines too, so an arm with probe metrics and no random-init baseline marks them; a re-run clears it."""
     arms = results.get("arms", [])
     probed = [a for a in arms if any(k.startswith("probe_") for k in a.get("metrics", {}))]
-    stale = [a for a in probed if not any(k.endswith("_random_init_accuracy") for k in a.get("metrics", {}))]
+    # the baselines sit beside an arm's metrics in results.json (`baselines`), not among them
+    stale = [
+        a for a in probed if not any(k.endswith("_random_init_accuracy") for k in a.get("baselines", {}))
+    ]
     if not stale or not any(a.get("model_kind") == "encoder" for a in stale):
         return []
     return [

@@ -464,12 +464,15 @@ def test_the_index_marks_encoder_probes_measured_before_the_segment_fix() -> Non
     """Probe numbers of an encoder arm without a random-init baseline predate the fix that stopped probes
     adding the untrained segment row: the index says so until a re-run brings baselines."""
 
-    def results(kind: str, metrics: dict[str, float]) -> dict[str, object]:
-        return {"arms": [{"name": "a", "model_kind": kind, "metrics": metrics}]}
+    def results(kind: str, metrics: dict[str, float], baselines: dict | None = None) -> dict[str, object]:
+        return {"arms": [{"name": "a", "model_kind": kind, "metrics": metrics, "baselines": baselines or {}}]}
 
     old = {"probe_sst2_accuracy": 0.64}
-    new = {**old, "probe_sst2_random_init_accuracy": 0.61, "probe_sst2_bow_accuracy": 0.7}
+    baselines = {"probe_sst2_random_init_accuracy": {"mean": 0.61}, "probe_sst2_bow_accuracy": {"mean": 0.7}}
     assert "untrained segment embedding" in " ".join(findings.stale_probe_lines(results("encoder", old)))
-    assert findings.stale_probe_lines(results("encoder", new)) == []
+    assert findings.stale_probe_lines(results("encoder", old, baselines)) == []
     assert findings.stale_probe_lines(results("decoder", old)) == []  # no segment row to add
     assert findings.stale_probe_lines(results("encoder", {"bits_per_byte": 2.0})) == []  # nothing probed
+    published = findings.read_results(ROOT / "docs" / "findings").get("objectives")
+    if published is not None and any(a.get("baselines") for a in published["arms"]):  # re-run since the fix
+        assert findings.stale_probe_lines(published) == []
