@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -86,7 +87,7 @@ def batch_flops(cfg: ModelConfig, batch: Batch) -> float:
     `torch.utils.flop_counter` for every objective and model kind (tests/training/test_accounting.py)."""
     rows, input_len = batch.input_ids.shape
     target_len = int(batch.labels.size(1)) if batch.is_encdec else None
-    reads_logits = batch.mtp_labels is not None or bool((batch.labels != IGNORE).any())
+    reads_logits = batch.mtp_labels is not None or _any_target(batch.labels)
     return flops_per_step(
         cfg,
         int(rows),
@@ -95,6 +96,13 @@ def batch_flops(cfg: ModelConfig, batch: Batch) -> float:
         logits_backward=reads_logits,
         pooler=batch.seq_labels is not None and cfg.kind == "encoder",
     )
+
+
+def _any_target(labels: torch.Tensor) -> bool:
+    # The loop counts its host batches: numpy on the loader's arrays reads nothing back from a device.
+    if labels.device.type == "cpu":
+        return bool(np.any(labels.numpy() != IGNORE))
+    return bool((labels != IGNORE).any())
 
 
 def measured_batch_flops(model: nn.Module, objective: Objective, batch: Batch) -> float:
