@@ -166,12 +166,13 @@ def _compare(
             break
         have = len(comparison.seeds)
         earlier = comparison.seeds_raised or {"from": have, "for": []}
+        comparison = more_seeds(want)
+        added = ", ".join(map(str, comparison.seeds[have:]))
         console.print(
             f"{have} seeds leave {len(asking)} claim(s) straddling their boundary ({'; '.join(asking)}): "
-            f"training seeds {have} to {want - 1} in every arm (--max-seeds {max_seeds})",
+            f"training seed(s) {added} in every arm (--max-seeds {max_seeds})",
             markup=False,
         )
-        comparison = more_seeds(want)
         comparison.seeds_raised = {
             "from": earlier["from"],
             "to": want,

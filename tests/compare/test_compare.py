@@ -278,7 +278,8 @@ def test_max_seeds_adds_seeds_while_a_claim_straddles_and_a_resume_keeps_them(
         main()
     assert not exc.value.code
     err = capsys.readouterr().err
-    assert "2 seeds leave 1 claim(s) straddling their boundary (clm probes better)" in err
+    said = "2 seeds leave 1 claim(s) straddling their boundary (clm probes better): training seed(s) 2 in"
+    assert said in err
     assert [p.name for p in fake.calls] == ["seed-0", "seed-0", "seed-1", "seed-1", "seed-2", "seed-2"]
     results = json.loads((out / "results.json").read_text())
     assert results["seeds"] == [0, 1, 2]
