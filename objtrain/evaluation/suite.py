@@ -756,9 +756,14 @@ class _ProbeTask:
         return {k.replace("probe_", f"probe_{name}_", 1): v for k, v in out.items()} if name else out
 
     def random_model(self) -> torch.nn.Module:
-        """The random-init baseline, built once under the eval seed."""
+        """The random-init baseline, built once: under the run's own training seed where the checkpoint
+        records one (the weights a run from scratch started from: the loop seeds, then builds the model),
+        so it varies with the pretraining seed as the arms do and a comparison's interval for it is a seed
+        spread, not one draw; under the eval seed otherwise."""
         if self._random is None:
-            self._random = probe.random_init_like(self.ckpt.model, self.options.seed)
+            seed = self.ckpt.training.get("seed")
+            seed = int(seed) if isinstance(seed, int) else self.options.seed
+            self._random = probe.random_init_like(self.ckpt.model, seed)
         return self._random
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -181,3 +182,23 @@ def test_the_command_line_leaves_them_out_on_request(
     result = json.loads(out)
     assert "probe_accuracy" in result and "probe_bow_accuracy" not in result
     assert "probe_accuracy_probe_sd" not in result and result["probe_method"] == "linear"
+
+
+def test_the_random_init_baseline_starts_where_the_run_started(debug_checkpoint: Callable[..., Path]) -> None:
+    """Under the run's own training seed (its weights before step 1), so seeds spread it as they spread the
+    arms; a checkpoint that records no seed falls back to the eval seed."""
+    from objtrain.evaluation.suite import _ProbeTask
+
+    def random_params(training: dict) -> tuple[list[torch.Tensor], Any]:
+        ckpt = load_checkpoint(debug_checkpoint("encoder", {"objective": "mlm", "seq_len": 32, **training}))
+        task = _ProbeTask(ckpt, EvalOptions(seed=0), 32, torch.device("cpu"))
+        return [p.detach() for p in task.random_model().parameters()], ckpt
+
+    seven, ckpt = random_params({"seed": 7})
+    expected = [p.detach() for p in probe.random_init_like(ckpt.model, 7).parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(seven, expected, strict=True))
+    eight, _ = random_params({"seed": 8})
+    assert any(not torch.equal(a, b) for a, b in zip(seven, eight, strict=True))
+    unseeded, ckpt = random_params({})
+    at_eval_seed = [p.detach() for p in probe.random_init_like(ckpt.model, 0).parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(unseeded, at_eval_seed, strict=True))
