@@ -107,9 +107,9 @@ def plan_comparison(
     budget_name, spec = resolve_budget(exp, budget)
     tiny = budget_name == "tiny"
     seed_list = [exp.seed + k for k in range(seeds)]
-    saved_plan = _saved_plan(report_dir) if resume else None
-    if saved_plan is not None:
-        seed_list = _resumed_seeds(saved_plan.get("seeds"), seed_list)
+    saved = _saved_plan(report_dir) if resume else None
+    if saved is not None:
+        seed_list = _resumed_seeds(saved.get("seeds"), seed_list)
     eval_options = suite.options_for(exp.eval.options, tiny)
     suite.check_options(eval_options)
     if exp.eval.data is not None and not Path(exp.eval.data).exists():
@@ -140,13 +140,7 @@ def plan_comparison(
     comparison = Comparison(
         exp, report_dir, budget_name, spec, seed_list, runs, tiny, data, resume, exp.eval.data, eval_options
     )
-    if report_dir.exists() and resume and (report_dir / PLAN).is_file():
-        saved = read_json(report_dir / PLAN, "comparison plan")
-        if not isinstance(saved, dict):
-            raise UserError(
-                f"{report_dir / PLAN} is not a comparison plan (not a JSON object): "
-                "use another -o, or --force to start over"
-            )
+    if saved is not None:
         now = plan_dict(comparison)
         # What the arms train on must match; the evaluation may change (finished arms are re-evaluated).
         for part in (saved, now):
@@ -173,9 +167,16 @@ def plan_comparison(
 
 
 def _saved_plan(report_dir: Path) -> dict[str, Any] | None:
+    """The plan a report was started with (None: a new report); refused if it is not a JSON object."""
     path = report_dir / PLAN
-    saved = read_json(path, "comparison plan") if report_dir.is_dir() and path.is_file() else None
-    return saved if isinstance(saved, dict) else None
+    if not (report_dir.is_dir() and path.is_file()):
+        return None
+    saved = read_json(path, "comparison plan")
+    if not isinstance(saved, dict):
+        raise UserError(
+            f"{path} is not a comparison plan (not a JSON object): use another -o, or --force to start over"
+        )
+    return saved
 
 
 def _extends(saved: Any, now: list[int]) -> bool:

@@ -260,6 +260,13 @@ def padded(encoded: Sequence[list[int]], pad: int) -> tuple[Tensor, Tensor, Tens
     return ids, torch.arange(L)[None, :] < lengths[:, None], lengths
 
 
+def pair_segment_ids(valid: Tensor, second: Tensor) -> Tensor:
+    """(B, L) segment ids of padded sentence pairs: 1 from position `second[b]` of row b on, 0 before it
+    and on padding."""
+    positions = torch.arange(valid.size(1), device=valid.device)[None, :]
+    return ((positions >= second[:, None]) & valid).long()
+
+
 SEGMENT_OBJECTIVES = ("nsp", "sop")  # the only objectives that feed (and so train) segment embeddings
 
 
@@ -296,9 +303,7 @@ def last_hidden(
     attention = "causal" if kind == "decoder" else "bidirectional"
     segment_ids = None
     if segments and kind == "encoder":
-        segment_ids = torch.zeros_like(ids)
-        if second is not None:
-            segment_ids = ((positions >= second[:, None]) & valid).long()
+        segment_ids = torch.zeros_like(ids) if second is None else pair_segment_ids(valid, second)
     batch = Batch(ids, ids, positions, docs, attention, segment_ids=segment_ids)  # type: ignore[arg-type]
     return model.last_hidden(batch)  # type: ignore[operator]
 

@@ -35,7 +35,7 @@ from torch import nn
 from objtrain import IGNORE
 from objtrain.batch import Batch
 from objtrain.data.tokenizer import Tokenizer
-from objtrain.evaluation.probe import LabelledIds
+from objtrain.evaluation.probe import LabelledIds, padded, pair_segment_ids
 from objtrain.objectives.sentences import sentence_end_table, sentence_ids
 
 DEFAULT_PAIR_LENGTH = 128  # NSP/SOP's own default
@@ -126,24 +126,18 @@ def head_accuracy(model: nn.Module, pairs: LabelledIds, pad: int, batch_size: in
     device = model.embed.weight.device  # type: ignore[union-attr]
     correct = 0
     for lo in range(0, len(pairs.ids), batch_size):
-        rows = pairs.ids[lo : lo + batch_size]
-        B, L = len(rows), max(len(r) for r in rows)
-        ids = torch.full((B, L), pad, dtype=torch.int64)
-        for b, r in enumerate(rows):
-            ids[b, : len(r)] = torch.tensor(r)
-        lengths = torch.tensor([len(r) for r in rows])
-        j = torch.arange(L)[None]
-        valid = j < lengths[:, None]
+        ids, valid, _ = padded(pairs.ids[lo : lo + batch_size], pad)
+        B, L = ids.shape
         second = torch.tensor(pairs.second[lo : lo + batch_size])
         seq_labels = torch.full((B, L), IGNORE, dtype=torch.int64)
         seq_labels[:, 0] = 0  # a labelled [CLS] makes the encoder run its pair head
         batch = Batch(
             ids.to(device),
             torch.full((B, L), IGNORE, dtype=torch.int64, device=device),
-            j.expand(B, L).to(device),
+            torch.arange(L).expand(B, L).to(device),
             torch.where(valid, 0, -1).to(device),
             "bidirectional",
-            segment_ids=((j >= second[:, None]) & valid).long().to(device),
+            segment_ids=pair_segment_ids(valid, second).to(device),
             seq_labels=seq_labels.to(device),
         )
         logits = model(batch).seq_logits

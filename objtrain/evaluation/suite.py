@@ -762,8 +762,9 @@ class _ProbeTask:
         spread, not one draw; under the eval seed otherwise."""
         if self._random is None:
             seed = self.ckpt.training.get("seed")
-            seed = int(seed) if isinstance(seed, int) else self.options.seed
-            self._random = probe.random_init_like(self.ckpt.model, seed)
+            self._random = probe.random_init_like(
+                self.ckpt.model, seed if isinstance(seed, int) else self.options.seed
+            )
         return self._random
 
 
