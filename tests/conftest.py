@@ -29,6 +29,17 @@ SAMPLE_MODULES = ["textwrap.py", "shlex.py", "fnmatch.py", "bisect.py", "heapq.p
 
 
 @pytest.fixture(autouse=True)
+def fresh_probe_baselines() -> Iterator[None]:
+    """Probe baselines are fitted once a process (`evaluation.suite._BASELINES`): each test starts without
+    any, so none sees another's fits."""
+    from objtrain.evaluation import suite
+
+    suite._BASELINES.clear()
+    yield
+    suite._BASELINES.clear()
+
+
+@pytest.fixture(autouse=True)
 def no_loader_worker_left() -> Iterator[None]:
     """A test that leaves loader worker processes running fails, naming itself, instead of the whole suite
     hanging at exit or the workers slowing every later test."""

@@ -202,3 +202,46 @@ def test_the_random_init_baseline_starts_where_the_run_started(debug_checkpoint:
     unseeded, ckpt = random_params({})
     at_eval_seed = [p.detach() for p in probe.random_init_like(ckpt.model, 0).parameters()]
     assert all(torch.equal(a, b) for a, b in zip(unseeded, at_eval_seed, strict=True))
+
+
+def test_baselines_are_fitted_once_a_process_for_the_arms_that_share_them(
+    debug_checkpoint: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A comparison's arms share the bag of words (one tokenizer) and, seed by seed, the random-init model
+    (one architecture): each is fitted once, and reused to the same numbers a fresh fit gives."""
+    from objtrain.evaluation import suite
+
+    calls = {"bow": 0, "random": 0}
+    bow, random_init = probe.bow_features, probe.random_init_like
+
+    def counted_bow(*args: Any, **kwargs: Any) -> Any:
+        calls["bow"] += 1
+        return bow(*args, **kwargs)
+
+    def counted_random(*args: Any, **kwargs: Any) -> Any:
+        calls["random"] += 1
+        return random_init(*args, **kwargs)
+
+    monkeypatch.setattr(probe, "bow_features", counted_bow)
+    monkeypatch.setattr(probe, "random_init_like", counted_random)
+    options = EvalOptions(seed=0, probe_seeds=1, probe_tasks=("sst2",), probe_data=_task_dir(tmp_path / "d"))
+
+    def probed(seed: int, nudge: float) -> dict[str, Any]:
+        ckpt = load_checkpoint(debug_checkpoint("encoder", {"objective": "mlm", "seq_len": 32, "seed": seed}))
+        with torch.no_grad():  # another arm: other weights, the same tokenizer and architecture
+            for p in ckpt.model.parameters():
+                p.add_(nudge * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+        ckpt.model.eval()
+        return _probe(ckpt, options, 32, torch.device("cpu"))
+
+    baselines = ("probe_sst2_bow_accuracy", "probe_sst2_bow_mcc", "probe_sst2_random_init_accuracy",
+                 "probe_sst2_random_init_mcc")  # fmt: skip
+    first, second = probed(3, 0.0), probed(3, 0.5)
+    assert calls == {"bow": 1, "random": 1}
+    assert [second[k] for k in baselines] == [first[k] for k in baselines]
+    other_seed = probed(4, 0.5)  # its own random init, the same bag of words
+    assert calls == {"bow": 1, "random": 2}
+    assert other_seed["probe_sst2_bow_accuracy"] == first["probe_sst2_bow_accuracy"]
+    suite._BASELINES.clear()
+    assert [probed(3, 0.5)[k] for k in baselines] == [first[k] for k in baselines]  # fitted afresh
+    assert calls == {"bow": 2, "random": 3}
