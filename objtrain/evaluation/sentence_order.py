@@ -20,7 +20,8 @@ Scores:
   class 1 read as "swapped" (for an NSP head, "not the next segment"), over all pairs;
 - `probe_sentence_order_accuracy` (any encoder): the linear probe of `probe.py` on the pairs' frozen
   features, with its baselines, splitting the pairs by document (60% train, 20% dev for the layer and
-  penalty, 20% test), so no document gives pairs to two splits.
+  penalty, 20% test), so no document gives pairs to two splits; held-out text of fewer than
+  `MIN_DOCUMENTS` documents (a few books) is split by runs of consecutive pairs instead.
 """
 
 from __future__ import annotations
@@ -100,19 +101,36 @@ def build_pairs(
     return out, np.asarray(source, dtype=np.int64)
 
 
+# Held-out prose may be a few books: with fewer documents than this the split cannot give whole documents
+# to three sides in about the right shares, so it splits each document into runs of consecutive pairs.
+MIN_DOCUMENTS = 10
+RUNS = 20  # runs of consecutive pairs in all when the documents are few
+
+
 def split_by_document(
     pairs: LabelledIds, source: np.ndarray, seed: int
 ) -> tuple[LabelledIds, LabelledIds, LabelledIds]:
-    """(train, dev, test): about 60/20/20% of the pairs, whole documents to each, in a seeded order."""
-    docs = np.unique(source)
-    order = np.random.default_rng((seed, 2)).permutation(docs)
-    sizes = np.array([int((source == d).sum()) for d in order])
-    cum = np.cumsum(sizes) / max(len(source), 1)
+    """(train, dev, test): about 60/20/20% of the pairs, whole documents to each, in a seeded order; from
+    fewer than `MIN_DOCUMENTS` documents, whole runs of consecutive pairs (about `RUNS` in all) instead. Pairs
+    never overlap, so no stretch of text is in two splits either way."""
+    n = len(source)
+    unit = source.astype(np.int64)
+    if len(np.unique(source)) < MIN_DOCUMENTS:
+        per_run = max(1, -(-n // RUNS))
+        rank = np.zeros(n, dtype=np.int64)  # each pair's place among its document's pairs, in order
+        for d in np.unique(source):
+            at = np.flatnonzero(source == d)
+            rank[at] = np.arange(len(at))
+        unit = unit * (n + 1) + rank // per_run
+    units = np.unique(unit)
+    order = np.random.default_rng((seed, 2)).permutation(units)
+    sizes = np.array([int((unit == u).sum()) for u in order])
+    cum = np.cumsum(sizes) / max(n, 1)
     part = np.searchsorted([0.6, 0.8], cum, side="left")  # 0 train, 1 dev, 2 test by cumulative share
     which = dict(zip(order.tolist(), part.tolist(), strict=True))
     out = (LabelledIds([], []), LabelledIds([], []), LabelledIds([], []))
-    for i, d in enumerate(source.tolist()):
-        target = out[which[d]]
+    for i, u in enumerate(unit.tolist()):
+        target = out[which[u]]
         target.texts.append(pairs.texts[i])
         target.labels.append(pairs.labels[i])
         target.ids.append(pairs.ids[i])

@@ -3,6 +3,7 @@ and as a probe for any encoder."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -132,3 +133,21 @@ def test_eval_scores_it_for_encoders_zero_shot_only_with_a_trained_head(
     options.skip = (*options.skip, "sentence_order")
     skipped = evaluate(debug_checkpoint("encoder", {"objective": "sop", "seq_len": 64}), store, options)
     assert not any("sentence_order" in k for k in skipped)
+
+
+def test_pairs_from_a_few_long_documents_split_by_runs_of_consecutive_pairs(tokenizer: Tokenizer) -> None:
+    """Held-out prose of a few books: whole documents cannot fill three splits, so runs of consecutive
+    pairs go to one side each, about 60/20/20, and no pair is in two."""
+    long_docs = [np.concatenate(_docs(tokenizer, 30)), np.concatenate(_docs(tokenizer, 12))]
+    pairs, source = sentence_order.build_pairs(long_docs, tokenizer, 0, 40, 400)
+    assert len(np.unique(source)) == 2 and len(pairs.ids) >= 100
+    parts = sentence_order.split_by_document(pairs, source, 0)
+    place = {id(ids): i for i, ids in enumerate(pairs.ids)}
+    sides = [sorted(place[id(ids)] for ids in p.ids) for p in parts]
+    assert sorted(i for side in sides for i in side) == list(range(len(pairs.ids)))
+    shares = [len(side) / len(pairs.ids) for side in sides]
+    assert 0.5 <= shares[0] <= 0.7 and 0.1 <= shares[1] <= 0.3 and 0.1 <= shares[2] <= 0.3
+    for side in sides:  # runs: most neighbours in a side are neighbours in the document
+        assert sum(b == a + 1 for a, b in itertools.pairwise(side)) >= 0.8 * (len(side) - 1)
+    again = sentence_order.split_by_document(pairs, source, 0)
+    assert [p.ids for p in again] == [p.ids for p in parts]
