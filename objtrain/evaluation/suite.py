@@ -746,6 +746,7 @@ class _ProbeTask:
         if o.probe_baselines:
             tokenizer = self.ckpt.tokenizer
             assert tokenizer is not None
+            encoded = [self.encoded(d) for d in splits]
 
             def bow() -> dict[str, float]:
                 return run(triple([[x] for x in probe.bow_features(encoded, tokenizer.vocab_size)]))
@@ -753,7 +754,6 @@ class _ProbeTask:
             def random_init() -> dict[str, float]:
                 return run(triple([self.feats(self.random_model(), d) for d in splits]))
 
-            encoded = [self.encoded(d) for d in splits]
             data_key = self.data_key(encoded, [fit.labels, dev_labels, test.labels], splits)
             for label, compute, key in (
                 ("bow", bow, ("bow", tokenizer.vocab_size, probe.BOW_FEATURES)),
