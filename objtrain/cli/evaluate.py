@@ -37,7 +37,8 @@ init, and its sd over probe seeds (refits on redrawn examples); a probe near its
 little about the features. Encoders: sentence order (consecutive segments of held-out text, in order or
 swapped), zero-shot by an NSP/SOP head and as a probe. With
 --finetune, the whole model is also fine-tuned on the same tasks (a linear head, AdamW, weights chosen on
-dev) and scored on test, as the literature compares objectives. A few greedy samples for the eye.
+dev) and scored on test, as the literature compares objectives, beside the same fine-tune of the architecture
+at random init (--finetune-task sst2: only the tasks named). A few greedy samples for the eye.
 
 DATA is a token or packed store (its valid split by default) or a UTF-8 text file, encoded with the
 checkpoint's own tokenizer. Without --data: the run's own store, else the embedded standard-library store.
@@ -117,6 +118,10 @@ def run(
             "--finetune", help="Also fine-tune the whole model on the probe's tasks (minutes on a CPU)."
         ),
     ] = False,
+    finetune_tasks: Annotated[
+        str,
+        typer.Option("--finetune-task", help="Of the named probe tasks, those fine-tuned on (default: all)."),
+    ] = "",
     finetune_steps: Annotated[
         int, typer.Option("--finetune-steps", help="Fine-tuning steps per task.")
     ] = 300,
@@ -161,6 +166,7 @@ def run(
         sentence_order_pairs=sentence_order_pairs,
         middle_tasks=middle_tasks,
         finetune=finetune,
+        finetune_tasks=tuple(k.strip() for k in finetune_tasks.split(",") if k.strip()),
         finetune_steps=finetune_steps,
         finetune_lr=finetune_lr,
         samples=samples,

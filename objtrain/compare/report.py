@@ -238,19 +238,21 @@ def claim_verdict(
 # (`probe_random_init_accuracy`): the majority class, a bag-of-words logistic regression on the same examples,
 # the same architecture at random init, and the probe's own seed-to-seed spread.
 BASELINE = re.compile(
-    r"^probe_(?:\w+_)?(?:majority_accuracy|bow_accuracy|random_init_accuracy|accuracy_probe_sd)$"
+    r"^(?:probe|finetune)_(?:\w+_)?(?:majority_accuracy|bow_accuracy|random_init_accuracy|accuracy_probe_sd)$"
 )
-PROBE_ACCURACY = re.compile(r"^probe_(?:(\w+)_)?accuracy$")
+# A probe's or fine-tune's accuracy (the default task or a named one), whose baselines sit beside it
+PROBE_ACCURACY = re.compile(r"^(probe|finetune)_(?:(\w+)_)?accuracy$")
 BASELINE_NAMES = (("random_init_accuracy", "random-init"), ("bow_accuracy", "bag-of-words"),
                   ("majority_accuracy", "majority"), ("accuracy_probe_sd", "probe-seed sd"))  # fmt: skip
 
 
 def _baseline_key(metric: str, kind: str) -> str | None:
-    """`probe_sst2_accuracy`, `random_init_accuracy` -> `probe_sst2_random_init_accuracy`."""
+    """`probe_sst2_accuracy`, `random_init_accuracy` -> `probe_sst2_random_init_accuracy` (`finetune_...`
+    alike)."""
     m = PROBE_ACCURACY.match(metric)
     if m is None:
         return None
-    return f"probe_{m.group(1)}_{kind}" if m.group(1) else f"probe_{kind}"
+    return f"{m.group(1)}_{m.group(2)}_{kind}" if m.group(2) else f"{m.group(1)}_{kind}"
 
 
 def baseline_gate(claim: dict[str, Any], arms: list[dict[str, Any]]) -> dict[str, Any]:
@@ -277,11 +279,12 @@ def baseline_gate(claim: dict[str, Any], arms: list[dict[str, Any]]) -> dict[str
             short.append(f"{name} {mean:.3g} against random-init {base['mean']:.3g} ± {width:.2g}")
     if not short:
         return claim | {"baseline": "every arm beats its random-init baseline beyond its interval"}
+    measure = "fine-tune" if claim["metric"].startswith("finetune_") else "probe"
     return claim | {
         "verdict": "not judged",
         "verdict_before_baseline": claim["verdict"],
         "baseline": "not judged: the arms do not beat the same architecture at random init beyond its "
-        f"interval ({'; '.join(short)}), so the probe does not show what pretraining taught",
+        f"interval ({'; '.join(short)}), so the {measure} does not show what pretraining taught",
     }
 
 
@@ -302,12 +305,15 @@ def baseline_section(results: dict[str, Any]) -> list[str]:
                 cells.append(_ci_cell(base) if base else "—")
             rows.append(cells)
     measured = any(a.get("baselines") for a in results["arms"])
+    alike = (
+        "probed (or fine-tuned) alike" if any(m.startswith("finetune_") for m in metrics) else "probed alike"
+    )
     return [
         "### Probe baselines",
         "",
         _markdown_table(header, rows),
         "",
-        "Mean ± 95% interval over seeds. random-init: the same architecture untrained, probed alike; "
+        f"Mean ± 95% interval over seeds. random-init: the same architecture untrained, {alike}; "
         "bag-of-words: a logistic regression on word counts of the same examples; majority: always the "
         "most frequent label; probe-seed sd: the probe's own spread on one checkpoint. A classification "
         "claim is judged only when its arms beat their random-init baseline beyond its interval."

@@ -151,6 +151,11 @@ def _probe_baseline_metrics() -> dict[str, tuple[str, str]]:
             "info",
             f"sd of {what}'s accuracy over probe seeds (redrawn examples)",
         )
+    for task in PROBE_TASK_NAMES[:4]:  # fine-tuning: its majority class and the random-init model alike
+        p, what = (f"finetune_{task}_", f"{task} fine-tuning") if task else ("finetune_", "fine-tuning")
+        out[f"{p}majority_accuracy"] = ("info", f"{what}: always the majority training label")
+        out[f"{p}random_init_accuracy"] = ("info", f"{what} of the same architecture at random init")
+        out[f"{p}random_init_mcc"] = ("info", f"Matthews correlation of {what} at random init")
     return out
 
 
@@ -185,6 +190,7 @@ class EvalOptions:
     probe_seeds: int = probe.PROBE_SEEDS  # refits on redrawn examples for the probe's own sd (1: none)
     units: bool = False  # per-document and per-task scores in result["units"] (compare's paired SEs)
     finetune: bool = False  # also fine-tune the whole model on the probe's tasks (finetune.py); slow
+    finetune_tasks: tuple[str, ...] = ()  # of the named probe tasks, those fine-tuned on (empty: every one)
     finetune_steps: int = 300
     finetune_lr: float = 3e-4
     samples: int = 3
@@ -218,6 +224,10 @@ class EvalOptions:
             raise UserError(f"--probe-layers must be best or last, got {self.probe_layers!r}")
         if self.finetune:
             finetune.FinetuneConfig(steps=self.finetune_steps, lr=self.finetune_lr)  # refuses bad values
+        stray = [t for t in self.finetune_tasks if t not in self.probe_tasks]
+        if stray and self.probe_tasks:  # without named tasks the default probe's task is the one tuned on
+            tasks = ", ".join(self.probe_tasks)
+            raise UserError(f"--finetune-task {stray[0]!r} is not one of the probe's tasks ({tasks})")
         if self.probe_valid is not None and self.probe_train is None:
             raise UserError("--probe-valid needs --probe (the training file)")
         bad = [k for k in self.infill_kinds if k not in INFILL_KINDS]
@@ -474,8 +484,9 @@ def evaluate(
         timings["sentence_order"] = time.perf_counter() - t0
         say(f"  ({timings['sentence_order']:.1f} s)")
     if options.finetune and "finetune" not in options.skip:
-        tasks = ", ".join(options.probe_tasks) or "the default probe's task"
-        say(f"fine-tune: {tasks}, {options.finetune_steps} steps each (--finetune-steps)")
+        tasks = ", ".join(options.finetune_tasks or options.probe_tasks) or "the default probe's task"
+        baseline = ", and the same architecture at random init alike" if options.probe_baselines else ""
+        say(f"fine-tune: {tasks}, {options.finetune_steps} steps each (--finetune-steps){baseline}")
         t0 = time.perf_counter()
         result.update(_finetune(ckpt, options, seq_len, device))
         result["probe_method"] = "linear+finetune" if "probe_method" in result else "finetune"
@@ -766,15 +777,10 @@ class _ProbeTask:
         return {k.replace("probe_", f"probe_{name}_", 1): v for k, v in out.items()} if name else out
 
     def random_seed(self) -> int:
-        """The random-init baseline's seed: the run's own training seed where the checkpoint records one
-        (the weights a run from scratch started from: the loop seeds, then builds the model), so it varies
-        with the pretraining seed as the arms do and a comparison's interval for it is a seed spread, not
-        one draw; the eval seed otherwise."""
-        seed = self.ckpt.training.get("seed")
-        return seed if isinstance(seed, int) else self.options.seed
+        return random_init_seed(self.ckpt, self.options)
 
     def random_model(self) -> torch.nn.Module:
-        """The random-init baseline (see `random_seed`), built once."""
+        """The random-init baseline (see `random_init_seed`), built once."""
         if self._random is None:
             self._random = probe.random_init_like(self.ckpt.model, self.random_seed())
         return self._random
@@ -795,6 +801,15 @@ class _ProbeTask:
             if isinstance(split, probe.LabelledIds):
                 h.update(np.asarray(split.second, dtype=np.int64).tobytes())
         return h.digest()
+
+
+def random_init_seed(ckpt: Checkpoint, options: EvalOptions) -> int:
+    """The random-init baseline's seed: the run's own training seed where the checkpoint records one (the
+    weights a run from scratch started from: the loop seeds, then builds the model), so it varies with the
+    pretraining seed as the arms do and a comparison's interval for it is a seed spread, not one draw; the
+    eval seed otherwise."""
+    seed = ckpt.training.get("seed")
+    return seed if isinstance(seed, int) else options.seed
 
 
 # A baseline does not follow from the checkpoint's weights: the bag of words on a task is the same for
@@ -869,11 +884,33 @@ def _finetune(ckpt: Checkpoint, options: EvalOptions, seq_len: int, device: torc
     assert tokenizer is not None
     config = finetune.FinetuneConfig(steps=options.finetune_steps, lr=options.finetune_lr)
     segments = probe.trained_with_segments(ckpt.training)
+    seed = random_init_seed(ckpt, options)
     out: dict[str, Any] = {}
+
+    def tune(model: torch.nn.Module, splits: tuple[probe.Labelled, ...]) -> dict[str, float]:
+        return finetune.finetune(model, tokenizer, *splits, seq_len, options.seed, config, device, segments)
+
     for name, train, dev, test in _probe_splits(options):
-        scores = finetune.finetune(
-            ckpt.model, tokenizer, train, dev, test, seq_len, options.seed, config, device, segments
-        )
+        if name and options.finetune_tasks and name not in options.finetune_tasks:
+            continue
+        splits = (train, dev, test)
+        scores = tune(ckpt.model, splits)
+        if options.probe_baselines:
+            # The same fine-tune from the same architecture untrained: what the whole model learns from
+            # the task's own examples alone, against which pretraining's worth is judged. One per
+            # architecture, training seed and task, kept for the other arms of a comparison.
+            key = (
+                "finetune_random_init", repr(ckpt.model.config), seed, repr(config), seq_len, options.seed,
+                segments, str(device), tokenizer.vocab_size,
+                hashlib.sha256(repr([(d.texts, d.labels) for d in splits]).encode()).hexdigest(),
+            )  # fmt: skip
+            base = _baseline_scores(
+                hashlib.sha256(repr(key).encode()).hexdigest(),
+                lambda splits=splits: tune(probe.random_init_like(ckpt.model, seed), splits),
+            )
+            scores["finetune_random_init_accuracy"] = base["finetune_accuracy"]
+            if "finetune_mcc" in base:
+                scores["finetune_random_init_mcc"] = base["finetune_mcc"]
         prefix = f"finetune_{name}_" if name else "finetune_"
         out.update({k.replace("finetune_", prefix, 1): v for k, v in scores.items()})
     return out

@@ -186,3 +186,26 @@ def test_plots_draw_ranked_metrics_and_probe_axes_from_chance_with_baselines() -
     labels = set(ax.get_legend_handles_labels()[1])
     assert labels == {"majority", "bag-of-words", "random-init"}
     plt.close(fig)
+
+
+def test_a_fine_tune_claim_is_gated_by_the_random_init_fine_tune() -> None:
+    from objtrain.compare.report import BASELINE, baseline_gate, baseline_section
+
+    arms = _probe_arms(0.59)
+    for arm in arms:  # the same numbers under the fine-tune's names
+        arm["metrics"] = {"finetune_sst2_accuracy": arm["metrics"]["probe_sst2_accuracy"]}
+        arm["baselines"] = {
+            "finetune_sst2_random_init_accuracy": arm["baselines"]["probe_sst2_random_init_accuracy"]
+        }
+    claim = {"claim": "MLM beats CLM after fine-tuning", "metric": "finetune_sst2_accuracy",
+             "arms": ["mlm", "clm"], "verdict": "agrees"}  # fmt: skip
+    near = baseline_gate(claim, arms)
+    assert near["verdict"] == "not judged" and "the fine-tune does not show" in near["baseline"]
+    assert "clm 0.6 against random-init 0.59 ± 0.02" in near["baseline"]
+    text = "\n".join(baseline_section({"arms": arms}))
+    assert "| mlm | finetune_sst2_accuracy | 0.64 ± 0.02 | 0.59 ± 0.02 | — | — | — |" in text
+    assert "probed (or fine-tuned) alike" in text
+    # the fine-tune's majority class and random init sit beside it as baselines, not as arms' metrics
+    assert BASELINE.match("finetune_sst2_random_init_accuracy") and BASELINE.match(
+        "finetune_majority_accuracy"
+    )

@@ -3,6 +3,7 @@ own sd over probe seeds, and which method measured it."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -245,3 +246,57 @@ def test_baselines_are_fitted_once_a_process_for_the_arms_that_share_them(
     suite._BASELINES.clear()
     assert [probed(3, 0.5)[k] for k in baselines] == [first[k] for k in baselines]  # fitted afresh
     assert calls == {"bow": 2, "random": 3}
+
+
+def test_fine_tuning_has_a_random_init_baseline_fitted_once(
+    debug_checkpoint: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from objtrain.evaluation import finetune, suite
+
+    # the debug encoder is built under seed 0 and records no training seed: at eval seed 0 the random-init
+    # baseline is the checkpoint's own weights, fine-tuned alike to the same scores
+    ckpt = load_checkpoint(debug_checkpoint("encoder", {"objective": "mlm", "seq_len": 32}))
+    options = EvalOptions(seed=0, probe_tasks=("sst2",), probe_data=_task_dir(tmp_path / "data"),
+                          finetune=True, finetune_steps=4)  # fmt: skip
+    calls: list[int] = []
+    real = finetune.finetune
+    monkeypatch.setattr(finetune, "finetune", lambda *a, **k: calls.append(1) or real(*a, **k))
+    out = suite._finetune(ckpt, options, 32, torch.device("cpu"))
+    assert len(calls) == 2  # the checkpoint, then the same architecture at random init
+    assert out["finetune_sst2_random_init_accuracy"] == out["finetune_sst2_accuracy"]
+    assert out["finetune_sst2_random_init_mcc"] == out["finetune_sst2_mcc"]
+    for name in ("random_init_accuracy", "random_init_mcc", "majority_accuracy"):
+        assert METRICS[f"finetune_sst2_{name}"][0] == "info"
+    # another arm of a comparison, same architecture and seed: its baseline is kept, not fine-tuned again
+    again = suite._finetune(ckpt, options, 32, torch.device("cpu"))
+    assert len(calls) == 3 and again == out
+    # another eval seed draws another random init and fine-tune: fitted anew
+    suite._finetune(ckpt, EvalOptions(**{**options.__dict__, "seed": 1}), 32, torch.device("cpu"))
+    assert len(calls) == 5
+    bare = suite._finetune(ckpt, EvalOptions(**{**options.__dict__, "probe_baselines": False}), 32,
+                           torch.device("cpu"))  # fmt: skip
+    assert (
+        not any("random_init" in k for k in bare)
+        and bare["finetune_sst2_accuracy"] == out["finetune_sst2_accuracy"]
+    )
+
+
+def test_fine_tuning_keeps_to_the_tasks_named(
+    debug_checkpoint: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from objtrain.errors import UserError
+    from objtrain.evaluation import suite
+
+    ckpt = load_checkpoint(debug_checkpoint("encoder", {"objective": "mlm", "seq_len": 32}))
+    splits = (_sentences(32, 0), _sentences(8, 1), _sentences(8, 2))
+    monkeypatch.setattr(suite, "_probe_splits", lambda options: [("sst2", *splits), ("trec", *splits)])
+    options = EvalOptions(probe_tasks=("sst2", "trec"), finetune=True, finetune_steps=2,
+                          probe_baselines=False, finetune_tasks=("trec",))  # fmt: skip
+    out = suite._finetune(ckpt, options, 32, torch.device("cpu"))
+    assert "finetune_trec_accuracy" in out and not any(k.startswith("finetune_sst2") for k in out)
+    with pytest.raises(UserError, match="--finetune-task 'cola' is not one of the probe's tasks"):
+        EvalOptions(probe_tasks=("sst2",), finetune=True, finetune_tasks=("cola",))
+    # an experiment that fine-tunes on SST-2 still runs without named tasks: the default probe's task
+    monkeypatch.setattr(suite, "_probe_splits", lambda options: [("", *splits)])
+    out = suite._finetune(ckpt, dataclasses.replace(options, probe_tasks=()), 32, torch.device("cpu"))
+    assert "finetune_accuracy" in out
