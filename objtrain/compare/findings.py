@@ -350,7 +350,9 @@ def _sweeps_section(all_results: dict[str, dict[str, Any]]) -> list[str]:
         seeds = ", ".join(map(str, results["seeds"]))
         out += [
             f"- Data: {CORPUS_TEXT[finding.corpus]}",
-            f"- Sweep: {kind} {points} an arm ({sw['span']:.0f}x); seeds {seeds}",
+            f"- Sweep: {kind} {points} an arm ({sw['span']:.0f}x)"
+            + (f" x sizes {', '.join(sw['size'])} (an IsoFLOP grid)" if sw.get("size") else "")
+            + f"; seeds {seeds}",
             f"- Machine: {m.get('cpu') or m['platform']}, {m['cpu_count']} CPUs, torch {m['torch']}",
             f"- Report (fits, crossovers, curves): [{name}/report.md]({name}/report.md); reproduce: `{cmd}`",
             *(
