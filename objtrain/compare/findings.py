@@ -121,10 +121,48 @@ def read_results(root: Path = ROOT) -> dict[str, dict[str, Any]]:
         path = root / name / "results.json"
         if path.is_file():
             out[name] = with_regime(name, json.loads(path.read_text(encoding="utf-8")))
+            out[name]["lane_seconds"] = lane_seconds(root / name / "results")
             previous = root / name / PREVIOUS
             if previous.is_file():  # a re-publication: what changed against what it replaced
                 out[name]["changes"] = diff(json.loads(previous.read_text(encoding="utf-8")), out[name])
     return out
+
+
+def lane_seconds(runs: Path) -> dict[str, float]:
+    """What an experiment's published runs cost, from each run's own record: training seconds (a sweep's
+    shorter point only its decay after the branch) and evaluation seconds, summed over runs and seeds."""
+    cost = {"train": 0.0, "eval": 0.0}
+    for path in sorted(runs.glob("*.json")):
+        run = json.loads(path.read_text(encoding="utf-8"))
+        cost["train"] += float((run.get("train") or {}).get("seconds") or 0.0)
+        cost["eval"] += float(run.get("eval_seconds") or 0.0)
+    return cost
+
+
+def _cost_line(results: dict[str, Any]) -> list[str]:
+    cost = results.get("lane_seconds") or {}
+    if not any(cost.values()):
+        return []
+    return [
+        f"- Cost: {sum(cost.values()) / 3600:.1f} lane-hours measured (training {cost['train'] / 3600:.1f}, "
+        f"evaluation {cost['eval'] / 3600:.1f}), each run on one thread beside another lane"
+    ]
+
+
+def _total_cost(all_results: dict[str, dict[str, Any]]) -> str:
+    """The measured cost of what `make findings` runs (the long sweeps left out), as one sentence."""
+    names = [n for n in [*FINDINGS, *SWEEPS] if not (n in SWEEPS and SWEEPS[n].hours)]
+    have = [n for n in names if n in all_results and any((all_results[n].get("lane_seconds") or {}).values())]
+    hours = sum(sum(all_results[n]["lane_seconds"].values()) for n in have) / 3600
+    missing = [n for n in names if n not in have]
+    return (
+        f"Summed from the runs' own records, the {len(have)} experiments published here took {hours:.1f} "
+        f"lane-hours of training and evaluation, about {hours / 2:.1f} hours in two lanes (start-up, "
+        "checkpoints and reports not counted; each lane on one thread beside the other, so an idle machine "
+        "is somewhat faster: `benchmarks/bench_findings.py --jobs 2` measures it alone)"
+        + (f"; not counted: {', '.join(missing)}" if missing else "")
+        + ". Experiments not yet re-run since the redesign count at their older, smaller cost."
+    )
 
 
 def plan_changed(name: str) -> bool:
@@ -286,6 +324,7 @@ def index(all_results: dict[str, dict[str, Any]]) -> str:
             f"- Budget: {_budget(results)}; seeds {', '.join(map(str, results['seeds']))}",
             f"- Machine: {m.get('cpu') or m['platform']}, {m['cpu_count']} CPUs, torch {m['torch']}",
             f"- Report: [{name}/report.md]({name}/report.md); reproduce: `{cmd}`",
+            *_cost_line(results),
             *regime_lines(results),
             *stale_probe_lines(results),
             "",
@@ -314,14 +353,9 @@ def index(all_results: dict[str, dict[str, Any]]) -> str:
         "`make findings` builds the prose store from `../shared/data` and runs every experiment above "
         "and the compute sweeps below, two at a time, each on one of the 2 cores (`findings run --jobs "
         "2`; each resumable: run it again to continue), then rewrites every report and this page from "
-        "the results. Measured on the machine above with `benchmarks/bench_findings.py --jobs 2` for "
-        "the results published here, the seven questions took about 4.4 hours (4.9 one at a time on both "
-        "cores) and the two sweeps about 0.8 more. The redesigned experiments (equal FLOPs across kinds "
-        "and heads, objectives-scaling and fim-scaling as grids of 3 sizes x 4 FLOPs budgets) are estimated "
-        "from their "
-        "FLOPs at about 6 hours in all, not yet measured: rerun the benchmark before relying on it. A "
-        "redesigned experiment starts over and its report says what changed against the results here. "
-        "One experiment is one command, listed under its heading.",
+        "the results. " + _total_cost(all_results) + " A redesigned experiment starts over and its report "
+        "says what changed against the results here. One experiment is one command, listed under its "
+        "heading.",
         "",
     ]
     return "\n".join(out + _sweeps_section(all_results))
@@ -355,6 +389,7 @@ def _sweeps_section(all_results: dict[str, dict[str, Any]]) -> list[str]:
             + f"; seeds {seeds}",
             f"- Machine: {m.get('cpu') or m['platform']}, {m['cpu_count']} CPUs, torch {m['torch']}",
             f"- Report (fits, crossovers, curves): [{name}/report.md]({name}/report.md); reproduce: `{cmd}`",
+            *_cost_line(results),
             *(
                 [
                     f"- Cost: about {finding.hours:g} hours on 2 cores, so `make findings` leaves it out: "

@@ -476,3 +476,24 @@ def test_the_index_marks_encoder_probes_measured_before_the_segment_fix() -> Non
     published = findings.read_results(ROOT / "docs" / "findings").get("objectives")
     if published is not None and any(a.get("baselines") for a in published["arms"]):  # re-run since the fix
         assert findings.stale_probe_lines(published) == []
+
+
+def test_the_index_sums_what_the_published_runs_took(tmp_path: Path) -> None:
+    runs = tmp_path / "results"
+    runs.mkdir()
+    for i, (train, ev) in enumerate([(3600.0, 1800.0), (1800.0, None)]):
+        record = {"train": {"seconds": train}, **({"eval_seconds": ev} if ev is not None else {})}
+        (runs / f"a.seed-{i}.json").write_text(json.dumps(record), encoding="utf-8")
+    cost = findings.lane_seconds(runs)
+    assert cost == {"train": 5400.0, "eval": 1800.0}
+    assert findings._cost_line({"lane_seconds": cost}) == [
+        "- Cost: 2.0 lane-hours measured (training 1.5, evaluation 0.5), each run on one thread beside "
+        "another lane"
+    ]
+    assert findings._cost_line({"lane_seconds": findings.lane_seconds(tmp_path / "none")}) == []
+    total = findings._total_cost({"objectives": {"lane_seconds": cost}})
+    assert (
+        "the 1 experiments published here took 2.0 lane-hours" in total
+        and "about 1.0 hours in two lanes" in total
+    )
+    assert "not counted: mlm-mask-rate" in total and "fim-suffix" not in total  # a long sweep is run apart
