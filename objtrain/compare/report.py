@@ -305,9 +305,19 @@ def baseline_section(results: dict[str, Any]) -> list[str]:
                 cells.append(_ci_cell(base) if base else "—")
             rows.append(cells)
     measured = any(a.get("baselines") for a in results["arms"])
-    alike = (
-        "probed (or fine-tuned) alike" if any(m.startswith("finetune_") for m in metrics) else "probed alike"
-    )
+    tuned = any(m.startswith("finetune_") for m in metrics)
+    alike = "probed (or fine-tuned) alike" if tuned else "probed alike"
+    how = ""
+    if tuned:  # which measurement each row is: the metric's name says it, this says what it means
+        runs = [r["eval"] for a in results["arms"] for r in a.get("runs", [])]
+        steps = next(
+            (e[k] for e in runs for k in e if k.startswith("finetune_") and k.endswith("_steps")), None
+        )
+        how = (
+            " probe_*: a linear probe on frozen features (layer and penalty chosen on dev); finetune_*: the "
+            f"whole model fine-tuned{f' for {steps:.0f} steps' if isinstance(steps, (int, float)) else ''} "
+            "with a new linear head, the weights best on dev scored on test (BERT's and T5's protocol)."
+        )
     return [
         "### Probe baselines",
         "",
@@ -317,6 +327,7 @@ def baseline_section(results: dict[str, Any]) -> list[str]:
         "bag-of-words: a logistic regression on word counts of the same examples; majority: always the "
         "most frequent label; probe-seed sd: the probe's own spread on one checkpoint. A classification "
         "claim is judged only when its arms beat their random-init baseline beyond its interval."
+        + how
         + ("" if measured else " These results measured no baseline (— throughout): their probe verdicts "
            "cannot say whether pretraining taught the probe anything."),
         "",

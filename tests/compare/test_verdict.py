@@ -204,7 +204,9 @@ def test_a_fine_tune_claim_is_gated_by_the_random_init_fine_tune() -> None:
     assert "clm 0.6 against random-init 0.59 ± 0.02" in near["baseline"]
     text = "\n".join(baseline_section({"arms": arms}))
     assert "| mlm | finetune_sst2_accuracy | 0.64 ± 0.02 | 0.59 ± 0.02 | — | — | — |" in text
-    assert "probed (or fine-tuned) alike" in text
+    assert "probed (or fine-tuned) alike" in text and "finetune_*: the whole model fine-tuned with" in text
+    arms[0]["runs"] = [{"eval": {"finetune_sst2_steps": 300.0}}]
+    assert "fine-tuned for 300 steps" in "\n".join(baseline_section({"arms": arms}))
     # the fine-tune's majority class and random init sit beside it as baselines, not as arms' metrics
     assert BASELINE.match("finetune_sst2_random_init_accuracy") and BASELINE.match(
         "finetune_majority_accuracy"
