@@ -400,6 +400,9 @@ def sweep_claim(
         points.append({"point": label, "budget": cells_a[label]["budget"], "verdict": v["verdict"],
                        "paired": v["paired"], "scale": scale, **notes})  # fmt: skip
     last = points[-1] if points else {"point": None, "verdict": "not measured", "paired": None}
+    optimal = _optimal_at_largest_budget(shared, [cells_a, *([cells_b] if b is not None else [])])
+    if optimal is not None:
+        last = next(pt for pt in points if pt["point"] == optimal)
     scale = last.get("scale") or {}
     return claim_verdict(claim, {}, len(seeds)) | {  # the claim's own fields, as a comparison gives them
         "verdict": last["verdict"],
@@ -410,6 +413,29 @@ def sweep_claim(
         "regime": regime_gap(regime, scale.get("parameters"), scale.get("tokens")),
         **{k: last[k] for k in ("one_seed", "seeds_needed", "straddles") if k in last},
     }
+
+
+OPTIMAL_BY = "val_bpb"  # a size grid's verdict size: the lowest held-out bits per byte at the largest budget
+
+
+def _optimal_at_largest_budget(labels: list[str], arm_cells: list[dict[str, Any]]) -> str | None:
+    """In a size grid, the point a claim's verdict is read at: of the sizes trained at the largest budget,
+    the compute-optimal one (the lowest `OPTIMAL_BY` averaged over the claim's arms and seeds), not the one
+    whose step rounding happens to spend the most FLOPs. None outside a size grid, or without the metric."""
+    first = arm_cells[0]
+    if not labels or len({first[label].get("size") for label in labels}) < 2:
+        return None
+    top = max(float(first[label]["budget"]) for label in labels)
+    scored = []
+    for label in labels:
+        if float(first[label]["budget"]) != top:
+            continue
+        vals = [
+            v for cells in arm_cells for v in cells[label]["metrics"].get(OPTIMAL_BY, []) if math.isfinite(v)
+        ]
+        if vals:
+            scored.append((float(np.mean(vals)), label))
+    return min(scored)[1] if scored else None
 
 
 def point_verdict(point: dict[str, Any]) -> str:
@@ -609,7 +635,13 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
             "(per-seed difference, 95% t interval): **agrees** / **disagrees** when the interval lies on the "
             "literature's side of 0 / the other side (for a claim of no difference, inside / outside the "
             "margin), **not resolved** when the seeds cannot tell. The verdict is the one at the largest "
-            "point, the nearest these budgets come to the papers'.",
+            "point, the nearest these budgets come to the papers'"
+            + (
+                f" (in a grid of sizes: at the largest budget, the size with the lowest {OPTIMAL_BY} there, "
+                "the compute-optimal one)."
+                if (results.get("sweep") or {}).get("size")
+                else "."
+            ),
             "",
             *ONE_ARM_NOTE * any(len(c["arms"]) == 1 for c in results["claims"]),
         ]

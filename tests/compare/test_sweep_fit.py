@@ -305,3 +305,35 @@ def test_a_published_sweep_is_refitted_from_its_own_points() -> None:
     assert new["fits"]["val_bpb"]["clm"]["holdout"]["status"] == "ok"
     assert all(c["warmup_steps"] == 5 for c in new["arms"][0]["cells"])
     assert "_fits" in new and "_fits" not in old
+
+
+def test_a_size_grids_claim_is_judged_at_the_compute_optimal_size_of_the_largest_budget() -> None:
+    from objtrain.compare.experiment import Claim
+    from objtrain.compare.sweep_report import sweep_claim
+
+    def grid(bpb: dict[str, float], gap: dict[str, float]) -> dict[str, dict[str, object]]:
+        cells = {}
+        for label, value in bpb.items():
+            size, budget = label.split("@")
+            # the big model's step rounding spends the most FLOPs at the largest budget
+            flops = float(budget) * (1.001 if size == "big" else 1.0)
+            cells[label] = {"label": label, "size": size, "budget": float(budget), "flops": [flops],
+                            "metrics": {"val_bpb": [value] * 3,
+                                        "gap": [gap[label] + d for d in (-0.01, 0.0, 0.01)]}}  # fmt: skip
+        return cells
+
+    bpb = {"small@1e12": 2.5, "big@1e12": 2.7, "small@1e13": 2.0, "big@1e13": 2.3}
+    arms = {
+        "a": {"cells": grid(bpb, {"small@1e12": 0.0, "big@1e12": 0.0, "small@1e13": 0.5, "big@1e13": -0.5})},
+        "b": {"cells": grid(bpb, dict.fromkeys(bpb, 0.0))},
+    }
+    out = sweep_claim(Claim("a above b", "p", "gap", ["a", "b"], expect="higher"), arms, [0, 1, 2])
+    # small is the better model at 1e13: the verdict is read there, not at big (the most FLOPs)
+    assert out["at"] == "small@1e13" and out["verdict"] == "agrees"
+    assert [p["point"] for p in out["points"]][-1] == "big@1e13"  # every point is still judged
+    # the best size moves with the measured loss
+    for arm in arms.values():
+        arm["cells"]["big@1e13"]["metrics"]["val_bpb"] = [1.9] * 3
+    assert sweep_claim(Claim("a above b", "p", "gap", ["a", "b"], expect="higher"), arms, [0, 1, 2])[
+        "at"
+    ] == ("big@1e13")
