@@ -61,7 +61,12 @@ def run(
     word_ppl: Annotated[bool, typer.Option("--word-ppl", help="Also word-level perplexity.")] = False,
     max_docs: Annotated[int | None, typer.Option("--max-docs", help="Score at most N documents.")] = None,
     conditional_docs: Annotated[
-        int, typer.Option("--conditional-docs", min=1, help="Documents scored for conditional_bpb.")
+        int,
+        typer.Option(
+            "--conditional-docs",
+            min=1,
+            help="Windows scored for conditional_bpb (long documents give several).",
+        ),
     ] = 256,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Rows per forward.")] = 16,
     seed: Annotated[int, typer.Option(help="Eval seed: corruptions, infill cuts, probe sampling.")] = 1234,

@@ -19,14 +19,17 @@ generating model the same question, in the layout it was trained on:
   reconstructed, only the second is scored.
 Encoders (MLM, NSP, SOP, ...) generate nothing left to right and get no score.
 
-Documents and split. The first `conditional_docs` documents of the evaluated split with at least
-`MIN_TOKENS` tokens; a document longer than the row budget (`seq_len - 4`, the same for every model kind, so
-that arms at one row length score the same text) is read through a window of that many tokens starting at a
-word, its start drawn under the eval seed. The split point is a token that starts a word (a piece that begins
-with a space, or any piece after whitespace) in the middle fifth of the window (40% to 60% of its tokens),
-drawn under the eval seed, so both halves are whole words and a model that encodes the halves apart (FIM)
-sees the tokens the whole text has. Draws use `numpy.random.default_rng((seed, document index))`: a
-document's split does not depend on how many others are scored.
+Documents and split. Windows of the evaluated split's documents with at least `MIN_TOKENS` tokens, at most
+`conditional_docs` of them, taken a window of each document in turn: a document no longer than the row
+budget (`seq_len - 4`, the same for every model kind, so that arms at one row length score the same text) is
+one window; a longer one is cut into disjoint windows of exactly that many tokens, each starting at a word,
+the first at an offset drawn under the eval seed. So a held-out split of a few books is scored on hundreds of
+windows, not on one window a book (seven windows of 63 tokens for the prose store's held-out books before).
+The split point is a token that starts a word (a piece that begins with a space, or any piece after
+whitespace) in the middle fifth of the window (40% to 60% of its tokens), drawn under the eval seed, so both
+halves are whole words and a model that encodes the halves apart (FIM) sees the tokens the whole text has.
+Draws use `numpy.random.default_rng((seed, document index))`: a document's windows and splits do not depend
+on how many others are scored.
 
 Bytes are the UTF-8 bytes of the second half's text (each token's bytes, the word marker as one space), the
 scored tokens exactly; the trailing stop token is not scored (it has no bytes). The result is a ratio of
@@ -106,30 +109,45 @@ def _lead(training: Mapping[str, Any], specials: Specials, mode: str) -> list[in
 def split_documents(
     documents: Sequence[np.ndarray], tokenizer: Tokenizer, seed: int, budget: int, limit: int
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(first, second) token halves of the first `limit` documents with at least MIN_TOKENS tokens, each
-    read through a window of at most `budget` tokens (module docstring)."""
+    """(first, second) token halves of at most `limit` windows of the documents with at least MIN_TOKENS
+    tokens, taken a window of each document in turn (module docstring)."""
     begins, ends = (t.numpy() for t in tokenizer.word_boundary_tables)
-    out: list[tuple[np.ndarray, np.ndarray]] = []
+    per_document: list[list[tuple[np.ndarray, np.ndarray]]] = []
     for index, doc in enumerate(documents):
-        if len(out) >= limit:
-            break
         doc = np.asarray(doc, dtype=np.int64)
         if len(doc) < MIN_TOKENS:
             continue
         rng = np.random.default_rng((seed, index))
         starts = np.ones(len(doc), dtype=bool)  # token t starts a word
         starts[1:] = begins[doc[1:]] | ends[doc[:-1]]
-        if len(doc) > budget:
-            room = np.flatnonzero(starts[: len(doc) - budget + 1])
-            lo = int(rng.choice(room)) if len(room) else int(rng.integers(0, len(doc) - budget + 1))
-            doc, starts = doc[lo : lo + budget], starts[lo : lo + budget]
-        n = len(doc)
-        if n < MIN_TOKENS:
-            continue
-        lo, hi = max(1, round(0.4 * n)), min(n - 1, round(0.6 * n))
-        cuts = lo + np.flatnonzero(starts[lo : hi + 1])
-        cut = int(rng.choice(cuts)) if len(cuts) else n // 2
-        out.append((doc[:cut], doc[cut:]))
+        windows = []
+        if len(doc) <= budget:
+            windows.append((doc, starts))
+        else:
+            # disjoint windows of `budget` tokens, each from a word start, the first at a drawn offset
+            at = int(rng.integers(0, min(budget, len(doc) - budget) + 1))
+            while at + budget <= len(doc):
+                room = np.flatnonzero(starts[at : len(doc) - budget + 1])
+                if not len(room):
+                    break
+                at += int(room[0])
+                windows.append((doc[at : at + budget], starts[at : at + budget]))
+                at += budget
+        halves = []
+        for window, window_starts in windows:
+            n = len(window)
+            lo, hi = max(1, round(0.4 * n)), min(n - 1, round(0.6 * n))
+            cuts = lo + np.flatnonzero(window_starts[lo : hi + 1])
+            cut = int(rng.choice(cuts)) if len(cuts) else n // 2
+            halves.append((window[:cut], window[cut:]))
+        per_document.append(halves)
+    # a window of each document in turn: a few long documents (books) give many windows, many short ones
+    # (source files) one each, and `limit` reads as many documents as it can
+    out: list[tuple[np.ndarray, np.ndarray]] = []
+    for turn in range(max((len(h) for h in per_document), default=0)):
+        for halves in per_document:
+            if turn < len(halves) and len(out) < limit:
+                out.append(halves[turn])
     return out
 
 
@@ -210,7 +228,7 @@ def conditional_scores(
     out: dict[str, Any] = {
         "conditional_bpb": bpb,
         "conditional_bpb_se": se,
-        "conditional_docs": float(len(halves)),
+        "conditional_docs": float(len(halves)),  # windows scored (a long document gives several)
         "conditional_tokens": float(sum(len(b) for _, b in halves)),
         "conditional_bytes": float(nbytes.sum()),
         "conditional_mode": MODE_NOTES[mode] + (f", mode token {tokenizer.piece(lead[0])}" if lead else ""),

@@ -425,8 +425,8 @@ def evaluate(
         say(f"  bits per byte {result['bits_per_byte']:.4f} ({timings['lm']:.1f} s)")
     if "conditional" not in options.skip and kind != "encoder":
         say(
-            f"conditional: second halves of {options.conditional_docs} documents given the first "
-            "(--conditional-docs)"
+            f"conditional: second halves of up to {options.conditional_docs} windows of held-out documents "
+            "given the first (--conditional-docs)"
         )
         t0 = time.perf_counter()
         part = _conditional(ckpt, evaldata, options, seq_len)
