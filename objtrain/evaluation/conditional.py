@@ -126,11 +126,9 @@ def split_documents(
         else:
             # disjoint windows of `budget` tokens, each from a word start, the first at a drawn offset
             at = int(rng.integers(0, min(budget, len(doc) - budget) + 1))
-            while at + budget <= len(doc):
-                room = np.flatnonzero(starts[at : len(doc) - budget + 1])
-                if not len(room):
-                    break
-                at += int(room[0])
+            word_at, last = np.flatnonzero(starts), len(doc) - budget  # a window starts at or before last
+            while (i := int(np.searchsorted(word_at, at))) < len(word_at) and word_at[i] <= last:
+                at = int(word_at[i])  # the first word start at or after `at`
                 windows.append((doc[at : at + budget], starts[at : at + budget]))
                 at += budget
         halves = []
