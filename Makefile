@@ -6,7 +6,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint bench findings clean
+.PHONY: install demo test lint bench findings findings-all clean
 
 install: $(STAMP)
 
@@ -45,11 +45,16 @@ lint: $(STAMP)
 # shipped experiment with three seeds (resumable: run it again to continue) and rewrites every report and
 # docs/findings/README.md from the results. FINDINGS_JOBS experiments at once, each on its share of the
 # cores (tiny models use a second thread poorly, so two one-thread lanes train faster on 2 cores); each
-# one's output goes to runs/findings/logs/. Several hours on 2 CPU cores.
+# one's output goes to runs/findings/logs/. `findings` runs the comparisons across model kinds, heads and
+# sizes (about 6 hours on 2 CPU cores); `findings-all` adds the questions about one objective (about 11).
 FINDINGS_JOBS ?= 2
 findings: $(STAMP)
 	$(BIN)/python benchmarks/findings_data.py runs/findings/data
 	$(BIN)/python -m objtrain.compare.findings run --jobs $(FINDINGS_JOBS)
+
+findings-all: $(STAMP)
+	$(BIN)/python benchmarks/findings_data.py runs/findings/data
+	$(BIN)/python -m objtrain.compare.findings run --all --jobs $(FINDINGS_JOBS)
 
 # Benchmarks measure against peers (Hugging Face transformers) in the same run.
 BENCH_STAMP := $(VENV)/.installed-bench

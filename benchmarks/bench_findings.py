@@ -112,22 +112,12 @@ def measure(name: str, work: Path, jobs: int = 1) -> dict[str, object]:
     }
 
 
-def makespan(hours: list[float], jobs: int) -> float:
-    """When the last of `jobs` lanes ends, each taking the next experiment in the order given (the order
-    `findings run --jobs` takes them in) as it frees."""
-    lanes = [0.0] * jobs
-    for h in hours:
-        lanes[lanes.index(min(lanes))] += h
-    return max(lanes)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="experiments (default: what make findings runs)")
     parser.add_argument("--jobs", type=int, default=1, help="experiments at once, as `findings run --jobs N`")
     args = parser.parse_args()
-    long = {n for n, f in findings.SWEEPS.items() if f.hours}
-    names = args.names or [n for n in [*findings.FINDINGS, *findings.SWEEPS] if n not in long]
+    names = args.names or findings.core_names()
     prose = [n for n in names if n in findings.FINDINGS and findings.FINDINGS[n].corpus == "prose"]
     if prose and not SHARED_DATA.is_dir():
         print(f"skipping {', '.join(prose)}: {SHARED_DATA} is absent (the prose corpus and probe sets)")
@@ -154,7 +144,8 @@ def main() -> int:
     if args.jobs == 1:
         print(f"all: about {sum(hours):.2f} hours on this machine ({len(names)} experiments)")
     else:  # each estimate is an experiment's time in a lane, the other lanes busy beside it
-        print(f"all: about {makespan(hours, args.jobs):.2f} hours on this machine ({len(names)} experiments, "
+        span = findings.makespan(hours, args.jobs)
+        print(f"all: about {span:.2f} hours on this machine ({len(names)} experiments, "
               f"{args.jobs} at once, {findings.lane_threads(args.jobs)} threads each)")  # fmt: skip
     return 0
 

@@ -1,9 +1,9 @@
 """The published findings (docs/findings): which shipped experiments answer which question, on which data,
 with which command; and the index page, a pure function of the experiments' results.json files.
 
-    python -m objtrain.compare.findings run [--jobs N] [NAME ...]   train, evaluate (resumable), publish
-    python -m objtrain.compare.findings publish                     rewrite every report.md and the index
-    python -m objtrain.compare.findings refit                       refit the sweeps from their points
+    python -m objtrain.compare.findings run [--jobs N] [--all] [NAME ...]  train, evaluate, publish
+    python -m objtrain.compare.findings publish                            rewrite the reports and index
+    python -m objtrain.compare.findings refit                              refit the sweeps' points
 
 Each experiment's report directory is `docs/findings/NAME/` (its arms' checkpoints under `arms/` stay out
 of version control); `report.md` is regenerated from `results.json`, so the published tables cannot drift
@@ -68,16 +68,20 @@ class Finding:
     question: str  # the issue's wording, as the index's section heading
     corpus: str  # "prose" or "code"
     probes: bool = True  # named probes (SST-2, TREC, CoLA) from the shared data
-    hours: float = 0.0  # > 0: a long run (hours on 2 cores), left out of a plain `run` and named to run it
+    # False: `make findings` (a plain `run`) leaves it out and `run --all` or its name runs it. All of them
+    # together take about twice the ~6 hours a full re-run may take on 2 cores, so the plain run keeps the
+    # comparisons across model kinds, heads and sizes at equal FLOPs (what a reader checks first) and the
+    # questions about one objective (its knobs, fim-suffix) are run on request.
+    core: bool = True
 
 
 FINDINGS: dict[str, Finding] = {
     "objectives": Finding("CLM vs MLM vs span corruption vs prefix LM vs UL2", "prose"),
-    "mlm-mask-rate": Finding("MLM mask rate 10 / 15 / 30 / 40%", "prose"),
-    "span-length": Finding("Span length (mean 1 / 3 / 8) for span corruption", "prose"),
-    "prefix-proportion": Finding("Prefix proportion in prefix LM", "prose"),
-    "nsp-sop": Finding("NSP ablation: MLM alone, MLM + NSP, MLM + SOP", "prose"),
-    "fim-rate": Finding("FIM rate 0 / 0.5 / 0.9", "code", probes=False),
+    "mlm-mask-rate": Finding("MLM mask rate 10 / 15 / 30 / 40%", "prose", core=False),
+    "span-length": Finding("Span length (mean 1 / 3 / 8) for span corruption", "prose", core=False),
+    "prefix-proportion": Finding("Prefix proportion in prefix LM", "prose", core=False),
+    "nsp-sop": Finding("NSP ablation: MLM alone, MLM + NSP, MLM + SOP", "prose", core=False),
+    "fim-rate": Finding("FIM rate 0 / 0.5 / 0.9", "code", probes=False, core=False),
     "mtp-heads": Finding("MTP heads 1 / 2 / 4", "code", probes=False),
 }
 
@@ -90,7 +94,7 @@ SWEEPS: dict[str, Finding] = {
     "fim-scaling": Finding(
         "FIM 0.5 vs CLM as compute grows: left-to-right cost and the suffix's worth", "code", probes=False
     ),
-    "fim-suffix": Finding("From which budget a FIM model uses the suffix", "code", probes=False, hours=2.2),
+    "fim-suffix": Finding("From which budget a FIM model uses the suffix", "code", probes=False, core=False),
 }
 SWEEP_SEEDS = SEEDS
 
@@ -149,20 +153,55 @@ def _cost_line(results: dict[str, Any]) -> list[str]:
     ]
 
 
+def core_names() -> list[str]:
+    """What a plain `run` (`make findings`) runs; `run --all` adds the rest."""
+    return [n for n, f in {**FINDINGS, **SWEEPS}.items() if f.core]
+
+
+def makespan(hours: list[float], jobs: int) -> float:
+    """When the last of `jobs` lanes ends, each taking the next experiment in the order given as it frees
+    (the lanes of `findings run --jobs`)."""
+    lanes = [0.0] * jobs
+    for h in hours:
+        lanes[lanes.index(min(lanes))] += h
+    return max(lanes)
+
+
 def _total_cost(all_results: dict[str, dict[str, Any]]) -> str:
-    """The measured cost of what `make findings` runs (the long sweeps left out), as one sentence."""
-    names = [n for n in [*FINDINGS, *SWEEPS] if not (n in SWEEPS and SWEEPS[n].hours)]
-    have = [n for n in names if n in all_results and any((all_results[n].get("lane_seconds") or {}).values())]
-    hours = sum(sum(all_results[n]["lane_seconds"].values()) for n in have) / 3600
-    missing = [n for n in names if n not in have]
+    """The measured cost of what `make findings` runs and of the rest, as sentences."""
+
+    def hours(names: list[str]) -> tuple[list[str], list[float]]:
+        have = [n for n in names if any((all_results.get(n, {}).get("lane_seconds") or {}).values())]
+        return have, [sum(all_results[n]["lane_seconds"].values()) / 3600 for n in have]
+
+    core = core_names()
+    rest = [n for n in [*FINDINGS, *SWEEPS] if n not in core]
+    have, core_hours = hours(core)
+    rest_have, rest_hours = hours(rest)
+    both = sorted(core_hours + rest_hours, reverse=True)
+    missing = [n for n in [*core, *rest] if n not in have and n not in rest_have]
     return (
-        f"Summed from the runs' own records, the {len(have)} experiments published here took {hours:.1f} "
-        f"lane-hours of training and evaluation, about {hours / 2:.1f} hours in two lanes (start-up, "
-        "checkpoints and reports not counted; each lane on one thread beside the other, so an idle machine "
-        "is somewhat faster: `benchmarks/bench_findings.py --jobs 2` measures it alone)"
+        f"Summed from the runs' own records, the {len(have)} experiments `make findings` runs took "
+        f"{sum(core_hours):.1f} lane-hours of training and evaluation, about "
+        f"{makespan(sorted(core_hours, reverse=True), 2):.1f} hours in two lanes; the {len(rest_have)} it "
+        f"leaves out ({', '.join(rest_have) or 'none'}) took {sum(rest_hours):.1f} more, so "
+        f"`make findings-all` takes about {makespan(both, 2):.1f} hours (start-up, checkpoints and reports "
+        "not counted; each lane on one thread beside the other, so an idle machine is somewhat faster: "
+        "`benchmarks/bench_findings.py --jobs 2` measures it alone)"
         + (f"; not counted: {', '.join(missing)}" if missing else "")
         + ". Experiments not yet re-run since the redesign count at their older, smaller cost."
     )
+
+
+def _left_out_line(name: str) -> list[str]:
+    finding = {**FINDINGS, **SWEEPS}[name]
+    if finding.core:
+        return []
+    return [
+        "- `make findings` leaves it out (a question about one objective, not a comparison across kinds "
+        f"or sizes): `make findings-all` or `python -m objtrain.compare.findings run {name}` runs it "
+        "(resumable)"
+    ]
 
 
 def plan_changed(name: str) -> bool:
@@ -325,6 +364,7 @@ def index(all_results: dict[str, dict[str, Any]]) -> str:
             f"- Machine: {m.get('cpu') or m['platform']}, {m['cpu_count']} CPUs, torch {m['torch']}",
             f"- Report: [{name}/report.md]({name}/report.md); reproduce: `{cmd}`",
             *_cost_line(results),
+            *_left_out_line(name),
             *regime_lines(results),
             *stale_probe_lines(results),
             "",
@@ -350,10 +390,12 @@ def index(all_results: dict[str, dict[str, Any]]) -> str:
     out += [
         "## Reproduce",
         "",
-        "`make findings` builds the prose store from `../shared/data` and runs every experiment above "
-        "and the compute sweeps below, two at a time, each on one of the 2 cores (`findings run --jobs "
-        "2`; each resumable: run it again to continue), then rewrites every report and this page from "
-        "the results. " + _total_cost(all_results) + " A redesigned experiment starts over and its report "
+        "`make findings` builds the prose store from `../shared/data` and runs the comparisons across "
+        f"model kinds, heads and sizes ({', '.join(core_names())}), two at a time, each on one of the 2 "
+        "cores (`findings run --jobs 2`; each resumable: run it again to continue), then rewrites every "
+        "report and this page from the results; `make findings-all` (`findings run --all --jobs 2`) runs "
+        "the questions about one objective too. " + _total_cost(all_results) + " A redesigned "
+        "experiment starts over and its report "
         "says what changed against the results here. One experiment is one command, listed under its "
         "heading.",
         "",
@@ -390,14 +432,7 @@ def _sweeps_section(all_results: dict[str, dict[str, Any]]) -> list[str]:
             f"- Machine: {m.get('cpu') or m['platform']}, {m['cpu_count']} CPUs, torch {m['torch']}",
             f"- Report (fits, crossovers, curves): [{name}/report.md]({name}/report.md); reproduce: `{cmd}`",
             *_cost_line(results),
-            *(
-                [
-                    f"- Cost: about {finding.hours:g} hours on 2 cores, so `make findings` leaves it out: "
-                    f"`python -m objtrain.compare.findings run {name}` runs it (resumable)"
-                ]
-                if finding.hours
-                else []
-            ),
+            *_left_out_line(name),
             *regime_lines(results),
             "",
             "| claim | the literature | a − b at the largest budget, 95% paired interval | verdict at each "
@@ -514,8 +549,8 @@ def lane_env(jobs: int) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
 
 
-def run(names: list[str], jobs: int = 1) -> int:
-    """Run the named experiments (default: all but the long sweeps), then publish.
+def run(names: list[str], jobs: int = 1, everything: bool = False) -> int:
+    """Run the named experiments (default: the core ones, `everything`: all), then publish.
 
     `jobs` > 1 runs that many experiments at once, each on its share of the cores (`OMP_NUM_THREADS`),
     the most tokens first so the lanes end together, each one's output in `runs/findings/logs/NAME.log`.
@@ -524,14 +559,12 @@ def run(names: list[str], jobs: int = 1) -> int:
     benchmarks/bench_findings.py), and the prose experiments were published from one-thread runs.
     """
     objtrain = str(Path(sys.executable).with_name("objtrain"))
-    if not names:
-        long = [n for n, f in SWEEPS.items() if f.hours]
-        for name in long:
-            print(
-                f"leaving out {name} (about {SWEEPS[name].hours:g} hours on 2 cores): run it by name",
-                flush=True,
-            )
-        names = [n for n in [*FINDINGS, *SWEEPS] if n not in long]
+    if everything:
+        names = [*names, *(n for n in [*FINDINGS, *SWEEPS] if n not in names)]
+    elif not names:
+        names = core_names()
+        left_out = [n for n in [*FINDINGS, *SWEEPS] if n not in names]
+        print(f"leaving out {', '.join(left_out)}: `run --all` or each one's name runs them", flush=True)
     for name in names:
         if name not in FINDINGS and name not in SWEEPS:
             print(f"unknown finding {name!r} (findings: {', '.join([*FINDINGS, *SWEEPS])})")
@@ -598,7 +631,10 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[:1] == ["run"]:
         parser = argparse.ArgumentParser(prog="python -m objtrain.compare.findings run")
-        parser.add_argument("names", nargs="*", help="experiments (default: all but the long sweeps)")
+        parser.add_argument("names", nargs="*", help="experiments (default: the core ones, see --all)")
+        parser.add_argument(
+            "--all", action="store_true", help="every experiment, with the questions about one objective"
+        )
         parser.add_argument(
             "--jobs", type=int, default=1, help="experiments at once, each on its share of the cores"
         )
@@ -606,7 +642,7 @@ def main(argv: list[str]) -> int:
         if args.jobs < 1:
             parser.error("--jobs must be at least 1")
         try:
-            return run(args.names, args.jobs)
+            return run(args.names, args.jobs, everything=args.all)
         except KeyboardInterrupt:
             print("interrupted: finished runs and checkpoints are kept; run it again to continue", flush=True)
             return 130

@@ -273,6 +273,26 @@ def test_lanes_share_the_cores_and_keep_their_output_apart(monkeypatch, tmp_path
     assert published == [True]  # not again
 
 
+def test_a_plain_run_leaves_the_one_objective_questions_out_and_all_runs_them(
+    monkeypatch, tmp_path: Path, capsys
+) -> None:
+    ran: list[str] = []
+
+    def fake_call(cmd: list[str], stdout=None, stderr=None, env=None) -> int:
+        ran.append(cmd[2])
+        return 0
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(findings.subprocess, "call", fake_call)
+    monkeypatch.setattr(findings, "publish", lambda: [])
+    assert findings.main(["run"]) == 0
+    assert sorted(ran) == sorted(findings.core_names())
+    assert "leaving out mlm-mask-rate, span-length" in capsys.readouterr().out
+    ran.clear()
+    assert findings.main(["run", "--all", "fim-rate"]) == 0
+    assert ran[0] == "fim-rate" and sorted(ran) == sorted([*findings.FINDINGS, *findings.SWEEPS])
+
+
 def test_lanes_take_the_most_tokens_first() -> None:
     # objectives at 1.6e13 FLOPs an arm: 1.2M to 2.6M tokens an arm, 8.1M in all; span-length: 3 x 1.5M;
     # mtp-heads at 2e13 FLOPs an arm: 2.0M + 1.5M + 1.0M (the extra heads make a token dearer)
@@ -491,9 +511,26 @@ def test_the_index_sums_what_the_published_runs_took(tmp_path: Path) -> None:
         "another lane"
     ]
     assert findings._cost_line({"lane_seconds": findings.lane_seconds(tmp_path / "none")}) == []
-    total = findings._total_cost({"objectives": {"lane_seconds": cost}})
-    assert (
-        "the 1 experiments published here took 2.0 lane-hours" in total
-        and "about 1.0 hours in two lanes" in total
+    hour = {"train": 3600.0, "eval": 0.0}
+    total = findings._total_cost(
+        {
+            "objectives": {"lane_seconds": cost},
+            "mtp-heads": {"lane_seconds": hour},
+            "fim-suffix": {"lane_seconds": hour},
+        }
     )
-    assert "not counted: mlm-mask-rate" in total and "fim-suffix" not in total  # a long sweep is run apart
+    # the core ones in two lanes: 2.0 and 1.0 lane-hours end after 2.0; with fim-suffix's hour beside them 2.0
+    assert "the 2 experiments `make findings` runs took 3.0 lane-hours" in total
+    assert "about 2.0 hours in two lanes; the 1 it leaves out (fim-suffix) took 1.0 more" in total
+    assert "`make findings-all` takes about 2.0 hours" in total
+    assert "not counted: objectives-scaling, fim-scaling, mlm-mask-rate" in total
+
+
+def test_make_findings_runs_the_comparisons_across_kinds_and_sizes_and_all_adds_the_knobs() -> None:
+    core = findings.core_names()
+    assert {"objectives", "mtp-heads", "objectives-scaling", "fim-scaling"} == set(core)
+    assert findings.FINDINGS["objectives"].core and not findings.SWEEPS["fim-suffix"].core
+    assert findings._left_out_line("objectives") == []
+    assert "`python -m objtrain.compare.findings run nsp-sop`" in findings._left_out_line("nsp-sop")[0]
+    assert findings.makespan([3.0, 2.0, 2.0, 1.0], 2) == 4.0  # 3+1 and 2+2
+    assert findings.makespan([3.0, 2.0], 1) == 5.0
