@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from objtrain.cli.common import DEVICE_HELP, check_format, make_console
+from objtrain.errors import UserError
 from objtrain.evaluation.suite import METRICS, EvalOptions, evaluate
 
 HELP = """Evaluate a checkpoint (or the newest checkpoint of a run directory) with everything it can do.
@@ -131,8 +132,12 @@ def run(
         int, typer.Option("--finetune-steps", help="Fine-tuning steps per task.")
     ] = 300,
     finetune_lr: Annotated[
-        float, typer.Option("--finetune-lr", help="Fine-tuning peak learning rate.")
-    ] = 3e-4,
+        str,
+        typer.Option(
+            "--finetune-lr",
+            help="Fine-tuning peak learning rates, comma-separated: each tried, best on dev kept.",
+        ),
+    ] = "3e-4,1e-3,3e-3",
     samples: Annotated[int, typer.Option(min=0, help="Greedy samples to show.")] = 3,
     skip: Annotated[
         str,
@@ -173,7 +178,7 @@ def run(
         finetune=finetune,
         finetune_tasks=tuple(k.strip() for k in finetune_tasks.split(",") if k.strip()),
         finetune_steps=finetune_steps,
-        finetune_lr=finetune_lr,
+        finetune_lrs=_rates(finetune_lr),
         samples=samples,
         skip=tuple(k.strip() for k in skip.split(",") if k.strip()),
         device=device,
@@ -249,3 +254,10 @@ def print_result(console: Console, result: dict[str, Any]) -> None:
 
 
 run.__doc__ = "\n\n".join(" ".join(p.split()) for p in HELP.split("\n\n"))
+
+
+def _rates(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise UserError(f"--finetune-lr takes comma-separated numbers, got {text!r}") from None

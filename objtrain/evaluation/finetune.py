@@ -7,12 +7,18 @@ feature, is free to adapt. This is that measurement at laptop scale:
 - a copy of the checkpoint's model (the checkpoint is never touched), in train mode, with a new linear
   head on the mean of the last layer's normed hidden states over the example's tokens (an encoder-decoder:
   its encoder output), each example truncated to the model's training row length;
-- AdamW (lr `lr`, weight decay 0.01 on matrices), linear warmup over the first 10% of `steps` then linear
-  decay to 0 (BERT's fine-tuning schedule), batches of `batch_size` examples drawn without replacement
-  epoch by epoch under the eval seed, cross-entropy;
+- AdamW (weight decay 0.01 on matrices), linear warmup over the first 10% of `steps` then linear decay to
+  0 (BERT's fine-tuning schedule), batches of `batch_size` examples drawn without replacement epoch by
+  epoch under the eval seed, cross-entropy;
+- one such fine-tune per peak learning rate in `lrs`, each from the same copy, head and batch order (BERT
+  chose its rate per task on dev). One rate for every model favours some: a short fine-tune at 3e-4 left
+  a pretrained span encoder at chance on SST-2 (at 1e-4) or far below the same architecture at random init,
+  which 1e-3 mostly closed. Every model a comparison sets side by side, the random-init baselines too, gets
+  the same rates, so none is tuned more than another (Dodge et al. 2019); a rate whose loss turns
+  non-finite is dropped;
 - the dev split scored every `steps // 4` steps and at the end; the test split is scored once, with the
-  weights of the best dev score (MCC for two classes, else accuracy; the earlier on ties), so nothing is
-  chosen on the split reported.
+  weights of the best dev score over rates and steps (MCC for two classes, else accuracy; the smaller rate
+  and the earlier step on ties), so nothing is chosen on the split reported.
 
 Deterministic under the eval seed: the head's initialisation and the batch order come from it.
 """
@@ -37,7 +43,7 @@ from objtrain.evaluation.probe import Labelled, encode_texts, last_hidden, mcc, 
 @dataclass(frozen=True)
 class FinetuneConfig:
     steps: int = 300
-    lr: float = 3e-4
+    lrs: tuple[float, ...] = (3e-4, 1e-3, 3e-3)  # peak rates tried, the best on dev kept
     batch_size: int = 32
     weight_decay: float = 0.01
     warmup: float = 0.1
@@ -45,8 +51,8 @@ class FinetuneConfig:
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise UserError(f"--finetune-steps must be at least 1, got {self.steps}")
-        if not self.lr > 0:
-            raise UserError(f"--finetune-lr must be positive, got {self.lr}")
+        if not self.lrs or not all(math.isfinite(lr) and lr > 0 for lr in self.lrs):
+            raise UserError(f"--finetune-lr must be positive learning rates, got {list(self.lrs)}")
 
 
 class _Classifier(nn.Module):
@@ -117,22 +123,73 @@ def finetune(
     y_dev = torch.tensor([index[c] for c in dev.labels])
     y_test = torch.tensor([index[c] for c in test.labels])
 
+    best: tuple[float, float, int, _Classifier] | None = None  # dev score, rate, step, the weights
+    diverged = []
+    for lr in sorted(config.lrs):
+        tuned = _tune(
+            model, len(classes), segments, x_train, y_train, x_dev, y_dev, pad, seed, lr, config, device
+        )
+        if tuned is None:
+            diverged.append(lr)
+        elif best is None or tuned[0] > best[0]:
+            best = (tuned[0], lr, tuned[1], tuned[2])
+    if best is None:
+        raise UserError(f"fine-tuning diverged at every --finetune-lr ({list(config.lrs)}): lower them")
+    _, best_lr, best_step, clf = best
+    dev_scores = _scores(_predict(clf, x_dev, pad, device), y_dev, len(classes))
+    test_scores = _scores(_predict(clf, x_test, pad, device), y_test, len(classes))
+    acc, n_test = test_scores["accuracy"], len(y_test)
+    majority = int(torch.bincount(y_train).argmax())
+    out = {
+        "finetune_accuracy": acc,
+        "finetune_accuracy_se": (acc * (1 - acc) / n_test) ** 0.5,
+        "finetune_dev_accuracy": dev_scores["accuracy"],
+        "finetune_majority_accuracy": float((y_test == majority).double().mean()),
+        "finetune_best_step": float(best_step),
+        "finetune_lr": best_lr,
+        "finetune_lrs_tried": float(len(config.lrs)),
+        "finetune_lrs_diverged": float(len(diverged)),
+        "finetune_steps": float(config.steps),
+        "finetune_train_examples": float(len(x_train)),
+        "finetune_test_examples": float(n_test),
+    }
+    if "mcc" in test_scores:
+        out["finetune_mcc"] = test_scores["mcc"]
+    return out
+
+
+def _tune(
+    model: nn.Module,
+    n_classes: int,
+    segments: bool,
+    x_train: Sequence[list[int]],
+    y_train: Tensor,
+    x_dev: Sequence[list[int]],
+    y_dev: Tensor,
+    pad: int,
+    seed: int,
+    lr: float,
+    config: FinetuneConfig,
+    device: torch.device,
+) -> tuple[float, int, _Classifier] | None:
+    """One fine-tune at peak rate `lr`: (best dev score, its step, the classifier holding those weights),
+    or None when the loss turns non-finite."""
     torch.manual_seed(seed)
     trunk = copy.deepcopy(model).float().to(device)
-    clf = _Classifier(trunk, len(classes), segments).to(device)
+    clf = _Classifier(trunk, n_classes, segments).to(device)
     clf.train()
     decay = [p for p in clf.parameters() if p.dim() >= 2]
     no_decay = [p for p in clf.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=config.lr,
+        lr=lr,
     )
     warmup = max(int(config.steps * config.warmup), 1)
 
     def lr_at(step: int) -> float:  # linear warmup, then linear decay to 0
         if step < warmup:
-            return config.lr * (step + 1) / warmup
-        return config.lr * max(config.steps - step, 0) / max(config.steps - warmup, 1)
+            return lr * (step + 1) / warmup
+        return lr * max(config.steps - step, 0) / max(config.steps - warmup, 1)
 
     rng = np.random.default_rng(seed)
     order: list[int] = []
@@ -148,34 +205,17 @@ def finetune(
             group["lr"] = lr_at(step)
         loss = F.cross_entropy(clf(ids, valid).float(), y_train[pick].to(device))
         if not math.isfinite(float(loss.detach())):
-            raise UserError(f"fine-tuning diverged at step {step} (loss {float(loss)}): lower --finetune-lr")
+            return None
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(clf.parameters(), 1.0)
         opt.step()
         if (step + 1) % check_every == 0 or step + 1 == config.steps:
-            dev_scores = _scores(_predict(clf, x_dev, pad, device), y_dev, len(classes))
+            dev_scores = _scores(_predict(clf, x_dev, pad, device), y_dev, n_classes)
             key = dev_scores.get("mcc", dev_scores["accuracy"])
             if best is None or key > best[0]:
                 state = {k: v.detach().clone() for k, v in clf.state_dict().items()}
                 best = (key, step + 1, state)
     assert best is not None
-    _, best_step, state = best
-    clf.load_state_dict(state)
-    dev_scores = _scores(_predict(clf, x_dev, pad, device), y_dev, len(classes))
-    test_scores = _scores(_predict(clf, x_test, pad, device), y_test, len(classes))
-    acc, n_test = test_scores["accuracy"], len(y_test)
-    majority = int(torch.bincount(y_train).argmax())
-    out = {
-        "finetune_accuracy": acc,
-        "finetune_accuracy_se": (acc * (1 - acc) / n_test) ** 0.5,
-        "finetune_dev_accuracy": dev_scores["accuracy"],
-        "finetune_majority_accuracy": float((y_test == majority).double().mean()),
-        "finetune_best_step": float(best_step),
-        "finetune_steps": float(config.steps),
-        "finetune_train_examples": float(n),
-        "finetune_test_examples": float(n_test),
-    }
-    if "mcc" in test_scores:
-        out["finetune_mcc"] = test_scores["mcc"]
-    return out
+    clf.load_state_dict(best[2])
+    return best[0], best[1], clf

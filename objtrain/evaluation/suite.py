@@ -162,6 +162,9 @@ def _probe_baseline_metrics() -> dict[str, tuple[str, str]]:
 METRICS.update({k: v for k, v in _probe_baseline_metrics().items() if k not in METRICS})
 
 
+FINETUNE_LRS = finetune.FinetuneConfig.lrs  # (a field below is named `finetune`)
+
+
 @dataclass
 class EvalOptions:
     split: str = "valid"  # store split scored
@@ -192,7 +195,7 @@ class EvalOptions:
     finetune: bool = False  # also fine-tune the whole model on the probe's tasks (finetune.py); slow
     finetune_tasks: tuple[str, ...] = ()  # of the named probe tasks, those fine-tuned on (empty: every one)
     finetune_steps: int = 300
-    finetune_lr: float = 3e-4
+    finetune_lrs: tuple[float, ...] = FINETUNE_LRS  # peak rates tried, the best on dev kept
     samples: int = 3
     sample_tokens: int = 32
     skip: tuple[str, ...] = ()  # parts to leave out: lm, corrupted, infill, probe, samples
@@ -223,7 +226,7 @@ class EvalOptions:
         if self.probe_layers not in ("best", "last"):
             raise UserError(f"--probe-layers must be best or last, got {self.probe_layers!r}")
         if self.finetune:
-            finetune.FinetuneConfig(steps=self.finetune_steps, lr=self.finetune_lr)  # refuses bad values
+            finetune.FinetuneConfig(steps=self.finetune_steps, lrs=self.finetune_lrs)  # refuses bad values
         stray = [t for t in self.finetune_tasks if t not in self.probe_tasks]
         if stray and self.probe_tasks:  # without named tasks the default probe's task is the one tuned on
             tasks = ", ".join(self.probe_tasks)
@@ -486,7 +489,9 @@ def evaluate(
     if options.finetune and "finetune" not in options.skip:
         tasks = ", ".join(options.finetune_tasks or options.probe_tasks) or "the default probe's task"
         baseline = ", and the same architecture at random init alike" if options.probe_baselines else ""
-        say(f"fine-tune: {tasks}, {options.finetune_steps} steps each (--finetune-steps){baseline}")
+        rates = ", ".join(f"{lr:g}" for lr in options.finetune_lrs)
+        say(f"fine-tune: {tasks}, {options.finetune_steps} steps at each rate of {rates}, the best on dev "
+            f"kept (--finetune-steps, --finetune-lr){baseline}")  # fmt: skip
         t0 = time.perf_counter()
         result.update(_finetune(ckpt, options, seq_len, device))
         result["probe_method"] = "linear+finetune" if "probe_method" in result else "finetune"
@@ -882,7 +887,7 @@ def _probe_splits(options: EvalOptions) -> list[tuple[str, probe.Labelled, probe
 def _finetune(ckpt: Checkpoint, options: EvalOptions, seq_len: int, device: torch.device) -> dict[str, Any]:
     tokenizer = ckpt.tokenizer
     assert tokenizer is not None
-    config = finetune.FinetuneConfig(steps=options.finetune_steps, lr=options.finetune_lr)
+    config = finetune.FinetuneConfig(steps=options.finetune_steps, lrs=options.finetune_lrs)
     segments = probe.trained_with_segments(ckpt.training)
     seed = random_init_seed(ckpt, options)
     out: dict[str, Any] = {}

@@ -40,7 +40,7 @@ def test_fine_tuning_learns_a_task_a_fresh_head_cannot_guess(
     ckpt = load_checkpoint(debug_checkpoint(kind), "cpu")
     before = {k: v.clone() for k, v in ckpt.model.state_dict().items()}
     train, dev, test = (keyword_task(stdlib_texts, n, s) for n, s in ((256, 0), (64, 1), (128, 2)))
-    config = FinetuneConfig(steps=30, lr=1e-3, batch_size=16)
+    config = FinetuneConfig(steps=30, lrs=(1e-3,), batch_size=16)
     out = finetune(ckpt.model, tokenizer, train, dev, test, 64, seed=0, config=config)
     assert out["finetune_accuracy"] >= 0.75 > 0.65 >= out["finetune_majority_accuracy"]
     assert out["finetune_mcc"] >= 0.5
@@ -56,7 +56,7 @@ def test_fine_tuning_is_deterministic_under_the_seed(
 ) -> None:
     ckpt = load_checkpoint(debug_checkpoint("decoder"), "cpu")
     train, dev, test = (keyword_task(stdlib_texts, n, s) for n, s in ((96, 0), (32, 1), (32, 2)))
-    config = FinetuneConfig(steps=8, batch_size=8)
+    config = FinetuneConfig(steps=8, lrs=(3e-4, 1e-3), batch_size=8)
     runs = [finetune(ckpt.model, tokenizer, train, dev, test, 64, seed=s, config=config) for s in (5, 5, 6)]
     assert runs[0] == runs[1]
     assert runs[0]["finetune_best_step"] in (2, 4, 6, 8)
@@ -85,7 +85,27 @@ def test_eval_finetune_on_labelled_files(
     assert "finetune" in result["part_seconds"] and "probe_accuracy" not in result
 
 
-@pytest.mark.parametrize("bad", [{"finetune_steps": 0}, {"finetune_lr": 0.0}])
+def test_the_rate_best_on_dev_is_kept_and_scored_as_its_own_fine_tune(
+    debug_checkpoint: Callable[..., Path], tokenizer: Tokenizer, stdlib_texts: list[str]
+) -> None:
+    """Several rates: each fine-tune starts from the same copy, head and batch order, so the one kept is
+    exactly that rate's fine-tune alone; a rate too small to learn anything in 30 steps is not kept."""
+    ckpt = load_checkpoint(debug_checkpoint("encoder"), "cpu")
+    train, dev, test = (keyword_task(stdlib_texts, n, s) for n, s in ((256, 0), (64, 1), (128, 2)))
+    both = finetune(ckpt.model, tokenizer, train, dev, test, 64, seed=0,
+                    config=FinetuneConfig(steps=30, lrs=(1e-3, 1e-9), batch_size=16))  # fmt: skip
+    alone = finetune(ckpt.model, tokenizer, train, dev, test, 64, seed=0,
+                     config=FinetuneConfig(steps=30, lrs=(1e-3,), batch_size=16))  # fmt: skip
+    assert both["finetune_lr"] == 1e-3 and both["finetune_lrs_tried"] == 2.0
+    assert {k: v for k, v in both.items() if k != "finetune_lrs_tried"} == {
+        k: v for k, v in alone.items() if k != "finetune_lrs_tried"
+    }
+    tiny = finetune(ckpt.model, tokenizer, train, dev, test, 64, seed=0,
+                    config=FinetuneConfig(steps=30, lrs=(1e-9,), batch_size=16))  # fmt: skip
+    assert tiny["finetune_dev_accuracy"] < both["finetune_dev_accuracy"]
+
+
+@pytest.mark.parametrize("bad", [{"finetune_steps": 0}, {"finetune_lrs": (0.0,)}, {"finetune_lrs": ()}])
 def test_bad_fine_tuning_settings_are_refused(bad: dict) -> None:
     with pytest.raises(UserError, match="--finetune"):
         EvalOptions(finetune=True, **bad)
@@ -96,3 +116,7 @@ def test_the_cli_refuses_bad_fine_tuning_steps_in_one_line(
 ) -> None:
     code, _out, err = objtrain_cli("eval", debug_checkpoint("decoder"), "--finetune", "--finetune-steps", "0")
     assert code == 2 and "--finetune-steps must be at least 1" in err and "Traceback" not in err
+    code, _out, err = objtrain_cli(
+        "eval", debug_checkpoint("decoder"), "--finetune", "--finetune-lr", "1e-3,x"
+    )
+    assert code == 2 and "--finetune-lr takes comma-separated numbers" in err and "Traceback" not in err
