@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from objtrain.compare import suite
 from objtrain.compare.changes import PREVIOUS, diff
 from objtrain.compare.experiment import (
     ArmSpec,
@@ -280,7 +281,9 @@ def regime_lines(results: dict[str, Any]) -> list[str]:
     if not claims or not any(c.get("regime") for c in claims):
         return []
     resolved = [f"{c['claim']} ({c['verdict']})" for c in claims if c["verdict"] in ("agrees", "disagrees")]
-    larger = [c["claim"] for c in flagged if c["verdict"] not in ("agrees", "disagrees")]
+    # Our direction only: no paper to agree with, but the seeds may still tell the arms apart.
+    clear = [c for c in claims if c["verdict"] == "no published comparison" and _excludes_zero(c)]
+    larger = [c["claim"] for c in flagged if c["verdict"] not in ("agrees", "disagrees") and c not in clear]
     out = [
         f"- Regime: {len(flagged)} of {len(claims)} verdicts **out of regime** (more than 10x from the "
         "paper's smallest setting in parameters, tokens or tokens per parameter)"
@@ -289,9 +292,30 @@ def regime_lines(results: dict[str, Any]) -> list[str]:
     ]
     if resolved:
         out.append(f"- Resolved at this scale: {'; '.join(resolved)}")
+    if clear:
+        told = [f"{c['claim']} ({_told_apart(c)})" for c in clear]
+        out.append(f"- Clear at this scale, with no published comparison to judge it by: {'; '.join(told)}")
     if larger:
         out.append(f"- Would need a larger scale (or more seeds) to judge: {'; '.join(larger)}")
     return out
+
+
+def _told_apart(claim: dict[str, Any]) -> str:
+    """What the seeds tell: which arm scores better (a claim of two arms), and the paired difference."""
+    p, arms = claim["paired"], claim["arms"]
+    told = f"{difference(claim['metric'], arms)} = {p['delta']:+.3g} ± {p['ci95']:.2g}"
+    lower = suite.direction(claim["metric"])
+    if len(arms) != 2 or lower == "info":
+        return told
+    better = arms[0] if (p["delta"] < 0) == (lower == "lower") else arms[1]
+    return f"{better} better: {told}"
+
+
+def _excludes_zero(claim: dict[str, Any]) -> bool:
+    """Whether a claim's paired 95% interval lies on one side of 0 (the seeds tell its arms apart)."""
+    p = claim.get("paired") or {}
+    delta, ci = p.get("delta"), p.get("ci95")
+    return delta is not None and ci is not None and abs(delta) > ci
 
 
 def _summary(results: dict[str, Any], arm: str, metric: str) -> str:

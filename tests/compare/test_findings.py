@@ -534,3 +534,31 @@ def test_make_findings_runs_the_comparisons_across_kinds_and_sizes_and_all_adds_
     assert "`python -m objtrain.compare.findings run nsp-sop`" in findings._left_out_line("nsp-sop")[0]
     assert findings.makespan([3.0, 2.0, 2.0, 1.0], 2) == 4.0  # 3+1 and 2+2
     assert findings.makespan([3.0, 2.0], 1) == 5.0
+
+
+def test_the_index_says_what_holds_at_this_scale_and_what_needs_a_larger_one() -> None:
+    flag = {"out_of_regime": True}
+
+    def claim(name: str, verdict: str, delta: float, ci: float, metric: str = "bits_per_byte") -> dict:
+        paired = {"delta": delta, "ci95": ci}
+        return {"claim": name, "verdict": verdict, "paired": paired, "regime": flag, "arms": ["x", "y"],
+                "metric": metric}  # fmt: skip
+
+    lines = findings.regime_lines(
+        {
+            "claims": [
+                claim("a", "agrees", -0.2, 0.1),
+                claim("b", "no published comparison", 0.09, 0.003),  # the seeds tell the arms apart
+                claim("e", "no published comparison", 0.09, 0.003, "probe_sst2_accuracy"),
+                claim("c", "no published comparison", 0.01, 0.05),
+                claim("d", "not resolved", 0.01, 0.05),
+            ]
+        }
+    )
+    assert lines[0].startswith("- Regime: 5 of 5 verdicts **out of regime**")
+    assert lines[1] == "- Resolved at this scale: a (agrees)"
+    assert lines[2] == (
+        "- Clear at this scale, with no published comparison to judge it by: b (y better: bits_per_byte: "
+        "x − y = +0.09 ± 0.003); e (x better: probe_sst2_accuracy: x − y = +0.09 ± 0.003)"
+    )
+    assert lines[3] == "- Would need a larger scale (or more seeds) to judge: c; d"
