@@ -562,3 +562,15 @@ def test_the_index_says_what_holds_at_this_scale_and_what_needs_a_larger_one() -
         "x − y = +0.09 ± 0.003); e (x better: probe_sst2_accuracy: x − y = +0.09 ± 0.003)"
     )
     assert lines[3] == "- Would need a larger scale (or more seeds) to judge: c; d"
+
+
+def test_runs_fine_tuned_at_one_rate_are_marked_until_re_evaluated(tmp_path: Path) -> None:
+    runs = tmp_path / "results"
+    runs.mkdir()
+    old = {"finetune_sst2_accuracy": 0.7}
+    new = {**old, "finetune_sst2_lr": 1e-3, "finetune_sst2_lrs_tried": 3.0}
+    for i, scores in enumerate([old, new, {"bits_per_byte": 2.0}]):
+        (runs / f"a.seed-{i}.json").write_text(json.dumps({"eval": scores}), encoding="utf-8")
+    assert findings.one_rate_finetunes(runs) == 1
+    assert "1 runs fine-tuned at one peak rate" in findings.stale_finetune_lines({"one_rate_finetunes": 1})[0]
+    assert findings.stale_finetune_lines({"one_rate_finetunes": 0}) == []
