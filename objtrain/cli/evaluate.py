@@ -137,7 +137,7 @@ def run(
             "--finetune-lr",
             help="Fine-tuning peak learning rates, comma-separated: each tried, best on dev kept.",
         ),
-    ] = "3e-4,1e-3,3e-3",
+    ] = "3e-4,1e-3,3e-3,1e-2",
     samples: Annotated[int, typer.Option(min=0, help="Greedy samples to show.")] = 3,
     skip: Annotated[
         str,
