@@ -45,7 +45,10 @@ from objtrain.training.optim import warmup_steps
 
 # Differences within one model (with and without the suffix, say): they start at 0 and may change sign.
 DIFFERENCES = ("suffix_gain", "suffix_worth", "far_prefix_worth")
-PRIMARY = ("val_bpb", "bits_per_byte", "val_loss")  # metrics first in this order, then alphabetically
+# Metrics first in this order, then alphabetically; the first an arm has is its frontier's. An
+# encoder-decoder has no val_bpb, and its left-to-right bits_per_byte (an empty encoder) is not its own
+# measure: conditional_bpb is.
+PRIMARY = ("val_bpb", "conditional_bpb", "bits_per_byte", "val_loss")
 WARMUP_FACTOR = 10  # a fitted point trains at least this many times its warm-up steps
 CHINCHILLA_TOKENS_PER_PARAMETER = 20.0  # Hoffmann et al. 2022: compute-optimal tokens per parameter
 
