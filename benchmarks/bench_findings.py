@@ -19,10 +19,12 @@ and each shorter one's decay (the share of its steps after the branch point).
     .venv/bin/python benchmarks/bench_findings.py span-length      # one experiment
     .venv/bin/python benchmarks/bench_findings.py --jobs 2         # as `make findings` runs them: 2 lanes
 
-With `--jobs N` the small runs go N at once, each on its share of the cores, so each estimate is the
-experiment's time in a lane with the others busy beside it; the total is when the last lane ends, each lane
-taking the next experiment in `findings run`'s order (most tokens first) as it frees. The last experiment
-runs alone in the end, a little faster than its estimate (and with a core idle beside it).
+With `--jobs N`, as `findings run --jobs N`: each comparison in turn trains N of its runs at once
+(`compare --jobs N`), then the sweeps go N at once, each on its share of the cores, so every throughput is
+measured with the other lanes busy beside it. An estimate is the experiment's lane-hours; the total counts a
+comparison's lane-hours shared over the N lanes, then the sweeps' lanes, each taking the next sweep (most
+tokens first) as it frees. The last run of each comparison and the last sweep run alone in the end, a little
+faster than their estimates (and with a core idle beside them).
 
 Needs ../shared/data for the prose experiments (it builds the prose store as `make findings` does) and
 skips them with a message when it is absent. Run it on an otherwise idle machine: it times wall clock.
@@ -71,10 +73,12 @@ def steady_throughput(run_dir: Path) -> float | None:
 def measure(name: str, work: Path, jobs: int = 1) -> dict[str, object]:
     out = work / name
     cmd = small_command(name, out)
+    if jobs > 1 and name in findings.FINDINGS:  # its runs N at once, each worker on its share of the cores
+        cmd += ["--jobs", str(jobs)]
     start = time.perf_counter()
     if jobs == 1:
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    else:  # a lane, as `findings run --jobs` runs it: its share of the cores, its output kept apart
+    else:  # as `findings run --jobs` runs it: its share of the cores, its output kept apart
         done = subprocess.run(
             cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=findings.lane_env(jobs)
         )
@@ -115,7 +119,7 @@ def measure(name: str, work: Path, jobs: int = 1) -> dict[str, object]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="experiments (default: what make findings runs)")
-    parser.add_argument("--jobs", type=int, default=1, help="experiments at once, as `findings run --jobs N`")
+    parser.add_argument("--jobs", type=int, default=1, help="lanes, as `findings run --jobs N`")
     args = parser.parse_args()
     names = args.names or findings.core_names()
     prose = [n for n in names if n in findings.FINDINGS and findings.FINDINGS[n].corpus == "prose"]
@@ -124,27 +128,33 @@ def main() -> int:
         names = [n for n in names if n not in prose]
     elif prose:
         subprocess.run([sys.executable, "benchmarks/findings_data.py", "runs/findings/data"], check=True)
-    names = findings.most_tokens_first(names)  # as the lanes take them
+    comparisons = [n for n in names if n in findings.FINDINGS]  # one after another, as findings runs them
+    sweeps = findings.most_tokens_first(
+        [n for n in names if n not in findings.FINDINGS]
+    )  # as lanes take them
     with tempfile.TemporaryDirectory(prefix="bench-findings-") as tmp:
 
         def one(name: str) -> dict[str, object]:
             m = measure(name, Path(tmp), args.jobs)
-            print(f"{name}: about {float(m['estimate_s']) / 3600:.2f} h", flush=True)  # type: ignore[arg-type]
+            print(f"{name}: about {float(m['estimate_s']) / 3600:.2f} lane-hours", flush=True)  # type: ignore[arg-type]
             return m
 
+        measured = [one(name) for name in comparisons]
         with ThreadPoolExecutor(max_workers=args.jobs) as lanes:
-            measured = list(lanes.map(one, names))
+            measured += list(lanes.map(one, sweeps))
     rows = [[m["name"], str(m["runs"]), f"{m['tokens_per_s']:,.0f}", f"{m['eval_s']:.0f}",
              f"{m['rest_s']:.0f}", f"{m['small_wall_s']:.0f}", f"{float(m['estimate_s']) / 3600:.2f}"]  # type: ignore[arg-type]
             for m in measured]  # fmt: skip
     header = ["experiment", "runs a seed", "tokens/s an arm", "eval s a run", "rest s a run", "measured s",
-              "estimate h"]  # fmt: skip
+              "estimate lane-h"]  # fmt: skip
     print(table(header, rows))
     hours = [float(m["estimate_s"]) / 3600 for m in measured]  # type: ignore[arg-type]
     if args.jobs == 1:
         print(f"all: about {sum(hours):.2f} hours on this machine ({len(names)} experiments)")
-    else:  # each estimate is an experiment's time in a lane, the other lanes busy beside it
-        span = findings.makespan(hours, args.jobs)
+    else:  # each estimate is an experiment's lane-hours, the other lanes busy beside it
+        shared = sum(h for m, h in zip(measured, hours, strict=True) if m["name"] in findings.FINDINGS)
+        lanes_h = [h for m, h in zip(measured, hours, strict=True) if m["name"] not in findings.FINDINGS]
+        span = shared / args.jobs + findings.makespan(lanes_h, args.jobs)
         print(f"all: about {span:.2f} hours on this machine ({len(names)} experiments, "
               f"{args.jobs} at once, {findings.lane_threads(args.jobs)} threads each)")  # fmt: skip
     return 0

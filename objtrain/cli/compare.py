@@ -63,11 +63,18 @@ def run(
         help="Train every arm at every point: tokens=2e5,6e5,2e6,6e6 or flops=..., and optionally "
         "--sweep size=debug,tiny,small; at least 3 points spanning 30x. Fits loss against FLOPs per arm.",
     ),
+    jobs: int = typer.Option(
+        1,
+        "--jobs",
+        help="Runs trained at once, each in its own process on its share of the cores (a comparison, "
+        "not a sweep). The results do not depend on it.",
+    ),
 ) -> None:
     console = make_console(stderr=True, highlight=False)
     exp = load_experiment(experiment)
     exp.eval.options = {**exp.eval.options, **parse_eval_options(eval_options or [])}
     spec = parse_sweep(sweep, exp.sweep, budget == "tiny")
+    check_jobs(jobs, spec is not None)
     if max_seeds is not None:
         check_max_seeds(max_seeds, seeds, spec is not None)
     if spec is not None:
@@ -93,11 +100,22 @@ def run(
             exp, output, budget, seeds, resume=resume, force=force, data=data, console=console
         ),
     ) as comparison:
+        comparison.jobs = jobs
 
         def more_seeds(n: int) -> Comparison:
-            return plan_comparison(exp, output, budget, n, resume=True, data=data, console=console)
+            more = plan_comparison(exp, output, budget, n, resume=True, data=data, console=console)
+            more.jobs = jobs
+            return more
 
         _compare(comparison, exp.name, output, console, max_seeds or 0, more_seeds)
+
+
+def check_jobs(jobs: int, sweep: bool) -> None:
+    if jobs < 1:
+        raise UserError(f"--jobs must be at least 1, got {jobs}")
+    if sweep and jobs > 1:
+        # A sweep's shorter points branch from its longer ones' checkpoints: one chain at a time.
+        raise UserError("--jobs is for a comparison: a sweep trains its points one after another")
 
 
 def check_max_seeds(max_seeds: int, seeds: int, sweep: bool) -> None:

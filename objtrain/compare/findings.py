@@ -127,6 +127,7 @@ def read_results(root: Path = ROOT) -> dict[str, dict[str, Any]]:
         if path.is_file():
             out[name] = with_regime(name, json.loads(path.read_text(encoding="utf-8")))
             out[name]["lane_seconds"] = lane_seconds(root / name / "results")
+            out[name]["run_seconds"] = run_seconds(root / name / "results")
             out[name]["one_rate_finetunes"] = one_rate_finetunes(root / name / "results")
             previous = root / name / PREVIOUS
             if previous.is_file():  # a re-publication: what changed against what it replaced
@@ -134,15 +135,28 @@ def read_results(root: Path = ROOT) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _run_costs(runs: Path) -> list[tuple[float, float]]:
+    """(training seconds, evaluation seconds) of each published run, from its own record."""
+    out = []
+    for path in sorted(runs.glob("*.json")):
+        run = json.loads(path.read_text(encoding="utf-8"))
+        out.append(
+            (float((run.get("train") or {}).get("seconds") or 0.0), float(run.get("eval_seconds") or 0.0))
+        )
+    return out
+
+
 def lane_seconds(runs: Path) -> dict[str, float]:
     """What an experiment's published runs cost, from each run's own record: training seconds (a sweep's
     shorter point only its decay after the branch) and evaluation seconds, summed over runs and seeds."""
-    cost = {"train": 0.0, "eval": 0.0}
-    for path in sorted(runs.glob("*.json")):
-        run = json.loads(path.read_text(encoding="utf-8"))
-        cost["train"] += float((run.get("train") or {}).get("seconds") or 0.0)
-        cost["eval"] += float(run.get("eval_seconds") or 0.0)
-    return cost
+    costs = _run_costs(runs)
+    return {"train": sum(t for t, _ in costs), "eval": sum(e for _, e in costs)}
+
+
+def run_seconds(runs: Path) -> list[float]:
+    """Each published run's training and evaluation seconds, the longest first (how `--jobs` lanes share
+    a comparison's runs out)."""
+    return sorted((t + e for t, e in _run_costs(runs)), reverse=True)
 
 
 def one_rate_finetunes(runs: Path) -> int:
@@ -183,36 +197,51 @@ def core_names() -> list[str]:
 
 
 def makespan(hours: list[float], jobs: int) -> float:
-    """When the last of `jobs` lanes ends, each taking the next experiment in the order given as it frees
-    (the lanes of `findings run --jobs`)."""
+    """When the last of `jobs` lanes ends, each taking the next job in the order given as it frees."""
     lanes = [0.0] * jobs
     for h in hours:
         lanes[lanes.index(min(lanes))] += h
     return max(lanes)
 
 
+def wall_hours(all_results: dict[str, dict[str, Any]], names: list[str], jobs: int = 2) -> float:
+    """How long `findings run --jobs` takes for `names`, from the runs' own records: the comparisons one
+    after another, each one's runs shared out over the lanes; then the sweeps, one a lane."""
+    total = 0.0
+    sweeps = []
+    for name in names:
+        runs = [s / 3600 for s in all_results[name].get("run_seconds") or []]
+        if not runs:  # a record without its runs' times: the experiment as one job
+            runs = [sum(all_results[name]["lane_seconds"].values()) / 3600]
+        if name in SWEEPS:
+            sweeps.append(sum(runs))
+        else:
+            total += makespan(runs, jobs)
+    return total + makespan(sorted(sweeps, reverse=True), jobs)
+
+
 def _total_cost(all_results: dict[str, dict[str, Any]]) -> str:
     """The measured cost of what `make findings` runs and of the rest, as sentences."""
 
-    def hours(names: list[str]) -> tuple[list[str], list[float]]:
-        have = [n for n in names if any((all_results.get(n, {}).get("lane_seconds") or {}).values())]
-        return have, [sum(all_results[n]["lane_seconds"].values()) / 3600 for n in have]
+    def have(names: list[str]) -> list[str]:
+        return [n for n in names if any((all_results.get(n, {}).get("lane_seconds") or {}).values())]
 
-    core = core_names()
-    rest = [n for n in [*FINDINGS, *SWEEPS] if n not in core]
-    have, core_hours = hours(core)
-    rest_have, rest_hours = hours(rest)
-    both = sorted(core_hours + rest_hours, reverse=True)
-    missing = [n for n in [*core, *rest] if n not in have and n not in rest_have]
+    def lane_hours(names: list[str]) -> float:
+        return sum(sum(all_results[n]["lane_seconds"].values()) for n in names) / 3600
+
+    core = have(core_names())
+    rest = have([n for n in [*FINDINGS, *SWEEPS] if n not in core_names()])
+    missing = [n for n in [*core_names(), *FINDINGS, *SWEEPS] if n not in core and n not in rest]
     return (
-        f"Summed from the runs' own records, the {len(have)} experiments `make findings` runs took "
-        f"{sum(core_hours):.1f} lane-hours of training and evaluation, about "
-        f"{makespan(sorted(core_hours, reverse=True), 2):.1f} hours in two lanes; the {len(rest_have)} it "
-        f"leaves out ({', '.join(rest_have) or 'none'}) took {sum(rest_hours):.1f} more, so "
-        f"`make findings-all` takes about {makespan(both, 2):.1f} hours (start-up, checkpoints and reports "
-        "not counted; each lane on one thread beside the other, so an idle machine is somewhat faster: "
-        "`benchmarks/bench_findings.py --jobs 2` measures it alone)"
-        + (f"; not counted: {', '.join(missing)}" if missing else "")
+        f"Summed from the runs' own records, the {len(core)} experiments `make findings` runs took "
+        f"{lane_hours(core):.1f} lane-hours of training and evaluation, about "
+        f"{wall_hours(all_results, core):.1f} hours in two lanes; the {len(rest)} it "
+        f"leaves out ({', '.join(rest) or 'none'}) took {lane_hours(rest):.1f} more, so "
+        f"`make findings-all` takes about {wall_hours(all_results, core + rest):.1f} hours (the comparisons "
+        "one after another, each one's runs two at a time; then the sweeps, two at a time; start-up, "
+        "checkpoints and reports not counted; each lane on one thread beside the other, so an idle machine "
+        "is somewhat faster: `benchmarks/bench_findings.py --jobs 2` measures it alone)"
+        + (f"; not counted: {', '.join(dict.fromkeys(missing))}" if missing else "")
         + ". Experiments not yet re-run since the redesign count at their older, smaller cost."
     )
 
@@ -600,11 +629,13 @@ def lane_env(jobs: int) -> dict[str, str]:
 def run(names: list[str], jobs: int = 1, everything: bool = False) -> int:
     """Run the named experiments (default: the core ones, `everything`: all), then publish.
 
-    `jobs` > 1 runs that many experiments at once, each on its share of the cores (`OMP_NUM_THREADS`),
-    the most tokens first so the lanes end together, each one's output in `runs/findings/logs/NAME.log`.
-    Tiny models use two threads poorly: on 2 cores two one-thread lanes train 12% more tokens a second
-    than one two-thread run (3,950 tok/s each against 6,880 alone, nsp-sop's encoders, measured with
-    benchmarks/bench_findings.py), and the prose experiments were published from one-thread runs.
+    `jobs` > 1 shares the cores out `jobs` ways, one thread each on 2 cores, each one's output in
+    `runs/findings/logs/NAME.log`: the comparisons one after another, each training `jobs` of its runs at
+    once (`compare --jobs`), so the largest one no longer holds one lane while the other idles; then the
+    sweeps, `jobs` at once, the most tokens first (a sweep's shorter points branch from its longer ones, so a
+    sweep is one lane). Tiny models use two threads poorly: on 2 cores two one-thread lanes train 12% more
+    tokens a second than one two-thread run (3,950 tok/s each against 6,880 alone, nsp-sop's encoders,
+    measured with benchmarks/bench_findings.py), and the findings were published from one-thread runs.
     """
     objtrain = str(Path(sys.executable).with_name("objtrain"))
     if everything:
@@ -632,13 +663,14 @@ def run(names: list[str], jobs: int = 1, everything: bool = False) -> int:
             if code == 0:
                 restore_previous(name)
             return code
+        env = lane_env(jobs)
+        if name in FINDINGS:  # its runs `jobs` at once, each worker on its share of the cores
+            cmd += ["--jobs", str(jobs)]
         log = LOGS / f"{name}.log"
         print(f"$ {shlex.join(cmd)}  (output: {log})", flush=True)
         started = time.perf_counter()
         with log.open("ab") as out:
-            code = subprocess.call(
-                [objtrain, *cmd[1:]], stdout=out, stderr=subprocess.STDOUT, env=lane_env(jobs)
-            )
+            code = subprocess.call([objtrain, *cmd[1:]], stdout=out, stderr=subprocess.STDOUT, env=env)
         if code == 0:
             restore_previous(name)
         took = (time.perf_counter() - started) / 3600
@@ -652,11 +684,12 @@ def run(names: list[str], jobs: int = 1, everything: bool = False) -> int:
                 return code
     else:
         LOGS.mkdir(parents=True, exist_ok=True)
-        names = most_tokens_first(names)
+        codes = [one(name) for name in names if name in FINDINGS]  # a failure does not stop the others
+        sweeps = most_tokens_first([n for n in names if n in SWEEPS])
         with ThreadPoolExecutor(max_workers=jobs) as lanes:
-            queued = [lanes.submit(one, name) for name in names]
+            queued = [lanes.submit(one, name) for name in sweeps]
             try:
-                codes = [f.result() for f in queued]
+                codes += [f.result() for f in queued]
             except KeyboardInterrupt:  # the running ones stop at a checkpoint of their own; start no more
                 for f in queued:
                     f.cancel()

@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import json
 import math
+import multiprocessing
 import os
 import platform
 import shutil
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,6 +91,9 @@ class Comparison:
     seconds: float = 0.0
     # {"from": K, "to": N, "max": M, "for": [claims]}: seeds added because claims' intervals straddled
     seeds_raised: dict[str, Any] | None = None
+    # Runs trained at once, each in a process of its own on its share of the cores (`compare --jobs`); how
+    # the work is spread, not what is compared, so not part of the plan a resume checks.
+    jobs: int = 1
 
 
 def plan_comparison(
@@ -294,40 +299,45 @@ def run_comparison(
     progress = ArmsProgress(console, [(r.key, r.steps) for r in c.runs], enabled=show_progress)
     try:
         with progress:
+            todo = []
             for run in c.runs:
-                path = result_path(c.report_dir, run.key)
-                if path.is_file():
-                    kept = read_json(path, "arm result")
-                    if kept.get("eval_data") == c.eval_data and kept.get("eval_options") == _jsonable(
-                        c.eval_options
-                    ):
-                        c.results[run.key] = kept
-                        progress.skip(run.key, "done")
-                        continue  # else: evaluated with other options, evaluate again below
-                finished = finished_checkpoint(run.run_dir)
-                if finished is None:
-                    progress.start(run.key)
-                    result = train(
-                        run.cfg,
-                        run.run_dir,
-                        resume=run.run_dir.exists(),
-                        console=console,
-                        show_progress=False,
-                        on_record=progress.record,
-                    )
-                    if result.stopped:
-                        raise Interrupted(
-                            f"interrupted during {run.key!r} (checkpoint saved at step {result.step}); "
-                            f"finished arms are kept: continue with --resume"
-                        )
+                kept = kept_result(c, run)  # else not run yet, or evaluated with other options: again
+                if kept is not None:
+                    c.results[run.key] = kept
+                    progress.skip(run.key, "done")
                 else:
-                    progress.skip(run.key, "trained; evaluating")
-                evaluate_run(c, run, evaluator, progress)
+                    todo.append(run)
+            if c.jobs > 1 and len(todo) > 1:
+                _run_at_once(c, todo, evaluator, progress)
+            else:
+                for run in todo:
+                    _run_here(c, run, evaluator, progress, console)
     finally:
         c.seconds = float(previous.get("seconds", 0.0)) + time.perf_counter() - started
         if c.report_dir.is_dir():
             write_json(c.report_dir / PLAN, plan_dict(c) | {"seconds": c.seconds})
     return c
+
+
+def _run_here(
+    c: Comparison, run: Run, evaluator: suite.Evaluator, progress: ArmsProgress, console: Console
+) -> None:
+    """Train (or resume) the run in this process unless it is trained, then evaluate it."""
+    if finished_checkpoint(run.run_dir) is None:
+        progress.start(run.key)
+        result = train(
+            run.cfg,
+            run.run_dir,
+            resume=run.run_dir.exists(),
+            console=console,
+            show_progress=False,
+            on_record=progress.record,
+        )
+        if result.stopped:
+            raise _interrupted(run.key, result.step)
+    else:
+        progress.skip(run.key, "trained; evaluating")
+    evaluate_run(c, run, evaluator, progress)
 
 
 def kept_result(c: Comparison, run: Run) -> dict[str, Any] | None:
@@ -345,7 +355,12 @@ def evaluate_run(c: Comparison, run: Run, evaluator: suite.Evaluator, progress: 
     progress.evaluating(run.key)
     t0 = time.perf_counter()
     metrics = evaluator(run.run_dir, c.eval_data, c.eval_options)
-    eval_seconds = time.perf_counter() - t0
+    _record(c, run, metrics, time.perf_counter() - t0, progress)
+
+
+def _record(
+    c: Comparison, run: Run, metrics: dict[str, Any], eval_seconds: float, progress: ArmsProgress
+) -> None:
     record = {
         "arm": run.arm.name,
         "seed": run.seed,
@@ -359,6 +374,73 @@ def evaluate_run(c: Comparison, run: Run, evaluator: suite.Evaluator, progress: 
     write_json(result_path(c.report_dir, run.key), record)
     c.results[run.key] = record
     progress.done(run.key, record)
+
+
+def _interrupted(key: str, step: int) -> Interrupted:
+    return Interrupted(
+        f"interrupted during {key!r} (checkpoint saved at step {step}); "
+        f"finished arms are kept: continue with --resume"
+    )
+
+
+def _run_at_once(c: Comparison, todo: list[Run], evaluator: suite.Evaluator, progress: ArmsProgress) -> None:
+    """Train and evaluate `todo`, `c.jobs` runs at a time, each in a fresh process on its share of the
+    cores; the results files are written here as each run ends. Runs are independent and seeded, so a run
+    trains alike whichever process takes it (on the same number of threads). Tiny models use threads
+    poorly: two one-thread runs on 2 cores train about 12% more tokens a second than one two-thread run
+    (benchmarks/bench_findings.py). After a failure or Ctrl-C no further run starts; the running ones end
+    at a checkpoint of their own (the training loop's SIGINT handling), and what finished is kept."""
+    threads = max(1, (os.cpu_count() or 1) // c.jobs)
+    by_future: dict[Future[tuple[dict[str, Any], float]], Run] = {}
+    failure: BaseException | None = None
+    # spawn, not fork: a forked child would inherit the parent's torch threads and locks mid-use.
+    with ProcessPoolExecutor(c.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            for run in todo:
+                job = pool.submit(_train_and_evaluate, run.key, run.cfg, run.run_dir, c.eval_data,
+                                  c.eval_options, evaluator, threads)  # fmt: skip
+                by_future[job] = run
+            progress.skip(f"{len(todo)} runs", f"{c.jobs} at once, {threads} thread(s) each")
+            for job in as_completed(by_future):
+                run = by_future[job]
+                if job.cancelled():
+                    continue
+                try:
+                    metrics, eval_seconds = job.result()
+                except BaseException as exc:  # the first failure is raised once the running runs end
+                    failure = failure or exc
+                    for other in by_future:
+                        other.cancel()
+                    continue
+                _record(c, run, metrics, eval_seconds, progress)
+        except BaseException:  # Ctrl-C here: start nothing more; the running runs stop at a checkpoint
+            for other in by_future:
+                other.cancel()
+            raise
+    if failure is not None:
+        raise failure
+
+
+def _train_and_evaluate(
+    key: str,
+    cfg: TrainConfig,
+    run_dir: Path,
+    eval_data: str | None,
+    eval_options: dict[str, Any],
+    evaluator: suite.Evaluator,
+    threads: int,
+) -> tuple[dict[str, Any], float]:
+    """One run in a worker process of `_run_at_once`: trained (or resumed) to its last step unless it is
+    already there, then evaluated: (metrics, evaluation seconds)."""
+    torch.set_num_threads(threads)
+    if finished_checkpoint(run_dir) is None:
+        quiet = Console(stderr=True, quiet=True)  # the parent says when each run ends
+        result = train(cfg, run_dir, resume=run_dir.exists(), console=quiet, show_progress=False)
+        if result.stopped:
+            raise _interrupted(key, result.step)
+    t0 = time.perf_counter()
+    metrics = evaluator(run_dir, eval_data, eval_options)
+    return metrics, time.perf_counter() - t0
 
 
 def result_path(report_dir: Path, key: str) -> Path:

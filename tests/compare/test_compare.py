@@ -312,3 +312,56 @@ def test_max_seeds_refusals(args: list[str], message: str, write_experiment, tmp
         main()
     assert exc.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+class FailingSuite(FakeSuite):
+    """A FakeSuite whose evaluation of one arm fails (picklable: it crosses into `--jobs` workers)."""
+
+    def __init__(self, fails: str) -> None:
+        super().__init__()
+        self.fails = fails
+
+    def __call__(self, run_dir: Path, data: str | None, options: dict[str, Any]) -> dict[str, Any]:
+        if self.fails in run_dir.parts:
+            raise ValueError(f"cannot evaluate {self.fails}")
+        return super().__call__(run_dir, data, options)
+
+
+def test_jobs_train_runs_at_once_alike_and_keep_what_finished(
+    write_experiment, tmp_path: Path, monkeypatch
+) -> None:
+    """`compare --jobs 2` trains two runs at a time in processes of their own; each run trains as it does
+    alone on the same number of threads, and a failure stops new runs but keeps the finished ones."""
+    monkeypatch.setattr(runner.os, "cpu_count", lambda: 2)  # one thread a worker, as below
+    path = write_experiment()
+    torch_threads = runner.torch.get_num_threads()
+    runner.torch.set_num_threads(1)
+    try:
+        alone = compare(path, tmp_path / "alone", FakeSuite(), seeds=2)
+    finally:
+        runner.torch.set_num_threads(torch_threads)
+    c = plan_comparison(load_experiment(path), tmp_path / "at-once", seeds=2)
+    c.jobs = 2
+    run_comparison(c, evaluator=FakeSuite(), show_progress=False)
+    at_once = write_report(c)
+
+    def curves(arm: dict[str, Any]) -> list[list[tuple[float, float]]]:
+        return [[(p["tokens"], p["val_loss"]) for p in r["train"]["curve"]] for r in arm["runs"]]
+
+    for a, b in zip(alone["arms"], at_once["arms"], strict=True):
+        assert curves(a) == curves(b) and len(curves(a)[1]) == 3
+        assert [r["train"]["final_loss"] for r in a["runs"]] == [r["train"]["final_loss"] for r in b["runs"]]
+        assert [r["train"]["threads"] for r in b["runs"]] == [1, 1]
+
+    c = plan_comparison(load_experiment(path), tmp_path / "failing", seeds=2)
+    c.jobs = 2
+    with pytest.raises(ValueError, match="cannot evaluate mlm"):
+        run_comparison(c, evaluator=FailingSuite("mlm"), show_progress=False)
+    done = sorted(p.name for p in (tmp_path / "failing" / "results").glob("*.json"))
+    assert "clm.seed-0.json" in done and not any(name.startswith("mlm") for name in done)
+    # The failed arm is trained; a resume only evaluates it again.
+    c = plan_comparison(load_experiment(path), tmp_path / "failing", seeds=2, resume=True)
+    c.jobs = 2
+    suite = FakeSuite()
+    run_comparison(c, evaluator=suite, show_progress=False)
+    assert len(list((tmp_path / "failing" / "results").glob("*.json"))) == 4

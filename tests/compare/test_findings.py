@@ -237,20 +237,26 @@ def test_a_report_names_a_shipped_experiment_by_its_path_in_a_clone() -> None:
 
 
 def test_lanes_share_the_cores_and_keep_their_output_apart(monkeypatch, tmp_path: Path) -> None:
-    """`findings run --jobs 2` runs two experiments at once, each on half the cores, its output in its own
-    log; a failure is reported after the others end, and nothing is published."""
-    calls: list[tuple[str, str]] = []
+    """`findings run --jobs 2`: each comparison in turn trains two runs at once (`compare --jobs 2`), then
+    the sweeps run two at once, each on half the cores, each one's output in its own log; a failure is
+    reported after the others end, and nothing is published."""
+    calls: list[tuple[str, str, list[str]]] = []
     published: list[bool] = []
-
-    third_started = threading.Event()
+    running: set[str] = set()
+    together: list[set[str]] = []
+    lock = threading.Lock()
+    both_sweeps = threading.Barrier(2, timeout=30)
 
     def fake_call(cmd: list[str], stdout=None, stderr=None, env=None) -> int:
         stdout.write(b"trained\n")
-        calls.append((cmd[2], env["OMP_NUM_THREADS"]))
-        if cmd[2] == "prefix-proportion":
-            third_started.set()
-        if cmd[2] == "span-length":  # holds its lane, so only the failed lane can take the third
-            third_started.wait(timeout=30)
+        with lock:
+            calls.append((cmd[2], env["OMP_NUM_THREADS"], cmd))
+            running.add(cmd[2])
+            together.append(set(running))
+        if cmd[2] in findings.SWEEPS:
+            both_sweeps.wait()  # the two sweeps hold a lane each at the same time
+        with lock:
+            running.discard(cmd[2])
         return 3 if cmd[2] == "nsp-sop" else 0
 
     monkeypatch.chdir(tmp_path)  # logs and report directories land here
@@ -258,18 +264,20 @@ def test_lanes_share_the_cores_and_keep_their_output_apart(monkeypatch, tmp_path
     monkeypatch.setattr(findings.subprocess, "call", fake_call)
     monkeypatch.setattr(findings, "publish", lambda: published.append(True) or [])
 
-    third_started.set()  # nothing to wait for in this run
-    assert findings.main(["run", "--jobs", "2", "span-length", "objectives", "mtp-heads"]) == 0
-    assert {name for name, _ in calls} == {"span-length", "objectives", "mtp-heads"}
-    assert {threads for _, threads in calls} == {"2"}
-    assert (tmp_path / findings.LOGS / "mtp-heads.log").read_bytes() == b"trained\n"
+    names = ["span-length", "objectives-scaling", "objectives", "fim-scaling"]
+    assert findings.main(["run", "--jobs", "2", *names]) == 0
+    assert [name for name, _, _ in calls[:2]] == ["span-length", "objectives"]  # one comparison at a time
+    assert {name for name, _, _ in calls[2:]} == {"objectives-scaling", "fim-scaling"}
+    assert {"objectives-scaling", "fim-scaling"} in together
+    assert {threads for _, threads, _ in calls} == {"2"}
+    for name, _, cmd in calls:  # a comparison shares its runs out; a sweep is one lane
+        assert (cmd[-2:] == ["--jobs", "2"]) == (name in findings.FINDINGS), cmd
+    assert (tmp_path / findings.LOGS / "objectives.log").read_bytes() == b"trained\n"
     assert published == [True]
 
     calls.clear()
-    third_started.clear()  # equal tokens, so the lanes keep this order: the third waits for a lane to free
-    assert findings.main(["run", "--jobs", "2", "nsp-sop", "span-length", "prefix-proportion"]) == 3
-    assert third_started.is_set()  # the failed lane went on to the next experiment
-    assert {name for name, _ in calls} == {"nsp-sop", "span-length", "prefix-proportion"}
+    assert findings.main(["run", "--jobs", "2", "nsp-sop", "span-length", "fim-rate"]) == 3
+    assert [name for name, _, _ in calls] == ["nsp-sop", "span-length", "fim-rate"]  # on after a failure
     assert published == [True]  # not again
 
 
@@ -511,19 +519,22 @@ def test_the_index_sums_what_the_published_runs_took(tmp_path: Path) -> None:
         "another lane"
     ]
     assert findings._cost_line({"lane_seconds": findings.lane_seconds(tmp_path / "none")}) == []
+    assert findings.run_seconds(runs) == [5400.0, 1800.0]
     hour = {"train": 3600.0, "eval": 0.0}
     total = findings._total_cost(
         {
-            "objectives": {"lane_seconds": cost},
-            "mtp-heads": {"lane_seconds": hour},
+            "objectives": {"lane_seconds": cost, "run_seconds": findings.run_seconds(runs)},
+            "mtp-heads": {"lane_seconds": hour, "run_seconds": [1800.0, 1800.0]},
+            "fim-scaling": {"lane_seconds": hour},
             "fim-suffix": {"lane_seconds": hour},
         }
     )
-    # the core ones in two lanes: 2.0 and 1.0 lane-hours end after 2.0; with fim-suffix's hour beside them 2.0
-    assert "the 2 experiments `make findings` runs took 3.0 lane-hours" in total
-    assert "about 2.0 hours in two lanes; the 1 it leaves out (fim-suffix) took 1.0 more" in total
-    assert "`make findings-all` takes about 2.0 hours" in total
-    assert "not counted: objectives-scaling, fim-scaling, mlm-mask-rate" in total
+    # objectives' runs in two lanes end after 1.5 h, then mtp-heads' after 0.5 h, then fim-scaling alone 1 h;
+    # all: fim-suffix's hour beside fim-scaling's
+    assert "the 3 experiments `make findings` runs took 4.0 lane-hours" in total
+    assert "about 3.0 hours in two lanes; the 1 it leaves out (fim-suffix) took 1.0 more" in total
+    assert "`make findings-all` takes about 3.0 hours" in total
+    assert "not counted: objectives-scaling, mlm-mask-rate" in total
 
 
 def test_make_findings_runs_the_comparisons_across_kinds_and_sizes_and_all_adds_the_knobs() -> None:
