@@ -126,45 +126,48 @@ def read_results(root: Path = ROOT) -> dict[str, dict[str, Any]]:
         path = root / name / "results.json"
         if path.is_file():
             out[name] = with_regime(name, json.loads(path.read_text(encoding="utf-8")))
-            out[name]["lane_seconds"] = lane_seconds(root / name / "results")
-            out[name]["run_seconds"] = run_seconds(root / name / "results")
-            out[name]["one_rate_finetunes"] = one_rate_finetunes(root / name / "results")
+            runs = run_records(root / name / "results")
+            out[name]["lane_seconds"] = lane_seconds(runs)
+            out[name]["run_seconds"] = run_seconds(runs)
+            out[name]["one_rate_finetunes"] = one_rate_finetunes(runs)
             previous = root / name / PREVIOUS
             if previous.is_file():  # a re-publication: what changed against what it replaced
                 out[name]["changes"] = diff(json.loads(previous.read_text(encoding="utf-8")), out[name])
     return out
 
 
-def _run_costs(runs: Path) -> list[tuple[float, float]]:
-    """(training seconds, evaluation seconds) of each published run, from its own record."""
-    out = []
-    for path in sorted(runs.glob("*.json")):
-        run = json.loads(path.read_text(encoding="utf-8"))
-        out.append(
-            (float((run.get("train") or {}).get("seconds") or 0.0), float(run.get("eval_seconds") or 0.0))
-        )
-    return out
+def run_records(runs: Path) -> list[dict[str, Any]]:
+    """An experiment's published run records (`results/*.json`), each read once."""
+    return [json.loads(path.read_text(encoding="utf-8")) for path in sorted(runs.glob("*.json"))]
 
 
-def lane_seconds(runs: Path) -> dict[str, float]:
+def _run_costs(runs: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(training seconds, evaluation seconds) of each run, from its own record."""
+    return [
+        (float((run.get("train") or {}).get("seconds") or 0.0), float(run.get("eval_seconds") or 0.0))
+        for run in runs
+    ]
+
+
+def lane_seconds(runs: list[dict[str, Any]]) -> dict[str, float]:
     """What an experiment's published runs cost, from each run's own record: training seconds (a sweep's
     shorter point only its decay after the branch) and evaluation seconds, summed over runs and seeds."""
     costs = _run_costs(runs)
     return {"train": sum(t for t, _ in costs), "eval": sum(e for _, e in costs)}
 
 
-def run_seconds(runs: Path) -> list[float]:
-    """Each published run's training and evaluation seconds, the longest first (how `--jobs` lanes share
-    a comparison's runs out)."""
+def run_seconds(runs: list[dict[str, Any]]) -> list[float]:
+    """Each run's training and evaluation seconds, the longest first (how `--jobs` lanes share a
+    comparison's runs out)."""
     return sorted((t + e for t, e in _run_costs(runs)), reverse=True)
 
 
-def one_rate_finetunes(runs: Path) -> int:
+def one_rate_finetunes(runs: list[dict[str, Any]]) -> int:
     """How many of an experiment's runs were fine-tuned at one peak rate (3e-4) rather than the best on dev
     of several (`evaluation.finetune`; a run record from before carries no `finetune_*lrs_tried`)."""
     count = 0
-    for path in sorted(runs.glob("*.json")):
-        scores = json.loads(path.read_text(encoding="utf-8")).get("eval") or {}
+    for run in runs:
+        scores = run.get("eval") or {}
         tuned = any(k.startswith("finetune_") and k.endswith("_accuracy") for k in scores)
         count += tuned and not any(k.startswith("finetune_") and k.endswith("lrs_tried") for k in scores)
     return count

@@ -512,18 +512,21 @@ def test_the_index_sums_what_the_published_runs_took(tmp_path: Path) -> None:
     for i, (train, ev) in enumerate([(3600.0, 1800.0), (1800.0, None)]):
         record = {"train": {"seconds": train}, **({"eval_seconds": ev} if ev is not None else {})}
         (runs / f"a.seed-{i}.json").write_text(json.dumps(record), encoding="utf-8")
-    cost = findings.lane_seconds(runs)
+    cost = findings.lane_seconds(findings.run_records(runs))
     assert cost == {"train": 5400.0, "eval": 1800.0}
     assert findings._cost_line({"lane_seconds": cost}) == [
         "- Cost: 2.0 lane-hours measured (training 1.5, evaluation 0.5), each run on one thread beside "
         "another lane"
     ]
-    assert findings._cost_line({"lane_seconds": findings.lane_seconds(tmp_path / "none")}) == []
-    assert findings.run_seconds(runs) == [5400.0, 1800.0]
+    assert (
+        findings._cost_line({"lane_seconds": findings.lane_seconds(findings.run_records(tmp_path / "none"))})
+        == []
+    )
+    assert findings.run_seconds(findings.run_records(runs)) == [5400.0, 1800.0]
     hour = {"train": 3600.0, "eval": 0.0}
     total = findings._total_cost(
         {
-            "objectives": {"lane_seconds": cost, "run_seconds": findings.run_seconds(runs)},
+            "objectives": {"lane_seconds": cost, "run_seconds": [5400.0, 1800.0]},
             "mtp-heads": {"lane_seconds": hour, "run_seconds": [1800.0, 1800.0]},
             "fim-scaling": {"lane_seconds": hour},
             "fim-suffix": {"lane_seconds": hour},
@@ -582,6 +585,6 @@ def test_runs_fine_tuned_at_one_rate_are_marked_until_re_evaluated(tmp_path: Pat
     new = {**old, "finetune_sst2_lr": 1e-3, "finetune_sst2_lrs_tried": 3.0}
     for i, scores in enumerate([old, new, {"bits_per_byte": 2.0}]):
         (runs / f"a.seed-{i}.json").write_text(json.dumps({"eval": scores}), encoding="utf-8")
-    assert findings.one_rate_finetunes(runs) == 1
+    assert findings.one_rate_finetunes(findings.run_records(runs)) == 1
     assert "1 runs fine-tuned at one peak rate" in findings.stale_finetune_lines({"one_rate_finetunes": 1})[0]
     assert findings.stale_finetune_lines({"one_rate_finetunes": 0}) == []
