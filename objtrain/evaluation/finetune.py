@@ -87,6 +87,19 @@ def _predict(clf: _Classifier, encoded: Sequence[list[int]], pad: int, device: t
     return torch.cat(out)
 
 
+@dataclass(frozen=True)
+class _Task:
+    """The encoded examples one fine-tune trains and chooses its weights on."""
+
+    n_classes: int
+    segments: bool
+    pad: int
+    x_train: Sequence[list[int]]
+    y_train: Tensor
+    x_dev: Sequence[list[int]]
+    y_dev: Tensor
+
+
 def _scores(pred: Tensor, gold: Tensor, n_classes: int) -> dict[str, float]:
     out = {"accuracy": float((pred == gold).double().mean())}
     if n_classes == 2:
@@ -124,12 +137,11 @@ def finetune(
     y_dev = torch.tensor([index[c] for c in dev.labels])
     y_test = torch.tensor([index[c] for c in test.labels])
 
+    task = _Task(len(classes), segments, pad, x_train, y_train, x_dev, y_dev)
     best: tuple[float, float, int, _Classifier] | None = None  # dev score, rate, step, the weights
     diverged = []
     for lr in sorted(config.lrs):
-        tuned = _tune(
-            model, len(classes), segments, x_train, y_train, x_dev, y_dev, pad, seed, lr, config, device
-        )
+        tuned = _tune(model, task, seed, lr, config, device)
         if tuned is None:
             diverged.append(lr)
         elif best is None or tuned[0] > best[0]:
@@ -160,24 +172,13 @@ def finetune(
 
 
 def _tune(
-    model: nn.Module,
-    n_classes: int,
-    segments: bool,
-    x_train: Sequence[list[int]],
-    y_train: Tensor,
-    x_dev: Sequence[list[int]],
-    y_dev: Tensor,
-    pad: int,
-    seed: int,
-    lr: float,
-    config: FinetuneConfig,
-    device: torch.device,
+    model: nn.Module, task: _Task, seed: int, lr: float, config: FinetuneConfig, device: torch.device
 ) -> tuple[float, int, _Classifier] | None:
     """One fine-tune at peak rate `lr`: (best dev score, its step, the classifier holding those weights),
     or None when the loss turns non-finite."""
     torch.manual_seed(seed)
     trunk = copy.deepcopy(model).float().to(device)
-    clf = _Classifier(trunk, n_classes, segments).to(device)
+    clf = _Classifier(trunk, task.n_classes, task.segments).to(device)
     clf.train()
     decay = [p for p in clf.parameters() if p.dim() >= 2]
     no_decay = [p for p in clf.parameters() if p.dim() < 2]
@@ -196,15 +197,15 @@ def _tune(
     order: list[int] = []
     check_every = max(config.steps // 4, 1)
     best: tuple[float, int, dict[str, Tensor]] | None = None
-    n = len(x_train)
+    n = len(task.x_train)
     for step in range(config.steps):
         if len(order) < config.batch_size:  # the next epoch's shuffled order
             order += rng.permutation(n).tolist()
         pick, order = order[: config.batch_size], order[config.batch_size :]
-        ids, valid = _rows([x_train[i] for i in pick], pad, device)
+        ids, valid = _rows([task.x_train[i] for i in pick], task.pad, device)
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
-        loss = F.cross_entropy(clf(ids, valid).float(), y_train[pick].to(device))
+        loss = F.cross_entropy(clf(ids, valid).float(), task.y_train[pick].to(device))
         if not math.isfinite(float(loss.detach())):
             return None
         opt.zero_grad(set_to_none=True)
@@ -212,7 +213,7 @@ def _tune(
         torch.nn.utils.clip_grad_norm_(clf.parameters(), 1.0)
         opt.step()
         if (step + 1) % check_every == 0 or step + 1 == config.steps:
-            dev_scores = _scores(_predict(clf, x_dev, pad, device), y_dev, n_classes)
+            dev_scores = _scores(_predict(clf, task.x_dev, task.pad, device), task.y_dev, task.n_classes)
             key = dev_scores.get("mcc", dev_scores["accuracy"])
             if best is None or key > best[0]:
                 state = {k: v.detach().clone() for k, v in clf.state_dict().items()}
