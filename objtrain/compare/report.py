@@ -246,6 +246,26 @@ BASELINE_NAMES = (("random_init_accuracy", "random-init"), ("bow_accuracy", "bag
                   ("majority_accuracy", "majority"), ("accuracy_probe_sd", "probe-seed sd"))  # fmt: skip
 
 
+FINETUNE_RATE = re.compile(r"^finetune_(?:\w+_)?lr$")
+
+
+def _rates_text(runs: list[dict[str, Any]]) -> str:
+    """`, at each of 4 peak learning rates (the rate best on dev: 1e-3 in 7 runs, 3e-3 in 3)`: how many
+    rates each fine-tune tried and which won; a winner at either end of the list says it should widen."""
+    tried = next(
+        (e[k] for e in runs for k in e if k.startswith("finetune_") and k.endswith("_lrs_tried")), None
+    )
+    if not isinstance(tried, (int, float)):
+        return ""  # fine-tuned at one rate (a record from before rates were tried)
+    chosen: dict[float, int] = {}
+    for e in runs:
+        for k, v in e.items():
+            if FINETUNE_RATE.match(k) and isinstance(v, (int, float)):
+                chosen[float(v)] = chosen.get(float(v), 0) + 1
+    won = ", ".join(f"{lr:g} in {n} run{'s' if n > 1 else ''}" for lr, n in sorted(chosen.items()))
+    return f", at each of {tried:.0f} peak learning rates (the rate best on dev: {won})"
+
+
 def _baseline_key(metric: str, kind: str) -> str | None:
     """`probe_sst2_accuracy`, `random_init_accuracy` -> `probe_sst2_random_init_accuracy` (`finetune_...`
     alike)."""
@@ -316,7 +336,10 @@ def baseline_section(results: dict[str, Any]) -> list[str]:
         how = (
             " probe_*: a linear probe on frozen features (layer and penalty chosen on dev); finetune_*: the "
             f"whole model fine-tuned{f' for {steps:.0f} steps' if isinstance(steps, (int, float)) else ''} "
-            "with a new linear head, the weights best on dev scored on test (BERT's and T5's protocol)."
+            f"with a new linear head{_rates_text(runs)}, the weights best on dev scored on test (BERT's and "
+            "T5's protocol). Each run is fine-tuned once, with the evaluation's seed (the head's "
+            "initialisation and the batch order), so a fine-tune's interval is over pretraining seeds; the "
+            "fine-tune's own noise is not measured apart."
         )
     return [
         "### Probe baselines",

@@ -207,6 +207,13 @@ def test_a_fine_tune_claim_is_gated_by_the_random_init_fine_tune() -> None:
     assert "probed (or fine-tuned) alike" in text and "finetune_*: the whole model fine-tuned with" in text
     arms[0]["runs"] = [{"eval": {"finetune_sst2_steps": 300.0}}]
     assert "fine-tuned for 300 steps" in "\n".join(baseline_section({"arms": arms}))
+    assert "peak learning rates" not in "\n".join(baseline_section({"arms": arms}))  # one rate, from before
+    # Several rates: how many, and which won how often (a winner at an end says the list should widen).
+    tuned = {"finetune_sst2_steps": 300.0, "finetune_sst2_lrs_tried": 4.0, "finetune_sst2_lrs_diverged": 0.0}
+    arms[0]["runs"] = [{"eval": {**tuned, "finetune_sst2_lr": lr}} for lr in (1e-3, 3e-3, 1e-3)]
+    text = "\n".join(baseline_section({"arms": arms}))
+    assert "at each of 4 peak learning rates (the rate best on dev: 0.001 in 2 runs, 0.003 in 1 run)" in text
+    assert "the fine-tune's own noise is not measured apart" in text
     # the fine-tune's majority class and random init sit beside it as baselines, not as arms' metrics
     assert BASELINE.match("finetune_sst2_random_init_accuracy") and BASELINE.match(
         "finetune_majority_accuracy"
