@@ -138,6 +138,13 @@ def run(
             help="Fine-tuning peak learning rates, comma-separated: each tried, best on dev kept.",
         ),
     ] = "3e-4,1e-3,3e-3,1e-2",
+    finetune_seeds: Annotated[
+        int,
+        typer.Option(
+            "--finetune-seeds",
+            help="Fine-tunes at the chosen rate, each with its own seed: the fine-tune's own sd (1: none).",
+        ),
+    ] = 1,
     samples: Annotated[int, typer.Option(min=0, help="Greedy samples to show.")] = 3,
     skip: Annotated[
         str,
@@ -179,6 +186,7 @@ def run(
         finetune_tasks=tuple(k.strip() for k in finetune_tasks.split(",") if k.strip()),
         finetune_steps=finetune_steps,
         finetune_lrs=_rates(finetune_lr),
+        finetune_seeds=finetune_seeds,
         samples=samples,
         skip=tuple(k.strip() for k in skip.split(",") if k.strip()),
         device=device,

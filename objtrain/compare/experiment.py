@@ -11,6 +11,7 @@
     train:                              # run settings shared by every arm (a TrainConfig without
       batch: {seq_len: 128, batch_size: 16}  # data, seed and budget)
     eval: {data: null, options: {}}     # what the suite scores: null = the store's valid split
+    #   first_seed: {finetune_seeds: 3}   # optional: options for each arm's first seed only
     arms:
       - {name: clm, objective: clm, model: {kind: decoder, size: tiny}}
       - {name: mlm, objective: {name: mlm, overrides: {selection_rate: 0.15}}, model: {kind: encoder}}
@@ -102,6 +103,9 @@ class ArmSpec:
 class EvalSpec:
     data: str | None = None  # store or text file the suite scores; None = the arms' store (valid split)
     options: dict[str, Any] = field(default_factory=dict)  # passed to the suite as keyword arguments
+    # Laid over `options` for each arm's first seed only: a measurement's own noise, measured apart on one
+    # checkpoint (evaluation.md section 6), e.g. {finetune_seeds: 3}, at a fraction of its cost on every run.
+    first_seed: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

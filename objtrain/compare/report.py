@@ -157,7 +157,8 @@ def build_results(c: Comparison) -> dict[str, Any]:
             "suite": suite.available(),
             "data": c.eval_data,
             "options": c.eval_options,
-        },
+        }
+        | ({"first_seed_options": c.first_seed_options} if c.first_seed_options else {}),
         "machine": machine(),
         "wall_seconds": c.seconds,
         "arms": arms,
@@ -238,12 +239,13 @@ def claim_verdict(
 # (`probe_random_init_accuracy`): the majority class, a bag-of-words logistic regression on the same examples,
 # the same architecture at random init, and the probe's own seed-to-seed spread.
 BASELINE = re.compile(
-    r"^(?:probe|finetune)_(?:\w+_)?(?:majority_accuracy|bow_accuracy|random_init_accuracy|accuracy_probe_sd)$"
+    r"^(?:probe|finetune)_(?:\w+_)?"
+    r"(?:majority_accuracy|bow_accuracy|random_init_accuracy|accuracy_probe_sd|accuracy_tune_sd)$"
 )
 # A probe's or fine-tune's accuracy (the default task or a named one), whose baselines sit beside it
 PROBE_ACCURACY = re.compile(r"^(probe|finetune)_(?:(\w+)_)?accuracy$")
 BASELINE_NAMES = (("random_init_accuracy", "random-init"), ("bow_accuracy", "bag-of-words"),
-                  ("majority_accuracy", "majority"), ("accuracy_probe_sd", "probe-seed sd"))  # fmt: skip
+                  ("majority_accuracy", "majority"), ("accuracy_probe_sd", "own seed sd"))  # fmt: skip
 
 
 FINETUNE_RATE = re.compile(r"^finetune_(?:\w+_)?lr$")
@@ -266,18 +268,37 @@ def _rates_text(runs: list[dict[str, Any]]) -> str:
     return f", at each of {tried:.0f} peak learning rates (the rate best on dev: {won})"
 
 
+def _tune_noise_text(runs: list[dict[str, Any]]) -> str:
+    """What a fine-tune's interval holds: pretraining seeds only, or also its own noise measured apart."""
+    tuned = [e for e in runs if any(k.startswith("finetune_") and k.endswith("_seeds") for k in e)]
+    if not tuned:
+        return (
+            "Each run is fine-tuned once, with the evaluation's seed (the head's initialisation and the "
+            "batch order), so a fine-tune's interval is over pretraining seeds; the fine-tune's own noise is "
+            "not measured apart."
+        )
+    n = max(int(e[k]) for e in tuned for k in e if k.startswith("finetune_") and k.endswith("_seeds"))
+    return (
+        f"The fine-tune's own noise is measured apart on {len(tuned)} checkpoint(s) (each arm's first seed): "
+        f"{n} fine-tunes at the rate chosen, each with its own head and batch order (own seed sd); every "
+        "run's score is its first fine-tune's, so the interval is over pretraining seeds."
+    )
+
+
 def _baseline_key(metric: str, kind: str) -> str | None:
     """`probe_sst2_accuracy`, `random_init_accuracy` -> `probe_sst2_random_init_accuracy` (`finetune_...`
     alike)."""
     m = PROBE_ACCURACY.match(metric)
     if m is None:
         return None
+    if m.group(1) == "finetune" and kind == "accuracy_probe_sd":
+        kind = "accuracy_tune_sd"  # a fine-tune's own spread is over fine-tune seeds
     return f"{m.group(1)}_{m.group(2)}_{kind}" if m.group(2) else f"{m.group(1)}_{kind}"
 
 
 def baseline_gate(claim: dict[str, Any], arms: list[dict[str, Any]]) -> dict[str, Any]:
     """A classification claim is judged only when its arms beat the random-init baseline (the same
-    architecture untrained, probed alike) beyond that baseline's 95% interval (its probe-seed sd where one
+    architecture untrained, probed alike) beyond that baseline's 95% interval (its own seed sd where one
     seed leaves no interval); otherwise its verdict is "not judged", and it says why."""
     key = _baseline_key(claim["metric"], "random_init_accuracy")
     if key is None or claim.get("verdict") == "not measured":
@@ -309,7 +330,7 @@ def baseline_gate(claim: dict[str, Any], arms: list[dict[str, Any]]) -> dict[str
 
 
 def baseline_section(results: dict[str, Any]) -> list[str]:
-    """Each probe metric beside its baselines, per arm: random-init, bag-of-words, majority, probe-seed sd."""
+    """Each probe metric beside its baselines, per arm: random-init, bag-of-words, majority, own seed sd."""
     metrics = sorted({m for a in results["arms"] for m in a["metrics"] if PROBE_ACCURACY.match(m)})
     if not metrics:
         return []
@@ -337,9 +358,7 @@ def baseline_section(results: dict[str, Any]) -> list[str]:
             " probe_*: a linear probe on frozen features (layer and penalty chosen on dev); finetune_*: the "
             f"whole model fine-tuned{f' for {steps:.0f} steps' if isinstance(steps, (int, float)) else ''} "
             f"with a new linear head{_rates_text(runs)}, the weights best on dev scored on test (BERT's and "
-            "T5's protocol). Each run is fine-tuned once, with the evaluation's seed (the head's "
-            "initialisation and the batch order), so a fine-tune's interval is over pretraining seeds; the "
-            "fine-tune's own noise is not measured apart."
+            "T5's protocol). " + _tune_noise_text(runs)
         )
     return [
         "### Probe baselines",
@@ -348,7 +367,8 @@ def baseline_section(results: dict[str, Any]) -> list[str]:
         "",
         f"Mean ± 95% interval over seeds. random-init: the same architecture untrained, {alike}; "
         "bag-of-words: a logistic regression on word counts of the same examples; majority: always the "
-        "most frequent label; probe-seed sd: the probe's own spread on one checkpoint. A classification "
+        "most frequent label; own seed sd: the probe's own spread over its seeds on one checkpoint (a "
+        "fine-tune's: over fine-tune seeds). A classification "
         "claim is judged only when its arms beat their random-init baseline beyond its interval."
         + how
         + ("" if measured else " These results measured no baseline (— throughout): their probe verdicts "

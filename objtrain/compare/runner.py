@@ -53,6 +53,7 @@ from objtrain.training.data import leading_batches
 from objtrain.training.loop import Plan, prepare, train
 
 PLAN = "plan.json"
+SHARED_BASELINES = ".baselines"  # under REPORT/arms/: the suite's baselines shared by `--jobs` processes
 
 
 class Interrupted(UserError):
@@ -94,6 +95,7 @@ class Comparison:
     # Runs trained at once, each in a process of its own on its share of the cores (`compare --jobs`); how
     # the work is spread, not what is compared, so not part of the plan a resume checks.
     jobs: int = 1
+    first_seed_options: dict[str, Any] = field(default_factory=dict)  # the experiment's eval.first_seed
 
 
 def plan_comparison(
@@ -116,7 +118,7 @@ def plan_comparison(
     if saved is not None:
         seed_list = _resumed_seeds(saved.get("seeds"), seed_list)
     eval_options = suite.options_for(exp.eval.options, tiny)
-    suite.check_options(eval_options)
+    suite.check_options({**eval_options, **exp.eval.first_seed})
     if exp.eval.data is not None and not Path(exp.eval.data).exists():
         raise UserError(f"eval data not found: {exp.eval.data} (the experiment's eval.data)")
 
@@ -145,6 +147,7 @@ def plan_comparison(
     comparison = Comparison(
         exp, report_dir, budget_name, spec, seed_list, runs, tiny, data, resume, exp.eval.data, eval_options
     )
+    comparison.first_seed_options = suite.capped(exp.eval.first_seed, tiny)
     if saved is not None:
         now = plan_dict(comparison)
         # What the arms train on must match; the evaluation may change (finished arms are re-evaluated).
@@ -340,13 +343,21 @@ def _run_here(
     evaluate_run(c, run, evaluator, progress)
 
 
+def run_options(c: Comparison, run: Run) -> dict[str, Any]:
+    """The suite's options for one run: the experiment's, with `eval.first_seed` laid over them for each
+    arm's first seed (the runs whose checkpoints a measurement's own noise is measured on)."""
+    if c.first_seed_options and run.seed == c.seeds[0]:
+        return {**c.eval_options, **c.first_seed_options}
+    return c.eval_options
+
+
 def kept_result(c: Comparison, run: Run) -> dict[str, Any] | None:
     """The run's results file if it was evaluated with the comparison's evaluation, else None."""
     path = result_path(c.report_dir, run.key)
     if not path.is_file():
         return None
     kept = read_json(path, "arm result")
-    same = kept.get("eval_data") == c.eval_data and kept.get("eval_options") == _jsonable(c.eval_options)
+    same = kept.get("eval_data") == c.eval_data and kept.get("eval_options") == _jsonable(run_options(c, run))
     return kept if same else None
 
 
@@ -354,7 +365,7 @@ def evaluate_run(c: Comparison, run: Run, evaluator: suite.Evaluator, progress: 
     """Evaluate a trained run and write its results file (which marks it done)."""
     progress.evaluating(run.key)
     t0 = time.perf_counter()
-    metrics = evaluator(run.run_dir, c.eval_data, c.eval_options)
+    metrics = evaluator(run.run_dir, c.eval_data, run_options(c, run))
     _record(c, run, metrics, time.perf_counter() - t0, progress)
 
 
@@ -369,7 +380,7 @@ def _record(
         "eval": _jsonable(metrics),
         "eval_seconds": eval_seconds,
         "eval_data": c.eval_data,
-        "eval_options": _jsonable(c.eval_options),
+        "eval_options": _jsonable(run_options(c, run)),
     }
     write_json(result_path(c.report_dir, run.key), record)
     c.results[run.key] = record
@@ -391,6 +402,7 @@ def _run_at_once(c: Comparison, todo: list[Run], evaluator: suite.Evaluator, pro
     (benchmarks/bench_findings.py). After a failure or Ctrl-C no further run starts; the running ones end
     at a checkpoint of their own (the training loop's SIGINT handling), and what finished is kept."""
     threads = max(1, (os.cpu_count() or 1) // c.jobs)
+    shared = c.report_dir / "arms" / SHARED_BASELINES  # with the runs' state, never published
     by_future: dict[Future[tuple[dict[str, Any], float]], Run] = {}
     failure: BaseException | None = None
     # spawn, not fork: a forked child would inherit the parent's torch threads and locks mid-use.
@@ -398,7 +410,7 @@ def _run_at_once(c: Comparison, todo: list[Run], evaluator: suite.Evaluator, pro
         try:
             for run in todo:
                 job = pool.submit(_train_and_evaluate, run.key, run.cfg, run.run_dir, c.eval_data,
-                                  c.eval_options, evaluator, threads)  # fmt: skip
+                                  run_options(c, run), evaluator, threads, shared)  # fmt: skip
                 by_future[job] = run
             progress.skip(f"{len(todo)} runs", f"{c.jobs} at once, {threads} thread(s) each")
             for job in as_completed(by_future):
@@ -429,10 +441,12 @@ def _train_and_evaluate(
     eval_options: dict[str, Any],
     evaluator: suite.Evaluator,
     threads: int,
+    shared: Path,
 ) -> tuple[dict[str, Any], float]:
     """One run in a worker process of `_run_at_once`: trained (or resumed) to its last step unless it is
     already there, then evaluated: (metrics, evaluation seconds)."""
     torch.set_num_threads(threads)
+    suite.share_baselines(shared)
     if finished_checkpoint(run_dir) is None:
         quiet = Console(stderr=True, quiet=True)  # the parent says when each run ends
         result = train(cfg, run_dir, resume=run_dir.exists(), console=quiet, show_progress=False)

@@ -33,6 +33,8 @@ TINY_OPTIONS: dict[str, Any] = {
     "finetune_steps": 10,  # only where an experiment asks for --finetune
     "samples": 1,
 }
+# Counts whose default is already the least (1: none), capped only where an experiment gives them.
+TINY_WHEN_GIVEN: dict[str, int] = {"finetune_seeds": 2}
 
 # Each objective's own loss: meaningful within one objective, never ranked across different ones.
 OWN_LOSSES = ("val_loss", "objective_loss")
@@ -50,16 +52,29 @@ def available() -> bool:
     return _suite() is not None
 
 
+def share_baselines(folder: Path) -> None:
+    """Let this process share the suite's baselines through `folder` with the others evaluating beside it
+    (`compare --jobs`): each fitted once, not once a process."""
+    suite = _suite()
+    if suite is not None:
+        suite.SHARED_BASELINES = folder
+
+
 def options_for(options: dict[str, Any], tiny: bool) -> dict[str, Any]:
     """The suite's keyword options, tiny-budget limits laid over the experiment's own."""
-    merged = dict(options)
+    merged = {**(TINY_OPTIONS if tiny else {}), **options}
+    return capped(merged, tiny)
+
+
+def capped(options: dict[str, Any], tiny: bool) -> dict[str, Any]:
+    """`options` with each count given at a tiny budget held to its limit (a smaller one is kept)."""
+    out = dict(options)
     if tiny:
-        for key, value in TINY_OPTIONS.items():
-            given = merged.get(key, value)
+        for key, limit in {**TINY_OPTIONS, **TINY_WHEN_GIVEN}.items():
+            given = out.get(key)
             if isinstance(given, int) and not isinstance(given, bool):  # a mistyped one is check_options's
-                given = min(given, value)
-            merged[key] = given
-    return merged
+                out[key] = min(given, limit)
+    return out
 
 
 def check_options(options: dict[str, Any]) -> None:

@@ -31,7 +31,9 @@ training seed, and is stored in the result.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -48,6 +50,7 @@ from objtrain.data.tokenizer import Tokenizer
 from objtrain.devices import resolve_device
 from objtrain.errors import UserError, did_you_mean
 from objtrain.evaluation import conditional, corrupted, finetune, infill, lm, middle, probe, sentence_order
+from objtrain.io import write_json
 from objtrain.models import generate as gen
 from objtrain.models.checkpoint import Checkpoint, load_checkpoint
 from objtrain.models.zoo import count_parameters
@@ -156,6 +159,10 @@ def _probe_baseline_metrics() -> dict[str, tuple[str, str]]:
         out[f"{p}majority_accuracy"] = ("info", f"{what}: always the majority training label")
         out[f"{p}random_init_accuracy"] = ("info", f"{what} of the same architecture at random init")
         out[f"{p}random_init_mcc"] = ("info", f"Matthews correlation of {what} at random init")
+        out[f"{p}accuracy_tune_sd"] = (
+            "info",
+            f"sd of {what}'s accuracy over fine-tune seeds (one checkpoint)",
+        )
     return out
 
 
@@ -196,6 +203,7 @@ class EvalOptions:
     finetune_tasks: tuple[str, ...] = ()  # of the named probe tasks, those fine-tuned on (empty: every one)
     finetune_steps: int = 300
     finetune_lrs: tuple[float, ...] = FINETUNE_LRS  # peak rates tried, the best on dev kept
+    finetune_seeds: int = 1  # fine-tunes at the chosen rate for the fine-tune's own sd (1: none)
     samples: int = 3
     sample_tokens: int = 32
     skip: tuple[str, ...] = ()  # parts to leave out: lm, corrupted, infill, probe, samples
@@ -226,7 +234,10 @@ class EvalOptions:
         if self.probe_layers not in ("best", "last"):
             raise UserError(f"--probe-layers must be best or last, got {self.probe_layers!r}")
         if self.finetune:
-            finetune.FinetuneConfig(steps=self.finetune_steps, lrs=self.finetune_lrs)  # refuses bad values
+            # refuses bad values
+            finetune.FinetuneConfig(
+                steps=self.finetune_steps, lrs=self.finetune_lrs, seeds=self.finetune_seeds
+            )
         stray = [t for t in self.finetune_tasks if t not in self.probe_tasks]
         if stray and self.probe_tasks:  # without named tasks the default probe's task is the one tuned on
             tasks = ", ".join(self.probe_tasks)
@@ -490,8 +501,10 @@ def evaluate(
         tasks = ", ".join(options.finetune_tasks or options.probe_tasks) or "the default probe's task"
         baseline = ", and the same architecture at random init alike" if options.probe_baselines else ""
         rates = ", ".join(f"{lr:g}" for lr in options.finetune_lrs)
+        again = (f", then {options.finetune_seeds - 1} more seed(s) at the rate chosen for its own sd "
+                 "(--finetune-seeds)") if options.finetune_seeds > 1 else ""  # fmt: skip
         say(f"fine-tune: {tasks}, {options.finetune_steps} steps at each rate of {rates}, the best on dev "
-            f"kept (--finetune-steps, --finetune-lr){baseline}")  # fmt: skip
+            f"kept (--finetune-steps, --finetune-lr){again}{baseline}")  # fmt: skip
         t0 = time.perf_counter()
         result.update(_finetune(ckpt, options, seq_len, device))
         result["probe_method"] = "linear+finetune" if "probe_method" in result else "finetune"
@@ -823,12 +836,28 @@ def random_init_seed(ckpt: Checkpoint, options: EvalOptions) -> int:
 # fitted once and reused (the same inputs to the same deterministic fit: the same numbers). The bag of
 # words' fits are most of a probe's time (2,048 features, near separable at the smallest penalty).
 _BASELINES: dict[str, dict[str, float]] = {}
+# Where processes evaluating runs side by side (`compare --jobs`) share their baselines: each is fitted by
+# the first process to need it while the others wait for its numbers, instead of each fitting it again (a
+# random-init fine-tune takes minutes). None: this process's memory only.
+SHARED_BASELINES: Path | None = None
 
 
 def _baseline_scores(key: str, compute: Callable[[], dict[str, float]]) -> dict[str, float]:
     if key not in _BASELINES:
-        _BASELINES[key] = compute()
+        _BASELINES[key] = compute() if SHARED_BASELINES is None else _shared(SHARED_BASELINES, key, compute)
     return _BASELINES[key]
+
+
+def _shared(folder: Path, key: str, compute: Callable[[], dict[str, float]]) -> dict[str, float]:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{key}.json"
+    with (folder / f"{key}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held while another process fits it: then read its numbers
+        if path.is_file():
+            return dict(json.loads(path.read_text(encoding="utf-8")))
+        scores = compute()
+        write_json(path, scores)
+        return scores
 
 
 def _sentence_order(
@@ -887,7 +916,9 @@ def _probe_splits(options: EvalOptions) -> list[tuple[str, probe.Labelled, probe
 def _finetune(ckpt: Checkpoint, options: EvalOptions, seq_len: int, device: torch.device) -> dict[str, Any]:
     tokenizer = ckpt.tokenizer
     assert tokenizer is not None
-    config = finetune.FinetuneConfig(steps=options.finetune_steps, lrs=options.finetune_lrs)
+    config = finetune.FinetuneConfig(
+        steps=options.finetune_steps, lrs=options.finetune_lrs, seeds=options.finetune_seeds
+    )
     segments = probe.trained_with_segments(ckpt.training)
     seed = random_init_seed(ckpt, options)
     out: dict[str, Any] = {}

@@ -247,9 +247,15 @@ def test_the_tiny_budget_caps_every_count_the_evaluation_takes() -> None:
               and (f.default is None or isinstance(f.default, int))}  # fmt: skip
     assert {"conditional_docs", "sentence_order_pairs", "probe_seeds", "middle_tasks"} <= counts
     capped = suite.options_for({}, tiny=True)
-    assert counts <= set(capped), counts - set(capped)
+    assert counts <= set(capped) | set(suite.TINY_WHEN_GIVEN), counts - set(capped)
     defaults = EvalOptions()
-    assert all(capped[k] < getattr(defaults, k) for k in counts if getattr(defaults, k) is not None)
+    assert all(
+        capped[k] < getattr(defaults, k) for k in counts & set(capped) if getattr(defaults, k) is not None
+    )
+    # A count whose default is the least (finetune_seeds 1) is held to its limit only where it is given.
+    assert all(getattr(defaults, k) <= limit for k, limit in suite.TINY_WHEN_GIVEN.items())
+    assert suite.options_for({"finetune_seeds": 5}, tiny=True)["finetune_seeds"] == 2
+    assert suite.capped({"finetune_seeds": 5, "samples": 0}, tiny=True) == {"finetune_seeds": 2, "samples": 0}
     given = suite.options_for({"sentence_order_pairs": 12, "probe_seeds": 9, "middle_tasks": 0}, tiny=True)
     assert (given["sentence_order_pairs"], given["probe_seeds"], given["middle_tasks"]) == (12, 2, 0)
     assert suite.options_for({"probe_seeds": 9}, tiny=False) == {"probe_seeds": 9}
@@ -365,3 +371,33 @@ def test_jobs_train_runs_at_once_alike_and_keep_what_finished(
     suite = FakeSuite()
     run_comparison(c, evaluator=suite, show_progress=False)
     assert len(list((tmp_path / "failing" / "results").glob("*.json"))) == 4
+
+
+def test_first_seed_options_measure_on_each_arms_first_seed_only(write_experiment, tmp_path: Path) -> None:
+    """`eval.first_seed` is laid over the suite's options for each arm's first seed: a measurement's own noise
+    on one checkpoint. Adding it later re-evaluates those runs alone."""
+    seen: dict[str, dict[str, Any]] = {}
+
+    def recording(run_dir: Path, data: str | None, options: dict[str, Any]) -> dict[str, Any]:
+        seen[str(run_dir.relative_to(tmp_path / "report" / "arms"))] = dict(options)
+        return {"probe_accuracy": 0.5}
+
+    base = {"options": {"samples": 1}}
+    out = tmp_path / "report"
+    c = plan_comparison(load_experiment(write_experiment(eval=base)), out, seeds=2)
+    run_comparison(c, evaluator=recording, show_progress=False)
+    assert len(seen) == 4 and all(o == {"samples": 1} for o in seen.values())
+
+    seen.clear()
+    noise = {**base, "first_seed": {"finetune_seeds": 3}}
+    c = plan_comparison(
+        load_experiment(write_experiment(name="noise.yaml", eval=noise)), out, seeds=2, resume=True
+    )
+    run_comparison(c, evaluator=recording, show_progress=False)
+    assert seen == {
+        "clm/seed-0": {"samples": 1, "finetune_seeds": 3},
+        "mlm/seed-0": {"samples": 1, "finetune_seeds": 3},
+    }
+    record = json.loads((out / "results" / "mlm.seed-1.json").read_text())
+    assert record["eval_options"] == {"samples": 1}
+    assert write_report(c)["evaluation"]["first_seed_options"] == {"finetune_seeds": 3}

@@ -214,6 +214,20 @@ def test_a_fine_tune_claim_is_gated_by_the_random_init_fine_tune() -> None:
     text = "\n".join(baseline_section({"arms": arms}))
     assert "at each of 4 peak learning rates (the rate best on dev: 0.001 in 2 runs, 0.003 in 1 run)" in text
     assert "the fine-tune's own noise is not measured apart" in text
+    # Its own noise measured on the first seed's checkpoint: in the own-seed-sd column, and said.
+    arms[0]["baselines"]["finetune_sst2_accuracy_tune_sd"] = {
+        "mean": 0.012,
+        "std": None,
+        "n": 1,
+        "ci95": None,
+    }
+    arms[0]["runs"][0]["eval"]["finetune_sst2_seeds"] = 3.0
+    text = "\n".join(baseline_section({"arms": arms}))
+    assert "| mlm | finetune_sst2_accuracy | 0.64 ± 0.02 | 0.59 ± 0.02 | — | — | 0.012 |" in text
+    assert (
+        "measured apart on 1 checkpoint(s) (each arm's first seed): 3 fine-tunes at the rate chosen" in text
+    )
+    assert BASELINE.match("finetune_sst2_accuracy_tune_sd")
     # the fine-tune's majority class and random init sit beside it as baselines, not as arms' metrics
     assert BASELINE.match("finetune_sst2_random_init_accuracy") and BASELINE.match(
         "finetune_majority_accuracy"

@@ -7,6 +7,7 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -105,7 +106,32 @@ def test_the_rate_best_on_dev_is_kept_and_scored_as_its_own_fine_tune(
     assert tiny["finetune_dev_accuracy"] < both["finetune_dev_accuracy"]
 
 
-@pytest.mark.parametrize("bad", [{"finetune_steps": 0}, {"finetune_lrs": (0.0,)}, {"finetune_lrs": ()}])
+def test_more_fine_tune_seeds_measure_its_own_noise_and_leave_the_score_alone(
+    debug_checkpoint: Callable[..., Path], tokenizer: Tokenizer, stdlib_texts: list[str]
+) -> None:
+    """`seeds` 3: two more fine-tunes at the rate chosen, each with its own head and batch order; their
+    spread with the first is the fine-tune's sd, and the score reported is still the first fine-tune's."""
+    ckpt = load_checkpoint(debug_checkpoint("decoder"), "cpu")
+    train, dev, test = (keyword_task(stdlib_texts, n, s) for n, s in ((96, 0), (32, 1), (64, 2)))
+    config = FinetuneConfig(steps=8, lrs=(3e-4, 1e-3), batch_size=8)
+    once = finetune(ckpt.model, tokenizer, train, dev, test, 64, seed=5, config=config)
+    thrice = finetune(ckpt.model, tokenizer, train, dev, test, 64, seed=5,
+                      config=FinetuneConfig(steps=8, lrs=(3e-4, 1e-3), seeds=3, batch_size=8))  # fmt: skip
+    assert {
+        k: v for k, v in thrice.items() if k not in ("finetune_seeds", "finetune_accuracy_tune_sd")
+    } == once
+    assert thrice["finetune_seeds"] == 3.0 and "finetune_accuracy_tune_sd" not in once
+    # The sd of the three fine-tunes' test accuracies: the first, and each other seed alone at that rate.
+    rate = FinetuneConfig(steps=8, lrs=(once["finetune_lr"],), batch_size=8)
+    others = [finetune(ckpt.model, tokenizer, train, dev, test, 64, seed=s, config=rate) for s in (6, 7)]
+    accuracies = [once["finetune_accuracy"], *(o["finetune_accuracy"] for o in others)]
+    assert thrice["finetune_accuracy_tune_sd"] == pytest.approx(float(np.std(accuracies, ddof=1)))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"finetune_steps": 0}, {"finetune_lrs": (0.0,)}, {"finetune_lrs": ()}, {"finetune_seeds": 0}],
+)
 def test_bad_fine_tuning_settings_are_refused(bad: dict) -> None:
     with pytest.raises(UserError, match="--finetune"):
         EvalOptions(finetune=True, **bad)

@@ -246,6 +246,14 @@ def test_baselines_are_fitted_once_a_process_for_the_arms_that_share_them(
     suite._BASELINES.clear()
     assert [probed(3, 0.5)[k] for k in baselines] == [first[k] for k in baselines]  # fitted afresh
     assert calls == {"bow": 2, "random": 3}
+    # Shared through a folder (`compare --jobs`): a process that finds them there fits nothing again.
+    monkeypatch.setattr(suite, "SHARED_BASELINES", tmp_path / "shared")
+    suite._BASELINES.clear()
+    assert [probed(3, 0.5)[k] for k in baselines] == [first[k] for k in baselines]
+    assert calls == {"bow": 3, "random": 4} and len(list((tmp_path / "shared").glob("*.json"))) == 2
+    suite._BASELINES.clear()  # as another process
+    assert [probed(3, 0.5)[k] for k in baselines] == [first[k] for k in baselines]
+    assert calls == {"bow": 3, "random": 4}
 
 
 def test_fine_tuning_has_a_random_init_baseline_fitted_once(
