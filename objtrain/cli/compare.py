@@ -67,7 +67,7 @@ def run(
         1,
         "--jobs",
         help="Runs trained at once, each in its own process on its share of the cores (a comparison, "
-        "not a sweep). The results do not depend on it.",
+        "not a sweep); each run trains as it would alone on as many threads.",
     ),
 ) -> None:
     console = make_console(stderr=True, highlight=False)
