@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -328,19 +329,30 @@ def _run_here(
     """Train (or resume) the run in this process unless it is trained, then evaluate it."""
     if finished_checkpoint(run.run_dir) is None:
         progress.start(run.key)
-        result = train(
-            run.cfg,
-            run.run_dir,
-            resume=run.run_dir.exists(),
-            console=console,
-            show_progress=False,
-            on_record=progress.record,
-        )
-        if result.stopped:
-            raise _interrupted(run.key, result.step)
+        train_to_end(run.key, run.cfg, run.run_dir, console, on_record=progress.record)
     else:
         progress.skip(run.key, "trained; evaluating")
     evaluate_run(c, run, evaluator, progress)
+
+
+def train_to_end(
+    key: str,
+    cfg: TrainConfig,
+    run_dir: Path,
+    console: Console,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+    save_at: Collection[int] = (),
+    kept: str = "arms",
+) -> None:
+    """Train a run of a comparison (or sweep) to its last step, resuming it where it stopped; Ctrl-C or
+    SIGTERM ends it at a checkpoint and raises Interrupted, which says that the finished `kept` stay."""
+    result = train(cfg, run_dir, resume=run_dir.exists(), console=console, show_progress=False,
+                   on_record=on_record, save_at=save_at)  # fmt: skip
+    if result.stopped:
+        raise Interrupted(
+            f"interrupted during {key!r} (checkpoint saved at step {result.step}); "
+            f"finished {kept} are kept: continue with --resume"
+        )
 
 
 def run_options(c: Comparison, run: Run) -> dict[str, Any]:
@@ -385,13 +397,6 @@ def _record(
     write_json(result_path(c.report_dir, run.key), record)
     c.results[run.key] = record
     progress.done(run.key, record)
-
-
-def _interrupted(key: str, step: int) -> Interrupted:
-    return Interrupted(
-        f"interrupted during {key!r} (checkpoint saved at step {step}); "
-        f"finished arms are kept: continue with --resume"
-    )
 
 
 def _run_at_once(c: Comparison, todo: list[Run], evaluator: suite.Evaluator, progress: ArmsProgress) -> None:
@@ -447,11 +452,8 @@ def _train_and_evaluate(
     already there, then evaluated: (metrics, evaluation seconds)."""
     torch.set_num_threads(threads)
     suite.share_baselines(shared)
-    if finished_checkpoint(run_dir) is None:
-        quiet = Console(stderr=True, quiet=True)  # the parent says when each run ends
-        result = train(cfg, run_dir, resume=run_dir.exists(), console=quiet, show_progress=False)
-        if result.stopped:
-            raise _interrupted(key, result.step)
+    if finished_checkpoint(run_dir) is None:  # the parent says when each run ends
+        train_to_end(key, cfg, run_dir, Console(stderr=True, quiet=True))
     t0 = time.perf_counter()
     metrics = evaluator(run_dir, eval_data, eval_options)
     return metrics, time.perf_counter() - t0

@@ -55,7 +55,6 @@ from objtrain.compare.runner import (
     JUDGING_KEYS,
     PLAN,
     Comparison,
-    Interrupted,
     Run,
     _check_arm,
     _tokenizer_hash,
@@ -65,6 +64,7 @@ from objtrain.compare.runner import (
     finished_checkpoint,
     kept_result,
     plan_dict,
+    train_to_end,
 )
 from objtrain.errors import UserError, did_you_mean
 from objtrain.io import atomic_dir, atomic_file, read_json, write_json
@@ -72,7 +72,6 @@ from objtrain.models.checkpoint import mark_latest
 from objtrain.models.zoo import model_sizes
 from objtrain.training import checkpoint as ckpt
 from objtrain.training.config import ScheduleConfig, config_dict
-from objtrain.training.loop import train
 from objtrain.training.optim import lr_factor, warmup_steps
 
 MIN_POINTS = 3
@@ -396,20 +395,8 @@ def run_sweep(
                             # stay out of version control): the same run, trained from step 0
                             progress.skip(run.key, f"{cell.source.key} is gone: training from step 0")
                     progress.start(run.key)
-                    result = train(
-                        run.cfg,
-                        run.run_dir,
-                        resume=run.run_dir.exists(),
-                        console=console,
-                        show_progress=False,
-                        on_record=progress.record,
-                        save_at=saves.get(run.run_dir, ()),
-                    )
-                    if result.stopped:
-                        raise Interrupted(
-                            f"interrupted during {run.key!r} (checkpoint saved at step {result.step}); "
-                            "finished points are kept: continue with --resume"
-                        )
+                    train_to_end(run.key, run.cfg, run.run_dir, console, on_record=progress.record,
+                                 save_at=saves.get(run.run_dir, ()), kept="points")  # fmt: skip
                 evaluate_run(c, run, evaluator, progress)
     finally:
         c.seconds = float(previous.get("seconds", 0.0)) + time.perf_counter() - started

@@ -16,6 +16,7 @@ from compare_helpers import FakeSuite, experiment
 from safetensors.torch import load_file
 from test_refusals import refused, run_cli
 
+from objtrain.compare import runner
 from objtrain.compare import sweep as sweep_mod
 from objtrain.compare.experiment import experiment_from_dict, load_experiment
 from objtrain.compare.runner import Interrupted
@@ -161,7 +162,7 @@ def test_a_sweep_interrupted_and_resumed_trains_no_step_twice(
     assert spec is not None
     report = tmp_path / "report"
     trained: dict[Path, int] = {}
-    monkeypatch.setattr(sweep_mod, "train", _trained_steps(trained))
+    monkeypatch.setattr(runner, "train", _trained_steps(trained))  # the sweep trains through runner
 
     # Ctrl-C at step 20 of mlm's longest run, after clm's whole chain is done.
     real = sweep_mod.ArmsProgress.record
