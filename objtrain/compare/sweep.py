@@ -30,7 +30,9 @@ Resume: a point with a results file is done; a trained point is only evaluated; 
 continues through the loop's own resume; a point to branch whose source checkpoint exists is branched,
 never retrained. So Ctrl-C and `--resume` anywhere in a sweep train no step twice. A report whose results
 files were kept but whose `arms/` were not (a fresh clone of a published sweep) resumes too: a point whose
-chain's longest run is gone trains from step 0, which ends where the branch would have.
+chain's longest run is gone trains from step 0, which ends where the branch would have. A size sweep resumed
+with more sizes (the same budget points, every saved size kept) trains only the new sizes' chains: a chain
+branches only from itself, so the runs done stay what they were.
 """
 
 from __future__ import annotations
@@ -318,12 +320,23 @@ def plan_sweep(
                     k: v for k, v in part["experiment"].items() if k not in (*JUDGING_KEYS, "sweep")
                 })  # fmt: skip
         for key in ("experiment", "sweep", "seeds", "data", "tiny"):
+            if key == "sweep" and _grown_by_sizes(saved.get(key), now[key]):
+                continue  # new sizes are chains of their own; the saved chains stay as they are
             if saved.get(key) != now.get(key):
                 raise UserError(
                     f"--resume: the {key} differs from the one {report_dir} was started with; "
                     "use the same settings, another -o, or --force to start over"
                 )
     return sweep
+
+
+def _grown_by_sizes(saved: Any, now: dict[str, Any]) -> bool:
+    """The same budget points with every saved size still in the grid (and at least one size before):
+    each (arm, size, seed) chain branches only from itself, so the runs done stay valid."""
+    if not isinstance(saved, dict) or not saved.get("size"):
+        return False
+    points = {k: v for k, v in saved.items() if k != "size"}
+    return points == {k: v for k, v in now.items() if k != "size"} and set(saved["size"]) <= set(now["size"])
 
 
 def _link_chain(chain: list[Cell]) -> list[Cell]:

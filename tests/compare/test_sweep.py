@@ -127,6 +127,40 @@ def test_a_resumed_sweep_whose_arms_are_gone_trains_the_missing_points_from_scra
         assert again[name].equal(branched[name]), name
 
 
+def test_a_size_sweep_resumed_with_a_new_size_trains_only_its_chains(
+    compare_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An IsoFLOP grid extended below its smallest size (its optimum sat at the edge) keeps every run done;
+    dropping a size or moving a budget point still refuses to resume."""
+    exp = experiment_from_dict(sweep_experiment(compare_store))
+    points = f"tokens={ROWS},{4 * ROWS},{32 * ROWS}"
+    report = tmp_path / "report"
+    first = parse_sweep([points, "size=debug"], {}, tiny=False)
+    assert first is not None and first.sizes == ["debug"]
+    run_sweep(plan_sweep(exp, report, first), evaluator=FakeSuite(), show_progress=False)
+    done = {p.name: p.read_bytes() for p in (report / "results").iterdir()}
+
+    grown = parse_sweep([points, "size=pico,debug"], {}, tiny=False)
+    assert grown is not None
+    trained: dict[Path, int] = {}
+    monkeypatch.setattr(runner, "train", _trained_steps(trained))
+    suite = FakeSuite()
+    s = plan_sweep(exp, report, grown, resume=True)
+    run_sweep(s, evaluator=suite, show_progress=False)
+    assert len(suite.calls) == 3  # the new size's three points, nothing evaluated twice
+    for cell in s.cells:  # the new chain trains its longest run and branches the rest; the old one nothing
+        own = cell.run.steps - cell.branch_step if cell.size == "pico" else 0
+        assert trained.get(cell.run.run_dir, 0) == own, cell.run.key
+    for name, content in done.items():
+        assert (report / "results" / name).read_bytes() == content, name
+
+    for other in ([points, "size=pico"], [f"tokens={ROWS},{8 * ROWS},{32 * ROWS}", "size=pico,debug"]):
+        spec = parse_sweep(other, {}, tiny=False)
+        assert spec is not None
+        with pytest.raises(UserError, match="sweep differs"):
+            plan_sweep(exp, report, spec, resume=True)
+
+
 def test_a_cosine_schedule_shares_only_its_warmup(compare_store: Path, tmp_path: Path) -> None:
     data = sweep_experiment(compare_store, schedule={"kind": "cosine", "warmup": 2})
     exp = experiment_from_dict(data)
