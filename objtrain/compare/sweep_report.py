@@ -297,7 +297,33 @@ def frontier_fit(
         "alpha_interval": pct(alphas),
         "interior": interior,
         "replicates": replicates,
+        "worsens": worsens_with_budget(cells, metric, lower),
     }
+
+
+def worsens_with_budget(cells: list[dict[str, Any]], metric: str, lower: bool) -> list[dict[str, Any]]:
+    """The sizes at which `metric` is worse at the largest budget than at the smallest beyond the 95% t
+    interval of the per-seed difference (a seed's points are one chain: the same initialisation and data):
+    training longer on the objective moves a model of that size away from the metric (span corruption's
+    conditional bits per byte: the decoder learns short spans between sentinels, not continuations)."""
+    out = []
+    for size in dict.fromkeys(c["size"] for c in cells):
+        own = sorted((c for c in cells if c["size"] == size), key=lambda c: c["budget"])
+        if len(own) < 2:
+            continue
+        first = np.asarray(own[0]["metrics"][metric], float)
+        last = np.asarray(own[-1]["metrics"][metric], float)
+        diff = (last - first) if lower else (first - last)  # > 0: worse at the larger budget
+        diff = diff[np.isfinite(diff)]
+        if len(diff) < 2:
+            continue
+        half = t975(len(diff) - 1) * float(np.std(diff, ddof=1)) / math.sqrt(len(diff))
+        if float(np.mean(diff)) - half > 0:
+            out.append({
+                "size": size, "budgets": [own[0]["budget"], own[-1]["budget"]],
+                "values": [float(np.nanmean(first)), float(np.nanmean(last))], "n": len(diff),
+            })  # fmt: skip
+    return out
 
 
 def build_sweep_results(s: Sweep, replicates: int = 1000) -> dict[str, Any]:
@@ -763,6 +789,21 @@ def _frontier_fit_section(results: dict[str, Any]) -> list[str]:
         ])  # fmt: skip
     if not rows:
         return []
+    worse = []
+    for arm, f in fits.items():
+        if f.get("status") == "ok" and f.get("worsens"):
+            at = ", ".join(
+                f"{w['size']} ({_g(w['values'][0], 4)} at {_g(w['budgets'][0])} → {_g(w['values'][1], 4)} at "
+                f"{_g(w['budgets'][1])})"
+                for w in f["worsens"]
+            )
+            why = " (why its frontier does not improve with compute)" if f["L"]["status"] != "ok" else ""
+            worse += [
+                f"{arm}: at a fixed size, {f['metric']} gets worse as the training budget grows, beyond the "
+                f"seeds' 95% interval of the per-seed change, at {at}: training longer on this objective "
+                f"moves a model of that size away from this metric{why}.",
+                "",
+            ]
     header = ["arm", "metric", "N*(C) ∝ C^b: b [95%]", "L*(C) = E + A·C^(−α)",
               "L* at the largest budget [95%]", "N* there [95%]", "optimum inside the grid"]  # fmt: skip
     return [
@@ -775,6 +816,7 @@ def _frontier_fit_section(results: dict[str, Any]) -> list[str]:
         "replicates). Chinchilla's N*(C) exponent is about 0.5; an optimum at the grid's edge says "
         "nothing about the exponent.",
         "",
+        *worse,
     ]
 
 

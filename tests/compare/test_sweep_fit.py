@@ -283,6 +283,36 @@ def test_an_isoflop_grid_gives_a_frontier_with_seed_resampled_intervals() -> Non
     assert not edge["interior"]
 
 
+def test_a_size_whose_metric_worsens_with_training_is_named_and_the_report_says_why() -> None:
+    """Span corruption's continuation score at its smallest size rises with the budget (the decoder learns
+    short spans, not continuations): the frontier names that size, beyond the per-seed interval, and
+    leaves out a size that improves and one whose change the seeds cannot tell from noise."""
+    from objtrain.compare.sweep_report import _frontier_fit_section, frontier_fit
+
+    trend = {"small": [3.0, 3.4, 4.0], "mid": [3.2, 3.0, 2.9], "big": [3.3, 3.3, 3.31]}
+    noise = {"small": [0.0, 0.02, -0.02], "mid": [0.01, -0.01, 0.0], "big": [0.3, -0.3, 0.0]}
+    cells = []
+    for i, c in enumerate([1e12, 1e13, 1e14]):
+        for size, n in (("small", 1e5), ("mid", 1e6), ("big", 1e7)):
+            vals = [trend[size][i] + e * (1 + i) for e in noise[size]]
+            cells.append({"label": f"{size}.flops-{c:g}", "size": size, "budget": c, "flops": [c] * 3,
+                          "tokens": [c / (6 * n)] * 3, "parameters": n, "parameters_no_embedding": n,
+                          "steps": 1000, "warmup_steps": 10,
+                          "metrics": {"conditional_bpb": vals}})  # fmt: skip
+    f = frontier_fit(cells, "conditional_bpb", True, ["small", "mid", "big"], 50, 0)
+    assert [w["size"] for w in f["worsens"]] == ["small"]
+    assert f["worsens"][0]["values"] == pytest.approx([3.0, 4.0]) and f["worsens"][0]["n"] == 3
+    text = "\n".join(_frontier_fit_section({"frontier_fits": {"span": f}}))
+    assert "span: at a fixed size, conditional_bpb gets worse as the training budget grows" in text
+    assert "small (3 at 1e+12 → 4 at 1e+14)" in text
+    # Without the worsening size nothing is named and the report adds no sentence.
+    rest = frontier_fit(
+        [c for c in cells if c["size"] != "small"], "conditional_bpb", True, ["mid", "big"], 50, 0
+    )
+    assert rest["worsens"] == []
+    assert "gets worse" not in "\n".join(_frontier_fit_section({"frontier_fits": {"span": rest}}))
+
+
 def test_a_published_sweep_is_refitted_from_its_own_points() -> None:
     """An older results.json (no free fit, no out-of-sample check, no warm-up steps in its cells): refit
     takes the warm-up from the experiment's schedule (a fraction of each chain's shortest run) and leaves
