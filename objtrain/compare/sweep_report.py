@@ -285,7 +285,7 @@ def frontier_fit(
             "value": float(np.nanmean(values[i])), "value_interval": pct([d[0] for d in drawn]),
             "parameters": cells[i]["parameters"], "parameters_interval": pct([d[1] for d in drawn]),
         })  # fmt: skip
-    edge = {sizes[0], sizes[-1]} if len(sizes) > 1 else set()
+    edge = {sizes[0]: "smallest", sizes[-1]: "largest"} if len(sizes) > 1 else {}
     interior = bool(points) and not any(p["size"] in edge for p in points)
     return {
         "metric": metric,
@@ -296,6 +296,12 @@ def frontier_fit(
         "L": main.to_dict(),
         "alpha_interval": pct(alphas),
         "interior": interior,
+        # which end of the size grid the optimum sits at, per budget: the way to extend the grid
+        "at_edge": [
+            {"budget": p["budget"], "size": p["size"], "end": edge[p["size"]]}
+            for p in points
+            if p["size"] in edge
+        ],
         "replicates": replicates,
         "worsens": worsens_with_budget(cells, metric, lower),
     }
@@ -785,7 +791,7 @@ def _frontier_fit_section(results: dict[str, Any]) -> list[str]:
             (f"α {_g(law['alpha'])}{_iv(f['alpha_interval'])}" if law else f"not fitted: {f['L']['reason']}"),
             f"{_g(last['value'], 4)}{_iv(last['value_interval'], 4)} at {_g(last['flops'])}",
             f"{last['size']} ({last['parameters'] / 1e6:.2f}M){_iv(last['parameters_interval'])}",
-            "yes" if f["interior"] else "no: a best size at the grid's edge",
+            "yes" if f["interior"] else f"no: {_edge_text(f)}",
         ])  # fmt: skip
     if not rows:
         return []
@@ -818,6 +824,27 @@ def _frontier_fit_section(results: dict[str, Any]) -> list[str]:
         "",
         *worse,
     ]
+
+
+def _edge_text(f: dict[str, Any]) -> str:
+    """Where the optimum leaves the size grid, e.g. 'the smallest size (pico) at 3 of 4 budgets: the
+    optimum lies below the grid there'; an older results.json without `at_edge` gets the plain words."""
+    at = f.get("at_edge")
+    if not at:
+        return "a best size at the grid's edge"
+    parts = []
+    for end, beyond in (("smallest", "below"), ("largest", "above")):
+        here = [a for a in at if a["end"] == end]
+        if here:
+            count = (
+                "every budget"
+                if len(here) == len(f["points"])
+                else f"{len(here)} of {len(f['points'])} budgets"
+            )
+            parts.append(
+                f"the {end} size ({here[0]['size']}) at {count}: the optimum lies {beyond} the grid there"
+            )
+    return "; ".join(parts)
 
 
 def _holdout_section(results: dict[str, Any]) -> list[str]:

@@ -280,7 +280,14 @@ def test_an_isoflop_grid_gives_a_frontier_with_seed_resampled_intervals() -> Non
     )
     # The best size at the grid's edge: no interior optimum, and the report says so.
     edge = frontier_fit([c for c in cells if c["size"] != "big"], "val_bpb", True, ["small", "mid"], 50, 0)
-    assert not edge["interior"]
+    assert not edge["interior"] and {a["size"] for a in edge["at_edge"]} == {"mid"}
+    assert {a["end"] for a in edge["at_edge"]} == {"largest"} and len(edge["at_edge"]) == 5
+    from objtrain.compare.sweep_report import _frontier_fit_section
+
+    text = "\n".join(_frontier_fit_section({"frontier_fits": {"clm": edge}}))
+    assert "no: the largest size (mid) at every budget: the optimum lies above the grid there" in text
+    below = frontier_fit([c for c in cells if c["size"] != "small"], "val_bpb", True, ["mid", "big"], 50, 0)
+    assert [a["end"] for a in below["at_edge"]] == ["smallest"] * 5
 
 
 def test_a_size_whose_metric_worsens_with_training_is_named_and_the_report_says_why() -> None:
