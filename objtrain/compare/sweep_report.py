@@ -37,7 +37,7 @@ from objtrain.compare.report import (
     verdict_cell,
 )
 from objtrain.compare.runner import machine
-from objtrain.compare.stats import t975
+from objtrain.compare.stats import paired, t975
 from objtrain.compare.sweep import Sweep, sweep_plan_dict
 from objtrain.io import atomic_file, write_json
 from objtrain.training.config import ScheduleConfig
@@ -286,7 +286,12 @@ def frontier_fit(
             "parameters": cells[i]["parameters"], "parameters_interval": pct([d[1] for d in drawn]),
         })  # fmt: skip
     edge = {sizes[0]: "smallest", sizes[-1]: "largest"} if len(sizes) > 1 else {}
-    interior = bool(points) and not any(p["size"] in edge for p in points)
+    # which end of the size grid the optimum sits at, per budget: the way to extend the grid
+    at_edge = [
+        {"budget": p["budget"], "size": p["size"], "end": edge[p["size"]]}
+        for p in points
+        if p["size"] in edge
+    ]
     return {
         "metric": metric,
         "status": "ok",
@@ -295,13 +300,8 @@ def frontier_fit(
         "N_exponent_interval": pct(slopes),
         "L": main.to_dict(),
         "alpha_interval": pct(alphas),
-        "interior": interior,
-        # which end of the size grid the optimum sits at, per budget: the way to extend the grid
-        "at_edge": [
-            {"budget": p["budget"], "size": p["size"], "end": edge[p["size"]]}
-            for p in points
-            if p["size"] in edge
-        ],
+        "interior": bool(points) and not at_edge,
+        "at_edge": at_edge,
         "replicates": replicates,
         "worsens": worsens_with_budget(cells, metric, lower),
     }
@@ -317,17 +317,12 @@ def worsens_with_budget(cells: list[dict[str, Any]], metric: str, lower: bool) -
         own = sorted((c for c in cells if c["size"] == size), key=lambda c: c["budget"])
         if len(own) < 2:
             continue
-        first = np.asarray(own[0]["metrics"][metric], float)
-        last = np.asarray(own[-1]["metrics"][metric], float)
-        diff = (last - first) if lower else (first - last)  # > 0: worse at the larger budget
-        diff = diff[np.isfinite(diff)]
-        if len(diff) < 2:
-            continue
-        half = t975(len(diff) - 1) * float(np.std(diff, ddof=1)) / math.sqrt(len(diff))
-        if float(np.mean(diff)) - half > 0:
+        first, last = (dict(enumerate(c["metrics"][metric])) for c in (own[0], own[-1]))
+        change = paired(last, first) if lower else paired(first, last)  # > 0: worse at the larger budget
+        if change.n >= 2 and change.delta - change.ci95 > 0:
             out.append({
                 "size": size, "budgets": [own[0]["budget"], own[-1]["budget"]],
-                "values": [float(np.nanmean(first)), float(np.nanmean(last))], "n": len(diff),
+                "values": [float(np.nanmean(list(v.values()))) for v in (first, last)], "n": change.n,
             })  # fmt: skip
     return out
 
