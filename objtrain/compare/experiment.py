@@ -12,6 +12,7 @@
       batch: {seq_len: 128, batch_size: 16}  # data, seed and budget)
     eval: {data: null, options: {}}     # what the suite scores: null = the store's valid split
     #   first_seed: {finetune_seeds: 3}   # optional: options for each arm's first seed only
+    #   finetune_rates: first_seed        # optional: fine-tune rates chosen on each arm's first seed
     arms:
       - {name: clm, objective: clm, model: {kind: decoder, size: tiny}}
       - {name: mlm, objective: {name: mlm, overrides: {selection_rate: 0.15}}, model: {kind: encoder}}
@@ -28,7 +29,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from objtrain.config import config_dir, from_dict, load_yaml, merge, packaged_config, to_dict
 from objtrain.errors import UserError, did_you_mean
@@ -106,6 +107,11 @@ class EvalSpec:
     # Laid over `options` for each arm's first seed only: a measurement's own noise, measured apart on one
     # checkpoint (evaluation.md section 6), e.g. {finetune_seeds: 3}, at a fraction of its cost on every run.
     first_seed: dict[str, Any] = field(default_factory=dict)
+    # Where fine-tuning chooses its peak rate on dev: on every run, or on each arm's first seed only, the
+    # other seeds (and their random-init twins) fine-tuned at the rate it chose: a quarter of the fine-tunes
+    # with four rates, the rate still chosen on dev, never on the split reported (hyperparameters tuned on
+    # one seed, as BERT and T5 tuned theirs on one pretraining run).
+    finetune_rates: Literal["every_seed", "first_seed"] = "every_seed"
 
 
 @dataclass

@@ -248,24 +248,36 @@ BASELINE_NAMES = (("random_init_accuracy", "random-init"), ("bow_accuracy", "bag
                   ("majority_accuracy", "majority"), ("accuracy_probe_sd", "own seed sd"))  # fmt: skip
 
 
-FINETUNE_RATE = re.compile(r"^finetune_(?:\w+_)?lr$")
+FINETUNE_RATE = re.compile(r"^finetune_(?:\w+_)?lr$")  # the rate a fine-tune chose (a twin's: random_init_lr)
 
 
 def _rates_text(runs: list[dict[str, Any]]) -> str:
     """`, at each of 4 peak learning rates (the rate best on dev: 1e-3 in 7 runs, 3e-3 in 3)`: how many
-    rates each fine-tune tried and which won; a winner at either end of the list says it should widen."""
-    tried = next(
-        (e[k] for e in runs for k in e if k.startswith("finetune_") and k.endswith("_lrs_tried")), None
-    )
-    if not isinstance(tried, (int, float)):
+    rates each fine-tune tried and which won; a winner at either end of the list says it should widen.
+    Where the later seeds fine-tuned at their first seed's rate (`eval.finetune_rates: first_seed`), it
+    says so and counts the choices of the runs that chose."""
+    tried = [e[k] for e in runs for k in e if k.startswith("finetune_") and k.endswith("_lrs_tried")]
+    tried = [float(t) for t in tried if isinstance(t, (int, float))]
+    if not tried:
         return ""  # fine-tuned at one rate (a record from before rates were tried)
+    most = max(tried)
     chosen: dict[float, int] = {}
+    choosers = 0
     for e in runs:
+        if not any(k.endswith("_lrs_tried") and e[k] == most for k in e if k.startswith("finetune_")):
+            continue
+        choosers += 1
         for k, v in e.items():
-            if FINETUNE_RATE.match(k) and isinstance(v, (int, float)):
+            if FINETUNE_RATE.match(k) and "random_init" not in k and isinstance(v, (int, float)):
                 chosen[float(v)] = chosen.get(float(v), 0) + 1
     won = ", ".join(f"{lr:g} in {n} run{'s' if n > 1 else ''}" for lr, n in sorted(chosen.items()))
-    return f", at each of {tried:.0f} peak learning rates (the rate best on dev: {won})"
+    if choosers == len(runs) or most == 1:
+        return f", at each of {most:.0f} peak learning rates (the rate best on dev: {won})"
+    return (
+        f", at each of {most:.0f} peak learning rates on each arm's first seed (the rate best on dev: "
+        f"{won}); the other {len(runs) - choosers} runs, and their random-init twins, at the rate their "
+        "first seed's run (or twin) chose"
+    )
 
 
 def _tune_noise_text(runs: list[dict[str, Any]]) -> str:

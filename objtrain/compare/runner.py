@@ -20,13 +20,14 @@ import math
 import multiprocessing
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Collection
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -355,29 +356,56 @@ def train_to_end(
         )
 
 
-def run_options(c: Comparison, run: Run) -> dict[str, Any]:
+def run_options(c: Comparison, run: Run) -> dict[str, Any] | None:
     """The suite's options for one run: the experiment's, with `eval.first_seed` laid over them for each
-    arm's first seed (the runs whose checkpoints a measurement's own noise is measured on)."""
-    if c.first_seed_options and run.seed == c.seeds[0]:
-        return {**c.eval_options, **c.first_seed_options}
-    return c.eval_options
+    arm's first seed (the runs whose checkpoints a measurement's own noise is measured on). With
+    `eval.finetune_rates: first_seed` a later seed fine-tunes at the rates its arm's first seed chose, so
+    its options wait on that seed's results: None until they are in."""
+    first = c.seeds[0]
+    if run.seed == first:
+        return {**c.eval_options, **c.first_seed_options} if c.first_seed_options else c.eval_options
+    if c.experiment.eval.finetune_rates != "first_seed" or not c.eval_options.get("finetune"):
+        return c.eval_options
+    lead = next(r for r in c.runs if r.arm.name == run.arm.name and r.seed == first)
+    record = c.results.get(lead.key)
+    if record is None:
+        return None
+    return c.eval_options | rates_chosen(record.get("eval", {}), lead.cfg.seed)
+
+
+CHOSEN_RATE = re.compile(r"^finetune_(?:(\w+)_)?lr$")
+
+
+def rates_chosen(scores: dict[str, Any], twin_seed: int) -> dict[str, Any]:
+    """A first seed's fine-tune rates as suite options for the arm's other seeds: each task's rate (from
+    `finetune_TASK_lr`), and the training seed whose random-init twin chose the twins' rate."""
+    chosen = {}
+    for key, value in scores.items():
+        m = CHOSEN_RATE.match(key)
+        if m and "random_init" not in key and isinstance(value, (int, float)):
+            chosen[m.group(1) or ""] = float(value)
+    return {"finetune_lr_chosen": chosen, "finetune_twin_seed": twin_seed} if chosen else {}
 
 
 def kept_result(c: Comparison, run: Run) -> dict[str, Any] | None:
     """The run's results file if it was evaluated with the comparison's evaluation, else None."""
     path = result_path(c.report_dir, run.key)
-    if not path.is_file():
+    options = run_options(c, run)
+    if not path.is_file() or options is None:
         return None
     kept = read_json(path, "arm result")
-    same = kept.get("eval_data") == c.eval_data and kept.get("eval_options") == _jsonable(run_options(c, run))
+    same = kept.get("eval_data") == c.eval_data and kept.get("eval_options") == _jsonable(options)
     return kept if same else None
 
 
 def evaluate_run(c: Comparison, run: Run, evaluator: suite.Evaluator, progress: ArmsProgress) -> None:
     """Evaluate a trained run and write its results file (which marks it done)."""
+    options = run_options(c, run)
+    if options is None:  # runs go seed by seed: the first seed's are evaluated before
+        raise RuntimeError(f"{run.key} evaluated before its arm's first seed")
     progress.evaluating(run.key)
     t0 = time.perf_counter()
-    metrics = evaluator(run.run_dir, c.eval_data, run_options(c, run))
+    metrics = evaluator(run.run_dir, c.eval_data, options)
     _record(c, run, metrics, time.perf_counter() - t0, progress)
 
 
@@ -404,32 +432,48 @@ def _run_at_once(c: Comparison, todo: list[Run], evaluator: suite.Evaluator, pro
     cores; the results files are written here as each run ends. Runs are independent and seeded, so a run
     trains alike whichever process takes it (on the same number of threads). Tiny models use threads
     poorly: two one-thread runs on 2 cores train about 12% more tokens a second than one two-thread run
-    (benchmarks/bench_findings.py). After a failure or Ctrl-C no further run starts; the running ones end
-    at a checkpoint of their own (the training loop's SIGINT handling), and what finished is kept."""
+    (benchmarks/bench_findings.py). A run whose evaluation waits on its arm's first seed (`run_options`)
+    is trained, then evaluated once that seed's results are in. After a failure or Ctrl-C no further run
+    starts; the running ones end at a checkpoint of their own (the training loop's SIGINT handling), and
+    what finished is kept."""
     threads = max(1, (os.cpu_count() or 1) // c.jobs)
     shared = c.report_dir / "arms" / SHARED_BASELINES  # with the runs' state, never published
-    by_future: dict[Future[tuple[dict[str, Any], float]], Run] = {}
+    by_future: dict[Future[tuple[dict[str, Any] | None, float]], Run] = {}
+    waiting: list[Run] = []  # trained; evaluated once their arm's first seed is
     failure: BaseException | None = None
     # spawn, not fork: a forked child would inherit the parent's torch threads and locks mid-use.
     with ProcessPoolExecutor(c.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+
+        def submit(run: Run) -> None:
+            job = pool.submit(_train_and_evaluate, run.key, run.cfg, run.run_dir, c.eval_data,
+                              run_options(c, run), evaluator, threads, shared)  # fmt: skip
+            by_future[job] = run
+
         try:
             for run in todo:
-                job = pool.submit(_train_and_evaluate, run.key, run.cfg, run.run_dir, c.eval_data,
-                                  run_options(c, run), evaluator, threads, shared)  # fmt: skip
-                by_future[job] = run
+                submit(run)
             progress.skip(f"{len(todo)} runs", f"{c.jobs} at once, {threads} thread(s) each")
-            for job in as_completed(by_future):
-                run = by_future[job]
-                if job.cancelled():
-                    continue
-                try:
-                    metrics, eval_seconds = job.result()
-                except BaseException as exc:  # the first failure is raised once the running runs end
-                    failure = failure or exc
-                    for other in by_future:
-                        other.cancel()
-                    continue
-                _record(c, run, metrics, eval_seconds, progress)
+            while by_future:
+                done, _ = wait(by_future, return_when=FIRST_COMPLETED)
+                for job in done:
+                    run = by_future.pop(job)
+                    if job.cancelled():
+                        continue
+                    try:
+                        metrics, eval_seconds = job.result()
+                    except BaseException as exc:  # the first failure is raised once the running runs end
+                        failure = failure or exc
+                        for other in by_future:
+                            other.cancel()
+                        continue
+                    if metrics is None:
+                        waiting.append(run)
+                    else:
+                        _record(c, run, metrics, eval_seconds, progress)
+                ready = [r for r in waiting if run_options(c, r) is not None] if failure is None else []
+                for run in ready:
+                    waiting.remove(run)
+                    submit(run)
         except BaseException:  # Ctrl-C here: start nothing more; the running runs stop at a checkpoint
             for other in by_future:
                 other.cancel()
@@ -443,17 +487,20 @@ def _train_and_evaluate(
     cfg: TrainConfig,
     run_dir: Path,
     eval_data: str | None,
-    eval_options: dict[str, Any],
+    eval_options: dict[str, Any] | None,
     evaluator: suite.Evaluator,
     threads: int,
     shared: Path,
-) -> tuple[dict[str, Any], float]:
+) -> tuple[dict[str, Any] | None, float]:
     """One run in a worker process of `_run_at_once`: trained (or resumed) to its last step unless it is
-    already there, then evaluated: (metrics, evaluation seconds)."""
+    already there, then evaluated: (metrics, evaluation seconds); (None, 0) where `eval_options` is None
+    (its evaluation waits on another run's results)."""
     torch.set_num_threads(threads)
     suite.share_baselines(shared)
     if finished_checkpoint(run_dir) is None:  # the parent says when each run ends
         train_to_end(key, cfg, run_dir, Console(stderr=True, quiet=True))
+    if eval_options is None:
+        return None, 0.0
     t0 = time.perf_counter()
     metrics = evaluator(run_dir, eval_data, eval_options)
     return metrics, time.perf_counter() - t0

@@ -37,7 +37,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -204,6 +204,12 @@ class EvalOptions:
     finetune_steps: int = 300
     finetune_lrs: tuple[float, ...] = FINETUNE_LRS  # peak rates tried, the best on dev kept
     finetune_seeds: int = 1  # fine-tunes at the chosen rate for the fine-tune's own sd (1: none)
+    # Per task ("" for the default probe's), one peak rate to fine-tune at instead of choosing among
+    # finetune_lrs: a comparison's later seeds at the rate their arm's first seed chose on dev.
+    finetune_lr_chosen: dict[str, float] = field(default_factory=dict)
+    # The random-init twin fine-tunes at the rate chosen by the twin drawn with this training seed (the
+    # comparison's first), computed once and shared, instead of choosing among finetune_lrs itself.
+    finetune_twin_seed: int | None = None
     samples: int = 3
     sample_tokens: int = 32
     skip: tuple[str, ...] = ()  # parts to leave out: lm, corrupted, infill, probe, samples
@@ -236,7 +242,9 @@ class EvalOptions:
         if self.finetune:
             # refuses bad values
             finetune.FinetuneConfig(
-                steps=self.finetune_steps, lrs=self.finetune_lrs, seeds=self.finetune_seeds
+                steps=self.finetune_steps,
+                lrs=self.finetune_lrs + tuple(self.finetune_lr_chosen.values()),
+                seeds=self.finetune_seeds,
             )
         stray = [t for t in self.finetune_tasks if t not in self.probe_tasks]
         if stray and self.probe_tasks:  # without named tasks the default probe's task is the one tuned on
@@ -923,28 +931,41 @@ def _finetune(ckpt: Checkpoint, options: EvalOptions, seq_len: int, device: torc
     seed = random_init_seed(ckpt, options)
     out: dict[str, Any] = {}
 
-    def tune(model: torch.nn.Module, splits: tuple[probe.Labelled, ...]) -> dict[str, float]:
-        return finetune.finetune(model, tokenizer, *splits, seq_len, options.seed, config, device, segments)
+    def tune(
+        model: torch.nn.Module, splits: tuple[probe.Labelled, ...], how: finetune.FinetuneConfig
+    ) -> dict[str, float]:
+        return finetune.finetune(model, tokenizer, *splits, seq_len, options.seed, how, device, segments)
+
+    def twin(
+        splits: tuple[probe.Labelled, ...], twin_seed: int, how: finetune.FinetuneConfig
+    ) -> dict[str, float]:
+        # The same fine-tune from the same architecture untrained: what the whole model learns from
+        # the task's own examples alone, against which pretraining's worth is judged. One per
+        # architecture, training seed and task, kept for the other arms of a comparison.
+        key = (
+            "finetune_random_init", repr(ckpt.model.config), twin_seed, repr(how), seq_len, options.seed,
+            segments, str(device), tokenizer.vocab_size,
+            hashlib.sha256(repr([(d.texts, d.labels) for d in splits]).encode()).hexdigest(),
+        )  # fmt: skip
+        return _baseline_scores(
+            hashlib.sha256(repr(key).encode()).hexdigest(),
+            lambda: tune(probe.random_init_like(ckpt.model, twin_seed), splits, how),
+        )
 
     for name, train, dev, test in _probe_splits(options):
         if name and options.finetune_tasks and name not in options.finetune_tasks:
             continue
         splits = (train, dev, test)
-        scores = tune(ckpt.model, splits)
+        chosen = options.finetune_lr_chosen.get(name)
+        scores = tune(ckpt.model, splits, config if chosen is None else replace(config, lrs=(chosen,)))
         if options.probe_baselines:
-            # The same fine-tune from the same architecture untrained: what the whole model learns from
-            # the task's own examples alone, against which pretraining's worth is judged. One per
-            # architecture, training seed and task, kept for the other arms of a comparison.
-            key = (
-                "finetune_random_init", repr(ckpt.model.config), seed, repr(config), seq_len, options.seed,
-                segments, str(device), tokenizer.vocab_size,
-                hashlib.sha256(repr([(d.texts, d.labels) for d in splits]).encode()).hexdigest(),
-            )  # fmt: skip
-            base = _baseline_scores(
-                hashlib.sha256(repr(key).encode()).hexdigest(),
-                lambda splits=splits: tune(probe.random_init_like(ckpt.model, seed), splits),
-            )
+            how = replace(config, seeds=1)  # a twin's own noise is never reported: one fine-tune a rate
+            if options.finetune_twin_seed is not None and options.finetune_twin_seed != seed:
+                # its rate is the one the first seed's twin chose on dev (fitted once and shared)
+                how = replace(how, lrs=(twin(splits, options.finetune_twin_seed, how)["finetune_lr"],))
+            base = twin(splits, seed, how)
             scores["finetune_random_init_accuracy"] = base["finetune_accuracy"]
+            scores["finetune_random_init_lr"] = base["finetune_lr"]
             if "finetune_mcc" in base:
                 scores["finetune_random_init_mcc"] = base["finetune_mcc"]
         prefix = f"finetune_{name}_" if name else "finetune_"

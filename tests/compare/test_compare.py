@@ -13,6 +13,7 @@ from compare_helpers import FakeSuite, experiment
 
 from objtrain.compare import load_experiment, plan_comparison, run_comparison, runner, write_report
 from objtrain.compare.runner import Interrupted
+from objtrain.errors import UserError
 from objtrain.training import checkpoint as ckpt
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -401,3 +402,48 @@ def test_first_seed_options_measure_on_each_arms_first_seed_only(write_experimen
     record = json.loads((out / "results" / "mlm.seed-1.json").read_text())
     assert record["eval_options"] == {"samples": 1}
     assert write_report(c)["evaluation"]["first_seed_options"] == {"finetune_seeds": 3}
+
+
+class RateSuite(FakeSuite):
+    """A fine-tuning FakeSuite: each arm's first seed "chooses" a rate of its own; later seeds report the rate
+    their options fix (picklable: it crosses into `--jobs` workers)."""
+
+    def __call__(self, run_dir: Path, data: str | None, options: dict[str, Any]) -> dict[str, Any]:
+        chosen = options.get("finetune_lr_chosen", {})
+        lr = chosen.get("sst2", 3e-3 if "clm" in run_dir.parts else 1e-3)
+        return {"finetune_sst2_accuracy": 0.6, "finetune_sst2_lr": lr, "finetune_sst2_random_init_lr": 3e-4}
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_finetune_rates_chosen_on_the_first_seed_fix_the_later_seeds(
+    write_experiment, tmp_path: Path, monkeypatch, jobs: int
+) -> None:
+    """`eval.finetune_rates: first_seed`: a later seed is evaluated only after its arm's first seed, at the
+    rate that seed chose (per task) and with the twin's rate from the first seed's twin; with --jobs the
+    later seeds train beside the first and wait for its results to be evaluated."""
+    monkeypatch.setattr(runner.os, "cpu_count", lambda: 2)
+    spec = {"options": {"samples": 1, "finetune": True}, "finetune_rates": "first_seed"}
+    out = tmp_path / "report"
+    c = plan_comparison(load_experiment(write_experiment(eval=spec)), out, seeds=2)
+    c.jobs = jobs
+    run_comparison(c, evaluator=RateSuite(), show_progress=False)
+    options = {
+        key: json.loads((out / "results" / f"{key}.json").read_text())["eval_options"]
+        for key in ("clm.seed-0", "clm.seed-1", "mlm.seed-0", "mlm.seed-1")
+    }
+    assert options["clm.seed-0"] == options["mlm.seed-0"] == {"samples": 1, "finetune": True}
+    assert options["clm.seed-1"]["finetune_lr_chosen"] == {"sst2": 3e-3}
+    assert options["mlm.seed-1"]["finetune_lr_chosen"] == {"sst2": 1e-3}
+    assert options["clm.seed-1"]["finetune_twin_seed"] == options["mlm.seed-1"]["finetune_twin_seed"] == 0
+    # The report says where the rates were chosen; a resume keeps every result.
+    results = write_report(c)
+    assert results["arms"][0]["runs"][1]["eval"]["finetune_sst2_lr"] == 3e-3
+    c = plan_comparison(load_experiment(write_experiment(eval=spec)), out, seeds=2, resume=True)
+    suite = RateSuite()
+    run_comparison(c, evaluator=suite, show_progress=False)
+    assert suite.calls == []
+
+
+def test_finetune_rates_must_be_named(write_experiment, tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="finetune_rates must be one of"):
+        load_experiment(write_experiment(eval={"finetune_rates": "every-seed-and-more"}))

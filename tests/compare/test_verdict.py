@@ -214,6 +214,17 @@ def test_a_fine_tune_claim_is_gated_by_the_random_init_fine_tune() -> None:
     text = "\n".join(baseline_section({"arms": arms}))
     assert "at each of 4 peak learning rates (the rate best on dev: 0.001 in 2 runs, 0.003 in 1 run)" in text
     assert "the fine-tune's own noise is not measured apart" in text
+    # Rates chosen on the first seed only: the choices counted are the first seed's, the rest said.
+    fixed = {**tuned, "finetune_sst2_lrs_tried": 1.0}
+    runs = [{**tuned, "finetune_sst2_lr": 3e-3, "finetune_sst2_random_init_lr": 1e-3}]
+    runs += [{**fixed, "finetune_sst2_lr": 3e-3, "finetune_sst2_random_init_lr": 1e-3}] * 2
+    arms[0]["runs"] = [{"eval": e} for e in runs]
+    text = "\n".join(baseline_section({"arms": arms}))
+    assert (
+        "at each of 4 peak learning rates on each arm's first seed (the rate best on dev: 0.003 in 1 run); "
+        "the other 2 runs, and their random-init twins, at the rate their first seed's run (or twin) chose"
+    ) in text
+    arms[0]["runs"] = [{"eval": {**tuned, "finetune_sst2_lr": lr}} for lr in (1e-3, 3e-3, 1e-3)]
     # Its own noise measured on the first seed's checkpoint: in the own-seed-sd column, and said.
     arms[0]["baselines"]["finetune_sst2_accuracy_tune_sd"] = {
         "mean": 0.012,

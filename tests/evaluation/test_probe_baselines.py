@@ -289,6 +289,34 @@ def test_fine_tuning_has_a_random_init_baseline_fitted_once(
     )
 
 
+def test_later_seeds_fine_tune_at_the_rates_their_first_seed_chose(
+    debug_checkpoint: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`finetune_lr_chosen` fixes the checkpoint's rate per task; `finetune_twin_seed` gives the random-init
+    twin the rate the first seed's twin chose on dev (that twin fitted once, at every rate), not its own."""
+    from objtrain.evaluation import finetune, suite
+
+    ckpt = load_checkpoint(debug_checkpoint("encoder", {"objective": "mlm", "seq_len": 32}))
+    lrs = (1e-9, 1e-3)
+    options = EvalOptions(seed=0, probe_tasks=("sst2",), probe_data=_task_dir(tmp_path / "data"),
+                          finetune=True, finetune_steps=4, finetune_lrs=lrs,
+                          finetune_lr_chosen={"sst2": 1e-9}, finetune_twin_seed=7)  # fmt: skip
+    tried: list[tuple[float, ...]] = []
+    real = finetune.finetune
+    monkeypatch.setattr(finetune, "finetune", lambda *a, **k: tried.append(a[7].lrs) or real(*a, **k))
+    suite._BASELINES.clear()
+    out = suite._finetune(ckpt, options, 32, torch.device("cpu"))
+    assert out["finetune_sst2_lr"] == 1e-9 and out["finetune_sst2_lrs_tried"] == 1.0
+    # the checkpoint at its fixed rate, the first seed's twin at both, this seed's twin at the one it chose
+    twin_rate = out["finetune_sst2_random_init_lr"]
+    assert tried == [(1e-9,), lrs, (twin_rate,)] and twin_rate in lrs
+    first_twin = [s for s in suite._BASELINES.values() if s["finetune_lrs_tried"] == 2.0]
+    assert len(first_twin) == 1 and first_twin[0]["finetune_lr"] == twin_rate
+    suite._BASELINES.clear()
+    own = suite._finetune(ckpt, EvalOptions(**{**options.__dict__, "finetune_twin_seed": 0}), 32, "cpu")
+    assert tried[-1] == lrs and own["finetune_sst2_random_init_lr"] in lrs  # its own seed: chosen itself
+
+
 def test_fine_tuning_keeps_to_the_tasks_named(
     debug_checkpoint: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
