@@ -19,12 +19,11 @@ and each shorter one's decay (the share of its steps after the branch point).
     .venv/bin/python benchmarks/bench_findings.py span-length      # one experiment
     .venv/bin/python benchmarks/bench_findings.py --jobs 2         # as `make findings` runs them: 2 lanes
 
-With `--jobs N`, as `findings run --jobs N`: each comparison in turn trains N of its runs at once
-(`compare --jobs N`), then the sweeps go N at once, each on its share of the cores, so every throughput is
-measured with the other lanes busy beside it. An estimate is the experiment's lane-hours; the total counts a
-comparison's lane-hours shared over the N lanes, then the sweeps' lanes, each taking the next sweep (most
-tokens first) as it frees. The last run of each comparison and the last sweep run alone in the end, a little
-faster than their estimates (and with a core idle beside them).
+With `--jobs N`, as `findings run --jobs N`: each experiment in turn trains N of its runs (a sweep: its
+chains of one arm, size and seed) at once (`compare --jobs N`), each on its share of the cores, so every
+throughput is measured with the other lanes busy beside it. An estimate is the experiment's lane-hours; the
+total shares each experiment's lane-hours over the N lanes. The last run of each experiment runs alone in the
+end, a little faster than its estimate (and with a core idle beside it).
 
 Needs ../shared/data for the prose experiments (it builds the prose store as `make findings` does) and
 skips them with a message when it is absent. Run it on an otherwise idle machine: it times wall clock.
@@ -38,7 +37,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from _data_common import SHARED_DATA, table
@@ -73,7 +71,7 @@ def steady_throughput(run_dir: Path) -> float | None:
 def measure(name: str, work: Path, jobs: int = 1) -> dict[str, object]:
     out = work / name
     cmd = small_command(name, out)
-    if jobs > 1 and name in findings.FINDINGS:  # its runs N at once, each worker on its share of the cores
+    if jobs > 1:  # its runs (chains) N at once, each worker on its share of the cores
         cmd += ["--jobs", str(jobs)]
     start = time.perf_counter()
     if jobs == 1:
@@ -129,9 +127,7 @@ def main() -> int:
     elif prose:
         subprocess.run([sys.executable, "benchmarks/findings_data.py", "runs/findings/data"], check=True)
     comparisons = [n for n in names if n in findings.FINDINGS]  # one after another, as findings runs them
-    sweeps = findings.most_tokens_first(
-        [n for n in names if n not in findings.FINDINGS]
-    )  # as lanes take them
+    sweeps = findings.most_tokens_first([n for n in names if n not in findings.FINDINGS])
     with tempfile.TemporaryDirectory(prefix="bench-findings-") as tmp:
 
         def one(name: str) -> dict[str, object]:
@@ -139,9 +135,7 @@ def main() -> int:
             print(f"{name}: about {float(m['estimate_s']) / 3600:.2f} lane-hours", flush=True)  # type: ignore[arg-type]
             return m
 
-        measured = [one(name) for name in comparisons]
-        with ThreadPoolExecutor(max_workers=args.jobs) as lanes:
-            measured += list(lanes.map(one, sweeps))
+        measured = [one(name) for name in comparisons + sweeps]
     rows = [[m["name"], str(m["runs"]), f"{m['tokens_per_s']:,.0f}", f"{m['eval_s']:.0f}",
              f"{m['rest_s']:.0f}", f"{m['small_wall_s']:.0f}", f"{float(m['estimate_s']) / 3600:.2f}"]  # type: ignore[arg-type]
             for m in measured]  # fmt: skip
@@ -152,9 +146,7 @@ def main() -> int:
     if args.jobs == 1:
         print(f"all: about {sum(hours):.2f} hours on this machine ({len(names)} experiments)")
     else:  # each estimate is an experiment's lane-hours, the other lanes busy beside it
-        shared = sum(h for m, h in zip(measured, hours, strict=True) if m["name"] in findings.FINDINGS)
-        lanes_h = [h for m, h in zip(measured, hours, strict=True) if m["name"] not in findings.FINDINGS]
-        span = shared / args.jobs + findings.makespan(lanes_h, args.jobs)
+        span = sum(hours) / args.jobs
         print(f"all: about {span:.2f} hours on this machine ({len(names)} experiments, "
               f"{args.jobs} at once, {findings.lane_threads(args.jobs)} threads each)")  # fmt: skip
     return 0

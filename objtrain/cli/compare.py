@@ -66,15 +66,15 @@ def run(
     jobs: int = typer.Option(
         1,
         "--jobs",
-        help="Runs trained at once, each in its own process on its share of the cores (a comparison, "
-        "not a sweep); each run trains as it would alone on as many threads.",
+        help="Runs trained at once, each in its own process on its share of the cores (a sweep: chains of "
+        "one arm, size and seed); each run trains as it would alone on as many threads.",
     ),
 ) -> None:
     console = make_console(stderr=True, highlight=False)
     exp = load_experiment(experiment)
     exp.eval.options = {**exp.eval.options, **parse_eval_options(eval_options or [])}
     spec = parse_sweep(sweep, exp.sweep, budget == "tiny")
-    check_jobs(jobs, spec is not None)
+    check_jobs(jobs)
     if max_seeds is not None:
         check_max_seeds(max_seeds, seeds, spec is not None)
     if spec is not None:
@@ -87,6 +87,7 @@ def run(
                 exp, output, spec, budget, seeds, resume=resume, force=force, data=data, console=console
             ),
         ) as s:
+            s.comparison.jobs = jobs
             _sweep(s, spec, output, console)
             write_sweep_report(s, make_console(highlight=False))
             console.print(
@@ -110,12 +111,9 @@ def run(
         _compare(comparison, exp.name, output, console, max_seeds or 0, more_seeds)
 
 
-def check_jobs(jobs: int, sweep: bool) -> None:
+def check_jobs(jobs: int) -> None:
     if jobs < 1:
         raise UserError(f"--jobs must be at least 1, got {jobs}")
-    if sweep and jobs > 1:
-        # A sweep's shorter points branch from its longer ones' checkpoints: one chain at a time.
-        raise UserError("--jobs is for a comparison: a sweep trains its points one after another")
 
 
 def check_max_seeds(max_seeds: int, seeds: int, sweep: bool) -> None:

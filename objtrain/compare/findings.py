@@ -24,7 +24,6 @@ import shutil
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,9 +156,14 @@ def lane_seconds(runs: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def run_seconds(runs: list[dict[str, Any]]) -> list[float]:
-    """Each run's training and evaluation seconds, the longest first (how `--jobs` lanes share a
-    comparison's runs out)."""
-    return sorted((t + e for t, e in _run_costs(runs)), reverse=True)
+    """The training and evaluation seconds of each job `--jobs` lanes share out, the longest first: a
+    comparison's runs, a sweep's chains (the points of one arm, size and seed go one after another)."""
+    jobs: dict[Any, float] = {}
+    for i, (run, (t, e)) in enumerate(zip(runs, _run_costs(runs), strict=True)):
+        train = run.get("train") or {}
+        key = (run["arm"], train.get("model_size"), run.get("seed")) if "arm" in run else i
+        jobs[key] = jobs.get(key, 0.0) + t + e
+    return sorted(jobs.values(), reverse=True)
 
 
 def one_rate_finetunes(runs: list[dict[str, Any]]) -> int:
@@ -208,19 +212,15 @@ def makespan(hours: list[float], jobs: int) -> float:
 
 
 def wall_hours(all_results: dict[str, dict[str, Any]], names: list[str], jobs: int = 2) -> float:
-    """How long `findings run --jobs` takes for `names`, from the runs' own records: the comparisons one
-    after another, each one's runs shared out over the lanes; then the sweeps, one a lane."""
+    """How long `findings run --jobs` takes for `names`, from the runs' own records: the experiments one
+    after another, each one's runs (a sweep's chains) shared out over the lanes."""
     total = 0.0
-    sweeps = []
     for name in names:
         runs = [s / 3600 for s in all_results[name].get("run_seconds") or []]
         if not runs:  # a record without its runs' times: the experiment as one job
             runs = [sum(all_results[name]["lane_seconds"].values()) / 3600]
-        if name in SWEEPS:
-            sweeps.append(sum(runs))
-        else:
-            total += makespan(runs, jobs)
-    return total + makespan(sorted(sweeps, reverse=True), jobs)
+        total += makespan(runs, jobs)
+    return total
 
 
 def _total_cost(all_results: dict[str, dict[str, Any]]) -> str:
@@ -241,7 +241,7 @@ def _total_cost(all_results: dict[str, dict[str, Any]]) -> str:
         f"{wall_hours(all_results, core):.1f} hours in two lanes; the {len(rest)} it "
         f"leaves out ({', '.join(rest) or 'none'}) took {lane_hours(rest):.1f} more, so "
         f"`make findings-all` takes about {wall_hours(all_results, core + rest):.1f} hours (the comparisons "
-        "one after another, each one's runs two at a time; then the sweeps, two at a time; start-up, "
+        "one after another, then the sweeps, each one's runs (a sweep's chains) two at a time; start-up, "
         "checkpoints and reports not counted; each lane on one thread beside the other, so an idle machine "
         "is somewhat faster: `benchmarks/bench_findings.py --jobs 2` measures it alone)"
         + (f"; not counted: {', '.join(dict.fromkeys(missing))}" if missing else "")
@@ -633,12 +633,12 @@ def run(names: list[str], jobs: int = 1, everything: bool = False) -> int:
     """Run the named experiments (default: the core ones, `everything`: all), then publish.
 
     `jobs` > 1 shares the cores out `jobs` ways, one thread each on 2 cores, each one's output in
-    `runs/findings/logs/NAME.log`: the comparisons one after another, each training `jobs` of its runs at
-    once (`compare --jobs`), so the largest one no longer holds one lane while the other idles; then the
-    sweeps, `jobs` at once, the most tokens first (a sweep's shorter points branch from its longer ones, so a
-    sweep is one lane). Tiny models use two threads poorly: on 2 cores two one-thread lanes train 12% more
-    tokens a second than one two-thread run (3,950 tok/s each against 6,880 alone, nsp-sop's encoders,
-    measured with benchmarks/bench_findings.py), and the findings were published from one-thread runs.
+    `runs/findings/logs/NAME.log`: the comparisons, then the sweeps, one after another, each training `jobs`
+    of its runs at once (`compare --jobs`; a sweep's chains of one arm, size and seed, whose shorter points
+    branch from the longest), so the largest one no longer holds one lane while the other idles. Tiny models
+    use two threads poorly: on 2 cores two one-thread lanes train 12% more tokens a second than one
+    two-thread run (3,950 tok/s each against 6,880 alone, nsp-sop's encoders, measured with
+    benchmarks/bench_findings.py), and the findings were published from one-thread runs.
     """
     objtrain = str(Path(sys.executable).with_name("objtrain"))
     if everything:
@@ -667,8 +667,7 @@ def run(names: list[str], jobs: int = 1, everything: bool = False) -> int:
                 restore_previous(name)
             return code
         env = lane_env(jobs)
-        if name in FINDINGS:  # its runs `jobs` at once, each worker on its share of the cores
-            cmd += ["--jobs", str(jobs)]
+        cmd += ["--jobs", str(jobs)]  # its runs (chains) `jobs` at once, each on its share of the cores
         log = LOGS / f"{name}.log"
         print(f"$ {shlex.join(cmd)}  (output: {log})", flush=True)
         started = time.perf_counter()
@@ -687,16 +686,9 @@ def run(names: list[str], jobs: int = 1, everything: bool = False) -> int:
                 return code
     else:
         LOGS.mkdir(parents=True, exist_ok=True)
-        codes = [one(name) for name in names if name in FINDINGS]  # a failure does not stop the others
-        sweeps = most_tokens_first([n for n in names if n in SWEEPS])
-        with ThreadPoolExecutor(max_workers=jobs) as lanes:
-            queued = [lanes.submit(one, name) for name in sweeps]
-            try:
-                codes += [f.result() for f in queued]
-            except KeyboardInterrupt:  # the running ones stop at a checkpoint of their own; start no more
-                for f in queued:
-                    f.cancel()
-                raise
+        # a failure does not stop the others
+        codes = [one(name) for name in [n for n in names if n in FINDINGS] + most_tokens_first(
+            [n for n in names if n in SWEEPS])]  # fmt: skip
         if failed := [c for c in codes if c]:
             return failed[0]
     for path in publish():

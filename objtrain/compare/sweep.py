@@ -40,13 +40,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import multiprocessing
+import os
 import shutil
 import tempfile
 import time
+from collections.abc import Collection
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 from rich.console import Console
 
@@ -56,9 +61,11 @@ from objtrain.compare.progress import ArmsProgress
 from objtrain.compare.runner import (
     JUDGING_KEYS,
     PLAN,
+    SHARED_BASELINES,
     Comparison,
     Run,
     _check_arm,
+    _record,
     _tokenizer_hash,
     _without_unset,
     check_report_dir,
@@ -66,6 +73,7 @@ from objtrain.compare.runner import (
     finished_checkpoint,
     kept_result,
     plan_dict,
+    run_options,
     train_to_end,
 )
 from objtrain.errors import UserError, did_you_mean
@@ -388,34 +396,123 @@ def run_sweep(
     )
     try:
         with progress:
+            todo: list[Cell] = []
             for cell in s.cells:
-                run = cell.run
-                kept = kept_result(c, run)
+                kept = kept_result(c, cell.run)
                 if kept is not None:
-                    c.results[run.key] = kept
-                    progress.skip(run.key, "done")
-                    continue
-                if finished_checkpoint(run.run_dir) is not None:
-                    progress.skip(run.key, "trained; evaluating")
+                    c.results[cell.run.key] = kept
+                    progress.skip(cell.run.key, "done")
                 else:
-                    if not run.run_dir.exists() and cell.source is not None:
-                        if cell.source.run_dir.exists():
-                            branch(cell)
-                            progress.skip(
-                                run.key, f"branched at step {cell.branch_step} from {cell.source.key}"
-                            )
-                        else:  # its chain's longest run was evaluated and its arms since removed (they
-                            # stay out of version control): the same run, trained from step 0
-                            progress.skip(run.key, f"{cell.source.key} is gone: training from step 0")
-                    progress.start(run.key)
-                    train_to_end(run.key, run.cfg, run.run_dir, console, on_record=progress.record,
-                                 save_at=saves.get(run.run_dir, ()), kept="points")  # fmt: skip
-                evaluate_run(c, run, evaluator, progress)
+                    todo.append(cell)
+            if c.jobs > 1 and len({cell.chain for cell in todo}) > 1:
+                _chains_at_once(s, todo, saves, evaluator, progress)
+            else:
+                for cell in todo:
+                    _train_cell(cell, saves.get(cell.run.run_dir, ()), console, progress)
+                    evaluate_run(c, cell.run, evaluator, progress)
     finally:
         c.seconds = float(previous.get("seconds", 0.0)) + time.perf_counter() - started
         if c.report_dir.is_dir():
             write_json(c.report_dir / PLAN, sweep_plan_dict(s) | {"seconds": c.seconds})
     return s
+
+
+def _train_cell(
+    cell: Cell, save_at: Collection[int], console: Console, progress: ArmsProgress | None = None
+) -> None:
+    """Train the cell's run to its end unless it is there: branched from its chain's longest run where that
+    run's checkpoint is at hand, else from step 0 (module doc)."""
+    run = cell.run
+    if finished_checkpoint(run.run_dir) is not None:
+        if progress is not None:
+            progress.skip(run.key, "trained; evaluating")
+        return
+    if not run.run_dir.exists() and cell.source is not None:
+        if cell.source.run_dir.exists():
+            branch(cell)
+            if progress is not None:
+                progress.skip(run.key, f"branched at step {cell.branch_step} from {cell.source.key}")
+        elif progress is not None:  # its chain's longest run was evaluated and its arms since removed (they
+            # stay out of version control): the same run, trained from step 0
+            progress.skip(run.key, f"{cell.source.key} is gone: training from step 0")
+    on_record = None
+    if progress is not None:
+        progress.start(run.key)
+        on_record = progress.record
+    train_to_end(run.key, run.cfg, run.run_dir, console, on_record=on_record, save_at=save_at, kept="points")
+
+
+def _chains_at_once(
+    s: Sweep,
+    todo: list[Cell],
+    saves: dict[Path, set[int]],
+    evaluator: suite.Evaluator,
+    progress: ArmsProgress,
+) -> None:
+    """`--jobs N`: the chains (arm, size, seed) N at a time, each in a fresh process on its share of the
+    cores, the longest chains first. Within a chain the points go one after another, the longest run first
+    (the shorter ones branch from its checkpoints), so each trains exactly as in one process; chains share
+    nothing. A chain's results files are written here when the chain ends (a point trained but not yet
+    recorded when a run stops is only evaluated again on resume). As `compare --jobs`, after a failure or
+    Ctrl-C no further chain starts and the running ones stop at a checkpoint."""
+    c = s.comparison
+    chains: dict[tuple[str, str, int], list[Cell]] = {}
+    for cell in todo:
+        chains.setdefault(cell.chain, []).append(cell)
+    order = sorted(chains.values(), key=lambda cells: -max(cell.run.steps or 0 for cell in cells))
+    threads = max(1, (os.cpu_count() or 1) // c.jobs)
+    shared = c.report_dir / "arms" / SHARED_BASELINES
+    by_future: dict[Future[list[tuple[str, dict[str, Any], float]]], list[Cell]] = {}
+    failure: BaseException | None = None
+    with ProcessPoolExecutor(c.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            for cells in order:
+                work = [
+                    (cell, sorted(saves.get(cell.run.run_dir, ())), run_options(c, cell.run))
+                    for cell in cells
+                ]
+                by_future[pool.submit(_run_chain, work, c.eval_data, evaluator, threads, shared)] = cells
+            progress.skip(f"{len(order)} chains", f"{c.jobs} at once, {threads} thread(s) each")
+            for job in as_completed(by_future):
+                if job.cancelled():
+                    continue
+                try:
+                    done = job.result()
+                except BaseException as exc:  # the first failure is raised once the running chains end
+                    failure = failure or exc
+                    for other in by_future:
+                        other.cancel()
+                    continue
+                runs = {cell.run.key: cell.run for cell in by_future[job]}
+                for key, metrics, eval_seconds in done:
+                    _record(c, runs[key], metrics, eval_seconds, progress)
+        except BaseException:
+            for other in by_future:
+                other.cancel()
+            raise
+    if failure is not None:
+        raise failure
+
+
+def _run_chain(
+    work: list[tuple[Cell, list[int], dict[str, Any] | None]],
+    eval_data: str | None,
+    evaluator: suite.Evaluator,
+    threads: int,
+    shared: Path,
+) -> list[tuple[str, dict[str, Any], float]]:
+    """One chain in a worker process of `_chains_at_once`: each point trained (or branched) and evaluated,
+    in order: [(key, metrics, evaluation seconds)]."""
+    torch.set_num_threads(threads)
+    suite.share_baselines(shared)
+    quiet = Console(stderr=True, quiet=True)
+    out = []
+    for cell, save_at, options in work:
+        _train_cell(cell, save_at, quiet)
+        t0 = time.perf_counter()
+        metrics = evaluator(cell.run.run_dir, eval_data, options or {})
+        out.append((cell.run.key, metrics, time.perf_counter() - t0))
+    return out
 
 
 def branch(cell: Cell) -> None:

@@ -161,6 +161,42 @@ def test_a_size_sweep_resumed_with_a_new_size_trains_only_its_chains(
             plan_sweep(exp, report, spec, resume=True)
 
 
+def test_a_sweep_with_jobs_trains_its_chains_at_once_as_one_process_would(
+    compare_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--jobs 2` on a sweep: the chains (arm, size, seed) two at a time in processes of their own, each
+    point branched from its own chain; every point ends with the weights and results of one process."""
+    monkeypatch.setattr(runner.os, "cpu_count", lambda: 2)  # one thread a worker, as below
+    exp = experiment_from_dict(sweep_experiment(compare_store))
+    spec = parse_sweep([f"tokens={ROWS},{4 * ROWS},{32 * ROWS}"], {}, tiny=False)
+    assert spec is not None
+    threads = runner.torch.get_num_threads()
+    runner.torch.set_num_threads(1)
+    try:
+        alone = run_sweep(plan_sweep(exp, tmp_path / "alone", spec, seeds=2), evaluator=FakeSuite(),
+                          show_progress=False)  # fmt: skip
+    finally:
+        runner.torch.set_num_threads(threads)
+    s = plan_sweep(exp, tmp_path / "at-once", spec, seeds=2)
+    s.comparison.jobs = 2
+    run_sweep(s, evaluator=FakeSuite(), show_progress=False)
+    assert sorted(s.comparison.results) == sorted(alone.comparison.results) and len(s.comparison.results) == 6
+    for a, b in zip(alone.cells, s.cells, strict=True):
+        assert a.run.key == b.run.key and b.branch_step == a.branch_step
+        for name, tensor in final_weights(a.run.run_dir).items():
+            assert final_weights(b.run.run_dir)[name].equal(tensor), (b.run.key, name)
+        curve = [(p["tokens"], p["val_loss"]) for p in s.comparison.results[b.run.key]["train"]["curve"]]
+        assert curve == [
+            (p["tokens"], p["val_loss"]) for p in alone.comparison.results[a.run.key]["train"]["curve"]
+        ]
+    # resumed, nothing is trained or evaluated again
+    again = plan_sweep(exp, tmp_path / "at-once", spec, seeds=2, resume=True)
+    again.comparison.jobs = 2
+    suite = FakeSuite()
+    run_sweep(again, evaluator=suite, show_progress=False)
+    assert suite.calls == []
+
+
 def test_a_cosine_schedule_shares_only_its_warmup(compare_store: Path, tmp_path: Path) -> None:
     data = sweep_experiment(compare_store, schedule={"kind": "cosine", "warmup": 2})
     exp = experiment_from_dict(data)
