@@ -18,7 +18,7 @@ from objtrain.compare import load_experiment, plan_comparison, run_comparison, w
 from objtrain.compare.regime import seeds_wanted
 from objtrain.compare.report import print_tables
 from objtrain.compare.runner import PLAN, Comparison, Interrupted
-from objtrain.compare.sweep import Sweep, SweepSpec, parse_sweep, plan_sweep, run_sweep
+from objtrain.compare.sweep import Sweep, SweepSpec, plan_sweep, run_sweep, sweep_from_experiment
 from objtrain.errors import UserError
 from objtrain.io import OutputLock, Unwritable, check_writable
 
@@ -73,7 +73,7 @@ def run(
     console = make_console(stderr=True, highlight=False)
     exp = load_experiment(experiment)
     exp.eval.options = {**exp.eval.options, **parse_eval_options(eval_options or [])}
-    spec = parse_sweep(sweep, exp.sweep, budget == "tiny")
+    spec = sweep_from_experiment(exp, sweep, budget)
     check_jobs(jobs)
     if max_seeds is not None:
         check_max_seeds(max_seeds, seeds, spec is not None)

@@ -57,8 +57,22 @@ class BudgetSpec:
     # A budget at another scale (`gpu:`): every arm's model size, and run settings over the shared ones.
     size: str | None = None
     train: dict[str, Any] = field(default_factory=dict)
+    # A sweep experiment's grid at this budget (`{flops: [...], size: [...]}`, as its `sweep:`), with `train`
+    # laid over every point; its control is the grid's largest point.
+    sweep: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        axis = [k for k in ("tokens", "flops") if k in self.sweep]
+        if (
+            self.sweep
+            and len(axis) == 1
+            and self.tokens is None
+            and self.flops is None
+            and self.seconds is None
+        ):
+            points = self.sweep[axis[0]]
+            if isinstance(points, list) and points and all(isinstance(v, (int, float)) for v in points):
+                setattr(self, axis[0], int(max(points)) if axis[0] == "tokens" else float(max(points)))
         given = [v for v in (self.tokens, self.flops, self.seconds) if v is not None]
         if len(given) != 1:
             raise ValueError("a budget gives exactly one of tokens, flops or seconds")

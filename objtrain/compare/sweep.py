@@ -257,11 +257,14 @@ def plan_sweep(
     """Every check, nothing written: the report directory, each arm at each point, the sweep itself."""
     report_dir = Path(report_dir)
     check_report_dir(report_dir, seeds, resume, force)
-    if budget not in (None, "default", "tiny"):
+    scale = exp.budgets.get(budget or "")  # a named budget with a grid of its own (`gpu:`)
+    if budget not in (None, "default", "tiny") and (scale is None or not scale.sweep):
         raise UserError(
             f"--budget {budget}: a sweep sets each point's budget itself; only --budget tiny (smoke-run "
-            "settings) goes with --sweep"
+            "settings) or a named budget with a grid of its own (`sweep:`) goes with --sweep"
         )
+    train_over = scale.train if scale is not None and scale.sweep else {}
+    size_over = scale.size if scale is not None and scale.sweep else None  # where the grid has no sizes
     tiny = budget == "tiny"
     seed_list = [exp.seed + k for k in range(seeds)]
     eval_options = suite.options_for(exp.eval.options, tiny)
@@ -280,7 +283,11 @@ def plan_sweep(
                 )  # fmt: skip
                 chain: list[Cell] = []
                 for value in spec.points:
-                    point = BudgetSpec(**{spec.kind: int(value) if spec.kind == "tokens" else value})
+                    point = BudgetSpec(
+                        **{spec.kind: int(value) if spec.kind == "tokens" else value},
+                        train=train_over,
+                        size=size_over if size is None else None,
+                    )
                     cfg, plan, target_len, per_step, steps = _check_arm(
                         exp, sized, seed, point, tiny, data, scratch, console
                     )
@@ -299,12 +306,12 @@ def plan_sweep(
                     chain.append(Cell(run, label, cfg.model.size, value, (arm.name, cfg.model.size, seed)))
                 cells += _link_chain(chain)
     budget_spec = BudgetSpec(
-        **{spec.kind: int(spec.points[-1]) if spec.kind == "tokens" else spec.points[-1]}
+        **{spec.kind: int(spec.points[-1]) if spec.kind == "tokens" else spec.points[-1]}, train=train_over
     )
     comparison = Comparison(
         exp,
         report_dir,
-        "sweep",
+        budget if train_over else "sweep",
         budget_spec,
         seed_list,
         [c.run for c in cells],
@@ -556,8 +563,10 @@ def branch(cell: Cell) -> None:
 
 
 def sweep_from_experiment(exp: Experiment, cli: list[str] | None, budget: str | None) -> SweepSpec | None:
-    """The sweep `objtrain compare` runs, or None for an ordinary comparison."""
-    return parse_sweep(cli, exp.sweep, budget == "tiny")
+    """The sweep `objtrain compare` runs, or None for an ordinary comparison: the grid of a named budget
+    that has one (`budgets: {gpu: {sweep: ...}}`) in place of the experiment's own."""
+    scale = exp.budgets.get(budget or "")
+    return parse_sweep(cli, scale.sweep if scale is not None and scale.sweep else exp.sweep, budget == "tiny")
 
 
 __all__ = ["ArmSpec", "Cell", "Sweep", "SweepSpec", "branch", "parse_sweep", "plan_sweep", "run_sweep"]

@@ -344,6 +344,33 @@ def test_the_gpu_budget_asks_the_same_question_at_10_to_100m_parameters(
         assert 1e7 <= count_parameters(build_model(run.plan.model_cfg)) <= 1e8, run.key
 
 
+SWEEP_GPU = [n for n in findings.SWEEPS if "gpu" in load_experiment(n).budgets]
+
+
+@pytest.mark.parametrize("name", SWEEP_GPU)
+def test_a_sweeps_gpu_budget_is_a_grid_of_its_own_at_10_to_100m_parameters(
+    name: str, compare_store, tmp_path
+) -> None:
+    """A dry run on CPU: the sweep's `gpu` budget replaces its grid (sizes inside 10-100M non-embedding
+    parameters, or one such size) and lays its run settings over every point; every cell plans."""
+    from objtrain.compare.sweep import plan_sweep, sweep_from_experiment
+    from objtrain.models.zoo import build_model, count_parameters
+
+    exp = load_experiment(name)
+    spec = sweep_from_experiment(exp, None, "gpu")
+    assert spec is not None and spec.points != sweep_from_experiment(exp, None, None).points  # type: ignore[union-attr]
+    s = plan_sweep(exp, tmp_path / "r", spec, budget="gpu", data=str(compare_store))
+    assert not (tmp_path / "r").exists() and s.comparison.budget_name == "gpu"
+    sizes = set()
+    for cell in s.cells:
+        assert cell.run.cfg.precision.dtype == "bf16" and cell.run.cfg.batch.seq_len == 256
+        sizes.add(cell.size)
+    for size in sizes:  # one model of each size and kind
+        cell = next(c for c in s.cells if c.size == size)
+        assert 1e7 <= count_parameters(build_model(cell.run.plan.model_cfg), embeddings=False) <= 1e8, size
+    assert len(sizes) == max(len(spec.sizes), 1)
+
+
 def test_every_question_where_kinds_or_heads_differ_holds_flops_equal(compare_store, tmp_path) -> None:
     from objtrain.compare import plan_comparison
     from objtrain.models.zoo import build_model, count_parameters
