@@ -73,7 +73,6 @@ from objtrain.compare.runner import (
     finished_checkpoint,
     kept_result,
     plan_dict,
-    run_options,
     train_to_end,
 )
 from objtrain.errors import UserError, did_you_mean
@@ -262,6 +261,10 @@ def plan_sweep(
         raise UserError(
             f"--budget {budget}: a sweep sets each point's budget itself; only --budget tiny (smoke-run "
             "settings) or a named budget with a grid of its own (`sweep:`) goes with --sweep"
+        )
+    if exp.eval.finetune_rates == "first_seed":
+        raise UserError(
+            "eval.finetune_rates: first_seed is for a comparison; a sweep's points each choose their own"
         )
     train_over = scale.train if scale is not None and scale.sweep else {}
     size_over = scale.size if scale is not None and scale.sweep else None  # where the grid has no sizes
@@ -474,10 +477,8 @@ def _chains_at_once(
     with ProcessPoolExecutor(c.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         try:
             for cells in order:
-                work = [
-                    (cell, sorted(saves.get(cell.run.run_dir, ())), run_options(c, cell.run))
-                    for cell in cells
-                ]
+                # a sweep's points are all evaluated alike (no first-seed options: plan_sweep)
+                work = [(cell, sorted(saves.get(cell.run.run_dir, ())), c.eval_options) for cell in cells]
                 by_future[pool.submit(_run_chain, work, c.eval_data, evaluator, threads, shared)] = cells
             progress.skip(f"{len(order)} chains", f"{c.jobs} at once, {threads} thread(s) each")
             for job in as_completed(by_future):
@@ -502,7 +503,7 @@ def _chains_at_once(
 
 
 def _run_chain(
-    work: list[tuple[Cell, list[int], dict[str, Any] | None]],
+    work: list[tuple[Cell, list[int], dict[str, Any]]],
     eval_data: str | None,
     evaluator: suite.Evaluator,
     threads: int,
@@ -517,7 +518,7 @@ def _run_chain(
     for cell, save_at, options in work:
         _train_cell(cell, save_at, quiet)
         t0 = time.perf_counter()
-        metrics = evaluator(cell.run.run_dir, eval_data, options or {})
+        metrics = evaluator(cell.run.run_dir, eval_data, options)
         out.append((cell.run.key, metrics, time.perf_counter() - t0))
     return out
 

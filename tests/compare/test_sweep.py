@@ -66,6 +66,18 @@ def test_a_refused_sweep_exits_2_with_one_line_and_writes_nothing(
     assert not out.exists()
 
 
+def test_a_sweep_refuses_fine_tune_rates_chosen_on_the_first_seed(
+    write_experiment, tmp_path, monkeypatch, capsys
+) -> None:
+    out = tmp_path / "report"
+    path = write_experiment(eval={"finetune_rates": "first_seed"})
+    args = ("--sweep", "tokens=1e4,1e5,1e6")
+    refused(
+        run_cli(monkeypatch, capsys, "compare", path, "-o", out, *args), "finetune_rates: first_seed is for"
+    )
+    assert not out.exists()
+
+
 def test_the_experiment_file_carries_a_sweep_and_the_command_line_replaces_its_axis() -> None:
     spec = parse_sweep(None, {"tokens": [2e5, 6e5, 2e6, 6e6], "size": ["debug", "tiny"]}, tiny=False)
     assert spec is not None and spec.kind == "tokens" and spec.points[-1] == 6e6
