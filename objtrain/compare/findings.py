@@ -245,7 +245,7 @@ def _total_cost(all_results: dict[str, dict[str, Any]]) -> str:
         "checkpoints and reports not counted; each lane on one thread beside the other, so an idle machine "
         "is somewhat faster: `benchmarks/bench_findings.py --jobs 2` measures it alone)"
         + (f"; not counted: {', '.join(dict.fromkeys(missing))}" if missing else "")
-        + ". Experiments not yet re-run since the redesign count at their older, smaller cost."
+        + ". An experiment redesigned since it was published counts at its published cost until it is re-run."
     )
 
 
