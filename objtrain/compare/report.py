@@ -22,7 +22,7 @@ from objtrain.compare import suite
 from objtrain.compare.changes import section as changes_section
 from objtrain.compare.experiment import REGIME_FACTOR, Claim
 from objtrain.compare.regime import notes_text, regime_gap, regime_text, seed_notes
-from objtrain.compare.runner import Comparison, machine, metrics_records, plan_dict
+from objtrain.compare.runner import Comparison, chosen_rates, machine, metrics_records, plan_dict
 from objtrain.compare.stats import Summary, fmt, paired, paired_eval_se, rank, summarise
 from objtrain.io import atomic_file, write_json
 
@@ -248,9 +248,6 @@ BASELINE_NAMES = (("random_init_accuracy", "random-init"), ("bow_accuracy", "bag
                   ("majority_accuracy", "majority"), ("accuracy_probe_sd", "own seed sd"))  # fmt: skip
 
 
-FINETUNE_RATE = re.compile(r"^finetune_(?:\w+_)?lr$")  # the rate a fine-tune chose (a twin's: random_init_lr)
-
-
 def _rates_text(runs: list[dict[str, Any]]) -> str:
     """`, at each of 4 peak learning rates (the rate best on dev: 1e-3 in 7 runs, 3e-3 in 3)`: how many
     rates each fine-tune tried and which won; a winner at either end of the list says it should widen.
@@ -267,9 +264,8 @@ def _rates_text(runs: list[dict[str, Any]]) -> str:
         if not any(k.endswith("_lrs_tried") and e[k] == most for k in e if k.startswith("finetune_")):
             continue
         choosers += 1
-        for k, v in e.items():
-            if FINETUNE_RATE.match(k) and "random_init" not in k and isinstance(v, (int, float)):
-                chosen[float(v)] = chosen.get(float(v), 0) + 1
+        for rate in chosen_rates(e).values():
+            chosen[rate] = chosen.get(rate, 0) + 1
     won = ", ".join(f"{lr:g} in {n} run{'s' if n > 1 else ''}" for lr, n in sorted(chosen.items()))
     if choosers == len(runs) or most == 1:
         return f", at each of {most:.0f} peak learning rates (the rate best on dev: {won})"

@@ -376,14 +376,21 @@ def run_options(c: Comparison, run: Run) -> dict[str, Any] | None:
 CHOSEN_RATE = re.compile(r"^finetune_(?:(\w+)_)?lr$")
 
 
-def rates_chosen(scores: dict[str, Any], twin_seed: int) -> dict[str, Any]:
-    """A first seed's fine-tune rates as suite options for the arm's other seeds: each task's rate (from
-    `finetune_TASK_lr`), and the training seed whose random-init twin chose the twins' rate."""
-    chosen = {}
+def chosen_rates(scores: dict[str, Any]) -> dict[str, float]:
+    """The peak rate each fine-tuned task chose (`finetune_TASK_lr`; "" for the default probe's task), the
+    random-init twins' (`..._random_init_lr`) left out."""
+    out = {}
     for key, value in scores.items():
         m = CHOSEN_RATE.match(key)
         if m and "random_init" not in key and isinstance(value, (int, float)):
-            chosen[m.group(1) or ""] = float(value)
+            out[m.group(1) or ""] = float(value)
+    return out
+
+
+def rates_chosen(scores: dict[str, Any], twin_seed: int) -> dict[str, Any]:
+    """A first seed's fine-tune rates as suite options for the arm's other seeds: each task's rate, and the
+    training seed whose random-init twin chose the twins' rate."""
+    chosen = chosen_rates(scores)
     return {"finetune_lr_chosen": chosen, "finetune_twin_seed": twin_seed} if chosen else {}
 
 

@@ -266,8 +266,9 @@ def plan_sweep(
         raise UserError(
             "eval.finetune_rates: first_seed is for a comparison; a sweep's points each choose their own"
         )
-    train_over = scale.train if scale is not None and scale.sweep else {}
-    size_over = scale.size if scale is not None and scale.sweep else None  # where the grid has no sizes
+    named = scale if scale is not None and scale.sweep else None  # its grid is `spec`
+    train_over = named.train if named is not None else {}
+    size_over = named.size if named is not None else None  # where the grid has no sizes
     tiny = budget == "tiny"
     seed_list = [exp.seed + k for k in range(seeds)]
     eval_options = suite.options_for(exp.eval.options, tiny)
@@ -314,7 +315,7 @@ def plan_sweep(
     comparison = Comparison(
         exp,
         report_dir,
-        budget if train_over else "sweep",
+        budget if named is not None and budget else "sweep",
         budget_spec,
         seed_list,
         [c.run for c in cells],
