@@ -7,7 +7,8 @@
    document a row, at the small (32 x 1024) and base (16 x 1024) decoder shapes with a 32,000 vocabulary:
    objtrain eager and compiled against Hugging Face `LlamaForCausalLM` (the same widths, SDPA, fused
    AdamW) eager and compiled; and objtrain compiled on real packed rows of the store (document masking on),
-   the bare step the loop is measured against. Tokens/s and MFU over a window of synchronised steps
+   the bare step the loop is measured against, with FlexAttention block masks (the CUDA default) and with
+   the dense masked SDPA they replace. Tokens/s and MFU over a window of synchronised steps
    after warm-up (compilation reported apart).
 2. train: `objtrain train` (its `train()`, defaults: compile auto, workers auto) with a --time budget per
    objective on the small model at seq-len 1024, and clm on the base model: steady tokens/s (steps after
@@ -139,18 +140,23 @@ def objtrain_step(model_cfg: Any, batch: Batch, compiled: bool, device: torch.de
     return step
 
 
-def hf_step(model_cfg: Any, batch: Batch, compiled: bool, device: torch.device) -> Callable[[], None]:
+def hf_llama(model_cfg: Any, seq: int) -> Any:
+    """Hugging Face `LlamaForCausalLM` with the decoder's widths (as `objtrain export` writes it), SDPA."""
     import transformers
 
     from objtrain.interop.llama import llama_config
 
-    settings = llama_config(model_cfg, batch.input_ids.size(1))
-    for key in ("architectures", "model_type", "torch_dtype"):
-        settings.pop(key)
+    settings = llama_config(model_cfg, seq)
+    for key in ("architectures", "model_type", "torch_dtype", "dtype"):
+        settings.pop(key, None)  # the file's identity, not the model's shape
     config = transformers.LlamaConfig(**settings)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).to(device).train()
+    return transformers.LlamaForCausalLM(config)
+
+
+def hf_step(model_cfg: Any, batch: Batch, compiled: bool, device: torch.device) -> Callable[[], None]:
+    model = hf_llama(model_cfg, batch.input_ids.size(1)).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), fused=DEVICE.type == "cuda")
     forward = torch.compile(model) if compiled else model
     ids, labels = batch.input_ids, batch.labels
@@ -173,14 +179,16 @@ def _made(maker: Callable[..., Callable[[], None]], cfg: Any, rows: int, seq: in
     return lambda: maker(cfg, random_batch(rows, seq, cfg.vocab_size, device), compiled, device)
 
 
-def _real(store: Path, size: str, rows: int, seq: int) -> Any:
-    """objtrain compiled on the store's packed rows: the bare step the loop is measured against."""
+def _real(store: Path, size: str, rows: int, seq: int, kernel: str = "auto") -> Any:
+    """objtrain compiled on the store's packed rows: with the default kernel (FlexAttention block masks on
+    CUDA) the bare step the loop is measured against; with `sdpa`, the dense document mask it replaced."""
     from objtrain.models.zoo import model_config
 
     def make() -> Callable[[], None]:
         device = DEVICE
         batch, vocab = store_batch(store, rows, seq, device)
-        return objtrain_step(model_config("decoder", size, {}, vocab_size=vocab), batch, True, device)
+        cfg = model_config("decoder", size, {"attention_kernel": kernel}, vocab_size=vocab)
+        return objtrain_step(cfg, batch, True, device)
 
     return make
 
@@ -199,6 +207,7 @@ def bench_bare(args: argparse.Namespace, deadline: Deadline, peak: float) -> lis
             ("HF Llama eager", _made(hf_step, cfg, rows, seq, False)),
             ("HF Llama compiled", _made(hf_step, cfg, rows, seq, True)),
             ("objtrain compiled, store rows", _real(args.store, size, rows, seq)),
+            ("objtrain compiled, store rows, masked SDPA", _real(args.store, size, rows, seq, "sdpa")),
         ]
         for name, make in variants:
             if not deadline.allows(f"bare {size} {name}", 30):
@@ -209,11 +218,11 @@ def bench_bare(args: argparse.Namespace, deadline: Deadline, peak: float) -> lis
                 warm, per_step, n = timed_steps(step, 3, args.window)
             except Exception as exc:  # a failed variant is reported, the others run
                 row["error"] = f"{type(exc).__name__}: {exc}"[:300]
-                print(f"  bare {size:5s} {name:30s} failed: {row['error']}", flush=True)
+                print(f"  bare {size:5s} {name:42s} failed: {row['error']}", flush=True)
                 out.append(row)
                 continue
             f = flops
-            if name.endswith("store rows"):
+            if "store rows" in name:
                 f = accounting.flops_per_step(
                     model_config("decoder", size, {}, vocab_size=args.vocab), rows, seq
                 )
@@ -224,7 +233,7 @@ def bench_bare(args: argparse.Namespace, deadline: Deadline, peak: float) -> lis
                 "steps": n,
             }
             print(
-                f"  bare {size:5s} {name:30s} {row['tokens_per_s']:>12,.0f} tok/s  MFU {row['mfu']:6.1%}  "
+                f"  bare {size:5s} {name:42s} {row['tokens_per_s']:>12,.0f} tok/s  MFU {row['mfu']:6.1%}  "
                 f"(warm-up {warm:.1f} s, {n} steps)",
                 flush=True,
             )
