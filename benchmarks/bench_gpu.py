@@ -18,9 +18,10 @@
    bench_generate's `decoding_speed`: greedy on the dynamic path and on static caches with captured steps,
    and static MTP self-speculative decoding: tokens/s, speed-ups, acceptance, output identical to greedy.
 
-All figures use one FLOPs formula (`training.accounting.flops_per_step`) and the card's dense bf16 peak
-(`accounting.peak_flops`). Sections stop starting new measurements past --minutes (default 8) and say
-what they skipped. Without CUDA it says so and exits 0: its figures need a real card.
+The measurements run most telling first (`plan`), not section by section, and stop starting past
+--minutes (default 8), saying what they skipped; the end prints them as one Markdown table (`table`). All
+figures use one FLOPs formula (`training.accounting.flops_per_step`) and the card's dense bf16 peak
+(`accounting.peak_flops`). Without CUDA it says so and exits 0: its figures need a real card.
 """
 
 from __future__ import annotations
@@ -193,65 +194,79 @@ def _real(store: Path, size: str, rows: int, seq: int, kernel: str = "auto") -> 
     return make
 
 
-def bench_bare(args: argparse.Namespace, deadline: Deadline, peak: float) -> list[dict[str, Any]]:
+STORE_ROWS = "objtrain compiled, store rows"  # the bare step the loop is measured against
+BARE_VARIANTS = [
+    "objtrain eager",
+    "objtrain compiled",
+    "HF Llama eager",
+    "HF Llama compiled",
+    STORE_ROWS,
+    f"{STORE_ROWS}, masked SDPA",
+]
+
+
+def bench_bare(
+    args: argparse.Namespace, deadline: Deadline, peak: float, size: str, names: list[str]
+) -> list[dict[str, Any]]:
+    """The bare step of the `size` decoder, for each of the variants `names` (of BARE_VARIANTS)."""
     from objtrain.models.zoo import model_config
 
     out: list[dict[str, Any]] = []
-    for size in args.sizes:
-        rows, seq = SHAPES[size]
-        cfg = model_config("decoder", size, {}, vocab_size=32000)
-        flops = accounting.flops_per_step(cfg, rows, seq)
-        variants = [
-            ("objtrain eager", _made(objtrain_step, cfg, rows, seq, False)),
-            ("objtrain compiled", _made(objtrain_step, cfg, rows, seq, True)),
-            ("HF Llama eager", _made(hf_step, cfg, rows, seq, False)),
-            ("HF Llama compiled", _made(hf_step, cfg, rows, seq, True)),
-            ("objtrain compiled, store rows", _real(args.store, size, rows, seq)),
-            ("objtrain compiled, store rows, masked SDPA", _real(args.store, size, rows, seq, "sdpa")),
-        ]
-        for name, make in variants:
-            if not deadline.allows(f"bare {size} {name}", 30):
-                continue
-            row: dict[str, Any] = {"section": "bare", "size": size, "variant": name, "rows": rows, "seq": seq}
-            try:
-                step = make()
-                warm, per_step, n = timed_steps(step, 3, args.window)
-            except Exception as exc:  # a failed variant is reported, the others run
-                row["error"] = f"{type(exc).__name__}: {exc}"[:300]
-                print(f"  bare {size:5s} {name:42s} failed: {row['error']}", flush=True)
-                out.append(row)
-                continue
-            f = flops
-            if "store rows" in name:
-                f = accounting.flops_per_step(
-                    model_config("decoder", size, {}, vocab_size=args.vocab), rows, seq
-                )
-            row |= {
-                "tokens_per_s": rows * seq / per_step,
-                "mfu": f / per_step / peak,
-                "warmup_s": warm,
-                "steps": n,
-            }
-            print(
-                f"  bare {size:5s} {name:42s} {row['tokens_per_s']:>12,.0f} tok/s  MFU {row['mfu']:6.1%}  "
-                f"(warm-up {warm:.1f} s, {n} steps)",
-                flush=True,
-            )
+    rows, seq = SHAPES[size]
+    cfg = model_config("decoder", size, {}, vocab_size=32000)
+    flops = accounting.flops_per_step(cfg, rows, seq)
+    makers = {
+        "objtrain eager": _made(objtrain_step, cfg, rows, seq, False),
+        "objtrain compiled": _made(objtrain_step, cfg, rows, seq, True),
+        "HF Llama eager": _made(hf_step, cfg, rows, seq, False),
+        "HF Llama compiled": _made(hf_step, cfg, rows, seq, True),
+        STORE_ROWS: _real(args.store, size, rows, seq),
+        f"{STORE_ROWS}, masked SDPA": _real(args.store, size, rows, seq, "sdpa"),
+    }
+    for name, make in ((n, makers[n]) for n in names):
+        if not deadline.allows(f"bare {size} {name}", 30):
+            continue
+        row: dict[str, Any] = {"section": "bare", "size": size, "variant": name, "rows": rows, "seq": seq}
+        try:
+            step = make()
+            warm, per_step, n = timed_steps(step, 3, args.window)
+        except Exception as exc:  # a failed variant is reported, the others run
+            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            print(f"  bare {size:5s} {name:42s} failed: {row['error']}", flush=True)
             out.append(row)
-            torch.cuda.empty_cache()
+            continue
+        f = flops
+        if name.startswith(STORE_ROWS):
+            f = accounting.flops_per_step(model_config("decoder", size, {}, vocab_size=args.vocab), rows, seq)
+        row |= {
+            "tokens_per_s": rows * seq / per_step,
+            "mfu": f / per_step / peak,
+            "warmup_s": warm,
+            "steps": n,
+        }
+        print(
+            f"  bare {size:5s} {name:42s} {row['tokens_per_s']:>12,.0f} tok/s  MFU {row['mfu']:6.1%}  "
+            f"(warm-up {warm:.1f} s, {n} steps)",
+            flush=True,
+        )
+        out.append(row)
+        torch.cuda.empty_cache()
     return out
 
 
 def bench_train(
-    args: argparse.Namespace, deadline: Deadline, work: Path, bare: list[dict[str, Any]]
+    args: argparse.Namespace,
+    deadline: Deadline,
+    work: Path,
+    bare: list[dict[str, Any]],
+    runs: list[tuple[str, str]],
 ) -> list[dict]:
+    """`objtrain train` with a --time budget for each (objective, size) of `runs`."""
     from rich.console import Console
 
     from objtrain.training.config import build_config
     from objtrain.training.loop import train
 
-    small = "small" if "small" in args.sizes else args.sizes[0]
-    runs = [(o, small) for o in args.objectives] + ([("clm", "base")] if "base" in args.sizes else [])
     out: list[dict[str, Any]] = []
     for objective, size in runs:
         if not deadline.allows(f"train {objective} {size}", args.seconds + 45):
@@ -303,7 +318,7 @@ def bench_train(
             "checkpoint": str(result.checkpoint),
         }
         if objective == "clm":
-            ref = next((b for b in bare if b["size"] == size and b["variant"].endswith("store rows")), None)
+            ref = next((b for b in bare if b["size"] == size and b["variant"] == STORE_ROWS), None)
             if ref is not None and "tokens_per_s" in ref:
                 row["of_bare_compiled"] = row["tokens_per_s"] / ref["tokens_per_s"]
         print(
@@ -352,6 +367,93 @@ def bench_decode(
         flush=True,
     )
     return results
+
+
+def table(report: dict[str, Any]) -> str:
+    """The report as one Markdown table, side by side, in the order a reader compares them (the README's
+    GPU section takes it as printed)."""
+    lines = ["| measured | tokens/s | MFU | beside it |", "| --- | --- | --- | --- |"]
+    bare = [b for b in report["bare"] if "tokens_per_s" in b]
+    for b in sorted(bare, key=lambda b: (list(SHAPES).index(b["size"]), BARE_VARIANTS.index(b["variant"]))):
+        # objtrain against HF Llama at the same shapes; FlexAttention block masks against the dense mask
+        peer_name = (
+            f"{STORE_ROWS}, masked SDPA"
+            if b["variant"] == STORE_ROWS
+            else b["variant"].replace("objtrain", "HF Llama")
+        )
+        peer = next((p for p in bare if p["size"] == b["size"] and p["variant"] == peer_name), None)
+        note = (
+            f"x{b['tokens_per_s'] / peer['tokens_per_s']:.2f} {peer_name}" if peer and peer is not b else ""
+        )
+        shape = f"{b['rows']} x {b['seq']}"
+        lines.append(
+            f"| bare step, {b['size']} decoder ({shape}), {b['variant']} | {b['tokens_per_s']:,.0f} | "
+            f"{b['mfu']:.1%} | {note} |"
+        )
+    for r in report["train"]:
+        if "tokens_per_s" not in r:
+            continue
+        loop = f", loop/bare {r['of_bare_compiled']:.2f}" if "of_bare_compiled" in r else ""
+        lines.append(
+            f"| `objtrain train` {r['objective']} {r['size']} ({r['compiled']}) | {r['tokens_per_s']:,.0f} | "
+            f"{r['mfu']:.1%} | data wait {r['data_wait']:.2%}, --time x{r['time_ratio']:.3f}, first step "
+            f"{r['first_step_s']:.1f} s{loop} |"
+        )
+    d = report["decode"]
+    if d:
+        lines.append(
+            f"| greedy decoding, static caches, captured steps | {d['greedy_static_tok_s']:,.0f} | | "
+            f"x{d['static_speedup']:.2f} the dynamic path ({d['greedy_dynamic_tok_s']:,.0f}) |"
+        )
+        lines.append(
+            f"| MTP self-speculative decoding | {d['speculative_tok_s']:,.0f} | | "
+            f"x{d['speculative_speedup']:.2f} greedy, acceptance {d['acceptance']:.0%}, "
+            f"{d['tokens_per_forward']:.2f} tokens a forward, identical to greedy: {d['identical']} |"
+        )
+    failed = [
+        f"{r.get('variant') or r.get('objective')} {r['size']}"
+        for r in report["bare"] + report["train"]
+        if "error" in r
+    ]
+    if failed:
+        lines.append(f"\nfailed: {', '.join(failed)}")
+    return "\n".join(lines)
+
+
+def plan(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
+    """The measurements as (section, size, variants or objectives), most telling first, so that a card
+    lent for less than the whole command still answers the main questions: the loop against its own bare
+    compiled step (small, then base, whose MFU is the headline), the compiled step against HF Llama's, the
+    MTP model and its decoding, the other objectives' data wait, then eager and masked-SDPA variants."""
+    small = "small" if "small" in args.sizes else args.sizes[0]
+    base = "base" if "base" in args.sizes else None
+    steps: list[tuple[str, str, list[str]]] = [
+        ("bare", small, [STORE_ROWS]),
+        ("train", small, ["clm"]),
+    ]
+    if base is not None:
+        steps += [
+            ("bare", base, [STORE_ROWS]),
+            ("train", base, ["clm"]),
+            ("bare", base, ["objtrain compiled", "HF Llama compiled"]),
+        ]
+    steps += [
+        ("train", small, ["mtp"]),
+        ("decode", small, []),
+        ("train", small, [o for o in args.objectives if o not in ("clm", "mtp")]),
+        ("bare", small, ["objtrain compiled", "HF Llama compiled"]),
+    ]
+    steps += [
+        ("bare", s, ["objtrain eager", "HF Llama eager", f"{STORE_ROWS}, masked SDPA"]) for s in args.sizes
+    ]
+    elsewhere = [s for s in args.sizes if s not in (small, base)]  # e.g. --sizes tiny small base
+    steps += [("bare", s, ["objtrain compiled", "HF Llama compiled", STORE_ROWS]) for s in elsewhere]
+    wanted = [
+        (what, size, [i for i in items if what != "train" or i in args.objectives])
+        for what, size, items in steps
+        if what in args.only
+    ]
+    return [(what, size, items) for what, size, items in wanted if items or what == "decode"]
 
 
 def main() -> int:
@@ -406,12 +508,20 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = True
     report: dict[str, Any] = {"card": card, "torch": str(torch.__version__), "peak_flops": peak}
     started = time.monotonic()
+    bare: list[dict[str, Any]] = []
+    trained: list[dict[str, Any]] = []
+    decoded: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        bare = bench_bare(args, deadline, peak) if "bare" in args.only else []
-        trained = bench_train(args, deadline, Path(tmp), bare) if "train" in args.only else []
-        decoded = bench_decode(args, deadline, trained) if "decode" in args.only else {}
+        for what, size, items in plan(args):
+            if what == "bare":
+                bare += bench_bare(args, deadline, peak, size, items)
+            elif what == "train":
+                trained += bench_train(args, deadline, Path(tmp), bare, [(o, size) for o in items])
+            else:
+                decoded = bench_decode(args, deadline, trained)
     report |= {"bare": bare, "train": trained, "decode": decoded, "skipped": deadline.skipped}
     report["minutes"] = (time.monotonic() - started) / 60
+    print(f"\n{card}, torch {torch.__version__}, CUDA {torch.version.cuda}\n\n{table(report)}\n")
     print(
         f"done in {report['minutes']:.1f} min"
         + (f"; skipped: {', '.join(deadline.skipped)}" if deadline.skipped else "")

@@ -6,6 +6,7 @@ peer's config the installed transformers refuses, say) would waste it, so what a
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 from collections.abc import Iterator
@@ -64,3 +65,23 @@ def test_hf_peer_has_the_decoders_shape_and_trains(bench_gpu: ModuleType) -> Non
     before = [p.detach().clone() for p in _params(step)]
     step()
     assert any(not torch.equal(a, b) for a, b in zip(_params(step), before, strict=True))
+
+
+def test_plan_measures_every_variant_and_objective_once_most_telling_first(bench_gpu: ModuleType) -> None:
+    args = argparse.Namespace(
+        sizes=["small", "base"], objectives=bench_gpu.OBJECTIVES, only=["bare", "train", "decode"]
+    )
+    steps = bench_gpu.plan(args)
+    # The loop against its own bare compiled step comes first: a card lent briefly still answers it.
+    assert steps[:2] == [("bare", "small", [bench_gpu.STORE_ROWS]), ("train", "small", ["clm"])]
+    bare = [(size, v) for what, size, items in steps if what == "bare" for v in items]
+    assert sorted(bare) == sorted((s, v) for s in ("small", "base") for v in bench_gpu.BARE_VARIANTS)
+    trained = [(size, o) for what, size, items in steps if what == "train" for o in items]
+    assert sorted(trained) == sorted([("small", o) for o in bench_gpu.OBJECTIVES] + [("base", "clm")])
+    decode = next(i for i, (what, _, _) in enumerate(steps) if what == "decode")
+    mtp = next(i for i, (what, _, items) in enumerate(steps) if what == "train" and "mtp" in items)
+    assert decode > mtp  # it decodes with the MTP model trained before it
+    only_train = bench_gpu.plan(
+        argparse.Namespace(sizes=["small"], objectives=["clm", "span"], only=["train"])
+    )
+    assert only_train == [("train", "small", ["clm"]), ("train", "small", ["span"])]
