@@ -615,7 +615,7 @@ def flops_per_token(exp: Experiment, arm: ArmSpec, vocab: int) -> float:
 
 
 def most_tokens_first(names: list[str]) -> list[str]:
-    """The order lanes take experiments in, so that they end together: the most tokens a seed first."""
+    """The order `findings run` takes the sweeps in, one after another: the most tokens a seed first."""
     return sorted(names, key=lambda n: -sum(run_tokens(n).values()))
 
 
@@ -686,9 +686,8 @@ def run(names: list[str], jobs: int = 1, everything: bool = False) -> int:
                 return code
     else:
         LOGS.mkdir(parents=True, exist_ok=True)
-        # a failure does not stop the others
-        codes = [one(name) for name in [n for n in names if n in FINDINGS] + most_tokens_first(
-            [n for n in names if n in SWEEPS])]  # fmt: skip
+        order = [n for n in names if n in FINDINGS] + most_tokens_first([n for n in names if n in SWEEPS])
+        codes = [one(name) for name in order]  # a failure does not stop the others
         if failed := [c for c in codes if c]:
             return failed[0]
     for path in publish():

@@ -370,7 +370,7 @@ def run_options(c: Comparison, run: Run) -> dict[str, Any] | None:
     record = c.results.get(lead.key)
     if record is None:
         return None
-    return c.eval_options | rates_chosen(record.get("eval", {}), lead.cfg.seed)
+    return c.eval_options | later_seed_rates(record.get("eval", {}), lead.cfg.seed)
 
 
 CHOSEN_RATE = re.compile(r"^finetune_(?:(\w+)_)?lr$")
@@ -387,7 +387,7 @@ def chosen_rates(scores: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def rates_chosen(scores: dict[str, Any], twin_seed: int) -> dict[str, Any]:
+def later_seed_rates(scores: dict[str, Any], twin_seed: int) -> dict[str, Any]:
     """A first seed's fine-tune rates as suite options for the arm's other seeds: each task's rate, and the
     training seed whose random-init twin chose the twins' rate."""
     chosen = chosen_rates(scores)

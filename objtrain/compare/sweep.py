@@ -256,8 +256,8 @@ def plan_sweep(
     """Every check, nothing written: the report directory, each arm at each point, the sweep itself."""
     report_dir = Path(report_dir)
     check_report_dir(report_dir, seeds, resume, force)
-    scale = exp.budgets.get(budget or "")  # a named budget with a grid of its own (`gpu:`)
-    if budget not in (None, "default", "tiny") and (scale is None or not scale.sweep):
+    named = grid_budget(exp, budget)  # its grid is `spec`
+    if budget not in (None, "default", "tiny") and named is None:
         raise UserError(
             f"--budget {budget}: a sweep sets each point's budget itself; only --budget tiny (smoke-run "
             "settings) or a named budget with a grid of its own (`sweep:`) goes with --sweep"
@@ -266,7 +266,6 @@ def plan_sweep(
         raise UserError(
             "eval.finetune_rates: first_seed is for a comparison; a sweep's points each choose their own"
         )
-    named = scale if scale is not None and scale.sweep else None  # its grid is `spec`
     train_over = named.train if named is not None else {}
     size_over = named.size if named is not None else None  # where the grid has no sizes
     tiny = budget == "tiny"
@@ -567,8 +566,24 @@ def branch(cell: Cell) -> None:
 def sweep_from_experiment(exp: Experiment, cli: list[str] | None, budget: str | None) -> SweepSpec | None:
     """The sweep `objtrain compare` runs, or None for an ordinary comparison: the grid of a named budget
     that has one (`budgets: {gpu: {sweep: ...}}`) in place of the experiment's own."""
-    scale = exp.budgets.get(budget or "")
-    return parse_sweep(cli, scale.sweep if scale is not None and scale.sweep else exp.sweep, budget == "tiny")
+    named = grid_budget(exp, budget)
+    return parse_sweep(cli, named.sweep if named is not None else exp.sweep, budget == "tiny")
 
 
-__all__ = ["ArmSpec", "Cell", "Sweep", "SweepSpec", "branch", "parse_sweep", "plan_sweep", "run_sweep"]
+def grid_budget(exp: Experiment, budget: str | None) -> BudgetSpec | None:
+    """The named budget if it brings a grid of its own (`budgets: {gpu: {sweep: ...}}`), else None."""
+    named = exp.budgets.get(budget or "")
+    return named if named is not None and named.sweep else None
+
+
+__all__ = [
+    "ArmSpec",
+    "Cell",
+    "Sweep",
+    "SweepSpec",
+    "branch",
+    "grid_budget",
+    "parse_sweep",
+    "plan_sweep",
+    "run_sweep",
+]

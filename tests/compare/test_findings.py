@@ -298,7 +298,7 @@ def test_a_plain_run_leaves_the_one_objective_questions_out_and_all_runs_them(
     assert ran[0] == "fim-rate" and sorted(ran) == sorted([*findings.FINDINGS, *findings.SWEEPS])
 
 
-def test_lanes_take_the_most_tokens_first() -> None:
+def test_sweeps_run_the_most_tokens_first() -> None:
     # objectives at 1.6e13 FLOPs an arm: 1.2M to 2.6M tokens an arm, 8.1M in all; span-length: 3 x 1.5M;
     # mtp-heads at 2e13 FLOPs an arm: 2.0M + 1.5M + 1.0M (the extra heads make a token dearer)
     assert findings.most_tokens_first(["mtp-heads", "objectives", "span-length"]) == [
