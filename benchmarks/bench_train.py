@@ -30,6 +30,12 @@
    before the step. The joint backward (all heads' logits alive at once) is shown for contrast. Target
    <= 1.1x.
 5. gpu: whether a GPU is present; the bf16 MFU target needs one.
+6. precision: CLM at the tiny (32 x 128) and small (16 x 256) sizes on the standard-library store, the
+   whole loop in fp32 and in bf16, two runs each alternating (fp32, bf16, fp32, bf16: a load that comes and
+   goes falls on both), tokens/s the median of steps 10 onwards; beside them what `--dtype auto` picks on
+   this CPU (its own cached timing, objtrain/training/precision.py), this CPU's measured matmul rate in
+   each precision, and whether auto trains within 10% of the faster. `compile: auto` stays eager on a CPU
+   (`loop.compile_mode`); the nanogpt section measures objtrain compiled against eager.
 
     .venv/bin/python benchmarks/bench_train.py                       # everything (~20 minutes: nanogpt twice)
     .venv/bin/python benchmarks/bench_train.py --only nanogpt --modes eager --steps 500
@@ -37,6 +43,7 @@
     .venv/bin/python benchmarks/bench_train.py --only overhead datawait mtp --json out.json
     .venv/bin/python benchmarks/bench_train.py --only datawait --wait-seq 1024   # the wait share at 1024
     .venv/bin/python benchmarks/bench_train.py --only datawait --wait-seq 1024 --wait-device cuda  # a GPU's
+    .venv/bin/python benchmarks/bench_train.py --only precision           # fp32 vs bf16 vs auto (~5 minutes)
 """
 
 from __future__ import annotations
@@ -765,9 +772,82 @@ def bench_gpu() -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------- main
 
 
+# ------------------------------------------------------------------------------------------- 6. precision
+
+
+def loop_rate(cfg: Any, run_dir: Path) -> float:
+    """Median tokens/s of a run's steps from the tenth on (the first hold warm-up and kernel builds)."""
+    rates: list[float] = []
+
+    def hook(record: dict[str, Any]) -> None:
+        if "loss" in record and record.get("step", 0) >= 10 and record.get("tokens_per_s"):
+            rates.append(float(record["tokens_per_s"]))
+
+    run_loop(cfg, run_dir, hook)
+    return statistics.median(rates)
+
+
+def bench_precision(a: argparse.Namespace, work: Path, store: Path) -> dict[str, Any]:
+    from objtrain.training import accounting
+    from objtrain.training.loop import prepare
+
+    peaks = {d: accounting.measured_peak_flops("cpu", d) for d in ("fp32", "bf16")}
+    print(
+        f"precision: matmul on this CPU fp32 {peaks['fp32'] / 1e9:,.0f} GFLOP/s, "
+        f"bf16 {peaks['bf16'] / 1e9:,.0f} (x{peaks['bf16'] / peaks['fp32']:.2f})",
+        flush=True,
+    )
+    out: dict[str, Any] = {"matmul_flops": peaks}
+    for size, batch, seq in (("tiny", 32, 128), ("small", 16, 256)):
+        steps = a.precision_steps if size == "tiny" else max(12, a.precision_steps // 3)
+        rates: dict[str, list[float]] = {"fp32": [], "bf16": []}
+        for dtype in ("fp32", "bf16", "fp32", "bf16"):
+            cfg = train_config(
+                store,
+                "clm",
+                "decoder",
+                model={"size": size},
+                batch={"seq_len": seq, "batch_size": batch},
+                budget={"steps": steps},
+                precision={"dtype": dtype},
+            )
+            rates[dtype].append(loop_rate(cfg, work / f"precision-{size}-{dtype}"))
+        best = {d: max(r) for d, r in rates.items()}
+        auto_cfg = train_config(
+            store,
+            "clm",
+            "decoder",
+            model={"size": size},
+            batch={"seq_len": seq, "batch_size": batch},
+            budget={"steps": steps},
+            precision={"dtype": "auto"},
+        )
+        plan = prepare(auto_cfg, work / f"precision-{size}-auto", force=True)
+        plan.release()
+        faster = max(best, key=best.get)
+        within = best[plan.dtype] >= 0.9 * best[faster]
+        print(
+            f"precision: {size} {batch} x {seq}: fp32 {best['fp32']:,.0f} tok/s, bf16 {best['bf16']:,.0f} "
+            f"(bf16/fp32 x{best['bf16'] / best['fp32']:.2f}); auto picks {plan.dtype} "
+            f"({plan.dtype_note.removeprefix('auto: ')}): {'within' if within else 'NOT within'} 10% of the "
+            f"faster ({load_percent()})",
+            flush=True,
+        )
+        out[size] = {
+            "tokens_per_s": rates,
+            "auto": plan.dtype,
+            "auto_note": plan.dtype_note,
+            "within": within,
+        }
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", nargs="+", default=["nanogpt", "overhead", "datawait", "mtp", "gpu"])
+    ap.add_argument(
+        "--only", nargs="+", default=["nanogpt", "overhead", "datawait", "mtp", "gpu", "precision"]
+    )
+    ap.add_argument("--precision-steps", type=int, default=40, help="precision: steps per tiny run")
     ap.add_argument("--steps", type=int, default=2000, help="nanogpt: optimizer steps")
     ap.add_argument(
         "--segment",
@@ -846,10 +926,12 @@ def main() -> None:
         work = Path(tmp)
         if "nanogpt" in a.only:
             out["nanogpt"] = bench_nanogpt(a, work)
-        if {"overhead", "datawait"} & set(a.only):
+        if {"overhead", "datawait", "precision"} & set(a.only):
             from objtrain.data.default import default_store
 
             store = default_store()
+            if "precision" in a.only:
+                out["precision"] = bench_precision(a, work, store)
             if "overhead" in a.only:
                 out["overhead"] = bench_overhead(a, work, store)
             if "datawait" in a.only:

@@ -74,13 +74,11 @@ def cpu_features() -> set[str]:
 
 
 def auto_dtype(device: torch.device) -> tuple[str, str]:
-    """(dtype, why) for `--dtype auto`: a decision from what the device has, never from a timing, so the
-    same command on the same machine always trains in the same precision (a timed bf16-vs-fp32 matmul
-    flipped between runs under load).
+    """(dtype, why) for `--dtype auto` from what the device has, never from a timing.
 
-    CUDA: bf16 where supported, else fp16 with loss scaling. CPU: bf16 only with AMX (tile units, several
-    times fp32's matmul rate); AVX512-BF16 alone gives a margin that end-to-end training mostly loses to
-    conversions (the timed choice flipped on it), so fp32 keeps the full precision there. MPS: fp32."""
+    CUDA: bf16 where supported, else fp16 with loss scaling. MPS: fp32. A CPU training run decides by timing
+    its own step once in both precisions (`objtrain.training.precision`: bf16 units alone do not say which
+    is faster); without a step to time, a CPU takes bf16 only with AMX tile units."""
     if device.type == "cuda":
         if torch.cuda.is_bf16_supported():
             return "bf16", "this GPU supports bf16"

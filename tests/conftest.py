@@ -91,3 +91,16 @@ def objtrain_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[
         return code, out.out, out.err
 
     return run
+
+
+@pytest.fixture(autouse=True, scope="session")
+def precision_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """`--dtype auto` on a CPU caches what it measured (`training.precision`): the tests' runs, in process or
+    not, keep theirs in a folder of the session's, never in the user's cache."""
+    previous = os.environ.get("OBJTRAIN_PRECISION_CACHE")
+    os.environ["OBJTRAIN_PRECISION_CACHE"] = str(tmp_path_factory.mktemp("precision") / "precision.json")
+    yield
+    if previous is None:
+        os.environ.pop("OBJTRAIN_PRECISION_CACHE", None)
+    else:
+        os.environ["OBJTRAIN_PRECISION_CACHE"] = previous

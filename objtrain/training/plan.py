@@ -20,7 +20,7 @@ from objtrain.errors import UserError
 from objtrain.interop import require
 from objtrain.io import OutputLock, check_output_free, check_writable
 from objtrain.models.attention import FLEX_ON_CPU
-from objtrain.models.zoo import ModelConfig, model_config
+from objtrain.models.zoo import ModelConfig, build_model, config_to_dict, model_config
 from objtrain.objectives.base import Objective
 from objtrain.objectives.registry import build_objective
 from objtrain.training import accounting
@@ -28,6 +28,7 @@ from objtrain.training import checkpoint as ckpt
 from objtrain.training import distributed as dist
 from objtrain.training.config import TrainConfig, check_divisible
 from objtrain.training.data import Sources, auto_workers, leading_batches, open_sources
+from objtrain.training.precision import choose_cpu_dtype, time_step
 
 DEFAULT_SEQ_LEN = 256
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints")  # what makes a directory a training run
@@ -193,7 +194,8 @@ def _resolve(
 
         # a run started --init-from has the source's shape: its checkpoints say so, whatever the flags now
         model_cfg, init_origin = init_from.resumed_model_config(resume_from, model_cfg)
-    dtype, dtype_note = _choose_dtype(cfg.precision.dtype, device, resume_from)
+    step = _StepProbe(objective, source, model_cfg, seq_len, micro, cfg.seed, world.distributed)
+    dtype, dtype_note = _choose_dtype(cfg.precision.dtype, device, resume_from, step)
     check_precision(dtype, device)
     if model_cfg.attention_kernel == "flex" and device.type == "cpu":  # refused here, before a run dir exists
         raise UserError(FLEX_ON_CPU)
@@ -238,13 +240,19 @@ def no_valid_split(sources: Any, split: str) -> str:
     )
 
 
-def _choose_dtype(requested: str, device: torch.device, resume_from: Path | None) -> tuple[str, str]:
+def _choose_dtype(
+    requested: str, device: torch.device, resume_from: Path | None, step: _StepProbe | None = None
+) -> tuple[str, str]:
     """(dtype, why): a resumed run keeps the precision it was started in (`auto` takes the checkpoint's;
-    another explicit one is refused); a new run's `auto` is decided by the device's units (`auto_dtype`)."""
+    another explicit one is refused); a new run's `auto` is decided by the device: on a CPU by timing the
+    run's own step in both precisions once (`precision.choose_cpu_dtype`, cached), elsewhere by its units."""
     saved = ckpt.read_state(resume_from).get("dtype") if resume_from is not None else None
     if resume_from is None or saved not in accounting.DTYPES:  # new, or saved before dtypes were recorded
         if requested != "auto":
             return requested, ""
+        if device.type == "cpu" and step is not None:
+            choice = choose_cpu_dtype(step.shape(), step.measure, may_measure=not step.distributed)
+            return choice.dtype, f"auto: {choice.why}"
         dtype, why = auto_dtype(device)
         return dtype, f"auto: {why}"
     if requested == "auto":
@@ -255,6 +263,38 @@ def _choose_dtype(requested: str, device: torch.device, resume_from: Path | None
             f"precision mid-run: resume with --dtype {saved} or auto, or start a new run (-o)"
         )
     return saved, ""
+
+
+@dataclass
+class _StepProbe:
+    """The run's training step as `--dtype auto` times it on a CPU: its model shape, objective and batch."""
+
+    objective: Objective
+    source: Sources
+    model_cfg: ModelConfig
+    seq_len: int
+    micro: int
+    seed: int
+    distributed: bool
+
+    def shape(self) -> dict[str, Any]:
+        objective = {"name": self.objective.name, "kind": self.objective.model_kind}
+        objective["config"] = {k: repr(v) for k, v in sorted(vars(self.objective.config).items())}
+        return {
+            "model": config_to_dict(self.model_cfg),
+            "objective": objective,
+            "rows": [self.micro, self.seq_len],
+        }
+
+    def measure(self) -> float:
+        """fp32's step time over bf16's on real rows of the store, on a throwaway model of the run's shape."""
+        stream = self.source.stream("train", self.seed)
+        (batch,) = leading_batches(
+            stream, self.objective, self.seq_len, self.micro, self.micro, self.seed, False
+        )
+        with torch.random.fork_rng(devices=[]):
+            model = build_model(self.model_cfg)
+        return time_step(model, self.objective, batch.mark_layout())
 
 
 def _embedded_store(world: dist.World, console: Console | None) -> Path:

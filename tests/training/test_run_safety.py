@@ -22,7 +22,6 @@ from safetensors.torch import load_file
 
 from objtrain import devices
 from objtrain.errors import UserError
-from objtrain.training import accounting
 from objtrain.training import checkpoint as ckpt
 from objtrain.training.loop import prepare, train
 
@@ -47,19 +46,12 @@ def keep_only(run: Path, step: int) -> None:
 # --- precision ------------------------------------------------------------------------------------------
 
 
-def test_auto_dtype_is_decided_by_the_cpus_units_never_by_a_timing(monkeypatch: pytest.MonkeyPatch) -> None:
-    def no_timing(*args: object) -> float:
-        raise AssertionError("--dtype auto timed a matmul: under load the same command flips precision")
-
-    monkeypatch.setattr(accounting, "measured_peak_flops", no_timing)
-    cpu = torch.device("cpu")
-    for features, expected in [
-        ({"avx2"}, "fp32"),
-        ({"avx2", "avx512_bf16"}, "fp32"),  # bf16 dot products alone: the margin the timing flipped on
-        ({"avx512_bf16", "amx_tile", "amx_bf16"}, "bf16"),
-    ]:
-        monkeypatch.setattr(devices, "cpu_features", lambda f=features: f)
-        assert [devices.auto_dtype(cpu)[0] for _ in range(3)] == [expected] * 3
+def test_auto_dtype_on_a_gpu_or_mps_is_decided_by_its_units(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert devices.auto_dtype(torch.device("cuda"))[0] == "bf16"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    assert devices.auto_dtype(torch.device("cuda"))[0] == "fp16"
+    assert devices.auto_dtype(torch.device("mps"))[0] == "fp32"
 
 
 def test_a_resume_keeps_the_precision_the_run_started_in(
