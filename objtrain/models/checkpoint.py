@@ -184,12 +184,27 @@ def load_weights(file: Path) -> dict[str, Tensor]:
     if not file.is_file():
         raise UserError(f"checkpoint weights not found: {file}")
     try:
-        return load_file(str(file))
+        weights = load_file(str(file))
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(
             f"{file} is not a readable safetensors file (truncated or corrupt?): {reason}"
         ) from None
+    check_finite(weights, file)
+    return weights
+
+
+def check_finite(weights: dict[str, Tensor], where: Path) -> None:
+    """Refuse weights holding NaN or infinity, naming the first such tensor: every output computed from
+    them (generated text, metrics, an export) would be NaN or noise. Every reader of checkpoint weights
+    comes through `load_weights`, so generate, eval, --init-from, --resume and export refuse alike."""
+    for key, tensor in weights.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise UserError(
+                f"{where}: tensor {key!r} holds {bad:,} NaN or infinite values (a diverged run or a damaged "
+                "file): nothing sound can be computed from it"
+            )
 
 
 def check_state_dict(model: nn.Module, weights: dict[str, Tensor], where: Path) -> None:
