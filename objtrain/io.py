@@ -384,10 +384,26 @@ def atomic_file(path: Path, mode: str = "wb") -> Iterator[Any]:
         raise
 
 
+def _valid_text(obj: Any) -> Any:
+    """`obj` with every string made valid Unicode: a file name that is not UTF-8 reaches Python with lone
+    surrogates (`\\udcff`), which no other JSON reader accepts; its bytes are written as `\\xff` instead."""
+    if isinstance(obj, str):
+        return obj.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    if isinstance(obj, dict):
+        return {_valid_text(k): _valid_text(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_valid_text(v) for v in obj]
+    return obj
+
+
 def write_json(path: Path, obj: Any) -> None:
+    text = json.dumps(obj, indent=2, sort_keys=False)
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates somewhere
+        text = json.dumps(_valid_text(obj), indent=2, sort_keys=False)
     with atomic_file(path, "w") as handle:
-        json.dump(obj, handle, indent=2, sort_keys=False)
-        handle.write("\n")
+        handle.write(text + "\n")
 
 
 def read_json(path: Path, what: str = "file") -> Any:

@@ -184,7 +184,7 @@ def collect_sources(
         dataset_dicts += found.dataset_dicts
     progress.start("scanning", len(files))
     sources: list[Source] = []
-    skipped: list[Skipped] = []
+    skipped: list[Skipped] = list(found.not_files)
     for path, explicit, split in files:
         result = src.scan(path, explicit, config.text_field, split)
         (sources if isinstance(result, Source) else skipped).append(result)  # type: ignore[arg-type]

@@ -35,6 +35,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
+from objtrain.batch import MODEL_KINDS
 from objtrain.data.tokenizer import Tokenizer, tokenizer_from_file
 from objtrain.errors import UserError
 from objtrain.io import atomic_dir, atomic_file, read_json, save_tensors, write_json
@@ -175,6 +176,13 @@ def read_config(path: Path) -> dict[str, Any]:
     if version != FORMAT_VERSION:
         raise UserError(
             f"{path} has checkpoint format_version {version!r}; this objtrain reads version {FORMAT_VERSION}"
+        )
+    kind, model = meta.get("kind"), meta["model"]
+    model_kind = model.get("kind", "decoder") if isinstance(model, dict) else None
+    if "kind" in meta and (kind not in MODEL_KINDS or kind != model_kind):
+        raise UserError(
+            f"{path / CONFIG}: its kind {kind!r} is not one of {', '.join(MODEL_KINDS)} matching the model's "
+            f"({model_kind!r}): the file is damaged"
         )
     return meta
 

@@ -377,3 +377,25 @@ def test_a_document_longer_than_a_piece_is_one_document_with_the_whole_texts_tok
     long_doc = next(train.doc(i) for i in range(2) if len(train.doc(i)) > 100)
     assert list(long_doc[: len(tokenizer.encode(words)) - 5]) == tokenizer.encode(words)[:-5]
     assert store.meta["splits"]["train"]["bytes"] == len((words + tricky).encode()) + len("a short one")
+
+
+def test_a_fifo_and_a_non_utf8_file_name_are_listed_validly(tmp_path: Path, model_file: Path) -> None:
+    """A FIFO inside an input folder is listed under `skipped` (never opened: that would wait for ever), and
+    a file name that is not UTF-8 is stored in meta.json as valid UTF-8 (its bytes spelled `\\xff`)."""
+    import json
+    import os
+
+    root = tmp_path / "in"
+    root.mkdir()
+    (root / "a.txt").write_text("alpha")
+    os.mkfifo(root / "pipe.txt")
+    odd = os.fsdecode(b"caf\xff.txt")
+    (root / odd).write_bytes(b"\xff\xfe not text")  # skipped: not UTF-8, under a name that is not either
+    summary = tokenize_corpus([root], tmp_path / "s", reuse(model_file, valid_fraction=0.0))
+    reasons = {s.path.name: s.reason for s in summary.skipped}
+    assert "FIFO" in reasons["pipe.txt"] and odd in reasons
+    raw = (tmp_path / "s" / "meta.json").read_bytes()
+    meta = json.loads(raw.decode("utf-8"))
+    assert "\\udcff" not in raw.decode("utf-8")
+    names = [Path(s["path"]).name for s in meta["skipped"]]
+    assert sorted(names) == ["caf\\xff.txt", "pipe.txt"]
