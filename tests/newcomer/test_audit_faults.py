@@ -178,3 +178,15 @@ def test_sigterm_while_writing_removes_the_temporary(tmp_path: Path, sig: signal
     assert f"terminated ({sig.name})" in err, err
     if not out.exists():  # else stopped inside the rename: the store is whole, and the line says so
         assert list(tmp_path.iterdir()) == []
+
+
+def test_resume_says_when_there_is_nothing_to_resume_and_names_a_different_kind(
+    cli: Callable[..., Result], small_store: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    base = ("--model", "debug", "--steps", "1", "--seq-len", "32", "--batch-size", "2", "validation.every=-1")
+    code, _, err = cli("train", small_store, "--objective", "mlm", *base, "--resume", "-o", run)
+    assert code == 0, err
+    assert "has no checkpoint to resume: --resume starts it at step 0" in err, err
+    err = refused(cli("train", small_store, "--objective", "clm", *base, "--resume", "-o", run))
+    assert "holds an encoder model (trained with mlm)" in err and "asks for a decoder" in err, err
