@@ -220,10 +220,6 @@ def run(
         _dry_run(console, plan)
         return
     created = ckpt.first_missing(run_dir)
-    nothing_saved = created is not None or not run_dir.is_dir() or ckpt.latest_checkpoint(run_dir) is None
-    if resume and nothing_saved and os.environ.get("RANK", "0") == "0":
-        note = f"note: {run_dir} has no checkpoint to resume: --resume starts it at step 0"
-        console.print(note, markup=False)
     try:
         result = train(cfg, run_dir, resume=resume, force=force, console=console, after=print_sample)
     except Unwritable as exc:

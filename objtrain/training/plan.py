@@ -204,6 +204,8 @@ def _resolve(
     workers = (
         cfg.workers if isinstance(cfg.workers, int) else auto_workers(device.type, world.local_world_size)
     )
+    if resume and resume_from is None and console is not None and world.is_main:  # else silently a new run
+        console.print(f"note: {run_dir} has no checkpoint to resume: --resume starts at step 0", markup=False)
     return Plan(
         cfg,
         run_dir,

@@ -187,6 +187,6 @@ def test_resume_says_when_there_is_nothing_to_resume_and_names_a_different_kind(
     base = ("--model", "debug", "--steps", "1", "--seq-len", "32", "--batch-size", "2", "validation.every=-1")
     code, _, err = cli("train", small_store, "--objective", "mlm", *base, "--resume", "-o", run)
     assert code == 0, err
-    assert "has no checkpoint to resume: --resume starts it at step 0" in err, err
+    assert "has no checkpoint to resume: --resume starts at step 0" in err, err
     err = refused(cli("train", small_store, "--objective", "clm", *base, "--resume", "-o", run))
     assert "holds an encoder model (trained with mlm)" in err and "asks for a decoder" in err, err
