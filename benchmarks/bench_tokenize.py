@@ -8,9 +8,13 @@
 2. Memory: corpora of 1, 4, 16, 32 copies of the standard library (12 MB each, up to ~390 MB) are
    tokenized in a child process (`python -m objtrain tokenize --tokenizer ...`); its peak RSS comes from
    getrusage(RUSAGE_CHILDREN) in a fresh wrapper process per run. Streaming shows as a flat peak RSS.
+3. One long document: a file of one line (random words, --long-mb MB, 200 by default) tokenized the same
+   way, its peak RSS printed against its size (a document is encoded in pieces of
+   `objtrain.data.tokenize.PIECE_CHARS` characters; before that, one such line peaked at 47x its size).
 
     .venv/bin/python benchmarks/bench_tokenize.py            # about 3-4 minutes on 2 busy cores
     .venv/bin/python benchmarks/bench_tokenize.py --quick    # smaller memory sweep
+    .venv/bin/python benchmarks/bench_tokenize.py --long-only --long-mb 200  # the one-line file alone
 """
 
 from __future__ import annotations
@@ -132,13 +136,45 @@ def memory(root: Path, copies: list[int], model: Path) -> list[list[object]]:
     return rows
 
 
+def long_line(root: Path, megabytes: float, model: Path) -> list[object]:
+    """[MB, peak RSS MB, RSS / size, seconds] for one file of one line of random words."""
+    import random
+
+    rng = random.Random(0)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+    path = root / "one-line.txt"
+    with open(path, "w") as f:
+        while f.tell() < megabytes * 1e6:
+            f.write(" ".join(rng.choice(words) for _ in range(100_000)) + " ")
+    mb = path.stat().st_size / 1e6
+    rss, seconds = peak_rss_mb(
+        ["tokenize", str(path), "--tokenizer", str(model), "-o", str(root / "l"), "--force"]
+    )
+    return [mb, rss, rss / mb, seconds]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats, memory sweep up to 4 copies")
+    parser.add_argument("--long-mb", type=float, default=200, help="size of the one-line file, MB")
+    parser.add_argument(
+        "--long-only", action="store_true", help="only the one-line file (trains a tokenizer)"
+    )
     args = parser.parse_args()
     copies = [1, 2, 4] if args.quick else [1, 4, 16, 32]
     with tempfile.TemporaryDirectory(prefix="bench_tokenize.") as tmp:
         root = Path(tmp)
+        if args.long_only:
+            tokenize_corpus(
+                [], root / "t", TokenizeConfig(corpus="stdlib", vocab_size=2000, train_bytes=400_000)
+            )
+            print(
+                table(
+                    ["one-line MB", "peak RSS MB", "x size", "s"],
+                    [long_line(root, args.long_mb, root / "t" / "tokenizer.model")],
+                )
+            )
+            return
         print(f"throughput ({default_threads()} threads)", flush=True)
         rows = throughput(root, repeats=3 if args.quick else 5)
         print()
@@ -161,6 +197,9 @@ def main() -> None:
         mem = memory(root, copies, root / "trained-0" / "tokenizer.model")
         print()
         print(table(["corpus", "MB", "peak RSS MB", "growth MB", "MB/s", "in budget"], mem))
+        print(f"\none document of one line ({args.long_mb:g} MB)", flush=True)
+        row = long_line(root, args.long_mb, root / "trained-0" / "tokenizer.model")
+        print(table(["one-line MB", "peak RSS MB", "x size", "s"], [row]))
 
 
 if __name__ == "__main__":

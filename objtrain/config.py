@@ -52,6 +52,28 @@ def packaged_config(path: Path | str, subdir: str) -> Path:
     return shipped if shipped.is_file() else path
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: object, line: int) -> None:
+        super().__init__(f"key {key!r} is given twice (again at line {line}): keep one")
+        self.problem, self.problem_mark = str(self), None
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (PyYAML lets the last one win, silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden here
+                continue
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            if isinstance(key, (str, int, float, bool)) or key is None:
+                if key in seen:
+                    raise _DuplicateKey(key, key_node.start_mark.line + 1)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping; a missing file, bad YAML or a non-mapping is one clear error."""
     path = Path(path)
@@ -60,7 +82,7 @@ def load_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"config not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)
     except UnicodeDecodeError:
         raise UserError(f"{path} is not UTF-8 text") from None
     except yaml.YAMLError as exc:

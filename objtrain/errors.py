@@ -34,3 +34,15 @@ def pick_name(name: str, known: Iterable[str], what: str) -> str:
     if len(folded) == 1:
         return folded[0]
     raise UserError(f"unknown {what} {name!r}{did_you_mean(name, known)} (known: {', '.join(known)})")
+
+
+# Seeds reach torch (`manual_seed` takes 64-bit values and raises OverflowError beyond), numpy and the
+# standard library: one range for every command, checked once where the value comes in.
+SEED_LIMIT = 2**63
+
+
+def check_seed(seed: object, what: str = "--seed") -> int:
+    """`seed` if it is an integer in [0, 2^63), else a UserError naming `what`."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < SEED_LIMIT:
+        raise UserError(f"{what} must be an integer from 0 to 2^63 - 1, got {seed!r}")
+    return seed

@@ -158,6 +158,7 @@ def check_output_free(
         source = Path(source).resolve()
         if target == source or target in source.parents:
             raise UserError(f"output {path} would replace the input {source}: name a new directory")
+    check_unclaimed(path)
     if path.exists() and not force:
         raise UserError(f"{path} already exists (pass --force to replace it)")
     if path.exists() and replaces is not None and not path.is_symlink():
@@ -219,8 +220,8 @@ def clean_stale(path: Path) -> list[Path]:
     """
     path = Path(path)
     parent = path.parent
-    if not path.name or not parent.is_dir():
-        return []
+    if not path.name or not parent.is_dir() or _claim_holder(path) is not None:
+        return []  # another process writing there owns what lies beside it (its `.old` mid-replace)
     pattern = re.compile(rf"^\.{re.escape(path.name)}\.(\d+)-[A-Za-z0-9_]+\.tmp$")
     removed = []
     for entry in parent.iterdir():
@@ -252,9 +253,64 @@ def forget_completed() -> None:
     _completed.clear()
 
 
+# An output being written is claimed by its writer: an exclusive `flock` on `.NAME.lock` beside it, taken
+# before the work and held until the finished output is renamed into place (`atomic_dir`). A second writer
+# is refused in one line, before its work (`check_output_free`) or at the latest when it would start
+# writing, so no finished output is ever replaced by a run that was not asked to replace it.
+def _claim_file(path: Path) -> Path:
+    return path.parent / f".{path.name}.lock"
+
+
+_held: set[Path] = set()  # the claim files this process holds
+
+
+def _claim_holder(path: Path) -> str | None:
+    """Who holds the claim on output `path` if another process does ("" when it cannot be read), else None."""
+    claim = _claim_file(Path(path))
+    if claim.absolute() in _held:
+        return None
+    try:
+        fd = os.open(claim, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None  # no claim file (or none readable): nobody is writing there
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    finally:
+        os.close(fd)
+    return None
+
+
+def check_unclaimed(path: Path) -> None:
+    """Refuse an output that another process is writing (holds its claim), without claiming it."""
+    holder = _claim_holder(path)
+    if holder is not None:
+        by = f" (pid {holder})" if holder.isdigit() else ""
+        raise UserError(
+            f"{path} is in use by another objtrain process{by}: wait for it to end, or choose another output"
+        )
+
+
+@contextlib.contextmanager
+def claimed(path: Path) -> Iterator[None]:
+    """Hold the claim on output `path` (its parent must exist) for the block; the claim file goes after."""
+    path = Path(path)
+    lock = OutputLock(path, "output", file=_claim_file(path), remove=True).acquire()
+    _held.add(lock.file.absolute())
+    try:
+        yield
+    finally:
+        _held.discard(lock.file.absolute())
+        lock.release()
+
+
 @contextlib.contextmanager
 def atomic_dir(path: Path, force: bool = False) -> Iterator[Path]:
-    """Yield a temporary sibling directory; on success it replaces `path`, on failure it is removed."""
+    """Yield a temporary sibling directory; on success it replaces `path`, on failure it is removed.
+
+    The output is claimed for the whole block (`claimed`) and checked again under the claim, both at the
+    start and at the rename: without `force`, an output that appeared meanwhile is never replaced."""
     path = Path(path)
     clean_stale(path)
     check_output_free(path, force)
@@ -262,12 +318,17 @@ def atomic_dir(path: Path, force: bool = False) -> Iterator[Path]:
     tmp: Path | None = None
     old = path.with_name(f".{path.name}.old")
     moved = renaming = False
+    claim = contextlib.ExitStack()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        claim.enter_context(claimed(path))
+        check_output_free(path, force)  # again, now that no other writer can start or finish
         # Named before it is made, so a Ctrl-C at any point after the mkdir removes it (below).
         tmp = _temp_name(path.parent, _temp_prefix(path), ".tmp")
         os.mkdir(tmp)  # 0777 less the umask: the user's usual permissions (mkdtemp would make 0700)
         yield tmp
+        if not force and (path.exists() or path.is_symlink()):  # made by a writer that took no claim
+            raise UserError(f"{path} already exists (pass --force to replace it)")
         renaming = True  # from here, a missing `tmp` means it was renamed into place
         if path.exists() or path.is_symlink():
             # Move the old output aside first so a crash between the two renames loses nothing
@@ -293,6 +354,8 @@ def atomic_dir(path: Path, force: bool = False) -> Iterator[Path]:
         if failed is not None and is_unwritable(failed):  # a full disk: one line, nothing half-written
             raise unwritable(failed, path, kept) from None
         raise
+    finally:
+        claim.close()
 
 
 @contextlib.contextmanager
@@ -321,10 +384,26 @@ def atomic_file(path: Path, mode: str = "wb") -> Iterator[Any]:
         raise
 
 
+def _valid_text(obj: Any) -> Any:
+    """`obj` with every string made valid Unicode: a file name that is not UTF-8 reaches Python with lone
+    surrogates (`\\udcff`), which no other JSON reader accepts; its bytes are written as `\\xff` instead."""
+    if isinstance(obj, str):
+        return obj.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    if isinstance(obj, dict):
+        return {_valid_text(k): _valid_text(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_valid_text(v) for v in obj]
+    return obj
+
+
 def write_json(path: Path, obj: Any) -> None:
+    text = json.dumps(obj, indent=2, sort_keys=False)
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates somewhere
+        text = json.dumps(_valid_text(obj), indent=2, sort_keys=False)
     with atomic_file(path, "w") as handle:
-        json.dump(obj, handle, indent=2, sort_keys=False)
-        handle.write("\n")
+        handle.write(text + "\n")
 
 
 def read_json(path: Path, what: str = "file") -> Any:
@@ -351,15 +430,21 @@ class OutputLock:
 
     NAME = ".lock"
 
-    def __init__(self, directory: Path, what: str = "directory") -> None:
+    def __init__(
+        self, directory: Path, what: str = "directory", file: Path | None = None, remove: bool = False
+    ) -> None:
+        """`file`: the lock file (default DIR/.lock); `remove`: delete it on release, while still held (a
+        process that opened it meanwhile sees it gone once it gets the lock, and opens the new one)."""
         self.directory = Path(directory)
         self.what = what
+        self.file = Path(file) if file is not None else self.directory / self.NAME
+        self.remove = remove
         self.fd: int | None = None
 
     def acquire(self) -> OutputLock:
         if self.fd is not None:
             return self
-        path = self.directory / self.NAME
+        path = self.file
         try:
             while True:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666 & ~_umask())
@@ -391,6 +476,9 @@ class OutputLock:
 
     def release(self) -> None:
         if self.fd is not None:
+            if self.remove:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.file)
             os.close(self.fd)  # closing the last descriptor drops the lock
             self.fd = None
 

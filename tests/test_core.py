@@ -113,3 +113,17 @@ def test_batches_go_to_a_gpu_through_pinned_memory() -> None:
         on_gpu = batch.to("cuda", non_blocking=True)
         torch.cuda.synchronize()
         assert on_gpu.input_ids.is_cuda and torch.equal(on_gpu.input_ids.cpu(), ids)
+
+
+def test_a_key_given_twice_in_a_yaml_is_refused(tmp_path: Path) -> None:
+    from objtrain.config import load_yaml
+
+    path = tmp_path / "run.yaml"
+    path.write_text("batch:\n  seq_len: 32\nbatch:\n  batch_size: 4\n")
+    with pytest.raises(UserError, match="'batch' is given twice"):
+        load_yaml(path)
+    path.write_text("batch:\n  seq_len: 32\n  seq_len: 64\n")
+    with pytest.raises(UserError, match="'seq_len' is given twice"):
+        load_yaml(path)
+    path.write_text("a: &x {b: 1}\nc:\n  <<: *x\n  d: 2\n")  # merge keys still work
+    assert load_yaml(path) == {"a": {"b": 1}, "c": {"b": 1, "d": 2}}

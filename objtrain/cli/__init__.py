@@ -1,7 +1,9 @@
 """The `objtrain` command line: thin glue over library functions, one module per subcommand.
 
-`main()` owns how every command ends: bad input is one line and exit 2 (UserError, usage errors),
-Ctrl-C is one line and exit 130, a closed pipe (`objtrain corrupt ... | head`) ends quietly with exit 0.
+`main()` owns how every command ends: bad input is one line and exit 2 (UserError, usage errors, typer's
+own option errors too), Ctrl-C is one line and exit 130, SIGTERM and SIGHUP (`timeout`, Slurm preemption,
+`docker stop`, a closed terminal) the same as Ctrl-C with exit 143 and 129 (the output's temporaries go on
+the way out), a closed pipe (`objtrain corrupt ... | head`) ends quietly with exit 0.
 """
 
 from __future__ import annotations
@@ -20,14 +22,57 @@ from typer.main import get_command
 
 import objtrain
 from objtrain.cli import common, compare, corrupt, evaluate, export, generate, pack, tokenize, train
-from objtrain.errors import UserError
+from objtrain.errors import UserError, check_seed
 from objtrain.io import forget_completed, is_unwritable, unwritable
 
 F = TypeVar("F", bound=Callable[..., Any])
+# click as typer carries it (its own copy): the base of its usage errors, and the end of a prompt
+_ClickException: type[Exception] = typer.BadParameter.__mro__[2]
+_Abort: type[BaseException] = typer.Abort
 
 
 class _Interrupted(BaseException):
     """Ctrl-C inside a command, carried past click (which would turn it into a silent exit 130)."""
+
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP: unwinds the command as Ctrl-C does (every `finally` and cleanup runs)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+# Signals that end a command as Ctrl-C does; train's loop takes SIGTERM over to save a checkpoint first.
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def _ending_signals_interrupt() -> Any:
+    """SIGTERM and SIGHUP raise `Terminated` while a command runs (main thread only: elsewhere Python
+    cannot install handlers), restored after."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+    for sig in ENDING_SIGNALS:
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # `nohup`'s ignored SIGHUP stays ignored
+            previous[sig] = signal.signal(sig, _terminate)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class _PipeClosed(BaseException):
@@ -39,8 +84,8 @@ def _guarded(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except KeyboardInterrupt:
-            raise _Interrupted from None
+        except KeyboardInterrupt as exc:
+            raise _Interrupted(getattr(exc, "signum", signal.SIGINT)) from None
         except BrokenPipeError:
             raise _PipeClosed from None
 
@@ -88,8 +133,20 @@ app.command("generate")(_guarded(generate.run))
 app.command("export")(_guarded(export.run))
 
 
+def _seed_checked(callback: Callable[..., Any] | None) -> Callable[..., Any]:
+    """A `--seed` callback that validates the value (`check_seed`) before the command sees it."""
+
+    def check(ctx: Any, param: Any, value: Any) -> Any:
+        if value is not None:
+            check_seed(value, "--seed")
+        return callback(ctx, param, value) if callback is not None else value
+
+    return check
+
+
 def command() -> Any:
-    """The click command behind `app`, with on/off options shown as plain flags in --help."""
+    """The click command behind `app`, with on/off options shown as plain flags in --help, and every
+    command's `--seed` validated the same way."""
     root = get_command(app)
     stack = [root]
     while stack:
@@ -98,8 +155,17 @@ def command() -> Any:
         for param in [*cmd.params, *([helper] if helper is not None else [])]:
             if getattr(param, "is_flag", False):
                 param.metavar = ""  # typer would show `--force <bool>` for a flag that takes no value
+            if param.name == "seed":
+                param.callback = _seed_checked(param.callback)
         stack.extend(getattr(cmd, "commands", {}).values())
     return root
+
+
+def _usage_line(exc: Any) -> str:
+    """Click's usage error (an option's bad value, a missing argument) as one line, with where to look."""
+    ctx = getattr(exc, "ctx", None)
+    where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+    return f"{exc.format_message()}{where}"
 
 
 def _quiet_stdout() -> None:
@@ -128,9 +194,11 @@ def main(argv: list[str] | None = None, program: bool = False) -> None:
     forget_completed()
     try:
         try:
-            command()(args=argv, prog_name="objtrain")
+            with _ending_signals_interrupt():
+                code = command().main(args=argv, prog_name="objtrain", standalone_mode=False)
             if program:
                 _finished()
+            sys.exit(code if isinstance(code, int) else 0)
         except SystemExit as exc:
             if program and exc.code in (0, None):
                 _finished()
@@ -140,9 +208,23 @@ def main(argv: list[str] | None = None, program: bool = False) -> None:
     except UserError as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True, markup=True)
         sys.exit(2)
-    except (_Interrupted, KeyboardInterrupt):
-        err.print(f"[bold red]{common.interrupted_message()}[/]", highlight=False, soft_wrap=True)
-        sys.exit(130)
+    except _ClickException as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `objtrain`: its help, as click shows it
+            exc.show()
+            sys.exit(exc.exit_code)
+        line = escape(_usage_line(exc))
+        err.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True, markup=True)
+        sys.exit(exc.exit_code)
+    except _Abort:  # click's own end of a prompt (EOF on stdin)
+        err.print("[bold red]aborted[/]", highlight=False)
+        sys.exit(1)
+    except (_Interrupted, KeyboardInterrupt) as exc:
+        signum = getattr(exc, "signum", signal.SIGINT)
+        message = common.interrupted_message()
+        if signum != signal.SIGINT:  # "terminated (SIGTERM); nothing was written"
+            message = message.replace("interrupted", f"terminated ({signal.Signals(signum).name})", 1)
+        err.print(f"[bold red]{escape(message)}[/]", highlight=False, soft_wrap=True)
+        sys.exit(128 + signum)
     except (_PipeClosed, BrokenPipeError):
         _quiet_stdout()
         sys.exit(0)

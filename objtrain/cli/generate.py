@@ -184,6 +184,19 @@ def _print_fill_mask(console: Console, result: dict[str, Any], output_format: st
     console.print(f"[bold]top-1:[/] {escape(result['text'])}", highlight=False, markup=True)
 
 
+def _capped(max_new_tokens: int, prompt_length: int, ckpt: Checkpoint) -> int:
+    """-n within the model's usable context (`gen.within_context`), with a note on stderr when cut."""
+    context = gen.usable_context(ckpt.training)
+    capped = gen.within_context(max_new_tokens, prompt_length, context)
+    if capped < max_new_tokens:
+        print(
+            f"note: -n {max_new_tokens:,} is past the model's usable context ({context:,} positions with "
+            f"the input): generating at most {capped:,} tokens, fewer if </s> comes first",
+            file=sys.stderr,
+        )
+    return capped
+
+
 def _generate(
     ckpt: Checkpoint,
     sampling: gen.Sampling,
@@ -214,6 +227,7 @@ def _generate(
         else:
             raise UserError("an encoder-decoder model needs --text (with [MASK] spans) or --prompt")
         start = int(info.get("decoder_start_id", s.pad))
+        max_new_tokens = _capped(max_new_tokens, 1, ckpt)  # the decoder's own positions: start + output
         stream: Iterator[int] = gen.generate_encdec(
             model, ids, max_new_tokens, sampling, (s.eos,), start, use_cache
         )
@@ -228,6 +242,7 @@ def _generate(
                 ids = [s.eos]  # an empty prompt starts a fresh document, as after an EOS in a packed stream
         else:
             raise UserError("a decoder model needs --prompt, or --prefix/--suffix for infilling")
+        max_new_tokens = _capped(max_new_tokens, len(ids), ckpt)
         if speculative:
             stream = gen.generate_speculative(model, ids, max_new_tokens, stops, stats)
         else:

@@ -230,6 +230,11 @@ def run(
                 exc.output, exc.reason, f"no checkpoint was saved; {run_dir} was removed"
             ) from None
         raise
+    except UserError:
+        # So does a new run refused once it had started (weights that --init-from cannot use)
+        if created is not None:
+            ckpt.discard_unsaved(run_dir, created)
+        raise
     if result.stopped:
         console.print(
             f"interrupted at step {result.step}; saved {result.checkpoint}", highlight=False, markup=False

@@ -43,11 +43,14 @@ from objtrain.data.store import (
 )
 from objtrain.errors import UserError, did_you_mean
 from objtrain.io import atomic_dir, check_output_free, write_json
+from objtrain.memory import check_fits
 
 PackMode = Literal["concat", "bestfit"]
 PACK_MODES: tuple[str, ...] = ("concat", "bestfit")
 MIN_SEQ_LEN = 2  # one token and its eos
 CHUNK_TOKENS = 1 << 22  # positions assembled per step: bounds memory at ~100 MB of int64 scratch
+# scratch per assembled position: int64 indices and values (~3 x 8 bytes), the row's tokens and documents
+BYTES_PER_POSITION = 32
 # bestfit windows: the layout of a window holds ~60 bytes per piece and the assignment loop ~150 bytes per
 # document, so these bound it at ~100 MB whatever the store size.
 WINDOW_DOCS = 1 << 19
@@ -348,6 +351,9 @@ def _check(config: PackConfig) -> None:
     for name in config.splits:
         if name not in SPLITS:
             raise UserError(f"unknown --split {name!r} (choose from: {', '.join(SPLITS)}, all)")
+    # rows are assembled a block of at least one at a time: one that no memory holds is refused now
+    rows = max(CHUNK_TOKENS // config.seq_len, 1)
+    check_fits(rows * config.seq_len * BYTES_PER_POSITION, f"--seq-len {config.seq_len}")
 
 
 def pack_store(

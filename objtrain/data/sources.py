@@ -31,7 +31,7 @@ import re
 import sysconfig
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
@@ -169,6 +169,9 @@ class Found:
 
     files: list[tuple[Path, bool, str | None]]
     dataset_dicts: list[DatasetDictSplits]
+    # entries that are not files (a FIFO, a socket, a device), listed as skipped without being opened
+    # (opening a FIFO would wait for a writer for ever)
+    not_files: list[Skipped] = field(default_factory=list)
 
 
 def dataset_dict_splits(directory: Path) -> DatasetDictSplits:
@@ -259,9 +262,18 @@ def find_inputs(
                     # a link to nothing (or a link loop) is listed by scan() as unreadable, not ignored
                     if file.is_file() or (file.is_symlink() and not file.exists()):
                         add(file, False, split)
+                    elif not file.is_dir():
+                        found.not_files.append(Skipped(file, f"not a regular file ({_file_type(file)})"))
         else:
             raise UserError(f"input {path} is neither a file nor a directory")
     return found
+
+
+def _file_type(path: Path) -> str:
+    kinds = {"a FIFO": path.is_fifo, "a socket": path.is_socket, "a device": path.is_char_device}
+    return next(
+        (name for name, test in kinds.items() if test()), "a device" if path.is_block_device() else "?"
+    )
 
 
 def _datasets_files(directory: Path, names: list[str]) -> list[str]:

@@ -184,7 +184,7 @@ def collect_sources(
         dataset_dicts += found.dataset_dicts
     progress.start("scanning", len(files))
     sources: list[Source] = []
-    skipped: list[Skipped] = []
+    skipped: list[Skipped] = list(found.not_files)
     for path, explicit, split in files:
         result = src.scan(path, explicit, config.text_field, split)
         (sources if isinstance(result, Source) else skipped).append(result)  # type: ignore[arg-type]
@@ -328,13 +328,15 @@ class _SplitWriter:
         np.zeros(1, dtype="<i8").tofile(self.index)
         self.counts = SplitCounts()
 
-    def append(self, tokens: np.ndarray, lengths: np.ndarray, n_bytes: int) -> None:
-        """tokens (sum(lengths),) of len(lengths) documents back to back."""
+    def append(self, tokens: np.ndarray, lengths: np.ndarray, n_bytes: int, ends: np.ndarray) -> None:
+        """tokens (sum(lengths),) of len(lengths) texts back to back; `ends` (len(lengths),) marks the texts
+        that end a document (a long document comes as several pieces, in order)."""
         if not len(lengths):
             return
         tokens.astype(self.dtype, copy=False).tofile(self.tokens)
-        (self.counts.tokens + np.cumsum(lengths, dtype=np.int64)).astype("<i8").tofile(self.index)
-        self.counts.documents += len(lengths)
+        offsets = self.counts.tokens + np.cumsum(lengths, dtype=np.int64)
+        offsets[ends].astype("<i8").tofile(self.index)
+        self.counts.documents += int(ends.sum())
         self.counts.tokens += int(tokens.size)
         self.counts.bytes += n_bytes
         self.counts.unknown += int(np.count_nonzero(tokens == self.unk))
@@ -353,10 +355,36 @@ class _SplitWriter:
 
 @dataclass
 class _Chunk:
+    """Texts to encode in one call: whole documents, or pieces of one longer than a chunk (`ends` is True
+    for the text that ends its document)."""
+
     texts: list[str] = field(default_factory=list)
     valid: list[bool] = field(default_factory=list)
     n_bytes: list[int] = field(default_factory=list)
+    ends: list[bool] = field(default_factory=list)
     size: int = 0
+
+
+# A document longer than this many characters is encoded in pieces of at most this size (`pieces`). Fixed,
+# not `chunk_bytes`: a store does not depend on how it was chunked, and documents below it are never cut.
+PIECE_CHARS = 1 << 20
+
+
+def pieces(text: str, limit: int) -> Iterator[str]:
+    """`text` in pieces of at most `limit` characters, each cut just before a space that starts a word
+    (where sentencepiece and byte-level BPE pre-tokenizers begin a new piece anyway, so the tokens are
+    those of the whole text), else at `limit`. The pieces join back to `text`; each is encoded on its own,
+    so a document's memory in flight is a few pieces however long it is (a log or a minified file)."""
+    start, n = 0, len(text)
+    while n - start > limit:
+        end = start + limit
+        cut = text.rfind(" ", start + 1, end + 1)
+        while cut > start and text[cut - 1].isspace():  # inside a run of whitespace: not a word start
+            cut = text.rfind(" ", start + 1, cut)
+        cut = cut if cut > start else end
+        yield text[start:cut]
+        start = cut
+    yield text[start:]
 
 
 def _encode_chunk(tokenizer: Tokenizer, texts: list[str], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -374,12 +402,13 @@ def _write_chunk(
     flat, lengths = encoded
     valid = np.array(chunk.valid, dtype=bool)
     n_bytes = np.array(chunk.n_bytes, dtype=np.int64)
+    ends = np.array(chunk.ends, dtype=bool)
     if not valid.any():
-        writers["train"].append(flat, lengths, int(n_bytes.sum()))
+        writers["train"].append(flat, lengths, int(n_bytes.sum()), ends)
         return
     per_token = np.repeat(valid, lengths)
     for name, docs, toks in (("train", ~valid, ~per_token), ("valid", valid, per_token)):
-        writers[name].append(flat[toks], lengths[docs], int(n_bytes[docs].sum()))
+        writers[name].append(flat[toks], lengths[docs], int(n_bytes[docs].sum()), ends[docs])
 
 
 def encode_documents(
@@ -419,13 +448,23 @@ def encode_documents(
                     empty += 1
                     continue
                 per_source[index] += 1
-                chunk.texts.append(text)
-                chunk.valid.append(_in_valid(sources[index], data, config))
-                chunk.n_bytes.append(len(data))
-                chunk.size += len(data)
-                if chunk.size >= config.chunk_bytes:
-                    submit(chunk)
-                    chunk = _Chunk()
+                valid = _in_valid(sources[index], data, config)
+                n_bytes = len(data)
+                del data  # a long document's bytes are not kept while its pieces are encoded
+                parts = pieces(text, PIECE_CHARS) if len(text) > PIECE_CHARS else iter((text,))
+                part = next(parts)
+                for following in itertools.chain(parts, (None,)):
+                    chunk.texts.append(part)
+                    chunk.valid.append(valid)
+                    chunk.n_bytes.append(n_bytes if following is None else 0)  # the document's, once
+                    chunk.ends.append(following is None)
+                    chunk.size += len(part)
+                    if chunk.size >= config.chunk_bytes:
+                        submit(chunk)
+                        chunk = _Chunk()
+                    if following is not None:
+                        part = following
+                del text
             submit(chunk)
             submit(_Chunk())
     except BaseException:

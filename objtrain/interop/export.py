@@ -88,8 +88,9 @@ def _tokenizer_files(ckpt: Checkpoint, directory: Path) -> None:
     """tokenizer.json + tokenizer_config.json built from the sentencepiece model by transformers' own
     converter (which follows the model's settings: no dummy prefix, no whitespace folding, byte fallback),
     with every objtrain special registered at its id; `tokenizer.model` is kept beside them. Then what
-    objtrain's training fixes: the longest input (`model_max_length`, the run's sequence length) and,
-    for an encoder-decoder, the `</s>` ending every encoder input."""
+    objtrain's training fixes: for an encoder-decoder, the `</s>` ending every encoder input. No
+    `model_max_length` is set from the run's rows (rotary positions run longer inputs, whose logits still
+    match): transformers would warn of "indexing errors" there."""
     from objtrain.interop.hf_tokenizer import save_hf_tokenizer
 
     assert ckpt.tokenizer is not None
@@ -100,12 +101,8 @@ def _tokenizer_files(ckpt: Checkpoint, directory: Path) -> None:
         save_hf_files(ckpt.tokenizer, directory)
     else:
         save_hf_tokenizer(ckpt.tokenizer, directory)
-    config_file = directory / "tokenizer_config.json"
-    config = json.loads(config_file.read_text(encoding="utf-8"))
-    config["model_max_length"] = _max_positions(ckpt)
     if ckpt.config.kind == "encdec":
         _append_eos(directory / "tokenizer.json", ckpt.tokenizer.piece(ckpt.specials.eos), ckpt.specials.eos)
-    write_json(config_file, config)
 
 
 def _append_eos(path: Path, piece: str, eos: int) -> None:

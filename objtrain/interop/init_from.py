@@ -299,6 +299,16 @@ def resumed_model_config(checkpoint: Path, planned: ModelConfig) -> tuple[ModelC
         meta = read_config(checkpoint)
     except UserError:
         return planned, None  # the restore itself reports a damaged checkpoint
+    saved = meta["model"].get("kind", "decoder") if isinstance(meta["model"], dict) else planned.kind
+    if saved != planned.kind:  # else the optimizer state's shapes are what would differ, a riddle
+        objective = (meta.get("training") or {}).get("objective")
+        trained = f" with {objective}" if isinstance(objective, str) else ""
+        names = {"decoder": "a decoder", "encoder": "an encoder", "encdec": "an encoder-decoder"}
+        raise UserError(
+            f"{checkpoint.parent.parent} holds {names.get(saved, repr(saved))} model (trained{trained}); "
+            f"this run asks for {names[planned.kind]}: resume it with its own objective, or start a new "
+            "run with another -o"
+        )
     origin = (meta.get("training") or {}).get("init_from")
     if not origin:
         return planned, None

@@ -4,7 +4,9 @@ Everything in it is read from the checkpoint and its run, nothing is asked for: 
 settings, the data (the token store's name, its sources' file names and sizes; no local paths, which a
 published card would leak), the budget (steps, tokens, time, precision), the run's last metrics at or
 before the checkpoint's step (`metrics.jsonl`), the export's own load-back check, and how to load it.
-The card opens with the YAML metadata the hub reads (`library_name`, `pipeline_tag`, `tags`).
+The card opens with the YAML metadata the hub reads (`library_name`, `pipeline_tag`, `tags`, and the
+`license` and `datasets` the hub's card check asks for: left as `unknown` and `[]` for the user to fill,
+with a note, since only the user knows under what terms the data and the weights may be published).
 """
 
 from __future__ import annotations
@@ -203,9 +205,14 @@ def model_card(
         f"pipeline_tag: {PIPELINES[cfg.kind]}",
         "tags:",
         *[f"- {tag}" for tag in tags],
+        "license: unknown  # objtrain cannot know it: the license of the weights and of their data",
+        "datasets: []  # objtrain cannot know it: the Hub names of the datasets tokenized, if any",
         "---",
         "",
         f"# {name}",
+        "",
+        "Before publishing, fill in `license` and `datasets` in the metadata above: objtrain cannot know "
+        "them.",
         "",
         f"A {cfg.n_layer}-layer {KINDS[cfg.kind]} "
         f"language model pre-trained by objtrain with the `{objective}` objective, "
@@ -220,8 +227,8 @@ def model_card(
         f"- width {cfg.d_model}, {cfg.n_layer} layer{'s' if cfg.n_layer != 1 else ''}"
         + (f" (decoder {cfg.decoder_layers})" if cfg.kind == "encdec" else "")
         + f", {cfg.n_head} heads ({cfg.kv_heads} key/value), feed-forward {cfg.ffn_dim}",
-        f"- vocabulary {cfg.vocab_size}, trained on rows of {info.get('seq_len', '?')} tokens "
-        "(the tokenizer's `model_max_length`)",
+        f"- vocabulary {cfg.vocab_size}, trained on rows of {info.get('seq_len', '?')} tokens (rotary "
+        "positions: longer inputs run, the tokenizer sets no `model_max_length`)",
         f"- RoPE base {cfg.rope_base:g}, output layer {'tied to' if cfg.tie_embeddings else 'apart from'} "
         "the embedding",
         "",

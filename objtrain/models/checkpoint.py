@@ -35,6 +35,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
+from objtrain.batch import MODEL_KINDS
 from objtrain.data.tokenizer import Tokenizer, tokenizer_from_file
 from objtrain.errors import UserError
 from objtrain.io import atomic_dir, atomic_file, read_json, save_tensors, write_json
@@ -176,6 +177,13 @@ def read_config(path: Path) -> dict[str, Any]:
         raise UserError(
             f"{path} has checkpoint format_version {version!r}; this objtrain reads version {FORMAT_VERSION}"
         )
+    kind, model = meta.get("kind"), meta["model"]
+    model_kind = model.get("kind", "decoder") if isinstance(model, dict) else None
+    if "kind" in meta and (kind not in MODEL_KINDS or kind != model_kind):
+        raise UserError(
+            f"{path / CONFIG}: its kind {kind!r} is not one of {', '.join(MODEL_KINDS)} matching the model's "
+            f"({model_kind!r}): the file is damaged"
+        )
     return meta
 
 
@@ -184,12 +192,27 @@ def load_weights(file: Path) -> dict[str, Tensor]:
     if not file.is_file():
         raise UserError(f"checkpoint weights not found: {file}")
     try:
-        return load_file(str(file))
+        weights = load_file(str(file))
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(
             f"{file} is not a readable safetensors file (truncated or corrupt?): {reason}"
         ) from None
+    check_finite(weights, file)
+    return weights
+
+
+def check_finite(weights: dict[str, Tensor], where: Path) -> None:
+    """Refuse weights holding NaN or infinity, naming the first such tensor: every output computed from
+    them (generated text, metrics, an export) would be NaN or noise. Every reader of checkpoint weights
+    comes through `load_weights`, so generate, eval, --init-from, --resume and export refuse alike."""
+    for key, tensor in weights.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise UserError(
+                f"{where}: tensor {key!r} holds {bad:,} NaN or infinite values (a diverged run or a damaged "
+                "file): nothing sound can be computed from it"
+            )
 
 
 def check_state_dict(model: nn.Module, weights: dict[str, Tensor], where: Path) -> None:

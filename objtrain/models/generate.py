@@ -51,6 +51,31 @@ from objtrain.specials import Specials
 FimMode = Literal["psm", "spm"]
 MASK_MARKER = "[MASK]"
 
+# The positions one generation may use (prompt and output together), whatever `max_new_tokens` asks: the
+# KV cache is sized by this, never by the request alone, so "-n 100000000" (until </s>) runs in bounded
+# memory and time. Rotary models have no position table; beyond the rows they trained on their output
+# degrades, so the bound is the trained row length, and at least CONTEXT_FLOOR positions.
+CONTEXT_FLOOR = 4096
+
+
+def usable_context(training: dict[str, object]) -> int:
+    """A checkpoint's usable context in positions: its training record's `seq_len`, at least
+    CONTEXT_FLOOR (a checkpoint that records none gets the floor)."""
+    seq_len = training.get("seq_len")
+    trained = seq_len if isinstance(seq_len, int) and not isinstance(seq_len, bool) else 0
+    return max(trained, CONTEXT_FLOOR)
+
+
+def within_context(max_new_tokens: int, prompt_length: int, context: int) -> int:
+    """`max_new_tokens` cut so that the prompt and the output fit `context` positions; a prompt that
+    leaves no room is a UserError."""
+    if prompt_length >= context:
+        raise UserError(
+            f"the input is {prompt_length:,} tokens, as long as the model's usable context of {context:,} "
+            "positions or longer: shorten it"
+        )
+    return min(max_new_tokens, context - prompt_length)
+
 
 @dataclass
 class Sampling:

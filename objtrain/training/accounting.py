@@ -232,17 +232,21 @@ def token_bytes(tokenizer: Tokenizer) -> torch.Tensor:
 def memory_estimate(model: nn.Module, cfg: ModelConfig, micro_rows: int, length: int, dtype: str) -> dict:
     """Rough bytes: weights + grads + Adam moments (fp32), and activations of one micro-batch."""
     n = sum(p.numel() for p in model.parameters())
-    act_bytes = 2 if dtype in ("bf16", "fp16") else 4
-    layers = cfg.n_layer + (cfg.decoder_layers if cfg.kind == "encdec" else 0) + max(cfg.mtp_heads - 1, 0)
-    # Per layer and token: ~34·d values kept for backward (Korthikanti et al. 2022, without attention scores
-    # since SDPA recomputes them), plus one logits tensor in fp32.
-    activations = micro_rows * length * (layers * 34 * cfg.d_model * act_bytes + cfg.vocab_size * 4 * 2)
     return {
         "weights_bytes": n * 4,
         "gradients_bytes": n * 4,
         "optimizer_bytes": n * 8,
-        "activation_bytes": activations,
+        "activation_bytes": activation_bytes(cfg, micro_rows, length, dtype),
     }
+
+
+def activation_bytes(cfg: ModelConfig, micro_rows: int, length: int, dtype: str) -> int:
+    """Rough bytes of one micro-batch's activations, from the config alone (nothing built)."""
+    act_bytes = 2 if dtype in ("bf16", "fp16") else 4
+    layers = cfg.n_layer + (cfg.decoder_layers if cfg.kind == "encdec" else 0) + max(cfg.mtp_heads - 1, 0)
+    # Per layer and token: ~34·d values kept for backward (Korthikanti et al. 2022, without attention scores
+    # since SDPA recomputes them), plus one logits tensor in fp32.
+    return micro_rows * length * (layers * 34 * cfg.d_model * act_bytes + cfg.vocab_size * 4 * 2)
 
 
 def threads() -> int:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from objtrain.config import from_dict, merge, to_dict
-from objtrain.errors import UserError
+from objtrain.errors import UserError, check_seed
 
 
 @dataclass
@@ -219,6 +219,7 @@ class TrainConfig:
     init_from: str | None = None
 
     def __post_init__(self) -> None:
+        check_seed(self.seed, "seed")  # a YAML's or KEY=VALUE's seed; --seed is checked as it is parsed
         if isinstance(self.workers, int) and self.workers < 0:
             raise ValueError(f"workers must be >= 0 (0 = load in the training process), got {self.workers}")
 

@@ -19,6 +19,7 @@ from objtrain.devices import auto_dtype, resolve_device
 from objtrain.errors import UserError
 from objtrain.interop import require
 from objtrain.io import OutputLock, check_output_free, check_writable
+from objtrain.memory import check_fits
 from objtrain.models.attention import FLEX_ON_CPU
 from objtrain.models.zoo import ModelConfig, build_model, config_to_dict, model_config
 from objtrain.objectives.base import Objective
@@ -154,6 +155,9 @@ def _resolve(
     )
     seq_len = cfg.batch.seq_len or source.packed_length or DEFAULT_SEQ_LEN
     micro, accumulation = check_divisible(cfg, world.world_size)
+    # rows no memory holds are refused now, before any is read or built (the lower, bf16 estimate)
+    need = accounting.activation_bytes(model_cfg, micro, seq_len, "bf16")
+    check_fits(need, f"--seq-len {seq_len} ({micro} rows per micro-batch)", device)
     has_valid = source.has_split(cfg.data.valid_split)
     if cfg.validation.every >= 0 and not has_valid:
         raise UserError(no_valid_split(source, cfg.data.valid_split))
@@ -202,6 +206,8 @@ def _resolve(
     workers = (
         cfg.workers if isinstance(cfg.workers, int) else auto_workers(device.type, world.local_world_size)
     )
+    if resume and resume_from is None and console is not None and world.is_main:  # else silently a new run
+        console.print(f"note: {run_dir} has no checkpoint to resume: --resume starts at step 0", markup=False)
     return Plan(
         cfg,
         run_dir,

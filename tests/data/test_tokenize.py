@@ -343,3 +343,59 @@ def test_offsets_are_checked_in_chunks_without_missing_a_step_back_at_a_boundary
         bad[k] = bad[k - 1] - 1
         assert not _non_decreasing(bad, chunk=4), k
         assert not _non_decreasing(bad, chunk=3), k
+
+
+def test_pieces_join_back_and_cut_before_a_word() -> None:
+    from objtrain.data.tokenize import pieces
+
+    text = "alpha  beta\tgamma delta " * 50 + "x" * 300
+    parts = list(pieces(text, 64))
+    assert "".join(parts) == text and all(len(p) <= 64 for p in parts)
+    cut_in_words = [i for i, p in enumerate(parts) if i and not p.startswith("x")]
+    assert cut_in_words and all(parts[i][0] == " " and not parts[i - 1][-1].isspace() for i in cut_in_words)
+    assert list(pieces("short", 64)) == ["short"]
+
+
+def test_a_document_longer_than_a_piece_is_one_document_with_the_whole_texts_tokens(
+    tmp_path: Path, model_file: Path, tokenizer: Tokenizer, tricky: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long document is encoded piece by piece (bounded memory), yet stored as the one document it is,
+    with the tokens of the whole text where the pieces are cut before words."""
+    import objtrain.data.tokenize as tokenize_module
+
+    words = " ".join(f"word{i % 97} and more" for i in range(3000))
+    (tmp_path / "long.txt").write_text(words + tricky, encoding="utf-8")
+    (tmp_path / "short.txt").write_text("a short one", encoding="utf-8")
+    monkeypatch.setattr(tokenize_module, "PIECE_CHARS", 500)
+    store_path = tmp_path / "store"
+    tokenize_corpus(
+        [tmp_path / "long.txt", tmp_path / "short.txt"], store_path, reuse(model_file, valid_fraction=0)
+    )
+    store = TokenStore.open(store_path)
+    train = store.split("train")
+    assert len(train) == 2 and sorted(all_docs(store)) == sorted([words + tricky, "a short one"])
+    long_doc = next(train.doc(i) for i in range(2) if len(train.doc(i)) > 100)
+    assert list(long_doc[: len(tokenizer.encode(words)) - 5]) == tokenizer.encode(words)[:-5]
+    assert store.meta["splits"]["train"]["bytes"] == len((words + tricky).encode()) + len("a short one")
+
+
+def test_a_fifo_and_a_non_utf8_file_name_are_listed_validly(tmp_path: Path, model_file: Path) -> None:
+    """A FIFO inside an input folder is listed under `skipped` (never opened: that would wait for ever), and
+    a file name that is not UTF-8 is stored in meta.json as valid UTF-8 (its bytes spelled `\\xff`)."""
+    import json
+    import os
+
+    root = tmp_path / "in"
+    root.mkdir()
+    (root / "a.txt").write_text("alpha")
+    os.mkfifo(root / "pipe.txt")
+    odd = os.fsdecode(b"caf\xff.txt")
+    (root / odd).write_bytes(b"\xff\xfe not text")  # skipped: not UTF-8, under a name that is not either
+    summary = tokenize_corpus([root], tmp_path / "s", reuse(model_file, valid_fraction=0.0))
+    reasons = {s.path.name: s.reason for s in summary.skipped}
+    assert "FIFO" in reasons["pipe.txt"] and odd in reasons
+    raw = (tmp_path / "s" / "meta.json").read_bytes()
+    meta = json.loads(raw.decode("utf-8"))
+    assert "\\udcff" not in raw.decode("utf-8")
+    names = [Path(s["path"]).name for s in meta["skipped"]]
+    assert sorted(names) == ["caf\\xff.txt", "pipe.txt"]

@@ -112,6 +112,14 @@ def corrupt(path: Path, how: str) -> None:
         meta = json.loads((path / ck.CONFIG).read_text())
         meta["format_version"] = 99
         (path / ck.CONFIG).write_text(json.dumps(meta))
+    elif how == "kind":
+        meta = json.loads((path / ck.CONFIG).read_text())
+        meta["kind"] = "foo"
+        (path / ck.CONFIG).write_text(json.dumps(meta))
+    elif how in ("nan", "inf"):
+        tensors = load_file(str(weights))
+        tensors["blocks.1.norm1.weight"][3] = float(how)
+        save_file(tensors, str(weights))
     elif how in ("tokenizer", "training"):  # a section of the wrong type
         meta = json.loads((path / ck.CONFIG).read_text())
         meta[how] = "tokenizer.model" if how == "tokenizer" else ["fim"]
@@ -128,6 +136,9 @@ EXPECT = {
     "version": "format_version 99",
     "tokenizer": "its 'tokenizer' section is not",
     "training": "its 'training' section is not a mapping",
+    "kind": "its kind 'foo' is not one of",
+    "nan": "'blocks.1.norm1.weight' holds 1 NaN or infinite values",
+    "inf": "'blocks.1.norm1.weight' holds 1 NaN or infinite values",
 }
 
 
