@@ -1353,7 +1353,7 @@ def _draw_baselines(ax: Any, metric: str, arms: list[dict[str, Any]]) -> None:
 
 
 def _run_value(run: dict[str, Any], metric: str) -> float | None:
-    value = run["eval"].get(metric, run["train"].get(metric))
+    value = (run.get("eval") or {}).get(metric, (run.get("train") or {}).get(metric))
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 

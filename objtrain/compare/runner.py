@@ -200,8 +200,10 @@ def tiny_flops(
         _, per_step = _target_len_and_flops(plan, cfg.batch.batch_size)
         per_token.append(per_step / (cfg.batch.batch_size * plan.seq_len))
         per_step_all.append(per_step)
-    flops = min(max(tokens * min(per_token), TINY_STEPS * max(per_step_all)), float(exp.budget.value))
-    return BudgetSpec(flops=float(f"{flops:.3g}"), size=TINY.size, train=dict(TINY.train))
+    flops = max(tokens * min(per_token), TINY_STEPS * max(per_step_all))
+    unit = 10.0 ** (math.floor(math.log10(flops)) - 2)  # up to three significant digits: a readable budget
+    flops = min(math.ceil(flops / unit) * unit, float(exp.budget.value))
+    return BudgetSpec(flops=float(f"{flops:.6g}"), size=TINY.size, train=dict(TINY.train))
 
 
 def _saved_plan(report_dir: Path) -> dict[str, Any] | None:

@@ -235,6 +235,24 @@ def test_mtp_arms_are_parameter_matched_and_the_report_says_how(write_experiment
     assert "decoder debug (n_layer=1)" in (tmp_path / "r" / "report.md").read_text()
 
 
+def test_the_tiny_budget_of_a_flops_experiment_is_a_smaller_flops_budget(
+    write_experiment, tmp_path: Path
+) -> None:
+    """`--budget tiny` on an experiment held at equal FLOPs keeps FLOPs equal (not 8,192 tokens each, which
+    would part a decoder's FLOPs from an encoder-decoder's), at a budget below the experiment's own."""
+    arms = [
+        {"name": "clm", "objective": "clm", "model": {"kind": "decoder", "size": "debug"}},
+        {"name": "span", "objective": "span", "model": {"kind": "encdec", "size": "debug"}},
+    ]
+    c = plan_comparison(
+        load_experiment(write_experiment(arms, budget={"flops": 1e12})), tmp_path / "r", "tiny"
+    )
+    assert c.budget.kind == "flops" and c.budget.value < 1e12
+    flops = [run.steps * run.flops_per_step for run in c.runs]
+    assert max(flops) <= c.budget.value and max(flops) < 1.04 * min(flops)
+    assert min(run.steps for run in c.runs) >= 32
+
+
 def test_the_tiny_budget_caps_every_count_the_evaluation_takes() -> None:
     """A smoke run stays quick as parts are added: each option that counts documents, pairs, rows, tasks,
     probe seeds or fine-tuning steps is capped at `--budget tiny`, and a smaller given value is kept."""
