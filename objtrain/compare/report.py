@@ -618,6 +618,15 @@ def metric_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the metrics table, with the best bold (`**`) and `≈` marks."""
     metrics = _ordered({m for a in results["arms"] for m in a["metrics"]})
     header = ["arm", *metrics]
+    # A claim's metric at one precision in every arm (2.200 beside 2.317, not 2.2)
+    claimed = {c["metric"] for c in results.get("claims", [])}
+    decimals = {
+        m: _fixed(
+            [v["mean"] for a in results["arms"] if (v := a["metrics"].get(m)) and v.get("mean") is not None]
+        )
+        for m in metrics
+        if m in claimed
+    }
     rows = []
     for arm in results["arms"]:
         row = [arm["name"]]
@@ -627,6 +636,10 @@ def metric_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                 row.append("—")
                 continue
             text = _cell(v)
+            if m in decimals:
+                text = f"{v['mean']:.{decimals[m]}f}" + (
+                    f" ± {v['std']:.2g}" if v.get("std") is not None else ""
+                )
             r = results["rankings"].get(m)
             best = next((a for a in results["arms"] if r is not None and a["name"] == r["best"]), None)
             if r is not None and r.get("tie"):  # every arm alike: nobody is best
@@ -674,17 +687,22 @@ def held_equal(results: dict[str, Any], plain: bool = False) -> str:
     return " ".join(parts)
 
 
-def cost_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def cost_rows(results: dict[str, Any], spread: bool = True) -> tuple[list[str], list[list[str]]]:
+    """The cost table; `spread=False` leaves out the seeds' `± std` (a narrow terminal: report.md has it)."""
     header = ["arm", "objective", "model", *(label for _, label in COST)]
     rows = []
     for arm in results["arms"]:
         model = f"{arm['model_kind']} {arm['model_size']}"
+        costs = (arm["cost"].get(k, NONE) for k, _ in COST)
         rows.append(
             [
                 arm["name"],
                 _objective_text(arm),
                 model,
-                *(_cost_cell(k, arm["cost"].get(k, NONE)) for k, _ in COST),
+                *(
+                    _cost_cell(k, c if spread else c | {"std": None})
+                    for (k, _), c in zip(COST, costs, strict=True)
+                ),
             ]
         )
     return header, rows
@@ -993,6 +1011,7 @@ def claim_measured(c: dict[str, Any], arms: dict[str, dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
+WIDE = 140  # a terminal this wide shows the cost table's ± std (report.md always does)
 WRAP = 100  # verdict lines wrap here (a hanging indent), piped or not
 TERMINAL_METRICS = 4  # learnt-table columns on a terminal: what answers the question (the rest: report.md)
 
@@ -1076,19 +1095,27 @@ def print_tables(results: dict[str, Any], console: Console, report: str = "repor
     """The cost table, the learnt table cut to the metrics that answer the question (the rest are in
     `report`), the verdict, and the one-sentence finding last."""
     results = screened(results)
+    wide = console.width >= WIDE  # room for the seeds' ± std beside each cost
     header, rows = metric_rows(results)
     keep = [0] + [header.index(m) for m in question_metrics(results)]
     left = len(header) - len(keep)
     learnt = ([header[i] for i in keep], [[row[i] for i in keep] for row in rows])
+    cost = cost_rows(results, spread=wide)
+    if not wide:  # the arm's objective and model in one column, two lines: the setting is never cut
+        cost = (
+            ["arm", "objective / model", *cost[0][3:]],
+            [[row[0], f"{row[1]}\n{row[2]}", *row[3:]] for row in cost[1]],
+        )
+    cost_notes = [held_equal(results, plain=True), seconds_note(results)]
     for title, (header, rows), notes in (
-        ("what each arm cost", cost_rows(results), [held_equal(results, plain=True), seconds_note(results)]),
+        ("what each arm cost", cost, cost_notes),
         ("what each arm learnt", learnt, [spread_note(results)]),
     ):
-        table = Table(title=title, title_justify="left")
+        # A narrow terminal: no outer edge, so the arm, its setting and the numbers are not cut
+        table = Table(title=title, title_justify="left", show_edge=wide, pad_edge=wide)
+        costs = title.endswith("cost")
         for i, h in enumerate(header):
-            # the arm and its setting are never cut: a narrow terminal wraps the numbers instead
-            keep = i < 2 and title.endswith("cost")
-            table.add_column(h, justify="left" if i < 2 else "right", no_wrap=keep)
+            table.add_column(h, justify="left" if i < 1 + costs else "right", no_wrap=costs)
         for row in rows:
             table.add_row(*(_rich(cell) for cell in row))
         console.print(table)
