@@ -482,7 +482,7 @@ def baseline_section(results: dict[str, Any]) -> list[str]:
     return [
         "### Probe baselines",
         "",
-        _markdown_table(header, rows),
+        markdown_table(header, rows),
         "",
         f"Mean ± 95% interval over seeds. random-init: the same architecture untrained, {alike}; "
         "bag-of-words: a logistic regression on word counts of the same examples; majority: always the "
@@ -736,7 +736,7 @@ def _data_text(results: dict[str, Any]) -> str:
     return f"`{store}`" if store else "the embedded standard library (Python source)"
 
 
-def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
@@ -756,7 +756,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
         out += [
             "## Verdicts",
             "",
-            _markdown_table(header, rows),
+            markdown_table(header, rows),
             "",
             "Each claim is a paired comparison: the per-seed difference of two arms (seed k shared), its "
             "mean and the half-width of its 95% t interval. agrees / disagrees: the interval lies on the "
@@ -772,7 +772,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
         ]
     out += changes_section(results.get("changes"))
     header, rows = metric_rows(results)
-    out += ["## What each arm learnt", "", _markdown_table(header, rows), ""]
+    out += ["## What each arm learnt", "", markdown_table(header, rows), ""]
     out += baseline_section(results)
     lines = verdict(results)
     if lines:
@@ -796,14 +796,17 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
         "",
     ]
     header, rows = cost_rows(results)
-    out += ["## What each arm cost", "", _markdown_table(header, rows), "", held_equal(results), ""]
+    busy = seconds_note(results)
+    out += ["## What each arm cost", "", markdown_table(header, rows), "", held_equal(results), ""]
+    out += [busy, ""] if busy else []
     out += [
         "FLOPs: estimated training FLOPs (6N per token plus attention, encoder and decoder counted apart). "
         "Seconds and tokens/s are training steps only, measured in this one run on the machine below; "
         "MFU is the median over the arm's steps of its FLOP rate against a matmul timed on the same "
         "machine, so it moves less than tokens/s when the machine's load changes during a comparison; "
         "peak memory is the process's resident high-water mark (CPU) or the allocator's peak (GPU) during "
-        "the arm. Compare costs within one report, never across machines or runs.",
+        "the arm. Compare costs within one report, never across machines or runs. With several seeds a cost "
+        "is mean ± sample std over them.",
         "",
     ]
     b = results["budget"]
