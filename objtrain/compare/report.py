@@ -668,8 +668,8 @@ def held_equal(results: dict[str, Any], plain: bool = False) -> str:
     if kind == "flops" and (own := spread("flops")) is not None:
         lo, hi = own
         parts.append(
-            f"Budget {results['budget']['value']:.3g} FLOPs an arm; the arms trained {lo:.3g} to {hi:.3g} "
-            f"(whole steps under it, {hi / lo - 1:.1%} apart)."
+            f"Budget {results['budget']['value']:.4g} FLOPs an arm; the arms trained {lo:.4g} to {hi:.4g} "
+            f"(whole steps under it, {hi / lo - 1:.2%} apart)."
         )
     for key, name in (("tokens", "tokens"), ("flops", "FLOPs")):
         if key == kind:
