@@ -950,7 +950,9 @@ def verdict(results: dict[str, Any]) -> list[str]:
             value = arm["metrics"].get(metric, {}).get("mean")
             if name == best or value is None or name in aside:
                 continue
-            gap = f"{(value - top) / abs(top):+.1%}" if top else f"{value - top:+.4g}"
+            # a share of the best only for a metric that cannot go below 0 (a difference may cross 0)
+            relative = top and metric_range(metric)[0] == 0.0
+            gap = f"{(value - top) / abs(top):+.1%}" if relative else f"{value - top:+.4g}"
             note = gap_text(r, name)
             others.append(f"{name} {value:.4g} ({gap}{', ' + note if note else ''})")
         better = "lower" if r["lower_is_better"] else "higher"
