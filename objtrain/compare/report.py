@@ -878,12 +878,16 @@ def gap_status(r: dict[str, Any], name: str) -> dict[str, str] | None:
     measured, or both), `short` (the reason in a few words) and `more` (the seeds that would resolve it)."""
     g = (r.get("gaps") or {}).get(name) or {}
     d, ci, n = g.get("paired_delta"), g.get("paired_ci95"), int(g.get("paired_n") or 0)
+    se = g.get("eval_se")
     if d is None or ci is None or n < 2:
         if name in (r.get("within_seed_spread") or []) and g.get("spread") is not None:
             why = f"within the pooled seed sd {g['spread']:.2g}"
             return {"head": "not resolved", "why": why, "short": why, "more": ""}
+        gap = g.get("delta")
+        if se is not None and gap is not None and abs(gap) <= 1.96 * se:  # one seed: the documents alone
+            why = f"the evaluation's own noise (SE {se:.2g}) is as large as the gap"
+            return {"head": "not resolved", "why": why, "short": "the evaluation's own noise", "more": ""}
         return None
-    se = g.get("eval_se")
     noisy_eval = se is not None and abs(d) <= 1.96 * se
     if abs(d) > ci and not noisy_eval:
         return None
