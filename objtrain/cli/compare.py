@@ -36,8 +36,8 @@ def run(
     budget: str = typer.Option(
         None,
         "--budget",
-        help="tiny (a smoke run), a name from the experiment's budgets:, or a number of tokens "
-        "(default: the experiment's own budget).",
+        help="tiny (a smoke run; an experiment held at equal FLOPs keeps FLOPs, a smaller budget), a name "
+        "from the experiment's budgets:, or a number of tokens (default: the experiment's own budget).",
     ),
     seeds: int = typer.Option(1, "--seeds", help="Train every arm with K seeds; report mean ± std."),
     max_seeds: int = typer.Option(

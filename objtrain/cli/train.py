@@ -15,6 +15,7 @@ from objtrain.config import dotted_keys, key_hint, load_yaml, packaged_config, p
 from objtrain.errors import UserError
 from objtrain.evaluation.sample import print_sample
 from objtrain.io import Unwritable
+from objtrain.models.zoo import model_sizes
 from objtrain.training import accounting
 from objtrain.training import checkpoint as ckpt
 from objtrain.training.config import DEFAULT_STEPS, TrainConfig, build_config, config_dict, merged
@@ -81,7 +82,7 @@ def run(
     model: str = typer.Option(
         None,
         "--model",
-        help="Model size in configs/models/: debug, tiny, small, base.",
+        help=f"Model size in configs/models/: {', '.join(model_sizes())}.",
         show_default=_DEFAULTS.model.size,
     ),
     output: Path = typer.Option(

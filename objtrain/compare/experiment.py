@@ -96,7 +96,8 @@ class BudgetSpec:
         return f"{self.value:g} seconds of training an arm{at}"
 
 
-# `--budget tiny`: a smoke run of the whole pipeline, well under a minute an arm on 2 CPU cores.
+# `--budget tiny`: a smoke run of the whole pipeline, well under a minute an arm on 2 CPU cores. On an
+# experiment held at equal FLOPs it stays FLOPs, these tokens' worth (`runner.tiny_flops`).
 TINY = BudgetSpec(tokens=8192)
 TINY_TRAIN = {"batch": {"batch_size": 8}, "validation": {"rows": 8}, "schedule": {"warmup": 2}}
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +22,9 @@ from rich.table import Table
 from objtrain.compare import suite
 from objtrain.compare.changes import section as changes_section
 from objtrain.compare.experiment import REGIME_FACTOR, Claim
-from objtrain.compare.regime import notes_text, regime_gap, regime_text, seed_notes
+from objtrain.compare.regime import notes_text, regime_gap, regime_text, seed_notes, seeds_needed
 from objtrain.compare.runner import Comparison, chosen_rates, machine, metrics_records, plan_dict
-from objtrain.compare.stats import Summary, fmt, paired, paired_eval_se, rank, summarise
+from objtrain.compare.stats import Summary, fmt, paired, paired_eval_se, rank, summarise, t975
 from objtrain.io import atomic_file, write_json
 
 # Metrics first in this order, then the rest alphabetically.
@@ -118,6 +119,8 @@ def build_results(c: Comparison) -> dict[str, Any]:
     same_objective = len({json.dumps([a.objective.name, a.objective.overrides], sort_keys=True)
                           for a in c.experiment.arms}) == 1  # fmt: skip
     rankings: dict[str, Any] = {}
+    unranked: dict[str, dict[str, str]] = {}
+    by_name = {a["name"]: a for a in arms}
     for metric in _ordered(per_metric):
         direction = suite.direction(metric)
         if (
@@ -126,15 +129,16 @@ def build_results(c: Comparison) -> dict[str, Any]:
             or len(per_metric[metric]) < 2
         ):
             continue
-        r = rank(metric, per_metric[metric], lower=direction == "lower", per_seed=by_seed.get(metric))
-        if r is not None:
-            rankings[metric] = {
-                "lower_is_better": r.lower_is_better,
-                "best": r.best,
-                "tie": r.tie,
-                "within_seed_spread": r.within_spread,
-                "gaps": r.gaps,
-            }
+        # A metric is ranked among the arms it means the same for (`not_ranked`); the rest are listed.
+        why = {n: w for n in per_metric[metric] if (w := not_ranked(by_name[n], metric))}
+        if why:
+            unranked[metric] = why
+        kept = {n: s for n, s in per_metric[metric].items() if n not in why}
+        if len(kept) < 2:
+            continue
+        entry = ranking_entry(metric, kept, direction == "lower", by_seed.get(metric), units.get(metric))
+        if entry is not None:
+            rankings[metric] = entry
     exp = c.experiment
     claims = [
         claim_verdict(claim, by_seed.get(claim.metric, {}), len(c.seeds), units.get(claim.metric, {}))
@@ -163,8 +167,117 @@ def build_results(c: Comparison) -> dict[str, Any]:
         "wall_seconds": c.seconds,
         "arms": arms,
         "rankings": rankings,
+        "unranked": unranked,
         "claims": claims,
     }
+
+
+def ranking_entry(
+    metric: str,
+    summaries: dict[str, Summary],
+    lower: bool,
+    per_seed: dict[str, dict[int, float]] | None,
+    units: dict[str, dict[int, Any]] | None = None,
+) -> dict[str, Any] | None:
+    """results.json's ranking of one metric (`stats.rank`), each gap with the standard error the
+    evaluation's own sample of documents or tasks gives it (`eval_se`, where per-unit scores were kept)."""
+    r = rank(metric, summaries, lower=lower, per_seed=per_seed)
+    if r is None:
+        return None
+    gaps = {name: g | {"eval_se": _eval_se(units, name, r.best)} for name, g in r.gaps.items()}
+    return {
+        "lower_is_better": r.lower_is_better,
+        "best": r.best,
+        "tie": r.tie,
+        "within_seed_spread": r.within_spread,
+        "gaps": gaps,
+    }
+
+
+# Scores read left to right, which only a decoder does on its own: an encoder-decoder read through its
+# decoder with an empty encoder is poor by construction, an encoder reads nothing left to right (README,
+# "Evaluation"). Ranked among decoders only.
+LEFT_TO_RIGHT = ("loss", "perplexity", "bits_per_byte", "byte_perplexity", "word_perplexity", "val_bpb")
+LEFT_TO_RIGHT_KINDS = ("decoder",)
+PROBE_MCC = re.compile(r"^(probe|finetune)_(?:(\w+)_)?mcc$")
+
+
+def _random_init(arm: dict[str, Any], accuracy: str) -> tuple[float, float] | None:
+    """The arm's random-init baseline for a probe's (or fine-tune's) accuracy and the width it must be
+    beaten by: the baseline's 95% interval, or its own seed sd where one seed leaves no interval."""
+    base = arm.get("baselines", {}).get(_baseline_key(accuracy, "random_init_accuracy") or "")
+    if base is None or base.get("mean") is None:
+        return None
+    sd = arm["baselines"].get(_baseline_key(accuracy, "accuracy_probe_sd") or "", {}).get("mean")
+    width = base["ci95"] if base.get("ci95") is not None else (sd or 0.0)
+    return float(base["mean"]), float(width)
+
+
+def at_baseline(arm: dict[str, Any], metric: str) -> str | None:
+    """`at its random-init baseline (0.483 ± 0.02)` where the arm's probe or fine-tune (its accuracy, or
+    the Matthews correlation of the same probe) does not beat the same architecture untrained beyond that
+    baseline's interval; None where it does, or where no baseline was measured."""
+    m = PROBE_MCC.match(metric)
+    accuracy = metric[: -len("mcc")] + "accuracy" if m else metric
+    if _baseline_key(accuracy, "random_init_accuracy") is None:
+        return None
+    mean = (arm["metrics"].get(accuracy) or {}).get("mean")
+    base = _random_init(arm, accuracy)
+    if mean is None or base is None or mean > base[0] + base[1]:
+        return None
+    own = f"its accuracy {mean:.4g} against " if m else ""
+    return f"at its random-init baseline ({own}{base[0]:.4g} ± {base[1]:.2g})"
+
+
+def not_ranked(arm: dict[str, Any], metric: str) -> str | None:
+    """Why `metric` does not mean for this arm what it means for the others, or None: a left-to-right
+    score of a model that does not read left to right, or a probe at its random-init baseline."""
+    if metric in LEFT_TO_RIGHT and arm["model_kind"] not in LEFT_TO_RIGHT_KINDS:
+        kind = KIND_WORDS.get(arm["model_kind"], arm["model_kind"])
+        return f"({'an' if kind[:1] in 'aeiou' else 'a'} {kind} does not read left to right)"
+    return at_baseline(arm, metric)
+
+
+KIND_WORDS = {"encdec": "encoder-decoder"}
+
+
+def screened(results: dict[str, Any]) -> dict[str, Any]:
+    """`results` with its rankings over the arms each metric means the same for (`not_ranked`) and the
+    arms left out under `unranked`, as `build_results` writes them now; a results.json from before
+    (`docs/findings/`) is re-ranked from its runs' per-seed values. Returned unchanged when it has them."""
+    if "unranked" in results:
+        return results
+    rankings: dict[str, Any] = {}
+    unranked: dict[str, dict[str, str]] = {}
+    for metric, r in (results.get("rankings") or {}).items():
+        having = [a for a in results["arms"] if (a["metrics"].get(metric) or {}).get("n")]
+        why = {a["name"]: w for a in having if (w := not_ranked(a, metric))}
+        if not why:
+            rankings[metric] = r
+            continue
+        unranked[metric] = why
+        kept = [a for a in having if a["name"] not in why]
+        if len(kept) < 2:
+            continue
+        summaries = {a["name"]: _summary(a["metrics"][metric]) for a in kept}
+        per_seed = {a["name"]: _per_seed(a, metric) for a in kept}
+        entry = ranking_entry(metric, summaries, bool(r["lower_is_better"]), per_seed)
+        if entry is not None:
+            rankings[metric] = entry
+    return results | {"rankings": rankings, "unranked": unranked}
+
+
+def _per_seed(arm: dict[str, Any], metric: str) -> dict[int, float]:
+    runs = [(int(r.get("seed", 0)), _run_value(r, metric)) for r in arm["runs"]]
+    return {seed: v for seed, v in runs if v is not None}
+
+
+def _summary(value: dict[str, Any]) -> Summary:
+    def number(key: str) -> float:
+        v = value.get(key)
+        return float(v) if v is not None else float("nan")
+
+    return Summary(number("mean"), number("std"), int(value.get("n") or 0), number("ci95"))
 
 
 def _raised_text(results: dict[str, Any]) -> str:
@@ -317,15 +430,13 @@ def baseline_gate(claim: dict[str, Any], arms: list[dict[str, Any]]) -> dict[str
         arm = by_name.get(name)
         if arm is None or claim["metric"] not in arm["metrics"]:
             continue
-        base = arm.get("baselines", {}).get(key)
-        if base is None or base["mean"] is None:
+        base = _random_init(arm, claim["metric"])
+        if base is None:
             return claim | {"baseline": "no random-init baseline was measured: the verdict cannot say "
                             "whether pretraining taught the probe anything"}  # fmt: skip
-        sd = arm["baselines"].get(_baseline_key(claim["metric"], "accuracy_probe_sd") or "", {}).get("mean")
-        width = base["ci95"] if base.get("ci95") is not None else (sd or 0.0)
         mean = arm["metrics"][claim["metric"]]["mean"]
-        if not mean > base["mean"] + width:
-            short.append(f"{name} {mean:.3g} against random-init {base['mean']:.3g} ± {width:.2g}")
+        if not mean > base[0] + base[1]:
+            short.append(f"{name} {mean:.3g} against random-init {base[0]:.3g} ± {base[1]:.2g}")
     if not short:
         return claim | {"baseline": "every arm beats its random-init baseline beyond its interval"}
     measure = "fine-tune" if claim["metric"].startswith("finetune_") else "probe"
@@ -371,7 +482,7 @@ def baseline_section(results: dict[str, Any]) -> list[str]:
     return [
         "### Probe baselines",
         "",
-        _markdown_table(header, rows),
+        markdown_table(header, rows),
         "",
         f"Mean ± 95% interval over seeds. random-init: the same architecture untrained, {alike}; "
         "bag-of-words: a logistic regression on word counts of the same examples; majority: always the "
@@ -507,6 +618,15 @@ def metric_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the metrics table, with the best bold (`**`) and `≈` marks."""
     metrics = _ordered({m for a in results["arms"] for m in a["metrics"]})
     header = ["arm", *metrics]
+    # A claim's metric at one precision in every arm (2.200 beside 2.317, not 2.2)
+    claimed = {c["metric"] for c in results.get("claims", [])}
+    decimals = {
+        m: _fixed(
+            [v["mean"] for a in results["arms"] if (v := a["metrics"].get(m)) and v.get("mean") is not None]
+        )
+        for m in metrics
+        if m in claimed
+    }
     rows = []
     for arm in results["arms"]:
         row = [arm["name"]]
@@ -516,6 +636,10 @@ def metric_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                 row.append("—")
                 continue
             text = _cell(v)
+            if m in decimals:
+                text = f"{v['mean']:.{decimals[m]}f}" + (
+                    f" ± {v['std']:.2g}" if v.get("std") is not None else ""
+                )
             r = results["rankings"].get(m)
             best = next((a for a in results["arms"] if r is not None and a["name"] == r["best"]), None)
             if r is not None and r.get("tie"):  # every arm alike: nobody is best
@@ -529,7 +653,7 @@ def metric_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def held_equal(results: dict[str, Any]) -> str:
+def held_equal(results: dict[str, Any], plain: bool = False) -> str:
     """Which control the arms shared, and how far the other apart: equal tokens is not equal compute
     when the arms' model kinds or head counts differ."""
     kind = results["budget"]["kind"]
@@ -540,7 +664,13 @@ def held_equal(results: dict[str, Any]) -> str:
         return (min(vals), max(vals)) if vals else None
 
     held = {"tokens": "tokens", "flops": "FLOPs", "seconds": "training seconds"}[kind]
-    parts = [f"**Held equal: {held}.**"]
+    parts = [f"Held equal: {held}." if plain else f"**Held equal: {held}.**"]
+    if kind == "flops" and (own := spread("flops")) is not None:
+        lo, hi = own
+        parts.append(
+            f"Budget {results['budget']['value']:.4g} FLOPs an arm; the arms trained {lo:.4g} to {hi:.4g} "
+            f"(whole steps under it, {hi / lo - 1:.2%} apart)."
+        )
     for key, name in (("tokens", "tokens"), ("flops", "FLOPs")):
         if key == kind:
             continue
@@ -557,17 +687,22 @@ def held_equal(results: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def cost_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def cost_rows(results: dict[str, Any], spread: bool = True) -> tuple[list[str], list[list[str]]]:
+    """The cost table; `spread=False` leaves out the seeds' `± std` (a narrow terminal: report.md has it)."""
     header = ["arm", "objective", "model", *(label for _, label in COST)]
     rows = []
     for arm in results["arms"]:
         model = f"{arm['model_kind']} {arm['model_size']}"
+        costs = (arm["cost"].get(k, NONE) for k, _ in COST)
         rows.append(
             [
                 arm["name"],
                 _objective_text(arm),
                 model,
-                *(_cost_cell(k, arm["cost"].get(k, NONE)) for k, _ in COST),
+                *(
+                    _cost_cell(k, c if spread else c | {"std": None})
+                    for (k, _), c in zip(COST, costs, strict=True)
+                ),
             ]
         )
     return header, rows
@@ -601,13 +736,14 @@ def _data_text(results: dict[str, Any]) -> str:
     return f"`{store}`" if store else "the embedded standard library (Python source)"
 
 
-def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
 
 
 def markdown(results: dict[str, Any], plots: list[str]) -> str:
+    results = screened(results)
     exp, m = results["experiment"], results["machine"]
     n_seeds = len(results["seeds"])
     out = [f"# Comparison: {exp['name']}", ""]
@@ -620,7 +756,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
         out += [
             "## Verdicts",
             "",
-            _markdown_table(header, rows),
+            markdown_table(header, rows),
             "",
             "Each claim is a paired comparison: the per-seed difference of two arms (seed k shared), its "
             "mean and the half-width of its 95% t interval. agrees / disagrees: the interval lies on the "
@@ -636,7 +772,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
         ]
     out += changes_section(results.get("changes"))
     header, rows = metric_rows(results)
-    out += ["## What each arm learnt", "", _markdown_table(header, rows), ""]
+    out += ["## What each arm learnt", "", markdown_table(header, rows), ""]
     out += baseline_section(results)
     lines = verdict(results)
     if lines:
@@ -660,14 +796,17 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
         "",
     ]
     header, rows = cost_rows(results)
-    out += ["## What each arm cost", "", _markdown_table(header, rows), "", held_equal(results), ""]
+    busy = seconds_note(results)
+    out += ["## What each arm cost", "", markdown_table(header, rows), "", held_equal(results), ""]
+    out += [busy, ""] if busy else []
     out += [
         "FLOPs: estimated training FLOPs (6N per token plus attention, encoder and decoder counted apart). "
         "Seconds and tokens/s are training steps only, measured in this one run on the machine below; "
         "MFU is the median over the arm's steps of its FLOP rate against a matmul timed on the same "
         "machine, so it moves less than tokens/s when the machine's load changes during a comparison; "
         "peak memory is the process's resident high-water mark (CPU) or the allocator's peak (GPU) during "
-        "the arm. Compare costs within one report, never across machines or runs.",
+        "the arm. Compare costs within one report, never across machines or runs. With several seeds a cost "
+        "is mean ± sample std over them.",
         "",
     ]
     b = results["budget"]
@@ -731,46 +870,158 @@ HEADLINE = (
 )
 
 
+def gap_status(r: dict[str, Any], name: str) -> dict[str, str] | None:
+    """What the seeds say of one arm's gap to the best: None where its paired 95% interval excludes 0 and
+    the evaluation's own noise is smaller than the gap (or one seed gives no interval); else `head` (`not
+    resolved at 2 seeds: +0.269 ± 0.677 (paired 95% interval)`), `why` (the reason that is true: the
+    per-seed gaps' spread, the evaluation's own noise, its standard error over documents or tasks where
+    measured, or both), `short` (the reason in a few words) and `more` (the seeds that would resolve it)."""
+    g = (r.get("gaps") or {}).get(name) or {}
+    d, ci, n = g.get("paired_delta"), g.get("paired_ci95"), int(g.get("paired_n") or 0)
+    se = g.get("eval_se")
+    if d is None or ci is None or n < 2:
+        if name in (r.get("within_seed_spread") or []) and g.get("spread") is not None:
+            why = f"within the pooled seed sd {g['spread']:.2g}"
+            return {"head": "not resolved", "why": why, "short": why, "more": ""}
+        gap = g.get("delta")
+        if se is not None and gap is not None and abs(gap) <= 1.96 * se:  # one seed: the documents alone
+            why = f"the evaluation's own noise (SE {se:.2g}) is as large as the gap"
+            return {"head": "not resolved", "why": why, "short": "the evaluation's own noise", "more": ""}
+        return None
+    noisy_eval = se is not None and abs(d) <= 1.96 * se
+    if abs(d) > ci and not noisy_eval:
+        return None
+    head = f"not resolved at {n} seeds: {d:+.3g} ± {ci:.3g} (paired 95% interval)"
+    if abs(d) > ci:  # the seeds agree, the documents do not
+        why = f"the evaluation's own noise (SE {se:.2g}) is as large as the gap"
+        return {"head": head, "why": why, "short": "the evaluation's own noise", "more": ""}
+    std = ci * math.sqrt(n) / t975(n - 1) if ci > 0 else 0.0
+    why, short = f"the per-seed gaps vary (sd {std:.2g})", "the seeds' spread"
+    if noisy_eval:
+        why = f"both {why} and the evaluation's own noise (SE {se:.2g}) are as large as the gap"
+        short = "both the seeds' spread and the evaluation's own noise"
+    elif se is not None:
+        why += f"; the evaluation's own noise (SE {se:.2g}) is smaller"
+    need = seeds_needed(d, std, "lower", 0.0)
+    more = f"--seeds {need} would resolve a gap this size at this spread" if need and need > n else ""
+    return {"head": head, "why": why, "short": short, "more": more}
+
+
+def gap_text(r: dict[str, Any], name: str) -> str:
+    """`gap_status` in one clause ("" for a gap the seeds resolve)."""
+    st = gap_status(r, name)
+    if st is None:
+        return ""
+    return "; ".join(t for t in (st["head"], st["why"], st["more"]) if t)
+
+
+def _fixed(values: list[float], digits: int = 4) -> int:
+    """Decimals that print every value of one metric alike at `digits` significant digits of the largest."""
+    top = max((abs(v) for v in values if math.isfinite(v)), default=0.0)
+    return max(0, digits - 1 - math.floor(math.log10(top))) if top > 0 else digits - 1
+
+
 def verdict(results: dict[str, Any]) -> list[str]:
-    """The answer in a few lines: per headline metric the best arm and every other arm's gap to it, the
-    literature's expectation beside it, and how sure one seed can be."""
+    """The answer in a few lines: per claim metric and headline metric the best arm and every other arm's
+    gap to it (each unresolved one said as such, with its interval), the arms a metric does not rank (at
+    their baseline, or not reading left to right), the literature's expectation and each claim's verdict."""
+    results = screened(results)
     arms = {a["name"]: a for a in results["arms"]}
-    ranked = [m for m in HEADLINE if m in results["rankings"]] or list(results["rankings"])[:2]
+    rankings, unranked = results["rankings"], results.get("unranked") or {}
+    wanted = [c["metric"] for c in results.get("claims", [])] + list(HEADLINE)
+    ranked = [m for m in dict.fromkeys(wanted) if m in rankings or m in unranked]
+    ranked = ranked or list(rankings)[:2]
     lines = []
     for metric in ranked:
-        r = results["rankings"][metric]
+        r = rankings.get(metric)
+        aside = unranked.get(metric) or {}
+        left = "; ".join(
+            f"{name} {arms[name]['metrics'][metric]['mean']:.4g} {why}" for name, why in aside.items()
+        )
+        if r is None:
+            kept = [n for n in arms if n not in aside and arms[n]["metrics"].get(metric, {}).get("n")]
+            only = "".join(
+                f"only {n} ({arms[n]['metrics'][metric]['mean']:.4g}) is ranked, with no arm to rank it "
+                "against; "
+                for n in kept
+            )
+            lines.append(f"{metric}: {only}not ranked: {left}")
+            continue
         best = r["best"]
         top = arms[best]["metrics"][metric]["mean"]
         others = []
         for name, arm in arms.items():
             value = arm["metrics"].get(metric, {}).get("mean")
-            if name == best or value is None:
+            if name == best or value is None or name in aside:
                 continue
-            gap = f"{(value - top) / abs(top):+.1%}" if top else f"{value - top:+.4g}"
-            spread = f", {MARK} within the seed spread" if name in r["within_seed_spread"] else ""
-            others.append(f"{name} {value:.4g} ({gap}{spread})")
+            # a share of the best only for a metric that cannot go below 0 (a difference may cross 0)
+            relative = top and metric_range(metric)[0] == 0.0
+            gap = f"{(value - top) / abs(top):+.1%}" if relative else f"{value - top:+.4g}"
+            note = gap_text(r, name)
+            others.append(f"{name} {value:.4g} ({gap}{', ' + note if note else ''})")
         better = "lower" if r["lower_is_better"] else "higher"
         having = [a for a in arms.values() if a["metrics"].get(metric, {}).get("mean") is not None]
-        values = {a["metrics"][metric]["mean"] for a in having}
+        values = {a["metrics"][metric]["mean"] for a in having if a["name"] not in aside}
         # Only some arms have some metrics (span-target accuracy: the span arms): say which were scored.
         which = f" ({len(having)} of {len(arms)} arms have it)" if len(having) < len(arms) else ""
+        tail = f"; not ranked: {left}" if left else ""
         if len(values) == 1:  # a tie is no ranking: say so rather than crown the first arm
-            who = "every arm" if not which else " and ".join(a["name"] for a in having)
+            who = (
+                "every arm"
+                if not which and not aside
+                else " and ".join(a["name"] for a in having if a["name"] not in aside)
+            )
             lines.append(
-                f"{metric} ({better} is better){which}: {who} at {top:.4g}, no difference at this budget"
+                f"{metric} ({better} is better){which}: {who} at {top:.4g}, no difference at this "
+                f"budget{tail}"
             )
             continue
-        lines.append(f"{metric} ({better} is better){which}: {best} best at {top:.4g}; " + ", ".join(others))
+        lead = "best" if all(not gap_text(r, n) for n in r.get("gaps") or {}) else "ahead"
+        lines.append(
+            f"{metric} ({better} is better){which}: {best} {lead} at {top:.4g}; " + ", ".join(others) + tail
+        )
     if results["experiment"].get("expect"):
         lines.append(f"the literature: {results['experiment']['expect']}")
     for c in results.get("claims", []):
-        why = measured_text(c)
+        why = "; ".join(t for t in (measured_text(c), claim_measured(c, arms)) if t)
         lines.append(f"claim: {c['claim']}: {c['verdict']}" + (f" ({why})" if why else ""))
     if len(results["seeds"]) == 1:
         lines.append("one seed: how much of each gap is seed noise is not measured (--seeds 3 measures it)")
     return lines
 
 
+def claim_measured(c: dict[str, Any], arms: dict[str, dict[str, Any]]) -> str:
+    """What a claim's line adds: the arms' values at one precision, the paired difference with its
+    interval, and a direction measured against the literature's, in evaluation standard errors, even
+    where the seeds cannot resolve it."""
+    p = c.get("paired") or {}
+    d = p.get("delta")
+    if d is None:
+        return ""
+    a, b = arm_pair(c["arms"])
+    parts = []
+    values = [(x, (arms.get(x) or {}).get("metrics", {}).get(c["metric"], {}).get("mean")) for x in (a, b)]
+    values = [(x, v) for x, v in values if x is not None and v is not None]
+    if len(values) == 2:
+        k = _fixed([v for _, v in values])
+        parts.append(" against ".join(f"{x} {v:.{k}f}" for x, v in values))
+    ci = p.get("ci95")
+    n = int(p.get("n") or 0)
+    k = _fixed([abs(d), *([ci] if ci else [])], 3)
+    seeds = f" ± {ci:.{k}f} (paired 95% interval, {n} seeds)" if ci is not None and n > 1 else " (one seed)"
+    parts.append(f"{difference(c['metric'], c['arms'])} = {d:+.{k}f}{seeds}")
+    se = c.get("eval_se")
+    against = (c.get("expect") == "lower" and d > 0) or (c.get("expect") == "higher" and d < 0)
+    if against and c.get("verdict") != "disagrees":
+        size = f", {abs(d) / se:.1f} evaluation standard errors (SE {se:.2g}) from 0" if se else ""
+        parts.append(f"measured the other way from the literature{size}")
+    elif se:
+        parts.append(f"{abs(d) / se:.1f} evaluation standard errors from 0")
+    return "; ".join(parts)
+
+
+WIDE = 140  # a terminal this wide shows the cost table's ± std (report.md always does)
+WRAP = 100  # verdict lines wrap here (a hanging indent), piped or not
 TERMINAL_METRICS = 4  # learnt-table columns on a terminal: what answers the question (the rest: report.md)
 
 
@@ -815,46 +1066,108 @@ def finding(results: dict[str, Any]) -> str:
             "no published comparison": "our direction only",
         }.get(c["verdict"])
         if settled is None:
+            ci = p.get("ci95")
             settled = (
                 "but one seed cannot say how much of that is noise (run --seeds 3)"
-                if n == 1
-                else f"but {n} seeds cannot tell it from noise yet"
+                if n == 1 or ci is None
+                else f"but that is not resolved at {n} seeds: the paired 95% interval {d:+.3g} ± {ci:.3g} "
+                + ("reaches past the margin" if c["expect"] == "equal" else "includes 0")
             )
         said = "no paper has tested" if c["verdict"] == "no published comparison" else "the literature says"
         return f"In short: {said} {c['claim']!r}; here {went}, {settled}."
-    rankings = results.get("rankings", {})
+    rankings = screened(results).get("rankings", {})
     if rankings:
-        metric = next(iter(rankings))
-        best = rankings[metric]["best"]
-        return f"In short: of the {len(arms)} arms, {best} did best on {metric.replace('_', ' ')}."
+        metric = next((m for m in HEADLINE if m in rankings), next(iter(rankings)))
+        r = rankings[metric]
+        best, words = r["best"], metric.replace("_", " ")
+        if r.get("tie"):
+            return f"In short: the {len(arms)} arms score alike on {words}: no difference at this budget."
+        open_gaps = [(name, gap_text(r, name)) for name in r.get("gaps") or {}]
+        open_gaps = [(name, text) for name, text in open_gaps if text]
+        if not open_gaps:
+            at = f", resolved at {n} seeds" if n > 1 else ""
+            return f"In short: of the {len(arms)} arms, {best} did best on {words}{at}."
+        name, _ = open_gaps[0]
+        st = gap_status(r, name) or {}
+        more = f" (and {len(open_gaps) - 1} more)" if len(open_gaps) > 1 else ""
+        values = [arms[x]["metrics"][metric]["mean"] for x in (best, name)]
+        k = _fixed(values)
+        return (
+            f"In short: {best} is ahead of {name}{more} on {words} ({values[0]:.{k}f} against "
+            f"{values[1]:.{k}f}), but {st.get('head', 'not resolved')}, from {st.get('short', 'noise')}: "
+            "not a difference yet" + (f" ({st['more']})." if st.get("more") else ".")
+        )
     return "In short: no metric was measured on more than one arm, so nothing was compared."
 
 
 def print_tables(results: dict[str, Any], console: Console, report: str = "report.md") -> None:
     """The cost table, the learnt table cut to the metrics that answer the question (the rest are in
     `report`), the verdict, and the one-sentence finding last."""
+    results = screened(results)
+    wide = console.width >= WIDE  # room for the seeds' ± std beside each cost
     header, rows = metric_rows(results)
     keep = [0] + [header.index(m) for m in question_metrics(results)]
     left = len(header) - len(keep)
     learnt = ([header[i] for i in keep], [[row[i] for i in keep] for row in rows])
-    for title, (header, rows) in (
-        ("what each arm cost", cost_rows(results)),
-        ("what each arm learnt", learnt),
+    cost = cost_rows(results, spread=wide)
+    if not wide:  # the arm's objective and model in one column, two lines: the setting is never cut
+        cost = (
+            ["arm", "objective / model", *cost[0][3:]],
+            [[row[0], f"{row[1]}\n{row[2]}", *row[3:]] for row in cost[1]],
+        )
+    cost_notes = [held_equal(results, plain=True), seconds_note(results)]
+    for title, (header, rows), notes in (
+        ("what each arm cost", cost, cost_notes),
+        ("what each arm learnt", learnt, [spread_note(results)]),
     ):
-        table = Table(title=title, title_justify="left")
+        # A narrow terminal: no outer edge, so the arm, its setting and the numbers are not cut
+        table = Table(title=title, title_justify="left", show_edge=wide, pad_edge=wide)
+        costs = title.endswith("cost")
         for i, h in enumerate(header):
-            table.add_column(h, justify="left" if i == 0 else "right")
+            table.add_column(h, justify="left" if i < 1 + costs else "right", no_wrap=costs)
         for row in rows:
             table.add_row(*(_rich(cell) for cell in row))
         console.print(table)
+        for note in notes:
+            if note:
+                console.print(escape(note), soft_wrap=False)
     if left:
         console.print(f"({left} more metrics in {escape(report)})", soft_wrap=True)
     lines = verdict(results)
     if lines:
         console.print("[bold]verdict[/]")
+        width = max(min(console.width, WRAP) - 2, 40)
         for line in lines:
-            console.print(f"  {escape(line)}")
+            for part in textwrap.wrap(line, width, subsequent_indent="    ", break_on_hyphens=False):
+                console.print(f"  {escape(part)}", soft_wrap=True)
     console.print(f"[bold]{escape(finding(results))}[/]")
+
+
+def spread_note(results: dict[str, Any]) -> str:
+    """What `±` means in the learnt table (a sample std over seeds, not an interval)."""
+    n = len(results.get("seeds") or [])
+    if n < 2:
+        return ""
+    return f"mean ± sample std over {n} seeds; {MARK}: its paired 95% interval to the best includes 0"
+
+
+BUSY = 1.0  # load average per CPU above which the machine's seconds are said to be those of a busy machine
+
+
+def seconds_note(results: dict[str, Any]) -> str:
+    """Seconds and tokens/s on a busy machine (its load average, recorded with the results, above the CPU
+    count) say as much of the load as of the arms: said so, pointing at MFU, timed against a matmul on
+    the same machine alongside."""
+    m = results.get("machine") or {}
+    load, cpus = m.get("load_average"), m.get("cpu_count") or 0
+    if not load or not cpus or max(load) <= BUSY * cpus:
+        return ""
+    mfu = any(a["cost"].get("mfu", NONE)["mean"] is not None for a in results["arms"])
+    return (
+        f"The machine was busy (load average {', '.join(f'{x:g}' for x in load)} on {cpus} CPUs): train s "
+        "and tok/s measure the load as much as the arms, so their ratio is not a cost ratio"
+        + ("; MFU, timed against a matmul on the same machine, moves less." if mfu else ".")
+    )
 
 
 def _rich(cell: str) -> str:
@@ -872,6 +1185,88 @@ def curves(c: Comparison) -> dict[str, list[list[dict[str, Any]]]]:
     return out
 
 
+VAL_LABELS = {
+    "val_loss": "validation loss, each arm's own objective",
+    "val_bpb": "validation bits per byte (left to right)",
+}
+SEED_STYLES = ("-", "--", ":", "-.")
+
+
+def val_series(
+    data: dict[str, list[list[dict[str, Any]]]], results: dict[str, Any], x_key: str
+) -> tuple[list[str], dict[str, dict[str, list[tuple[list[float], list[float]]]]], dict[str, list[str]]]:
+    """What the validation plots draw: the panels (each arm's own objective loss, then left-to-right bits
+    per byte where some arm has it), per panel each arm's (x, y) series, one a seed, and per panel the arms
+    it lacks (an encoder-decoder has no left-to-right loss), said in the panel."""
+    keys = [
+        k for k in ("val_loss", "val_bpb") if any(k in r for runs in data.values() for v in runs for r in v)
+    ]
+    series: dict[str, dict[str, list[tuple[list[float], list[float]]]]] = {}
+    missing: dict[str, list[str]] = {}
+    for key in keys:
+        series[key] = {}
+        for arm, runs in data.items():
+            lines = []
+            for vals in runs:
+                pts = [
+                    (r[x_key], r[key]) for r in vals if r.get(key) is not None and r.get(x_key) is not None
+                ]
+                if pts:
+                    xs, ys = zip(*pts, strict=True)
+                    lines.append((list(map(float, xs)), list(map(float, ys))))
+            if lines:
+                series[key][arm] = lines
+        missing[key] = [arm for arm in data if arm not in series[key]]
+    return keys, series, missing
+
+
+def metric_range(metric: str) -> tuple[float, float]:
+    """The values a metric can take: a difference within one model (`suffix_gain`) any, a correlation
+    [-1, 1], an accuracy or rate [0, 1], a loss, bits or perplexity [0, inf)."""
+    if any(w in metric for w in ("gain", "worth", "delta")):
+        return -math.inf, math.inf
+    if metric.endswith("mcc"):
+        return -1.0, 1.0
+    if any(w in metric for w in ("accuracy", "exact_match", "rate", "recall", "precision", "f1")):
+        return 0.0, 1.0
+    if suite.direction(metric) == "lower":
+        return 0.0, math.inf
+    return -math.inf, math.inf
+
+
+def metric_bars(results: dict[str, Any], metric: str) -> list[dict[str, Any]]:
+    """What metrics.png draws for one metric, per arm having it: its mean, the 95% interval clipped to the
+    metric's range (`metric_range`), and its seeds' values."""
+    lo, hi = metric_range(metric)
+    out = []
+    for a in results["arms"]:
+        m = a["metrics"].get(metric)
+        if not m or not m.get("n") or m.get("mean") is None:
+            continue
+        ci = m.get("ci95") or 0.0
+        seeds = [v for r in a["runs"] if (v := _run_value(r, metric)) is not None]
+        out.append({"arm": a["name"], "mean": m["mean"], "low": max(lo, m["mean"] - ci),
+                    "high": min(hi, m["mean"] + ci), "seeds": seeds if len(seeds) > 1 else []})  # fmt: skip
+    return out
+
+
+def metric_limits(metric: str, bars: list[dict[str, Any]], arms: list[dict[str, Any]]) -> tuple[float, float]:
+    """The y-axis of one metric: its intervals and seeds (and a probe's baselines) with a margin, at least
+    a tenth of the largest value wide, so a small gap with no interval does not fill the panel; inside the
+    metric's range."""
+    values = [v for b in bars for v in (b["low"], b["high"], *b["seeds"])]
+    for a in arms:
+        for kind in ("majority_accuracy", "bow_accuracy", "random_init_accuracy"):
+            base = a.get("baselines", {}).get(_baseline_key(metric, kind) or "")
+            if base and base.get("mean") is not None:
+                values += [base["mean"] - (base.get("ci95") or 0.0), base["mean"] + (base.get("ci95") or 0.0)]
+    low, high = min(values), max(values)
+    width = max(high - low, 0.1 * max(abs(low), abs(high)), 1e-6)
+    mid = (low + high) / 2
+    lo, hi = metric_range(metric)
+    return max(lo, mid - 0.6 * width), min(hi, mid + 0.6 * width)
+
+
 def plot(c: Comparison, results: dict[str, Any]) -> list[str]:
     """Write the PNGs; returns their file names."""
     import matplotlib
@@ -882,66 +1277,64 @@ def plot(c: Comparison, results: dict[str, Any]) -> list[str]:
     names: list[str] = []
     data = curves(c)
     colours = {a.name: f"C{i % 10}" for i, a in enumerate(c.experiment.arms)}
-    # Each arm's own objective loss goes on one axis only when every arm trains the same objective: the
-    # losses of different objectives are different quantities.
-    own = ("val_loss",) if "val_loss" in results["rankings"] else ()
-    keys = [k for k in (*own, "val_bpb") if any(k in r for runs in data.values() for v in runs for r in v)]
+    # Every arm on the first panel with its own objective's loss (different quantities when the arms'
+    # objectives differ: each line is read against itself), left-to-right bits per byte beside it.
+    same = "val_loss" in results["rankings"] or len({a["objective"] for a in results["arms"]}) < 2
     for x_key, x_label, file in (
         ("tokens", "tokens through the model", "val_loss_vs_tokens.png"),
         ("wall_time", "training seconds", "val_loss_vs_seconds.png"),
     ):
+        keys, series, missing = val_series(data, results, x_key)
         if not keys:
             break
-        fig, axes = plt.subplots(1, len(keys), figsize=(6.0 * len(keys), 4.2), squeeze=False)
+        fig, axes = plt.subplots(1, len(keys), figsize=(6.0 * len(keys), 4.4), squeeze=False)
         for ax, key in zip(axes[0], keys, strict=True):
-            for arm, runs in data.items():
-                first = True
-                for vals in runs:
-                    pts = [
-                        (r[x_key], r[key])
-                        for r in vals
-                        if r.get(key) is not None and r.get(x_key) is not None
-                    ]
-                    if not pts:
-                        continue
-                    xs, ys = zip(*pts, strict=True)
-                    alpha = 0.9 if len(runs) == 1 else 0.6
-                    label = arm if first else None
-                    ax.plot(xs, ys, marker="o", ms=3, color=colours[arm], alpha=alpha, label=label)
-                    first = False
+            for arm, lines in series[key].items():
+                for k, (xs, ys) in enumerate(lines):
+                    seeds = (
+                        f" ({len(lines)} seeds: {', '.join(SEED_STYLES[: len(lines)])})"
+                        if len(lines) > 1
+                        else ""
+                    )
+                    style = {"color": colours[arm], "alpha": 0.9 if len(lines) == 1 else 0.7}
+                    ax.plot(xs, ys, marker="o", ms=3, ls=SEED_STYLES[k % len(SEED_STYLES)],
+                            label=f"{arm}{seeds}" if k == 0 else None, **style)  # fmt: skip
             ax.set_xlabel(x_label)
-            ax.set_ylabel(
-                "validation loss (each arm's own objective)"
-                if key == "val_loss"
-                else "validation bits per byte"
-            )
+            label = VAL_LABELS.get(key, key)
+            if key == "val_loss" and not same:
+                label += " (not comparable across arms)"
+            ax.set_ylabel(label, fontsize=8)
+            if missing[key]:
+                ax.text(0.02, 0.02, f"no {key} for: {', '.join(missing[key])}" + (
+                        " (not read left to right)" if key == "val_bpb" else ""),
+                        transform=ax.transAxes, fontsize=7, color="0.3")  # fmt: skip
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
         fig.suptitle(f"{results['experiment']['name']}: validation against {x_label}")
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, 0, 1, 0.95))
         _save(fig, c.report_dir / file)
         plt.close(fig)
         names.append(file)
 
     # Only the metrics that rank the arms (the suite's named ones; an arm's own loss only between arms of
-    # one objective), with 95% intervals of the mean, not the seed std.
+    # one objective), with 95% intervals of the mean, not the seed std, clipped to the metric's range.
     metrics = plotted_metrics(results)
     if metrics and results["arms"]:
         cols = min(len(metrics), 3)
         rows = math.ceil(len(metrics) / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows), squeeze=False)
+        fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows + 0.6), squeeze=False)
         for ax in axes.flat[len(metrics) :]:
             ax.axis("off")
         for ax, metric in zip(axes.flat, metrics, strict=False):
             arms = [a for a in results["arms"] if metric in a["metrics"] and a["metrics"][metric]["n"]]
-            for i, a in enumerate(arms):
-                m = a["metrics"][metric]
-                ax.errorbar(i, m["mean"], yerr=m.get("ci95") or 0.0, fmt="o", ms=6, capsize=4,
-                            color=colours[a["name"]])  # fmt: skip
-                for r in a["runs"]:
-                    value = _run_value(r, metric)
-                    if value is not None and len(a["runs"]) > 1:
-                        ax.plot(i + 0.12, value, ".", color=colours[a["name"]], alpha=0.5)
+            bars = metric_bars(results, metric)
+            for i, b in enumerate(bars):
+                yerr = [[b["mean"] - b["low"]], [b["high"] - b["mean"]]]
+                ax.errorbar(i, b["mean"], yerr=yerr, fmt="o", ms=6, capsize=4, color=colours[b["arm"]])
+                for value in b["seeds"]:
+                    ax.plot(i + 0.12, value, ".", color=colours[b["arm"]], alpha=0.5)
+            if _baseline_key(metric, "majority_accuracy") is None:  # a probe's axis starts at chance
+                ax.set_ylim(*metric_limits(metric, bars, arms))
             _draw_baselines(ax, metric, arms)
             ax.set_xlim(-0.6, len(arms) - 0.4)
             ax.set_xticks(range(len(arms)), [a["name"] for a in arms], rotation=30, ha="right", fontsize=8)
@@ -951,10 +1344,11 @@ def plot(c: Comparison, results: dict[str, Any]) -> list[str]:
             )
             ax.grid(axis="y", alpha=0.3)
         fig.suptitle(
-            f"{results['experiment']['name']}: metrics that rank the arms "
-            "(mean; bars: 95% interval; dots: seeds)"
+            f"{results['experiment']['name']}: metrics that rank the arms\n"
+            "(mean; bars: 95% interval; dots: seeds)",
+            fontsize=10,
         )
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, 0, 1, 1 - 0.7 / (3.4 * rows + 0.6)))
         _save(fig, c.report_dir / "metrics.png")
         plt.close(fig)
         names.append("metrics.png")
@@ -995,7 +1389,7 @@ def _draw_baselines(ax: Any, metric: str, arms: list[dict[str, Any]]) -> None:
 
 
 def _run_value(run: dict[str, Any], metric: str) -> float | None:
-    value = run["eval"].get(metric, run["train"].get(metric))
+    value = (run.get("eval") or {}).get(metric, (run.get("train") or {}).get(metric))
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 

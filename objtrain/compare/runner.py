@@ -37,6 +37,7 @@ from rich.console import Console
 
 from objtrain.compare import suite
 from objtrain.compare.experiment import (
+    TINY,
     ArmSpec,
     BudgetSpec,
     Experiment,
@@ -116,6 +117,9 @@ def plan_comparison(
     budget_name, spec = resolve_budget(exp, budget)
     tiny = budget_name == "tiny"
     seed_list = [exp.seed + k for k in range(seeds)]
+    scratch = Path(tempfile.gettempdir()) / "objtrain-compare-check-does-not-exist"
+    if tiny and exp.budget.kind == "flops":
+        spec = tiny_flops(exp, seed_list[0], data, scratch, console)
     saved = _saved_plan(report_dir) if resume else None
     if saved is not None:
         seed_list = _resumed_seeds(saved.get("seeds"), seed_list)
@@ -126,7 +130,6 @@ def plan_comparison(
 
     runs: list[Run] = []
     identity: tuple[str, str, str] | None = None  # (arm, data, tokenizer hash) of the first arm
-    scratch = Path(tempfile.gettempdir()) / "objtrain-compare-check-does-not-exist"
     for seed in seed_list:
         for arm in exp.arms:
             one = len(seed_list) == 1
@@ -174,6 +177,33 @@ def plan_comparison(
         if isinstance(raised, dict) and len(comparison.seeds) > int(raised.get("from", len(seed_list))):
             comparison.seeds_raised = raised
     return comparison
+
+
+TINY_STEPS = 32  # the fewest steps the dearest arm takes under a tiny FLOPs budget
+
+
+def tiny_flops(
+    exp: Experiment, seed: int, data: str | None, scratch: Path, console: Console | None
+) -> BudgetSpec:
+    """`--budget tiny` on an experiment held at equal FLOPs: still FLOPs, the smoke run's tokens
+    (`experiment.TINY`) at the cheapest arm's FLOPs per token, raised to `TINY_STEPS` of the dearest arm's
+    steps (an arm's FLOPs are whole steps under the budget: with fewer, one step's rounding would part the
+    arms' FLOPs by more than 3%), never more than the experiment's own budget."""
+    tokens = float(TINY.value)
+    per_token, per_step_all = [], []
+    for arm in exp.arms:
+        cfg = arm_config(exp, arm, seed, {"steps": 1}, True, data, scale=TINY)
+        try:
+            plan = prepare(cfg, scratch, console=console)
+        except UserError as exc:
+            raise UserError(f"arm {arm.name!r}: {exc}") from None
+        _, per_step = _target_len_and_flops(plan, cfg.batch.batch_size)
+        per_token.append(per_step / (cfg.batch.batch_size * plan.seq_len))
+        per_step_all.append(per_step)
+    flops = max(tokens * min(per_token), TINY_STEPS * max(per_step_all))
+    unit = 10.0 ** (math.floor(math.log10(flops)) - 2)  # up to three significant digits: a readable budget
+    flops = min(math.ceil(flops / unit) * unit, float(exp.budget.value))
+    return BudgetSpec(flops=float(f"{flops:.6g}"), size=TINY.size, train=dict(TINY.train))
 
 
 def _saved_plan(report_dir: Path) -> dict[str, Any] | None:

@@ -34,6 +34,7 @@ from objtrain.compare.report import (
     claim_verdict,
     difference,
     experiment_source,
+    markdown_table,
     verdict_cell,
 )
 from objtrain.compare.runner import machine
@@ -641,11 +642,6 @@ def point_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
-
-
 def markdown(results: dict[str, Any], plots: list[str]) -> str:
     exp, m = results["experiment"], results["machine"]
     sw = results["sweep"]
@@ -659,7 +655,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
         out += [
             "## Against the literature",
             "",
-            _table(*claim_rows(results)),
+            markdown_table(*claim_rows(results)),
             "",
             "Each claim is a paired comparison of two arms over the shared seeds at every point of the sweep "
             "(per-seed difference, 95% t interval): **agrees** / **disagrees** when the interval lies on the "
@@ -676,7 +672,12 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
             *ONE_ARM_NOTE * any(len(c["arms"]) == 1 for c in results["claims"]),
         ]
     out += changes_section(results.get("changes"))
-    out += ["## Fitted curves: L(C) = E + A·C^(−α), C in training FLOPs", "", _table(*fit_rows(results)), ""]
+    out += [
+        "## Fitted curves: L(C) = E + A·C^(−α), C in training FLOPs",
+        "",
+        markdown_table(*fit_rows(results)),
+        "",
+    ]
     out += [
         f"Fitted on the mean over seeds at each point; 95% intervals are percentiles of "
         f"{results['bootstrap_replicates']} bootstrap refits that resample seeds and points. A fit marked "
@@ -693,7 +694,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
         *_warmup_note(results),
         "## Crossovers",
         "",
-        _table(*crossover_rows(results))
+        markdown_table(*crossover_rows(results))
         if results["crossovers"]
         else "No pair of arms shares a metric with fitted curves.",
         "",
@@ -708,7 +709,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
         out += [
             "## Compute-optimal frontier",
             "",
-            _table(*frontier_rows(results)),
+            markdown_table(*frontier_rows(results)),
             "",
             f"Chinchilla's compute-optimal ratio is about {results['chinchilla_tokens_per_parameter']:g} "
             "training tokens per parameter (Hoffmann et al. 2022, total parameters). Tokens here are model "
@@ -718,7 +719,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
             "",
             *_frontier_fit_section(results),
         ]
-    out += ["## Points", "", _table(*point_rows(results)), ""]
+    out += ["## Points", "", markdown_table(*point_rows(results)), ""]
     out += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     out += [
         "## What was run",
@@ -810,7 +811,7 @@ def _frontier_fit_section(results: dict[str, Any]) -> list[str]:
     return [
         "### Frontier fits",
         "",
-        _table(header, rows),
+        markdown_table(header, rows),
         "",
         "Intervals resample the seeds: each replicate redraws the seeds of every cell (one draw for all), "
         f"re-chooses the best size per budget and refits ({next(iter(fits.values()))['replicates']} "
@@ -855,7 +856,7 @@ def _holdout_section(results: dict[str, Any]) -> list[str]:
     return [
         "### Out of sample",
         "",
-        _table(header, rows),
+        markdown_table(header, rows),
         "",
         "Each curve refitted without its largest compute point, its prediction there set against the "
         "measured mean: an out of sample error well above the seed std says the law does not extrapolate "

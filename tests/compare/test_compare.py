@@ -72,12 +72,13 @@ def test_report_has_a_row_per_arm_results_json_and_png_plots(write_experiment, t
 
 
 def test_seeds_report_mean_std_and_mark_gaps_inside_the_spread(write_experiment, tmp_path: Path) -> None:
+    # conditional_bpb, which every kind is scored on alike (a left-to-right score ranks decoders only)
     suite = FakeSuite(
         {
-            ("clm", 0): {"probe_accuracy": 0.80, "bits_per_byte": 1.00},
-            ("clm", 1): {"probe_accuracy": 0.90, "bits_per_byte": 1.01},
-            ("mlm", 0): {"probe_accuracy": 0.86, "bits_per_byte": 2.00},
-            ("mlm", 1): {"probe_accuracy": 0.88, "bits_per_byte": 2.01},
+            ("clm", 0): {"probe_accuracy": 0.80, "conditional_bpb": 1.00},
+            ("clm", 1): {"probe_accuracy": 0.90, "conditional_bpb": 1.01},
+            ("mlm", 0): {"probe_accuracy": 0.86, "conditional_bpb": 2.00},
+            ("mlm", 1): {"probe_accuracy": 0.88, "conditional_bpb": 2.01},
         }
     )
     out = tmp_path / "report"
@@ -90,7 +91,7 @@ def test_seeds_report_mean_std_and_mark_gaps_inside_the_spread(write_experiment,
     assert results["rankings"]["probe_accuracy"] | {"gaps": None} == {
         "lower_is_better": False, "best": "mlm", "tie": False, "within_seed_spread": ["clm"], "gaps": None,
     }  # fmt: skip
-    assert results["rankings"]["bits_per_byte"]["within_seed_spread"] == []
+    assert results["rankings"]["conditional_bpb"]["within_seed_spread"] == []
     md = (out / "report.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| clm | **"))
     assert "**1.005 ± 0.0071**" in row and "0.85 ± 0.071 ≈" in row  # best bold; unresolved gap marked
@@ -233,6 +234,24 @@ def test_mtp_arms_are_parameter_matched_and_the_report_says_how(write_experiment
     assert one["cost"]["parameters"]["mean"] == two["cost"]["parameters"]["mean"]
     assert two["model_overrides"] == {"n_layer": 1}  # debug's 2 blocks: 1 trunk layer + 1 head layer
     assert "decoder debug (n_layer=1)" in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_the_tiny_budget_of_a_flops_experiment_is_a_smaller_flops_budget(
+    write_experiment, tmp_path: Path
+) -> None:
+    """`--budget tiny` on an experiment held at equal FLOPs keeps FLOPs equal (not 8,192 tokens each, which
+    would part a decoder's FLOPs from an encoder-decoder's), at a budget below the experiment's own."""
+    arms = [
+        {"name": "clm", "objective": "clm", "model": {"kind": "decoder", "size": "debug"}},
+        {"name": "span", "objective": "span", "model": {"kind": "encdec", "size": "debug"}},
+    ]
+    c = plan_comparison(
+        load_experiment(write_experiment(arms, budget={"flops": 1e12})), tmp_path / "r", "tiny"
+    )
+    assert c.budget.kind == "flops" and c.budget.value < 1e12
+    flops = [run.steps * run.flops_per_step for run in c.runs]
+    assert max(flops) <= c.budget.value and max(flops) < 1.04 * min(flops)
+    assert min(run.steps for run in c.runs) >= 32
 
 
 def test_the_tiny_budget_caps_every_count_the_evaluation_takes() -> None:

@@ -243,3 +243,144 @@ def test_a_fine_tune_claim_is_gated_by_the_random_init_fine_tune() -> None:
     assert BASELINE.match("finetune_sst2_random_init_accuracy") and BASELINE.match(
         "finetune_majority_accuracy"
     )
+
+
+def _seeded(
+    values: dict[str, list[float]], metric: str = "conditional_bpb", eval_se: float | None = None
+) -> dict:
+    """Results of two decoder arms over seeds 0..K-1 on one metric, ranked as `build_results` ranks."""
+    from objtrain.compare.report import ranking_entry
+    from objtrain.compare.stats import summarise
+
+    results = _results()
+    results["seeds"] = list(range(len(next(iter(values.values())))))
+    for arm in results["arms"]:
+        vals = values[arm["name"]]
+        arm["metrics"] = {metric: summarise(vals).to_dict()}
+        arm["runs"] = [{"seed": k, "eval": {metric: v}, "train": {}} for k, v in enumerate(vals)]
+    per_seed = {name: dict(enumerate(vals)) for name, vals in values.items()}
+    summaries = {name: summarise(vals) for name, vals in values.items()}
+    entry = ranking_entry(metric, summaries, True, per_seed)
+    assert entry is not None
+    if eval_se is not None:
+        for gap in entry["gaps"].values():
+            gap["eval_se"] = eval_se
+    results["rankings"] = {metric: entry}
+    results["unranked"] = {}
+    return results
+
+
+def test_a_gap_the_seeds_resolve_is_a_win_and_one_they_do_not_is_not() -> None:
+    resolved = _seeded({"clm": [2.00, 2.01, 2.02], "fim-0.5": [2.30, 2.31, 2.33]})
+    assert finding(resolved) == (
+        "In short: of the 2 arms, clm did best on conditional bpb, resolved at 3 seeds."
+    )
+    assert verdict(resolved)[0].startswith("conditional_bpb (lower is better): clm best at 2.01; fim-0.5")
+    # clm ahead by 0.27 on average, but the per-seed gaps swing: a paired interval that includes 0
+    straddling = _seeded({"clm": [2.90, 2.88], "fim-0.5": [3.10, 3.21]})
+    sentence = finding(straddling)
+    assert "did best" not in sentence
+    assert sentence.startswith("In short: clm is ahead of fim-0.5 on conditional bpb (2.890 against 3.155)")
+    assert "not resolved at 2 seeds: +0.265 ±" in sentence and "from the seeds' spread" in sentence
+    line = verdict(straddling)[0]
+    assert "clm ahead at 2.89" in line and "not resolved at 2 seeds" in line and "per-seed gaps vary" in line
+
+
+def test_an_unresolved_gap_says_which_noise_keeps_it_open() -> None:
+    """The reason given is the true one: the seeds' spread, the evaluation's own noise, or both."""
+    from objtrain.compare.report import gap_status
+
+    seeds_agree = _seeded({"clm": [2.00, 2.01, 2.02], "fim-0.5": [2.05, 2.06, 2.07]}, eval_se=0.04)
+    status = gap_status(seeds_agree["rankings"]["conditional_bpb"], "fim-0.5")
+    assert status is not None and status["short"] == "the evaluation's own noise"
+    both = _seeded({"clm": [2.90, 2.88], "fim-0.5": [3.10, 3.21]}, eval_se=0.2)
+    status = gap_status(both["rankings"]["conditional_bpb"], "fim-0.5")
+    assert status is not None and status["short"].startswith("both")
+    small_se = _seeded({"clm": [2.90, 2.88], "fim-0.5": [3.10, 3.21]}, eval_se=0.01)
+    status = gap_status(small_se["rankings"]["conditional_bpb"], "fim-0.5")
+    assert status is not None and status["short"] == "the seeds' spread" and "is smaller" in status["why"]
+
+
+def test_a_probe_at_its_random_init_baseline_is_listed_not_ranked() -> None:
+    from objtrain.compare.report import screened
+
+    results = _results()
+    results["rankings"]["probe_accuracy"] = {"lower_is_better": False, "best": "clm", "tie": False,
+                                             "within_seed_spread": [], "gaps": {}}  # fmt: skip
+    for arm, acc, base in ((results["arms"][0], 0.4545, 0.483), (results["arms"][1], 0.43, 0.523)):
+        arm["metrics"]["probe_accuracy"] = _metric(acc)
+        arm["baselines"] = {"probe_random_init_accuracy": {"mean": base, "std": None, "n": 1, "ci95": None}}
+    s = screened(results)
+    assert "probe_accuracy" not in s["rankings"] and set(s["unranked"]["probe_accuracy"]) == {
+        "clm",
+        "fim-0.5",
+    }
+    line = next(x for x in verdict(results) if x.startswith("probe_accuracy"))
+    assert "best" not in line
+    assert line == (
+        "probe_accuracy: not ranked: clm 0.4545 at its random-init baseline (0.483 ± 0); fim-0.5 0.43 at its "
+        "random-init baseline (0.523 ± 0)"
+    )
+
+
+def test_a_left_to_right_score_ranks_only_the_arms_that_read_left_to_right() -> None:
+    from objtrain.compare.report import screened
+
+    results = _results()
+    results["arms"][1]["model_kind"] = "encdec"
+    s = screened(results)
+    assert "bits_per_byte" not in s["rankings"]
+    assert s["unranked"]["bits_per_byte"] == {"fim-0.5": "(an encoder-decoder does not read left to right)"}
+    assert "infill_exact_match" in s["rankings"]  # every kind infills
+
+
+def test_a_direction_against_the_literature_is_said_with_its_size() -> None:
+    """The demo's middle_bpb: FIM's middle costs more than CLM's at one seed, many evaluation standard
+    errors the other way; the verdict says so at one precision for both arms."""
+    results = _results()
+    results["arms"][0]["metrics"]["middle_bpb"] = _metric(2.2)
+    results["arms"][1]["metrics"]["middle_bpb"] = _metric(2.3174)
+    results["claims"] = [{
+        "claim": "the suffix helps", "metric": "middle_bpb", "arms": ["fim-0.5", "clm"], "expect": "lower",
+        "margin": 0.0, "verdict": "not resolved", "eval_se": 0.0175,
+        "paired": {"delta": 0.1174, "ci95": None, "n": 1, "std": None},
+    }]  # fmt: skip
+    line = next(x for x in verdict(results) if x.startswith("claim:"))
+    assert "fim-0.5 2.317 against clm 2.200" in line
+    assert "middle_bpb: fim-0.5 − clm = +0.117 (one seed)" in line
+    assert "measured the other way from the literature, 6.7 evaluation standard errors" in line
+
+
+def test_the_validation_plots_draw_every_arm_and_say_which_lack_a_left_to_right_loss() -> None:
+    from objtrain.compare.report import val_series
+
+    def records(loss: float, bpb: float | None) -> list[dict]:
+        return [{"tokens": t, "wall_time": t / 10, "val_loss": loss - t / 1e3} | ({} if bpb is None else
+                {"val_bpb": bpb - t / 1e3}) for t in (100, 200)]  # fmt: skip
+
+    data = {"clm": [records(5.0, 3.0), records(5.1, 3.1)], "span": [records(4.0, None), records(4.2, None)]}
+    keys, series, missing = val_series(data, _results(), "tokens")
+    assert keys == ["val_loss", "val_bpb"]
+    assert (
+        set(series["val_loss"]) == {"clm", "span"} and len(series["val_loss"]["span"]) == 2
+    )  # a line a seed
+    assert set(series["val_bpb"]) == {"clm"} and missing == {"val_loss": [], "val_bpb": ["span"]}
+
+
+def test_the_metric_plot_clips_each_interval_to_the_metric_range() -> None:
+    from objtrain.compare.report import metric_bars, metric_limits, metric_range
+
+    results = _results()
+    results["arms"][0]["metrics"]["infill_parse_rate"] = {"mean": 0.25, "std": 0.35, "n": 2, "ci95": 3.2}
+    results["arms"][0]["runs"] = [{"eval": {"infill_parse_rate": v}, "train": {}} for v in (0.0, 0.5)]
+    results["arms"][1]["metrics"]["perplexity"] = {"mean": 3.0, "std": 1.0, "n": 2, "ci95": 9.0}
+    assert metric_range("infill_parse_rate") == (0.0, 1.0) and metric_range("suffix_gain")[0] < -1e300
+    (bar,) = metric_bars(results, "infill_parse_rate")
+    assert (bar["low"], bar["high"]) == (0.0, 1.0) and bar["seeds"] == [0.0, 0.5]
+    (bar,) = metric_bars(results, "perplexity")
+    assert bar["low"] == 0.0 and bar["high"] == 12.0
+    # two arms 0.6% apart with no interval do not fill the panel: the axis is a tenth of the value wide
+    bars = [{"arm": "a", "mean": 2.0, "low": 2.0, "high": 2.0, "seeds": []},
+            {"arm": "b", "mean": 2.012, "low": 2.012, "high": 2.012, "seeds": []}]  # fmt: skip
+    lo, hi = metric_limits("bits_per_byte", bars, [])
+    assert hi - lo > 0.2 and lo >= 0.0
