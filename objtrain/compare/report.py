@@ -238,12 +238,16 @@ def claim_verdict(
 # The probe's baselines, per task (`probe_sst2_random_init_accuracy`) or for the default probe
 # (`probe_random_init_accuracy`): the majority class, a bag-of-words logistic regression on the same examples,
 # the same architecture at random init, and the probe's own seed-to-seed spread.
+# Minimal pairs (`blimp_accuracy`): the same architecture at random init and an n-gram model, each with
+# its Wilson interval's ends.
 BASELINE = re.compile(
     r"^(?:probe|finetune)_(?:\w+_)?"
     r"(?:majority_accuracy|bow_accuracy|random_init_accuracy|accuracy_probe_sd|accuracy_tune_sd)$"
+    r"|^blimp_(?:random_init|ngram)_accuracy(?:_lo|_hi)?$"
 )
-# A probe's or fine-tune's accuracy (the default task or a named one), whose baselines sit beside it
-PROBE_ACCURACY = re.compile(r"^(probe|finetune)_(?:(\w+)_)?accuracy$")
+# A probe's, fine-tune's or minimal-pair accuracy (the default task or a named one), whose baselines sit
+# beside it
+PROBE_ACCURACY = re.compile(r"^(probe|finetune|blimp)_(?:(\w+)_)?accuracy$")
 BASELINE_NAMES = (("random_init_accuracy", "random-init"), ("bow_accuracy", "bag-of-words"),
                   ("majority_accuracy", "majority"), ("accuracy_probe_sd", "own seed sd"))  # fmt: skip
 
@@ -322,13 +326,17 @@ def baseline_gate(claim: dict[str, Any], arms: list[dict[str, Any]]) -> dict[str
             return claim | {"baseline": "no random-init baseline was measured: the verdict cannot say "
                             "whether pretraining taught the probe anything"}  # fmt: skip
         sd = arm["baselines"].get(_baseline_key(claim["metric"], "accuracy_probe_sd") or "", {}).get("mean")
-        width = base["ci95"] if base.get("ci95") is not None else (sd or 0.0)
+        hi = arm["baselines"].get(f"{key}_hi", {}).get("mean")  # one seed: its own binomial interval
+        own = hi - base["mean"] if hi is not None else 0.0
+        width = base["ci95"] if base.get("ci95") is not None else (sd or own)
         mean = arm["metrics"][claim["metric"]]["mean"]
         if not mean > base["mean"] + width:
             short.append(f"{name} {mean:.3g} against random-init {base['mean']:.3g} ± {width:.2g}")
     if not short:
         return claim | {"baseline": "every arm beats its random-init baseline beyond its interval"}
-    measure = "fine-tune" if claim["metric"].startswith("finetune_") else "probe"
+    measure = {"finetune": "fine-tune", "blimp": "minimal-pair score"}.get(
+        claim["metric"].split("_")[0], "probe"
+    )
     return claim | {
         "verdict": "not judged",
         "verdict_before_baseline": claim["verdict"],
