@@ -274,12 +274,15 @@ def _masked_copies(
     return torch.where(masked, mask_id, ids), masked
 
 
-def _batch(ids: Tensor, valid: Tensor, attention: str) -> Batch:
+def _batch(ids: Tensor, valid: Tensor, attention: str, segments: bool = False) -> Batch:
+    """One sentence (or copy) a row, pads apart; `segments`: sentence A's segment id 0 at every token, for
+    encoders trained on sentence pairs (`objtrain.evaluation.probe.trained_with_segments`)."""
     B, L = ids.shape
     positions = torch.arange(L, device=ids.device).expand(B, L)
     docs = torch.where(valid, 0, -1)
     prefix = valid if attention == "prefix" else None
-    return Batch(ids, ids, positions, docs, attention, prefix_mask=prefix)  # type: ignore[arg-type]
+    seg = torch.zeros_like(ids) if segments else None
+    return Batch(ids, ids, positions, docs, attention, prefix_mask=prefix, segment_ids=seg)  # type: ignore[arg-type]
 
 
 def _encdec_hidden(
@@ -302,6 +305,7 @@ def score_sentences(
     specials: Specials,
     device: torch.device | str = "cpu",
     batch_tokens: int = 16384,
+    segments: bool = False,
 ) -> np.ndarray:
     """(N,) float64 log-probability of every sentence of `enc` in `form` (see the module docstring)."""
     if form not in FORMS:
@@ -334,7 +338,7 @@ def score_sentences(
             total.index_add_(0, torch.from_numpy(rows)[row_of], lp)
         return total.numpy()
     if form in ("pll", "pll_word"):
-        return pll_scores(model, enc, specials, device, batch_tokens)[form == "pll_word"]
+        return pll_scores(model, enc, specials, device, batch_tokens, segments)[form == "pll_word"]
     return _copy_scores(model, form, enc, specials, device, batch_tokens)
 
 
@@ -345,15 +349,16 @@ def pll_scores(
     specials: Specials,
     device: torch.device | str = "cpu",
     batch_tokens: int = 16384,
+    segments: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(PLL, PLL-word-l2r) (N,) each, in one pass: a piece that is the last of its word (or a whole word)
     is masked alone in both, so only the other pieces need a second copy."""
     W = enc.ids.shape[1]
     last = np.ones_like(enc.word_start)  # the next position starts a word or lies past the sentence
     last[:, :-1] = enc.word_start[:, 1:] | (np.arange(1, W)[None, :] >= enc.lengths[:, None])
-    shared = _copy_scores(model, "pll", enc, specials, device, batch_tokens, keep=last)
-    alone = _copy_scores(model, "pll", enc, specials, device, batch_tokens, keep=~last)
-    within = _copy_scores(model, "pll_word", enc, specials, device, batch_tokens, keep=~last)
+    shared = _copy_scores(model, "pll", enc, specials, device, batch_tokens, last, segments)
+    alone = _copy_scores(model, "pll", enc, specials, device, batch_tokens, ~last, segments)
+    within = _copy_scores(model, "pll_word", enc, specials, device, batch_tokens, ~last, segments)
     return shared + alone, shared + within
 
 
@@ -366,6 +371,7 @@ def _copy_scores(
     device: torch.device | str,
     batch_tokens: int,
     keep: np.ndarray | None = None,
+    segments: bool = False,
 ) -> np.ndarray:
     """Summed log-probability over one copy per token (positions `keep`), each copy masking its token."""
     N = len(enc.lengths)
@@ -388,7 +394,7 @@ def _copy_scores(
             x = torch.full((b, width), specials.pad)
             x[:, : rows.size(1)] = rows[:, :width]
             valid = col < n[:, None]
-            hidden = model.last_hidden(_batch(x.to(device), valid.to(device), "bidirectional"))  # type: ignore[operator]
+            hidden = model.last_hidden(_batch(x.to(device), valid.to(device), "bidirectional", segments))  # type: ignore[operator]
             h = hidden[idx.to(device), pt.to(device)]
         elif form == "masked_next":
             rows, _ = _masked_copies(enc, s, p, specials.mask, False)
@@ -442,9 +448,14 @@ Scorer = Callable[[Encoded], np.ndarray]
 
 
 def model_scorer(
-    model: nn.Module, form: str, specials: Specials, device: torch.device | str, batch_tokens: int = 16384
+    model: nn.Module,
+    form: str,
+    specials: Specials,
+    device: torch.device | str,
+    batch_tokens: int = 16384,
+    segments: bool = False,
 ) -> Scorer:
-    return lambda enc: score_sentences(model, form, enc, specials, device, batch_tokens)
+    return lambda enc: score_sentences(model, form, enc, specials, device, batch_tokens, segments)
 
 
 def evaluate_pairs(scorer: Scorer, good: Encoded, bad: Encoded, pairs: Pairs) -> dict[str, Any]:

@@ -1060,6 +1060,7 @@ def _blimp(
     assert tokenizer is not None
     forms = pair_forms(ckpt)
     good, bad = blimp.encode_texts(tokenizer, pairs.good), blimp.encode_texts(tokenizer, pairs.bad)
+    segments = ckpt.config.kind == "encoder" and probe.trained_with_segments(ckpt.training)
 
     def scored(model: torch.nn.Module, wanted: Sequence[str]) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
@@ -1067,12 +1068,16 @@ def _blimp(
             if form in out:
                 continue
             if form in ("pll", "pll_word"):  # one pass gives both
-                both = [blimp.pll_scores(model, e, ckpt.specials, device, options.blimp_batch_tokens)
-                        for e in (good, bad)]  # fmt: skip
+                size = options.blimp_batch_tokens
+                both = [
+                    blimp.pll_scores(model, e, ckpt.specials, device, size, segments) for e in (good, bad)
+                ]
                 for k, name in enumerate(("pll", "pll_word")):
                     out[name] = blimp.summarize(*blimp.compare_scores(both[0][k], both[1][k]), pairs)
             else:
-                scorer = blimp.model_scorer(model, form, ckpt.specials, device, options.blimp_batch_tokens)
+                scorer = blimp.model_scorer(
+                    model, form, ckpt.specials, device, options.blimp_batch_tokens, segments
+                )
                 out[form] = blimp.evaluate_pairs(scorer, good, bad, pairs)
         return out
 

@@ -323,3 +323,23 @@ def test_cli_reports_accuracy_ties_terms_and_baselines(cli, debug_checkpoint, tm
     code, out, err = cli(ckpt, "--data", text, "--blimp", pairs, "--skip", SKIP)
     assert code == 0, err
     assert "blimp_accuracy" in out and "subject_verb_agreement" in out
+
+
+@torch.no_grad()
+def test_an_encoder_trained_on_sentence_pairs_reads_segment_zero() -> None:
+    model = _model("encoder")
+    sents, _ = _sentences()
+    enc = blimp.encode_sentences(sents)
+    fast = blimp.score_sentences(model, "pll", enc, SP, segments=True)
+    slow = []
+    for t in sents:
+        total = 0.0
+        for i in range(len(t)):
+            x = torch.tensor([[SP.mask if j == i else v for j, v in enumerate(t)]])
+            batch = Batch(
+                x, x, _pos(len(t)), torch.zeros_like(x), "bidirectional", segment_ids=torch.zeros_like(x)
+            )
+            total += _lp(model(batch).logits[0, i], t[i])
+        slow.append(total)
+    np.testing.assert_allclose(fast, slow, rtol=1e-4, atol=1e-3)
+    assert not np.allclose(fast, blimp.score_sentences(model, "pll", enc, SP))  # the segment row is added
