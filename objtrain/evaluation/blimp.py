@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from objtrain.batch import Batch
@@ -62,6 +63,7 @@ FORMS = ("causal", "pll", "pll_word", "span", "span_nlu", "span_nlg", "span_s2s"
          "masked_next")  # fmt: skip
 REQUIRED = ("sentence_good", "sentence_bad", "UID", "linguistics_term")
 Z95 = 1.959963984540054
+LOGIT_ROWS = 1024  # scored positions unembedded at once
 
 
 @dataclass
@@ -226,9 +228,13 @@ def _unembed(model: nn.Module, hidden: Tensor) -> Tensor:
 
 
 def _target_logprob(model: nn.Module, hidden: Tensor, targets: Tensor) -> Tensor:
-    """log p(target) (M,) float64 from normed hidden states (M, D)."""
-    logits = _unembed(model, hidden).float()
-    return (logits.gather(1, targets[:, None]).squeeze(1) - logits.logsumexp(1)).double()
+    """log p(target) (M,) float64 from normed hidden states (M, D), in row chunks whose (rows, V) logits stay
+    small (a (M, V) product and its logsumexp at once are memory-bound: most of a small model's time)."""
+    out = []
+    for lo in range(0, hidden.size(0), LOGIT_ROWS):
+        logits = _unembed(model, hidden[lo : lo + LOGIT_ROWS]).float()
+        out.append(-F.cross_entropy(logits, targets[lo : lo + LOGIT_ROWS], reduction="none"))
+    return torch.cat(out).double() if out else hidden.new_zeros(0, dtype=torch.float64)
 
 
 def _chunks(widths: np.ndarray, budget: int) -> Iterable[tuple[int, int, int]]:
