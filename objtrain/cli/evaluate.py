@@ -39,7 +39,12 @@ little about the features. Encoders: sentence order (consecutive segments of hel
 swapped), zero-shot by an NSP/SOP head and as a probe. With
 --finetune, the whole model is also fine-tuned on the same tasks (a linear head, AdamW, weights chosen on
 dev) and scored on test, as the literature compares objectives, beside the same fine-tune of the architecture
-at random init (--finetune-task sst2: only the tasks named). A few greedy samples for the eye.
+at random init (--finetune-task sst2: only the tasks named). With --blimp PATH, minimal pairs (BLiMP): the
+share whose grammatical sentence the model scores higher (a tie is wrong, the tie rate beside it), overall,
+per linguistics term and per paradigm with Wilson intervals, in each form the model trained (a decoder's
+summed log-probability, an encoder's pseudo-log-likelihood and its within-word variant, an encoder-decoder's
+span form), beside the same architecture at random init, an n-gram model of the training tokens (--blimp-
+ngram) and the paper's rows (--blimp-paper). A few greedy samples for the eye.
 
 DATA is a token or packed store (its valid split by default) or a UTF-8 text file, encoded with the
 checkpoint's own tokenizer. Without --data: the run's own store, else the embedded standard-library store.
@@ -145,6 +150,24 @@ def run(
             help="Fine-tunes at the chosen rate, each with its own seed: the fine-tune's own sd (1: none).",
         ),
     ] = 1,
+    blimp_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--blimp",
+            help="Minimal pairs: a folder of BLiMP *.jsonl or one .jsonl(.gz) (sentence_good, sentence_bad, "
+            "UID, linguistics_term).",
+        ),
+    ] = None,
+    blimp_paper: Annotated[
+        Path | None,
+        typer.Option("--blimp-paper", help="The BLiMP paper's accuracy per paradigm (models_summary.jsonl)."),
+    ] = None,
+    blimp_ngram: Annotated[
+        int,
+        typer.Option(
+            "--blimp-ngram", min=0, help="Order of the n-gram baseline on the training tokens (0: none)."
+        ),
+    ] = 3,
     samples: Annotated[int, typer.Option(min=0, help="Greedy samples to show.")] = 3,
     skip: Annotated[
         str,
@@ -187,6 +210,9 @@ def run(
         finetune_steps=finetune_steps,
         finetune_lrs=_rates(finetune_lr),
         finetune_seeds=finetune_seeds,
+        blimp=blimp_path,
+        blimp_paper=blimp_paper,
+        blimp_ngram=blimp_ngram,
         samples=samples,
         skip=tuple(k.strip() for k in skip.split(",") if k.strip()),
         device=device,
@@ -205,7 +231,7 @@ NOTES = (
     "data", "window", "stride", "scored_tokens", "scored_bytes", "lm_mode", "conditional_mode",
     "conditional_docs", "infill_mode", "infill_tasks", "infill_skipped", "middle_mode", "middle_tasks",
     "probe", "probe_method", "sentence_order_pairs", "probe_classes", "probe_feature_dim", "probe_layer",
-    "eval_seed", "finetune_best_step", "finetune_steps",
+    "eval_seed", "finetune_best_step", "finetune_steps", "blimp_form", "blimp_forms",
 )  # fmt: skip
 
 
@@ -254,11 +280,35 @@ def print_result(console: Console, result: dict[str, Any]) -> None:
         if key in result:
             notes.append(f"{key} {_fmt(result[key])}")
     console.print("[dim]" + escape("; ".join(notes)) + f"; {result['seconds']:.1f} s[/]", highlight=False)
+    if "blimp_by_term" in result:
+        console.print(blimp_table(result))
     for sample in result.get("samples", []):
         head = sample.get("prompt", sample.get("prefix", ""))
         console.print(f"\n[bold]{sample['mode']}[/] [dim]{escape(repr(head[-120:]))}[/]", highlight=False)
         console.print(f"  model:    {sample['output']!r}", highlight=False, markup=False)
         console.print(f"  expected: {sample['expected']!r}", highlight=False, markup=False)
+
+
+def blimp_table(result: dict[str, Any]) -> Table:
+    """Minimal-pair accuracy per linguistics term, with its interval and the baselines beside it."""
+    cells = result["blimp_by_term"]
+    bases = [b for b in ("random_init", "ngram") if any(b in c for c in cells.values())]
+    table = Table(title=f"BLiMP by linguistics term ({result.get('blimp_form')} form)")
+    for name in ("term", "pairs", "accuracy", "95% interval", "ties", *bases, *(["paper gpt2"] if any(
+            "paper" in c for c in cells.values()) else [])):  # fmt: skip
+        table.add_column(name, justify="left" if name == "term" else "right")
+    rows = [("all", {"accuracy": result["blimp_accuracy"], "lo": result["blimp_accuracy_lo"],
+             "hi": result["blimp_accuracy_hi"], "tie_rate": result["blimp_tie_rate"],
+             "pairs": result["blimp_pairs"],
+             **{b: result.get(f"blimp_{b}_accuracy") for b in bases},
+             **({"paper": result["blimp_paper"]} if "blimp_paper" in result else {})})]  # fmt: skip
+    for term, cell in [*rows, *cells.items()]:
+        extra = [f"{cell[b]:.3f}" if cell.get(b) is not None else "" for b in bases]
+        if table.columns[-1].header == "paper gpt2":
+            extra.append(f"{cell['paper']['gpt2']:.3f}" if "gpt2" in cell.get("paper", {}) else "")
+        table.add_row(term, f"{int(cell['pairs']):,}", f"{cell['accuracy']:.3f}",
+                      f"{cell['lo']:.3f}-{cell['hi']:.3f}", f"{cell['tie_rate']:.3f}", *extra)  # fmt: skip
+    return table
 
 
 run.__doc__ = "\n\n".join(" ".join(p.split()) for p in HELP.split("\n\n"))

@@ -203,13 +203,17 @@ PROBE_MCC = re.compile(r"^(probe|finetune)_(?:(\w+)_)?mcc$")
 
 
 def _random_init(arm: dict[str, Any], accuracy: str) -> tuple[float, float] | None:
-    """The arm's random-init baseline for a probe's (or fine-tune's) accuracy and the width it must be
-    beaten by: the baseline's 95% interval, or its own seed sd where one seed leaves no interval."""
-    base = arm.get("baselines", {}).get(_baseline_key(accuracy, "random_init_accuracy") or "")
+    """The arm's random-init baseline for a probe's (fine-tune's, minimal pairs') accuracy and the width it
+    must be beaten by: the baseline's 95% interval, or its own seed sd (minimal pairs: its own binomial
+    interval) where one seed leaves no interval."""
+    key = _baseline_key(accuracy, "random_init_accuracy") or ""
+    base = arm.get("baselines", {}).get(key)
     if base is None or base.get("mean") is None:
         return None
     sd = arm["baselines"].get(_baseline_key(accuracy, "accuracy_probe_sd") or "", {}).get("mean")
-    width = base["ci95"] if base.get("ci95") is not None else (sd or 0.0)
+    hi = arm["baselines"].get(f"{key}_hi", {}).get("mean")  # minimal pairs at one seed: its Wilson interval
+    own = hi - base["mean"] if hi is not None else 0.0
+    width = base["ci95"] if base.get("ci95") is not None else (sd or own)
     return float(base["mean"]), float(width)
 
 
@@ -351,12 +355,16 @@ def claim_verdict(
 # The probe's baselines, per task (`probe_sst2_random_init_accuracy`) or for the default probe
 # (`probe_random_init_accuracy`): the majority class, a bag-of-words logistic regression on the same examples,
 # the same architecture at random init, and the probe's own seed-to-seed spread.
+# Minimal pairs (`blimp_accuracy`): the same architecture at random init and an n-gram model, each with
+# its Wilson interval's ends.
 BASELINE = re.compile(
     r"^(?:probe|finetune)_(?:\w+_)?"
     r"(?:majority_accuracy|bow_accuracy|random_init_accuracy|accuracy_probe_sd|accuracy_tune_sd)$"
+    r"|^blimp_(?:random_init|ngram)_accuracy(?:_lo|_hi)?$"
 )
-# A probe's or fine-tune's accuracy (the default task or a named one), whose baselines sit beside it
-PROBE_ACCURACY = re.compile(r"^(probe|finetune)_(?:(\w+)_)?accuracy$")
+# A probe's, fine-tune's or minimal-pair accuracy (the default task or a named one), whose baselines sit
+# beside it
+PROBE_ACCURACY = re.compile(r"^(probe|finetune|blimp)_(?:(\w+)_)?accuracy$")
 BASELINE_NAMES = (("random_init_accuracy", "random-init"), ("bow_accuracy", "bag-of-words"),
                   ("majority_accuracy", "majority"), ("accuracy_probe_sd", "own seed sd"))  # fmt: skip
 
@@ -439,7 +447,9 @@ def baseline_gate(claim: dict[str, Any], arms: list[dict[str, Any]]) -> dict[str
             short.append(f"{name} {mean:.3g} against random-init {base[0]:.3g} ± {base[1]:.2g}")
     if not short:
         return claim | {"baseline": "every arm beats its random-init baseline beyond its interval"}
-    measure = "fine-tune" if claim["metric"].startswith("finetune_") else "probe"
+    measure = {"finetune": "fine-tune", "blimp": "minimal-pair score"}.get(
+        claim["metric"].split("_")[0], "probe"
+    )
     return claim | {
         "verdict": "not judged",
         "verdict_before_baseline": claim["verdict"],

@@ -84,13 +84,17 @@ def check_options(options: dict[str, Any]) -> None:
     if suite is None:
         return
     built = _build_options(suite, options)
-    from objtrain.evaluation import infill, probe
+    from objtrain.evaluation import blimp, infill, probe
 
     for labelled in (built.probe_train, built.probe_valid):
         if labelled is not None:
             probe.read_labelled(labelled)
     if built.infill_file is not None:
         infill.read_infill_file(built.infill_file)
+    if built.blimp is not None:
+        blimp.read_pairs(built.blimp)
+    if built.blimp_paper is not None:
+        blimp.read_paper_rows(built.blimp_paper)
     suite.check_probe_tasks(built)
 
 

@@ -21,6 +21,9 @@ checkpoint without one gets what its model kind allows):
   baselines (majority class, bag of words, the architecture at random init) and probe-seed sd;
 - sentence order (`sentence_order.py`), encoders: sentence_order_accuracy by an NSP/SOP head, and
   probe_sentence_order_accuracy;
+- minimal pairs (`blimp.py`), every model, with --blimp PATH: blimp_accuracy (ties wrong), blimp_tie_rate,
+  per linguistics term and paradigm with Wilson intervals, each form the objective supports, beside the
+  same architecture at random init, an n-gram model of the training tokens and the paper's rows;
 - samples, every model: a few greedy continuations or fills, under `samples`.
 
 Every number is a float under a fixed name (`METRICS` says which direction is better), so `compare`
@@ -49,15 +52,37 @@ from objtrain.data.default import default_store_path
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.devices import resolve_device
 from objtrain.errors import UserError, did_you_mean
-from objtrain.evaluation import conditional, corrupted, finetune, infill, lm, middle, probe, sentence_order
+from objtrain.evaluation import (
+    blimp,
+    conditional,
+    corrupted,
+    finetune,
+    infill,
+    lm,
+    middle,
+    probe,
+    sentence_order,
+)
 from objtrain.io import write_json
 from objtrain.models import generate as gen
 from objtrain.models.checkpoint import Checkpoint, load_checkpoint
 from objtrain.models.zoo import count_parameters
+from objtrain.objectives.base import DEFAULT_PAIR_FORMS
+from objtrain.objectives.registry import build_objective
 from objtrain.training.accounting import token_bytes
 from objtrain.training.data import DataSource, Documents
 
-PARTS = ("lm", "conditional", "corrupted", "infill", "probe", "sentence_order", "finetune", "samples")
+PARTS = (
+    "lm",
+    "conditional",
+    "corrupted",
+    "infill",
+    "probe",
+    "sentence_order",
+    "finetune",
+    "blimp",
+    "samples",
+)
 INFILL_KINDS = {
     "line": ("line",),
     "lines": ("lines",),
@@ -134,7 +159,25 @@ METRICS: dict[str, tuple[str, str]] = {
     "finetune_trec_accuracy": ("higher", "TREC-6 test accuracy after fine-tuning the whole model"),
     "finetune_cola_mcc": ("higher", "CoLA in-domain dev Matthews correlation after fine-tuning"),
     "finetune_cola_accuracy": ("higher", "CoLA in-domain dev accuracy after fine-tuning"),
+    "blimp_accuracy": (
+        "higher",
+        "minimal pairs (BLiMP) whose grammatical sentence the model scores higher, in its headline form "
+        "(ties wrong)",
+    ),
+    "blimp_accuracy_lo": ("info", "Wilson 95% interval of blimp_accuracy, low end"),
+    "blimp_accuracy_hi": ("info", "Wilson 95% interval of blimp_accuracy, high end"),
+    "blimp_tie_rate": ("info", "share of minimal pairs scored equal (counted wrong)"),
+    "blimp_pairs": ("info", "minimal pairs scored"),
 }
+for _form in blimp.FORMS:
+    METRICS[f"blimp_{_form}_accuracy"] = ("higher", f"minimal-pair accuracy in the {_form} form (ties wrong)")
+    METRICS[f"blimp_{_form}_tie_rate"] = ("info", f"share of minimal pairs the {_form} form scores equal")
+for _base, _what in (("random_init", "the same architecture at random init"),
+                     ("ngram", "an n-gram model of the run's training tokens")):  # fmt: skip
+    METRICS[f"blimp_{_base}_accuracy"] = ("info", f"minimal-pair accuracy of {_what} (headline form)")
+    METRICS[f"blimp_{_base}_accuracy_lo"] = ("info", f"Wilson 95% interval, low end, of {_what}")
+    METRICS[f"blimp_{_base}_accuracy_hi"] = ("info", f"Wilson 95% interval, high end, of {_what}")
+    METRICS[f"blimp_{_base}_tie_rate"] = ("info", f"share of minimal pairs {_what} scores equal")
 
 PROBE_TASK_NAMES = ("", "sst2", "trec", "cola", "sentence_order")
 
@@ -210,6 +253,10 @@ class EvalOptions:
     # The random-init twin fine-tunes at the rate chosen by the twin drawn with this training seed (the
     # comparison's first), computed once and shared, instead of choosing among finetune_lrs itself.
     finetune_twin_seed: int | None = None
+    blimp: Path | None = None  # minimal pairs: a folder of BLiMP *.jsonl, or one .jsonl(.gz)
+    blimp_paper: Path | None = None  # the BLiMP paper's rows per paradigm (models_summary.jsonl)
+    blimp_ngram: int = 3  # order of the n-gram baseline counted on the run's training tokens (0: none)
+    blimp_batch_tokens: int = 16384  # tokens a forward of minimal-pair copies holds
     samples: int = 3
     sample_tokens: int = 32
     skip: tuple[str, ...] = ()  # parts to leave out: lm, corrupted, infill, probe, samples
@@ -413,6 +460,10 @@ def evaluate(
         check_probe_tasks(options)
     if "infill" not in options.skip and options.infill_file is not None:
         infill.read_infill_file(options.infill_file)
+    pairs = None
+    if options.blimp is not None and "blimp" not in options.skip:
+        pairs = blimp.read_pairs(options.blimp)
+        paper = blimp.read_paper_rows(options.blimp_paper) if options.blimp_paper is not None else None
     tokenizer = ckpt.tokenizer
     evaldata = resolve_data(ckpt, data, options.split)
     assert tokenizer is not None
@@ -518,6 +569,12 @@ def evaluate(
         result["probe_method"] = "linear+finetune" if "probe_method" in result else "finetune"
         timings["finetune"] = time.perf_counter() - t0
         say(f"  ({timings['finetune']:.1f} s)")
+    if pairs is not None:
+        say(f"minimal pairs: {len(pairs):,} pairs of {pairs.source} (--blimp)")
+        t0 = time.perf_counter()
+        result.update(_blimp(ckpt, evaldata, options, pairs, paper, device, say))
+        timings["blimp"] = time.perf_counter() - t0
+        say(f"  blimp accuracy {result['blimp_accuracy']:.4f} ({timings['blimp']:.1f} s)")
     if "samples" not in options.skip and options.samples > 0:
         say(f"samples: {options.samples} greedy (--samples)")
         result["samples"] = _samples(ckpt, evaldata, options, results)
@@ -971,6 +1028,135 @@ def _finetune(ckpt: Checkpoint, options: EvalOptions, seq_len: int, device: torc
         prefix = f"finetune_{name}_" if name else "finetune_"
         out.update({k.replace("finetune_", prefix, 1): v for k, v in scores.items()})
     return out
+
+
+def pair_forms(ckpt: Checkpoint) -> tuple[str, ...]:
+    """The minimal-pair forms the checkpoint's objective says its model kind is scored in (headline
+    first); the model kind's default where the objective is not recorded or not known."""
+    name, kind = ckpt.training.get("objective"), ckpt.config.kind
+    if name:
+        try:
+            objective = build_objective(
+                name, ckpt.specials, ckpt.tokenizer, model_kind=kind,
+                overrides=ckpt.training.get("objective_config") or {},
+            )  # fmt: skip
+            return objective.pair_forms()
+        except UserError:
+            pass
+    return DEFAULT_PAIR_FORMS[kind]
+
+
+def _blimp(
+    ckpt: Checkpoint,
+    data: EvalData,
+    options: EvalOptions,
+    pairs: blimp.Pairs,
+    paper: dict[str, dict[str, float]] | None,
+    device: torch.device,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    """Every form the model supports, then its baselines beside the headline form (see blimp.py)."""
+    tokenizer = ckpt.tokenizer
+    assert tokenizer is not None
+    forms = pair_forms(ckpt)
+    good, bad = blimp.encode_texts(tokenizer, pairs.good), blimp.encode_texts(tokenizer, pairs.bad)
+    segments = ckpt.config.kind == "encoder" and probe.trained_with_segments(ckpt.training)
+
+    def scored(model: torch.nn.Module, wanted: Sequence[str]) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for form in wanted:
+            if form in out:
+                continue
+            if form in ("pll", "pll_word"):  # one pass gives both
+                size = options.blimp_batch_tokens
+                both = [
+                    blimp.pll_scores(model, e, ckpt.specials, device, size, segments) for e in (good, bad)
+                ]
+                for k, name in enumerate(("pll", "pll_word")):
+                    out[name] = blimp.summarize(*blimp.compare_scores(both[0][k], both[1][k]), pairs)
+            else:
+                scorer = blimp.model_scorer(
+                    model, form, ckpt.specials, device, options.blimp_batch_tokens, segments
+                )
+                out[form] = blimp.evaluate_pairs(scorer, good, bad, pairs)
+        return out
+
+    t0 = time.perf_counter()
+    summaries = scored(ckpt.model, forms)
+    head = summaries[forms[0]]
+    result: dict[str, Any] = {"blimp_form": forms[0], "blimp_forms": ",".join(forms), "blimp": pairs.source}
+    result.update(blimp.flat_metrics(head))
+    result["blimp_pairs"] = head["all"]["pairs"]
+    for form in forms:
+        result.update(blimp.flat_metrics(summaries[form], f"blimp_{form}"))
+    say(f"  {', '.join(forms)}: {time.perf_counter() - t0:.1f} s")
+    by_term = {t: dict(c) for t, c in head["by_term"].items()}
+    by_paradigm = {u: dict(c) for u, c in head["by_paradigm"].items()}
+    baselines: dict[str, dict[str, Any]] = {}
+    if options.probe_baselines:
+        seed = random_init_seed(ckpt, options)
+        key = ("blimp_random_init", repr(ckpt.model.config), seed, forms[0], str(device), pairs.source,
+               hashlib.sha256(repr((pairs.good, pairs.bad, pairs.uid)).encode()).hexdigest())  # fmt: skip
+
+        def twin() -> dict[str, Any]:
+            return scored(probe.random_init_like(ckpt.model, seed), forms[:1])[forms[0]]
+
+        baselines["random_init"] = _baseline_scores(hashlib.sha256(repr(key).encode()).hexdigest(), twin)
+    if options.blimp_ngram > 0:
+        train = _training_documents(ckpt, data)
+        if train is None:
+            result["blimp_ngram_skipped"] = (
+                "no training store to count an n-gram model on (pass --data STORE)"
+            )
+        else:
+            model = blimp.NGram(train, tokenizer.vocab_size, options.blimp_ngram, ckpt.specials.eos)
+            baselines["ngram"] = blimp.evaluate_pairs(model.score, good, bad, pairs)
+            result["blimp_ngram_order"] = float(options.blimp_ngram)
+            result["blimp_ngram_tokens"] = float(sum(len(d) for d in train))
+    for name, summary in baselines.items():
+        result.update(blimp.flat_metrics(summary, f"blimp_{name}"))
+        for group, cells in ((by_term, summary["by_term"]), (by_paradigm, summary["by_paradigm"])):
+            for label, cell in cells.items():
+                group[label][name] = cell["accuracy"]
+    if paper is not None:
+        ref = blimp.paper_reference(paper, pairs)
+        result["blimp_paper"] = ref.get("all", {})
+        for label, models in ref.items():
+            if label in by_term:
+                by_term[label]["paper"] = models
+        for uid, models in paper.items():
+            if uid in by_paradigm:
+                by_paradigm[uid]["paper"] = models
+    result["blimp_by_term"] = by_term
+    result["blimp_by_paradigm"] = by_paradigm
+    return result
+
+
+def _training_documents(ckpt: Checkpoint, data: EvalData) -> list[np.ndarray] | None:
+    """The training split of the store the run trained on (its config.yaml), else of the evaluation
+    store, as token arrays without EOS; None when neither is at hand."""
+    stores: list[Path] = []
+    run = run_dir_of(Path(ckpt.path)) if ckpt.path else None
+    if run is not None:
+        try:
+            cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8")) or {}
+            store = (cfg.get("data") or {}).get("store")
+            if store:
+                stores.append(Path(store))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
+            pass
+    if data.texts is None:
+        stores.append(Path(data.name.rsplit(" [", 1)[0]))
+    for path in stores:
+        if not (path / "meta.json").is_file():
+            continue
+        source = DataSource(path)
+        assert ckpt.tokenizer is not None
+        if source.tokenizer.hash != ckpt.tokenizer.hash or not source.has_split("train"):
+            continue
+        train = EvalData(str(path), source.documents("train"), eos=ckpt.specials.eos)
+        return train.documents()
+    return None
 
 
 def _samples(

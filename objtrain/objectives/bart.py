@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
@@ -150,6 +150,8 @@ class BartDenoising(Objective):
     name = "bart"
     model_kinds = ("encdec",)
     attention = "bidirectional"
+    # minimal pairs: one token in turn infilled from one <mask>, read in the reconstruction
+    minimal_pair_forms: ClassVar[dict[str, tuple[str, ...]]] = {"encdec": ("bart_mask",)}
 
     @dataclass
     class Config:

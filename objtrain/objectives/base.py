@@ -8,6 +8,7 @@ the same way whatever batch or process reads it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -45,6 +46,15 @@ class LossOutput:
         )
 
 
+# Minimal-pair scoring forms (objtrain/evaluation/blimp.py) a model of each kind is scored in when its
+# objective names none of its own, headline first.
+DEFAULT_PAIR_FORMS: dict[str, tuple[str, ...]] = {
+    "decoder": ("causal",),
+    "encoder": ("pll_word", "pll"),
+    "encdec": ("encdec_lm",),
+}
+
+
 class Objective:
     """Base class. Subclasses set the class attributes and implement `__call__`.
 
@@ -56,6 +66,9 @@ class Objective:
     model_kinds: ClassVar[tuple[ModelKind, ...]]  # first = default
     attention: ClassVar[AttentionKind]
     Config: ClassVar[type]
+    # The minimal-pair forms (see objtrain/evaluation/blimp.py) a model this objective trained is scored
+    # in, per model kind, headline first; a kind left out gets DEFAULT_PAIR_FORMS'.
+    minimal_pair_forms: ClassVar[Mapping[str, tuple[str, ...]]] = {}
 
     def __init__(
         self,
@@ -112,6 +125,10 @@ class Objective:
     def loss(self, output: ModelOutput, batch: Batch) -> LossOutput:
         """Summed token cross-entropy over `labels`; objectives with extra heads extend this."""
         return token_loss(output.logits, batch.labels)
+
+    def pair_forms(self) -> tuple[str, ...]:
+        """The minimal-pair forms of this objective's model kind, headline first."""
+        return tuple(self.minimal_pair_forms.get(self.model_kind, DEFAULT_PAIR_FORMS[self.model_kind]))
 
     def describe(self) -> dict[str, Any]:
         """Key parameters for `objtrain corrupt --list`."""

@@ -118,6 +118,10 @@ class Mixture(Objective):
         self._widths: dict[int, tuple[int, int]] = {}
         self._model_length: dict[int, int] = {}
 
+    def pair_forms(self) -> tuple[str, ...]:
+        """Every component's minimal-pair forms, in component order, each once."""
+        return tuple(dict.fromkeys(f for comp in self.components for f in comp.pair_forms()))
+
     def raw_length(self, model_length: int) -> int:
         return max(comp.raw_length(model_length) for comp in self.components)
 

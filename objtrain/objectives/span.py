@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -194,6 +195,8 @@ class SpanCorruption(Objective):
     name = "span"
     model_kinds = ("encdec", "decoder")
     attention = "bidirectional"
+    # minimal pairs: each token in turn a one-token span behind <extra_id_0> (objtrain/evaluation/blimp.py)
+    minimal_pair_forms: ClassVar[dict[str, tuple[str, ...]]] = {"encdec": ("span",)}
 
     @dataclass
     class Config:

@@ -206,6 +206,15 @@ class UL2(Objective):
             or float(ratios[self.weights > 0].max() - ratios[self.weights > 0].min()) > 1e-9
         )
 
+    def pair_forms(self) -> tuple[str, ...]:
+        """Encoder-decoders: the R-denoiser's form (a one-token span behind its mode token); decoders the
+        default (causal, an empty prefix)."""
+        if self.model_kind != "encdec":
+            return super().pair_forms()
+        r = [d for d in self.config.denoisers if d.kind == "R"]
+        mode = r[0].mode if r else "nlu"
+        return ("span",) if mode == "none" else (f"span_{mode}",)
+
     def _mode(self, d: Denoiser) -> int | None:
         return None if d.mode == "none" else int(getattr(self.specials, d.mode))
 
