@@ -28,6 +28,7 @@ from objtrain.errors import UserError
 from objtrain.evaluation.probe import trained_with_segments
 from objtrain.models import generate as gen
 from objtrain.models.checkpoint import Checkpoint, load_checkpoint
+from objtrain.objectives.registry import recorded_parts
 
 
 def run(
@@ -131,12 +132,13 @@ def _check_fim(ckpt: Checkpoint) -> None:
     """--prefix/--suffix need a model that learned FIM's sentinels; the checkpoint records its objective."""
     info = ckpt.training
     objective = info.get("objective")
-    knows_fim = bool(info.get("fim_mode")) or "fim" in json.dumps(info.get("objective_config") or {})
+    # FIM itself, or a mixture with a FIM component (`Objective.fim_sentinels`)
+    knows_fim = bool(info.get("fim_mode")) or any(cls.fim_sentinels for cls, _ in recorded_parts(info))
     if objective is None and not knows_fim:
         print(
             f"warning: {ckpt.path} does not record a FIM objective; infilling may be noise", file=sys.stderr
         )
-    elif objective != "fim" and not knows_fim:
+    elif not knows_fim:
         raise UserError(
             f"{ckpt.path} was trained with {objective}, not fill-in-the-middle: --prefix/--suffix need a "
             "model trained with --objective fim (use --prompt to continue text)"

@@ -332,9 +332,11 @@ def arm_config(
 def _mtp_matched(arm: ArmSpec, model: dict[str, Any]) -> dict[str, Any]:
     """The arm's model overrides with n_layer reduced by its n - 1 extra MTP heads (see Experiment)."""
     from objtrain.models.zoo import model_config
+    from objtrain.objectives.registry import find_class
 
     overrides = dict(model.get("overrides") or {})
-    heads = int(arm.objective.overrides.get("n", 1)) if arm.objective.name == "mtp" else 1
+    objective = find_class(arm.objective.name)
+    heads = 1 + (objective.extra_head_layers(arm.objective.overrides) if objective is not None else 0)
     if heads <= 1 or "n_layer" in overrides:
         return overrides
     full = model_config(model.get("kind") or "decoder", model.get("size", "tiny"), overrides).n_layer

@@ -356,7 +356,7 @@ def build_sweep_results(s: Sweep, replicates: int = 1000) -> dict[str, Any]:
             "source": exp.source,
         },
         "plan": sweep_plan_dict(s),
-        "sweep": spec.to_dict() | {"span": spec.points[-1] / spec.points[0]},
+        "sweep": spec.to_dict() | dict(span=spec.points[-1] / spec.points[0]),
         "seeds": c.seeds,
         "evaluation": {"suite": suite.available(), "data": c.eval_data, "options": c.eval_options},
         "machine": machine(),

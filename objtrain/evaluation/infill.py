@@ -37,10 +37,11 @@ from objtrain.batch import Batch
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.models import generate as gen
+from objtrain.objectives.base import Objective
+from objtrain.objectives.registry import recorded_class
 from objtrain.specials import Specials
 
 TaskKind = Literal["line", "lines", "span"]
-SPAN_OBJECTIVES = ("span", "ul2")
 
 
 @dataclass
@@ -216,21 +217,19 @@ def read_infill_file(path: Path) -> list[InfillTask]:
 
 
 def infill_mode(kind: str, training: dict[str, Any]) -> str:
-    """How this model infills: fim-psm, fim-spm, sentinel, left-to-right or none."""
-    objective = training.get("objective")
-    if kind == "decoder":
-        settings = training.get("objective_config") or {}
-        if objective == "fim" and isinstance(settings, dict) and settings.get("fim_rate") == 0:
-            return "left-to-right"  # FIM at rate 0 is CLM: it never saw the sentinels
-        if objective == "fim" or training.get("fim_mode"):
-            mode = str(training.get("fim_mode") or "psm")
-            return f"fim-{mode}"
-        if objective in SPAN_OBJECTIVES:
-            return "sentinel"
-        return "left-to-right"
-    if kind == "encdec" and objective in (*SPAN_OBJECTIVES, None):
+    """How this model infills: fim-psm, fim-spm, sentinel, left-to-right or none (the recorded objective's
+    `Objective.infill_form`; an encoder-decoder whose record names no objective is a span model)."""
+    if kind == "encdec" and training.get("objective") is None:
         return "sentinel"
-    return "none"
+    return (recorded_class(training) or Objective).infill_form(kind, training)
+
+
+def span_lead(training: dict[str, Any], specials: Specials) -> list[int]:
+    """The mode token a model reads first in a span layout (UL2's [NLU]; `Objective.mode_token`)."""
+    cls = recorded_class(training)
+    settings = training.get("objective_config")
+    name = cls.mode_token(settings if isinstance(settings, dict) else {}, "span") if cls is not None else None
+    return [int(getattr(specials, name))] if name else []
 
 
 @torch.no_grad()
@@ -273,7 +272,7 @@ def infill_one(
     max_new: int,
 ) -> InfillResult:
     s = specials
-    lead = [s.nlu] if training.get("objective") == "ul2" else []
+    lead = span_lead(training, s)
     if mode.startswith("fim-"):
         prompt = gen.fim_prompt(tokenizer, task.prefix, task.suffix, mode[4:])  # type: ignore[arg-type]
         ids, stopped = _collect(

@@ -41,6 +41,7 @@ from objtrain.data.sources import stdlib_root
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError, did_you_mean
 from objtrain.models.zoo import build_model
+from objtrain.objectives.registry import recorded_segments
 
 TEXT_FIELDS = ("text", "sentence", "question", "sentence1")
 LABEL_RE = re.compile(r"^[A-Za-z0-9_.:+-]{1,32}$")
@@ -267,9 +268,6 @@ def pair_segment_ids(valid: Tensor, second: Tensor) -> Tensor:
     return ((positions >= second[:, None]) & valid).long()
 
 
-SEGMENT_OBJECTIVES = ("nsp", "sop")  # the only objectives that feed (and so train) segment embeddings
-
-
 def trained_with_segments(training: Mapping[str, Any]) -> bool:
     """Whether a checkpoint's model was trained with segment ids, from its `training` record.
 
@@ -277,14 +275,9 @@ def trained_with_segments(training: Mapping[str, Any]) -> bool:
     feed it: every token they train on gets row 0 (sentence A) or 1 (B) added. Any other objective trains
     with no segment ids, so its rows stay at their random initialisation, and adding row 0 at evaluation
     would shift every input by noise the model never saw. Rule: one text is fed as sentence A (all zeros)
-    to a model trained on sentence pairs, and with no segment ids to every other model."""
-    names = [training.get("objective")]
-    settings = training.get("objective_config")
-    if isinstance(settings, Mapping):  # a mixture names its components (today it refuses NSP/SOP)
-        for component in settings.get("components") or []:
-            if isinstance(component, Mapping):
-                names.append(component.get("objective"))
-    return any(name in SEGMENT_OBJECTIVES for name in names)
+    to a model trained on sentence pairs, and with no segment ids to every other model. The objectives
+    say which feed segments (`Objective.feeds_segments`); a mixture asks its components."""
+    return recorded_segments(training)
 
 
 def last_hidden(

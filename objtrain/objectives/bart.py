@@ -150,6 +150,7 @@ class BartDenoising(Objective):
     name = "bart"
     model_kinds = ("encdec",)
     attention = "bidirectional"
+    rebuilds_input = True
 
     @dataclass
     class Config:

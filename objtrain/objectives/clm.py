@@ -80,6 +80,7 @@ class CausalLM(Objective):
     name = "clm"
     model_kinds = ("decoder",)
     attention = "causal"
+    scores_left_to_right = True
 
     @dataclass
     class Config:

@@ -42,7 +42,7 @@ No token has a label (`labels` is IGNORE everywhere); the pairing is positional 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +61,16 @@ class Contrastive(Objective):
     name = "contrastive"
     model_kinds = ("encoder",)
     attention = "bidirectional"
+
+    def model_overrides(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """SimCSE's two views differ only by dropout, and every model size ships with none: default to
+        SimCSE's 0.1 and refuse an explicit 0, which would train the trivial task of matching a row to
+        itself (Gao et al. 2021, section 3)."""
+        if self.config.views == "dropout" and float(overrides.setdefault("dropout", 0.1)) <= 0:
+            raise UserError(
+                "contrastive with views=dropout needs model dropout > 0 (SimCSE: model.dropout=0.1)"
+            )
+        return overrides
 
     @dataclass
     class Config:

@@ -277,6 +277,7 @@ class _SentencePairs(Objective):
 
     model_kinds = ("encoder",)
     attention = "bidirectional"
+    feeds_segments = True
 
     def setup(self) -> None:
         specials, tokenizer = self.specials, self.tokenizer

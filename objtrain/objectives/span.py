@@ -194,6 +194,7 @@ class SpanCorruption(Objective):
     name = "span"
     model_kinds = ("encdec", "decoder")
     attention = "bidirectional"
+    infills_with_sentinels = True
 
     @dataclass
     class Config:

@@ -45,8 +45,9 @@ text unused ~1.2% and ~0.5%.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -158,6 +159,29 @@ class UL2(Objective):
     name = "ul2"
     model_kinds = ("encdec", "decoder")
     attention = "bidirectional"
+    infills_with_sentinels = True
+
+    @staticmethod
+    def s_mode(settings: Mapping[str, Any]) -> str | None:
+        """The S denoiser's mode token name ("s2s", or "none") under recorded settings, or None when the
+        run had no S denoiser of positive weight."""
+        denoisers = settings.get("denoisers")
+        if denoisers is None:
+            return "s2s"  # the default mixture has one, with [S2S]
+        for d in denoisers:
+            if isinstance(d, Mapping) and d.get("kind") == "S" and float(d.get("weight", 1.0)) > 0:
+                return str(d.get("mode", "s2s"))
+        return None
+
+    @classmethod
+    def conditions_on_prefix(cls, settings: Mapping[str, Any]) -> bool:
+        return cls.s_mode(settings) is not None
+
+    @classmethod
+    def mode_token(cls, settings: Mapping[str, Any], layout: Literal["prefix", "span"]) -> str | None:
+        name = cls.s_mode(settings) if layout == "prefix" else "nlu"
+        return name if name and name != "none" else None
+
     # encoder-decoder on CPU: corrupt and lay out the real tokens only (`_encdec_flat`); off, or on other
     # devices, padded pieces (`_padded_layout`), the same batch
     flat_layout = True

@@ -31,7 +31,6 @@ from objtrain.training.data import Sources, auto_workers, leading_batches, open_
 
 DEFAULT_SEQ_LEN = 256
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints")  # what makes a directory a training run
-LEFT_TO_RIGHT = ("clm", "mtp", "fim", "prefix_lm")  # decoder objectives whose model scores text left to right
 
 
 @dataclass
@@ -136,18 +135,7 @@ def _resolve(
         model_kind=cfg.model.kind,  # type: ignore[arg-type]
         overrides=cfg.objective.overrides,
     )
-    overrides = dict(cfg.model.overrides)
-    if objective.name == "mtp":
-        n = int(objective.config.n)
-        if overrides.setdefault("mtp_heads", n) != n:
-            raise UserError(
-                f"mtp with n={n} needs mtp_heads={n}, the model override says {overrides['mtp_heads']}"
-            )
-    # SimCSE's two views differ only by dropout, and every model size ships with none: default to SimCSE's
-    # 0.1 and refuse an explicit 0, which would train the trivial task of matching a row to itself.
-    dropout_views = objective.name == "contrastive" and objective.config.views == "dropout"
-    if dropout_views and float(overrides.setdefault("dropout", 0.1)) <= 0:
-        raise UserError("contrastive with views=dropout needs model dropout > 0 (SimCSE: model.dropout=0.1)")
+    overrides = objective.model_overrides(dict(cfg.model.overrides))  # e.g. MTP's heads, SimCSE's dropout
     model_cfg = model_config(
         objective.model_kind, cfg.model.size, overrides, vocab_size=source.tokenizer.vocab_size
     )
