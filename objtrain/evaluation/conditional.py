@@ -1,5 +1,6 @@
 """Conditional bits per byte: the second half of a held-out document given its first half, every model in its
-own form (reference evaluation.md section 2, "the fair form is conditional").
+own form (the fair form is conditional: UL2 and T5 score a target given its input, Tay et al. 2022, Raffel
+et al. 2020).
 
 Left-to-right bits per byte charges an encoder-decoder for text it never learnt to write without an input
 (its encoder reads one EOS), and a prefix LM for a prefix it never had; conditional scoring asks every

@@ -1,5 +1,5 @@
 """Scores on fixed-seed corruptions of held-out rows: an objective's own loss, masked-token accuracy, and
-span-target loss (reference evaluation.md section 3).
+span-target loss (Devlin et al. 2019; Raffel et al. 2020).
 
 Rows are cut from the unshuffled held-out documents as the training loop cuts them (documents behind EOS
 separators, each row as long as the objective needs), then corrupted by the objective from the registry

@@ -1,4 +1,5 @@
-"""Infilling on held-out code (reference evaluation.md section 4).
+"""Infilling on held-out code (Bavarian et al. 2022, "Efficient Training of Language Models to Fill in the
+Middle"; Fried et al. 2022, InCoder).
 
 Tasks: Python functions found with `ast` in held-out documents; one line (a whole body line, its newline
 included, as InCoder's single-line tasks) or one random character span of the body is cut out. Or tasks

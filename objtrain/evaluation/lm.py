@@ -1,8 +1,8 @@
 """Left-to-right scoring: loss, perplexity and bits per byte over long documents with a sliding window.
 
-Reference evaluation.md section 1. Every document `x_1..x_N` is scored alone, behind one context-only
-token `x_0` (EOS: objtrain packs documents behind EOS separators, so that is what a model has seen
-before a document starts). Windows of `L` input tokens advance by stride `S`:
+Bits per byte as The Pile (Gao et al. 2020). Every document `x_1..x_N` is scored alone, behind one
+context-only token `x_0` (EOS: objtrain packs documents behind EOS separators, so that is what a model
+has seen before a document starts). Windows of `L` input tokens advance by stride `S`:
 
     e_1 = min(L, N),  e_{k+1} = min(e_k + S, N)
     window k reads x_{max(0, e_k - L)} .. x_{e_k - 1} and scores the targets (e_{k-1}, e_k]

@@ -1,5 +1,5 @@
-"""Infilling likelihood: bits per byte of a cut-out middle (reference evaluation.md section 4, findings.md
-section 3, the FIM paper's "FIM loss").
+"""Infilling likelihood: bits per byte of a cut-out middle (Bavarian et al. 2022, the FIM paper's
+"FIM loss").
 
 Exact match is 0 for every model of a few million parameters, so it cannot rank them; the code length
 of the true middle can. Per task (prefix, middle, suffix) the middle's NLL in nats is summed over its

@@ -3,7 +3,7 @@
     plan = prepare(cfg, run_dir)        # every check, nothing written: a refusal leaves nothing behind
     result = train(cfg, run_dir)        # prepare + the loop; `objtrain train` and `compare` both call it
 
-Per optimizer step (reference training.md sections 1, 2, 8, 9):
+Per optimizer step (MTP's heads: Gloeckle et al. 2024, section 2):
 1. Take this rank's A micro-batches from the loader (timed: the data-wait share).
 2. Count their targets on the host (the loader's arrays) and all-reduce: N, the step's global count.
 3. Each micro-batch backpropagates `loss_sum / N` (MTP: the trunk once, then each head's forward and
@@ -15,7 +15,7 @@ Nothing is read back from the device: the step's numbers wait on it until the lo
 steps at once (`steps`), at log points, validations, checkpoints and --time checks; a non-finite loss
 or gradient norm found there stops the run naming its step (the last good checkpoint stays). Then
 validate and checkpoint on their intervals. The lr is a pure function of (optimizer steps
-taken, total steps): a step fp16's GradScaler skips does not advance it (reference training.md section 2).
+taken, total steps): a step fp16's GradScaler skips does not advance it (`optim`).
 Data is a pure function of (seed, rows consumed), RNG states are saved: a resumed run is bit-identical.
 
 Around the loop: `plan` (the checks before anything is written), `budget` (the run's length), `records`
@@ -292,9 +292,10 @@ def compile_mode(setting: bool | str, plan: Plan) -> str | None:
     models are launch-bound (about 10% MFU eager on an H200), and a graph launches a step's hundreds of
     kernels at once. Not with gradient accumulation: a later micro-batch's backward accumulates into a
     `.grad` that can be a graph's output buffer, overwritten by the next replay (an error, or silently
-    wrong gradients in older releases; gpu.md section 2); with one micro-batch the gradients are used and
-    dropped (`zero_grad(set_to_none=True)`) before the next replay. Not for encoder-decoder rows, whose
-    target length varies from batch to batch (each new shape records new graphs), nor where the blocks are
+    wrong gradients in older releases: PyTorch's CUDA graph trees notes); with one micro-batch the
+    gradients are used and dropped (`zero_grad(set_to_none=True)`) before the next replay. Not for
+    encoder-decoder rows, whose target length varies from batch to batch (each new shape records new
+    graphs), nor where the blocks are
     compiled one by one (MTP's per-head backward, FSDP). There inductor's default mode compiles."""
     if setting is False or (setting == "auto" and plan.device.type != "cuda"):
         return None
@@ -429,7 +430,7 @@ class Trainer:
         totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, count, pair sum, pair count
         metrics: list[dict[str, Tensor]] = []
         for batch in batches:
-            if self.graphs:  # each micro-batch's forward replays its graphs afresh (gpu.md section 2)
+            if self.graphs:  # each micro-batch's forward replays its graphs afresh (CUDA graph trees)
                 torch.compiler.cudagraph_mark_step_begin()
             lo = forward_backward(
                 self.model,
