@@ -186,6 +186,21 @@ def _print_fill_mask(console: Console, result: dict[str, Any], output_format: st
     console.print(f"[bold]top-1:[/] {escape(result['text'])}", highlight=False, markup=True)
 
 
+def _collect(stream: Iterator[int], tok: Tokenizer, show: bool) -> list[int]:
+    """The generated tokens; with `show`, their text printed as it comes."""
+    out: list[int] = []
+    shown = ""
+    for token in stream:
+        out.append(token)
+        if show:
+            now = tok.decode(out)
+            if now.startswith(shown):  # print the new characters only (pieces can merge bytes)
+                sys.stdout.write(now[len(shown) :])
+                sys.stdout.flush()
+                shown = now
+    return out
+
+
 def _generate(
     ckpt: Checkpoint,
     sampling: gen.Sampling,
@@ -234,21 +249,12 @@ def _generate(
             stream = gen.generate_speculative(model, ids, max_new_tokens, stops, stats)
         else:
             stream = gen.generate_decoder(model, ids, max_new_tokens, sampling, stops, use_cache)
-    out: list[int] = []
-    shown = ""
     start_time = time.perf_counter()
     if console is not None and mode in ("continue", "seq2seq") and prompt:
         console.print(prompt, end="", style="dim", highlight=False, markup=False)
     elif console is not None and mode.startswith("fim"):
         console.print(prefix or "", end="", style="dim", highlight=False, markup=False)
-    for token in stream:
-        out.append(token)
-        if console is not None and mode != "span-fill":
-            now = tok.decode(out)
-            if now.startswith(shown):  # print the new characters only (pieces can merge bytes)
-                sys.stdout.write(now[len(shown) :])
-                sys.stdout.flush()
-                shown = now
+    out = _collect(stream, tok, console is not None and mode != "span-fill")
     elapsed = time.perf_counter() - start_time
     result: dict[str, Any] = {
         "mode": mode,

@@ -132,7 +132,7 @@ class EvalSpec:
 class PaperSetting:
     """The smallest setting a published claim was measured at (`regime:` of a claim or an experiment): a
     verdict here is set against it, and flagged out of regime when parameters, tokens or tokens per
-    parameter lie more than `REGIME_FACTOR` times away (docs/findings/README.md). A number the
+    parameter lie more than `REGIME_FACTOR` times away. A number the
     paper does not state stays null and is left out of the gap."""
 
     source: str  # where the numbers come from ("T5 section 3.1.2: BERT-base-size stacks, 2^35 tokens")

@@ -103,6 +103,29 @@ def prepare(
     return plan
 
 
+def _resume_point(run_dir: Path, world: dist.World, console: Console | None) -> Path | None:
+    """The checkpoint `--resume` continues from (None: RUN has none yet), its leftovers cleaned; RUN with
+    checkpoints none of which is complete is refused rather than restarted from scratch."""
+    if world.is_main:
+        ckpt.clean_leftovers(run_dir)
+    resume_from = ckpt.latest_checkpoint(run_dir)
+    skipped = ckpt.skipped_newer(run_dir, resume_from) if resume_from is not None else []
+    if resume_from is not None and skipped and console is not None and world.is_main:
+        names = ", ".join(p.name for p in skipped)
+        console.print(
+            f"note: {names} incomplete or damaged (a kill while saving?): resuming from "
+            f"{resume_from.name}, the steps after it are trained again",
+            markup=False,
+        )
+    if (
+        resume_from is None
+        and ckpt.checkpoints_dir(run_dir).is_dir()
+        and any(p.name.startswith("step-") for p in ckpt.checkpoints_dir(run_dir).iterdir())
+    ):
+        raise UserError(f"{run_dir} has checkpoints but none is complete; refusing to restart from scratch")
+    return resume_from
+
+
 def _resolve(
     cfg: TrainConfig,
     run_dir: Path,
@@ -148,27 +171,7 @@ def _resolve(
     if cfg.validation.every >= 0:
         source.documents(cfg.data.valid_split)
     _probe_objective(objective, source, seq_len, cfg.seed)
-    resume_from = None
-    if resume and run_dir.exists():
-        if world.is_main:
-            ckpt.clean_leftovers(run_dir)
-        resume_from = ckpt.latest_checkpoint(run_dir)
-        skipped = ckpt.skipped_newer(run_dir, resume_from) if resume_from is not None else []
-        if resume_from is not None and skipped and console is not None and world.is_main:
-            names = ", ".join(p.name for p in skipped)
-            console.print(
-                f"note: {names} incomplete or damaged (a kill while saving?): resuming from "
-                f"{resume_from.name}, the steps after it are trained again",
-                markup=False,
-            )
-        if (
-            resume_from is None
-            and ckpt.checkpoints_dir(run_dir).is_dir()
-            and any(p.name.startswith("step-") for p in ckpt.checkpoints_dir(run_dir).iterdir())
-        ):
-            raise UserError(
-                f"{run_dir} has checkpoints but none is complete; refusing to restart from scratch"
-            )
+    resume_from = _resume_point(run_dir, world, console) if resume and run_dir.exists() else None
     init, init_origin = None, cfg.init_from
     if cfg.init_from is not None and resume_from is None:
         from objtrain.interop import init_from
