@@ -74,7 +74,7 @@ class InfillResult:
 
 
 def normalise(code: str) -> str:
-    """Trailing whitespace stripped per line and trailing newlines dropped (reference `EM_norm`)."""
+    """Trailing whitespace stripped per line and trailing newlines dropped (normalised exact match)."""
     return "\n".join(line.rstrip() for line in code.split("\n")).rstrip("\n")
 
 

@@ -57,7 +57,7 @@ class WindowPlan:
 
 
 def window_ends(n: int, length: int, stride: int) -> np.ndarray:
-    """(K,) window ends e_1..e_K for a document of n targets (reference section 1)."""
+    """(K,) window ends e_1..e_K for a document of n targets (module docstring)."""
     if n <= 0:
         return np.zeros(0, dtype=np.int64)
     first = min(length, n)

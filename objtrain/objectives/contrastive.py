@@ -1,4 +1,4 @@
-"""Unsupervised contrastive learning of text embeddings (reference section 12; SimCSE, Gao et al. 2021).
+"""Unsupervised contrastive learning of text embeddings (SimCSE, Gao et al. 2021).
 
 Each raw row is one text unit (a document, or the documents a packed row holds) and becomes two *views*,
 rows 2i and 2i+1 of the `Batch`, so one ordinary forward pass of the encoder encodes both:

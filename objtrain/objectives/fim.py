@@ -1,4 +1,4 @@
-"""Fill-in-the-middle (reference section 9; bigcode Megatron-LM gpt_dataset.py `permute`, FIM paper).
+"""Fill-in-the-middle (Bavarian et al. 2022; bigcode Megatron-LM gpt_dataset.py `permute`, FIM paper).
 
 Context-level FIM: a packed row of T+1 raw tokens is split at document boundaries; every non-empty
 document fragment is transformed on its own with probability `fim_rate`, the fragments are rejoined,

@@ -1,12 +1,12 @@
-"""Multi-token prediction (reference section 10; Gloeckle et al. 2024): head k predicts the token k ahead.
+"""Multi-token prediction (Gloeckle et al. 2024): head k predicts the token k ahead.
 
 Layout: the same (B, T+1) raw rows as CLM, so head 1 is CLM exactly (same targets, same packed store: its
-loss is the comparable one, pitfall 15.8). `mtp_labels[:, k-1, t] = x[t + k]`; targets past the raw row
+loss is the comparable one). `mtp_labels[:, k-1, t] = x[t + k]`; targets past the raw row
 are IGNORE, never wrapped, so head k has IGNORE on its last k - 1 model positions (the last k of the
-T+1-token raw block, the section 10 invariant). With `cross_document_targets: false` (default) a target in
+T+1-token raw block, which `test_mtp.py` checks). With `cross_document_targets: false` (default) a target in
 another document is IGNORE too, as for CLM.
 
-Loss: the paper's L = sum_t sum_k -log p_k(x_{t+k} | x_<=t) with equal weights (reference section 10),
+Loss: the paper's L = sum_t sum_k -log p_k(x_{t+k} | x_<=t) with equal weights (Gloeckle et al. 2024),
 per position: the n heads' summed cross-entropies over the head-1 target count, (sum_k S_k) / N_1, where
 S_k is head k's summed CE and N_k its target count. Positions are what the sum runs over (every position
 with a next token), so a head k > 1 whose target at a position lies past the row or document adds no

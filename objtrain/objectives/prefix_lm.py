@@ -1,5 +1,5 @@
-"""Prefix LM (reference section 6): split every document into a prefix (read bidirectionally) and a
-target (predicted left to right).
+"""Prefix LM (Raffel et al. 2020; Dong et al. 2019): split every document into a prefix (read
+bidirectionally) and a target (predicted left to right).
 
 Worked example, document `a b c d e` split after 2 tokens:
     decoder-only:    input_ids `a b c d e`, prefix_mask `1 1 0 0 0`, labels `- c d e -`

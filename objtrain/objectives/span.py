@@ -1,4 +1,4 @@
-"""T5 span corruption (reference section 5): noise spans become sentinels in the inputs, the targets
+"""T5 span corruption (Raffel et al. 2020): noise spans become sentinels in the inputs, the targets
 spell the spans out.
 
 Worked example, document `a b c d e f g h` with noise on `c d` and `g h`:

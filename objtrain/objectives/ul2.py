@@ -1,4 +1,4 @@
-"""UL2 mixture of denoisers (reference section 7): R and X are T5 span corruption with their own
+"""UL2 mixture of denoisers (Tay et al. 2022): R and X are T5 span corruption with their own
 (mean span, rate), S is a prefix LM; a mode token ([NLU], [NLG], [S2S]) leads every input.
 
 Choices, deliberately:
@@ -95,7 +95,7 @@ class Denoiser:
 
 
 def default_denoisers() -> list[Denoiser]:
-    """The 7 denoisers of the UL2 paper (reference section 7 table), weighted 40% R / 40% X / 20% S."""
+    """The 7 denoisers of the UL2 paper (Tay et al. 2022), weighted 40% R / 40% X / 20% S."""
     return [
         Denoiser("R", 3.0, 0.15, 0.2, "nlu"),
         Denoiser("R", 8.0, 0.15, 0.2, "nlu"),
