@@ -11,7 +11,7 @@ sentinels form one block counting down as above (`first_sentinel` is then the bl
 N_FIXED). Objectives ask this table, never the id order: `is_special`, `is_sentinel`, `ordinary_ids`.
 
 Default sentinel count: 256 covers every UL2 denoiser up to 1024 model tokens (the X-denoiser with mean
-span 3 and rate 0.5 needs 256 spans there; 128 at 512, see reference section 7). Objectives assert
+span 3 and rate 0.5 needs 256 spans there; 128 at 512, see Tay et al. 2022). Objectives assert
 `n_spans <= n_sentinels` instead of silently counting into ordinary ids as T5 does.
 """
 

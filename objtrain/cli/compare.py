@@ -52,7 +52,7 @@ def run(
     eval_options: list[str] = typer.Option(
         None,
         "--eval",
-        help="KEY=VALUE over the experiment's eval options (repeatable), e.g. probe_data=../shared/data "
+        help="KEY=VALUE over the experiment's eval options (repeatable), e.g. probe_data=DATA_DIR "
         "or probe_tasks=sst2,trec.",
     ),
     resume: bool = typer.Option(False, "--resume", help="Continue REPORT: finished arms are kept."),

@@ -28,6 +28,7 @@ from objtrain.errors import UserError
 from objtrain.evaluation.probe import trained_with_segments
 from objtrain.models import generate as gen
 from objtrain.models.checkpoint import Checkpoint, load_checkpoint
+from objtrain.objectives.registry import recorded_parts
 
 
 def run(
@@ -131,12 +132,13 @@ def _check_fim(ckpt: Checkpoint) -> None:
     """--prefix/--suffix need a model that learned FIM's sentinels; the checkpoint records its objective."""
     info = ckpt.training
     objective = info.get("objective")
-    knows_fim = bool(info.get("fim_mode")) or "fim" in json.dumps(info.get("objective_config") or {})
+    # FIM itself, or a mixture with a FIM component (`Objective.fim_sentinels`)
+    knows_fim = bool(info.get("fim_mode")) or any(cls.fim_sentinels for cls, _ in recorded_parts(info))
     if objective is None and not knows_fim:
         print(
             f"warning: {ckpt.path} does not record a FIM objective; infilling may be noise", file=sys.stderr
         )
-    elif objective != "fim" and not knows_fim:
+    elif not knows_fim:
         raise UserError(
             f"{ckpt.path} was trained with {objective}, not fill-in-the-middle: --prefix/--suffix need a "
             "model trained with --objective fim (use --prompt to continue text)"
@@ -197,6 +199,21 @@ def _capped(max_new_tokens: int, prompt_length: int, ckpt: Checkpoint) -> int:
     return capped
 
 
+def _collect(stream: Iterator[int], tok: Tokenizer, show: bool) -> list[int]:
+    """The generated tokens; with `show`, their text printed as it comes."""
+    out: list[int] = []
+    shown = ""
+    for token in stream:
+        out.append(token)
+        if show:
+            now = tok.decode(out)
+            if now.startswith(shown):  # print the new characters only (pieces can merge bytes)
+                sys.stdout.write(now[len(shown) :])
+                sys.stdout.flush()
+                shown = now
+    return out
+
+
 def _generate(
     ckpt: Checkpoint,
     sampling: gen.Sampling,
@@ -247,21 +264,12 @@ def _generate(
             stream = gen.generate_speculative(model, ids, max_new_tokens, stops, stats)
         else:
             stream = gen.generate_decoder(model, ids, max_new_tokens, sampling, stops, use_cache)
-    out: list[int] = []
-    shown = ""
     start_time = time.perf_counter()
     if console is not None and mode in ("continue", "seq2seq") and prompt:
         console.print(prompt, end="", style="dim", highlight=False, markup=False)
     elif console is not None and mode.startswith("fim"):
         console.print(prefix or "", end="", style="dim", highlight=False, markup=False)
-    for token in stream:
-        out.append(token)
-        if console is not None and mode != "span-fill":
-            now = tok.decode(out)
-            if now.startswith(shown):  # print the new characters only (pieces can merge bytes)
-                sys.stdout.write(now[len(shown) :])
-                sys.stdout.flush()
-                shown = now
+    out = _collect(stream, tok, console is not None and mode != "span-fill")
     elapsed = time.perf_counter() - start_time
     result: dict[str, Any] = {
         "mode": mode,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -249,16 +250,12 @@ def default_run_dir(cfg: TrainConfig) -> Path:
     from objtrain.objectives.registry import canonical_name, objective_class, objective_config
 
     name = canonical_name(cfg.objective.name)
-    kinds = objective_class(name).model_kinds
-    if name == "mixture":  # the kinds its components share, first as the mixture itself picks
-        try:
-            parts = [
-                objective_class(c["objective"]).model_kinds
-                for c in objective_config(name, cfg.objective.overrides).components
-            ]
-            kinds = tuple(k for k in parts[0] if all(k in p for p in parts)) or kinds
-        except (UserError, LookupError, TypeError):  # malformed: the run's own checks say how, next
-            pass
+    cls = objective_class(name)
+    kinds = cls.model_kinds
+    # the kinds under its settings (a mixture: those its components share); malformed settings: the run's
+    # own checks say how, next
+    with contextlib.suppress(UserError, LookupError, TypeError, ValueError):
+        kinds = cls.model_kinds_of(objective_config(name, cfg.objective.overrides)) or kinds
     return Path("runs") / f"{name}-{cfg.model.kind or kinds[0]}-{cfg.model.size}"
 
 

@@ -120,7 +120,7 @@ class EvalSpec:
     data: str | None = None  # store or text file the suite scores; None = the arms' store (valid split)
     options: dict[str, Any] = field(default_factory=dict)  # passed to the suite as keyword arguments
     # Laid over `options` for each arm's first seed only: a measurement's own noise, measured apart on one
-    # checkpoint (evaluation.md section 6), e.g. {finetune_seeds: 3}, at a fraction of its cost on every run.
+    # checkpoint (Dodge et al. 2020), e.g. {finetune_seeds: 3}, at a fraction of its cost on every run.
     first_seed: dict[str, Any] = field(default_factory=dict)
     # Where fine-tuning chooses its peak rate on dev: on every run, or on each arm's first seed only, the
     # other seeds (and their random-init twins) fine-tuned at the rate it chose: a quarter of the fine-tunes
@@ -133,7 +133,7 @@ class EvalSpec:
 class PaperSetting:
     """The smallest setting a published claim was measured at (`regime:` of a claim or an experiment): a
     verdict here is set against it, and flagged out of regime when parameters, tokens or tokens per
-    parameter lie more than `REGIME_FACTOR` times away (reference evaluation.md section 6). A number the
+    parameter lie more than `REGIME_FACTOR` times away. A number the
     paper does not state stays null and is left out of the gap."""
 
     source: str  # where the numbers come from ("T5 section 3.1.2: BERT-base-size stacks, 2^35 tokens")
@@ -333,9 +333,11 @@ def arm_config(
 def _mtp_matched(arm: ArmSpec, model: dict[str, Any]) -> dict[str, Any]:
     """The arm's model overrides with n_layer reduced by its n - 1 extra MTP heads (see Experiment)."""
     from objtrain.models.zoo import model_config
+    from objtrain.objectives.registry import find_class
 
     overrides = dict(model.get("overrides") or {})
-    heads = int(arm.objective.overrides.get("n", 1)) if arm.objective.name == "mtp" else 1
+    objective = find_class(arm.objective.name)
+    heads = 1 + (objective.extra_head_layers(arm.objective.overrides) if objective is not None else 0)
     if heads <= 1 or "n_layer" in overrides:
         return overrides
     full = model_config(model.get("kind") or "decoder", model.get("size", "tiny"), overrides).n_layer

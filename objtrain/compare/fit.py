@@ -1,12 +1,12 @@
 """Compute-efficiency curves: fit L(C) = E + A·C^(-α) over training FLOPs, bootstrap it, find crossovers.
 
-The fit (reference findings.md section 4): for a fixed α the model is linear in (E, A), so least squares
+The fit (Hoffmann et al. 2022's form): for a fixed α the model is linear in (E, A), so least squares
 gives them in closed form; the sum of squared residuals is then a function of α alone (variable
 projection), minimised over a log grid of α in [1e-3, 3] and refined by a parabola through the best grid
 point and its neighbours. No optimiser is started from guesses, so nothing depends on initial values, and
 every replicate of the bootstrap is the same few vectorised numpy operations.
 
-Why least squares and not the reference's Huber(δ = 1e-3) on log L (findings.md section 4.3): that loss is
+Why least squares and not Hoffmann et al. 2022's Huber(δ = 1e-3) on log L (section 3.3): that loss is
 robust when a fit has dozens of points and a few diverged runs (Chinchilla's 240). A shipped sweep has 4
 compute points for 3 parameters: with δ = 1e-3 nearly every residual is past δ, so the fit is an L1 fit,
 which passes exactly through 3 of the 4 points and ignores the fourth, whichever it is; one degree of
@@ -23,8 +23,8 @@ Between log and linear residuals the weights differ by the ratio of the largest 
   or when the best α lies at an end of the grid or the curve runs the wrong way for the metric
   (`not_converged`: the points do not determine a saturating power law).
 - E identified: beside the clamped fit the free one is reported; E counts as identified only when the free
-  fit converges with E > 0 and the bootstrap interval of E stays above 0 (reference findings.md section
-  4.3: otherwise report the no-offset exponent and say so).
+  fit converges with E > 0 and the bootstrap interval of E stays above 0 (otherwise the
+  no-offset exponent is reported, and said to be).
 - Out of sample: the curve is refitted without the largest compute point and its prediction there set
   against the measured mean (`holdout`), the error beside the seeds' std at that point.
 - Bootstrap over seeds and points: each replicate draws seed columns with replacement (the same draw for
@@ -456,7 +456,7 @@ def crossover(name_a: str, fa: Fit, name_b: str, fb: Fit) -> Crossover:
             if crossed.sum() >= 2:
                 lo, hi = np.exp(np.percentile(np.log(cs[crossed]), [2.5, 97.5]))
                 interval = (float(lo), float(hi))
-    # Is the verdict resolved? The model-free companion of the crossing (findings.md section 4.3): the gap
+    # Is the verdict resolved? The model-free companion of the crossing: the gap
     # L_a - L_b over the swept range in every paired replicate. An order is resolved where the 95% band of
     # the gap excludes 0; a crossover within the range, where the band excludes 0 at both ends with
     # opposite signs; no crossover, where it excludes 0 over the whole range.

@@ -1,7 +1,7 @@
 """What a verdict knows about itself: how far its scale lies from the paper's, whether one seed decides it,
 and how many seeds a verdict the seeds cannot resolve would need.
 
-- Regime (reference evaluation.md section 6): each claim's row carries the paper's smallest setting
+- Regime (a claim's `regime` in configs/experiments/): each claim's row carries the paper's smallest setting
   (parameters, tokens, tokens per parameter, from the experiment's `regime:`) beside ours, the factor
   between them, and **out of regime** when any factor exceeds `REGIME_FACTOR` (10x) either way.
 - One seed: a verdict's direction rests on one seed when leaving that seed out moves the mean difference to

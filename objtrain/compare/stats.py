@@ -6,7 +6,7 @@ Per metric the best arm is the best mean (lower for losses and bits, higher for 
 Arms share seed k (initialisation of shared modules, data order), so two arms are compared by their
 per-seed differences: the paired mean difference with its 95% t interval over the shared seeds
 (`paired`). An arm whose paired interval against the best includes 0 is marked: the difference is not
-resolved at this K, which is not the same as no difference (reference evaluation.md section 6). Without
+resolved at this K, which is not the same as no difference (Dodge et al. 2020). Without
 two shared seeds the pooled std √((s_a² + s_b²)/2) stands in. When every arm has the same value there is
 no best (`tie`). Welch's t and its degrees of freedom are kept beside the paired interval.
 With one seed there is no spread and nothing is marked.

@@ -150,7 +150,7 @@ def analyse(
             arms[spec_arm.name]["cells"].values(), key=lambda c: (size_order.get(c["size"], 0), c["budget"])
         )
         ordered[spec_arm.name] = cells
-        # A point still near its warm-up measures the schedule, not the budget (findings.md section 4.3):
+        # A point still near its warm-up measures the schedule, not the budget:
         # the fits and the frontier leave it out, and the report names it.
         fitted = [cell for cell in cells if not inside_warmup(cell)]
         excluded += [
@@ -225,10 +225,10 @@ def analyse(
 def frontier_fit(
     cells: list[dict[str, Any]], metric: str, by_budget: bool, sizes: list[str], replicates: int, seed: int
 ) -> dict[str, Any]:
-    """The compute-optimal frontier of one arm with intervals that resample seeds (findings.md section
-    4.3): each replicate draws seed columns with replacement (the same draw for every cell), re-chooses the
-    best size at each budget on the drawn means, and refits. Per budget L* and N* (parameters of the best
-    size) with 95% percentile intervals; N*(C) = K·C^b by least squares in log-log (b with its interval);
+    """The compute-optimal frontier of one arm with intervals that resample seeds: each replicate draws seed
+    columns with replacement (the same draw for every cell), re-chooses the best size at each budget on the
+    drawn means, and refits. Per budget L* and N* (parameters of the best size) with 95% percentile
+    intervals; N*(C) = K·C^b by least squares in log-log (b with its interval);
     L*(C) = E + A·C^(-α) (`fit_curve`, E held at or above 0) with the replicates' α interval. `interior`:
     no budget's best size lies at an end of the size grid (else the optimum is outside the grid)."""
     lower = suite.direction(metric) == "lower"
@@ -357,7 +357,7 @@ def build_sweep_results(s: Sweep, replicates: int = 1000) -> dict[str, Any]:
             "source": exp.source,
         },
         "plan": sweep_plan_dict(s),
-        "sweep": spec.to_dict() | {"span": spec.points[-1] / spec.points[0]},
+        "sweep": spec.to_dict() | dict(span=spec.points[-1] / spec.points[0]),
         "seeds": c.seeds,
         "evaluation": {"suite": suite.available(), "data": c.eval_data, "options": c.eval_options},
         "machine": machine(),

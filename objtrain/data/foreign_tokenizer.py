@@ -362,3 +362,11 @@ def save_hf_files(tokenizer: HFTokenizer, directory: Path) -> None:
         "model_max_length": 1_000_000_000,
     }
     (Path(directory) / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+
+
+def tokenizer_from_file(path: Path, specials: Specials) -> Tokenizer:
+    """The tokenizer a store or checkpoint keeps: a sentencepiece model, or a Hugging Face `tokenizer.json`
+    (then `specials` says where objtrain's special tokens are)."""
+    if Path(path).name.endswith(".json"):
+        return HFTokenizer.from_file(path, specials)
+    return Tokenizer.from_file(path, specials)

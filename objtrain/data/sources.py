@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
+from objtrain.data.bad_records import BadRecords
 from objtrain.errors import UserError
 
 DocSplit = Literal["file", "blank-line", "line"]
@@ -76,25 +77,6 @@ class Source:
 class Skipped:
     path: Path
     reason: str
-
-
-class BadRecords:
-    """Malformed records met while reading (JSONL lines, null table cells): counted, the first few kept
-    with their place for meta.json, or refused at once when `strict`."""
-
-    KEEP = 20
-
-    def __init__(self, strict: bool = False) -> None:
-        self.strict = strict
-        self.count = 0
-        self.examples: list[dict[str, Any]] = []
-
-    def add(self, where: str, reason: str) -> None:
-        if self.strict:
-            raise UserError(f"{where}: {reason} (drop --strict to skip and count such records)")
-        self.count += 1
-        if len(self.examples) < self.KEEP:
-            self.examples.append({"where": where, "reason": reason})
 
 
 def stdlib_root() -> Path:

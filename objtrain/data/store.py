@@ -27,7 +27,8 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from objtrain.data.tokenizer import Tokenizer, tokenizer_from_file
+from objtrain.data.foreign_tokenizer import tokenizer_from_file
+from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.io import is_count, read_json
 from objtrain.specials import Specials

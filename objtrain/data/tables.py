@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from objtrain.data.sources import BadRecords
+from objtrain.data.bad_records import BadRecords
 from objtrain.extras import require
 
 BATCH_ROWS = 1024  # rows per Parquet read: a few MB of text at most, well under a row group

@@ -30,6 +30,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from objtrain.data import sources as src
+from objtrain.data.foreign_tokenizer import tokenizer_from_file
 from objtrain.data.sources import DocSplit, Skipped, Source
 from objtrain.data.store import (
     META_FILE,
@@ -44,7 +45,6 @@ from objtrain.data.tokenizer import (
     ModelType,
     Tokenizer,
     fixed_special_names,
-    tokenizer_from_file,
     train_sentencepiece,
 )
 from objtrain.errors import UserError, did_you_mean

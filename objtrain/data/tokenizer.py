@@ -288,15 +288,5 @@ class Tokenizer:
         return (self.sp.id_to_piece(i) for i in range(self.vocab_size))
 
 
-def tokenizer_from_file(path: Path, specials: Specials) -> Tokenizer:
-    """The tokenizer a store or checkpoint keeps: a sentencepiece model, or a Hugging Face `tokenizer.json`
-    (then `specials` says where objtrain's special tokens are)."""
-    if Path(path).name.endswith(".json"):
-        from objtrain.data.foreign_tokenizer import HFTokenizer
-
-        return HFTokenizer.from_file(path, specials)
-    return Tokenizer.from_file(path, specials)
-
-
 def fixed_special_names() -> list[str]:
     return [name for name, _ in FIXED_PIECES]

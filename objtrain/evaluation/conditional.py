@@ -1,5 +1,6 @@
 """Conditional bits per byte: the second half of a held-out document given its first half, every model in its
-own form (reference evaluation.md section 2, "the fair form is conditional").
+own form (the fair form is conditional: UL2 and T5 score a target given its input, Tay et al. 2022, Raffel
+et al. 2020).
 
 Left-to-right bits per byte charges an encoder-decoder for text it never learnt to write without an input
 (its encoder reads one EOS), and a prefix LM for a prefix it never had; conditional scoring asks every
@@ -39,7 +40,7 @@ corpus sums with its standard error over documents (delta method), and per-docum
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -49,49 +50,26 @@ from torch import nn
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.evaluation.infill import infill_mode
 from objtrain.evaluation.middle import Scored, ratio_se, score, units_of
-from objtrain.objectives.mixture import default_components
+from objtrain.objectives.registry import recorded_parts
 from objtrain.specials import Specials
 
 MIN_TOKENS = 8  # shorter documents leave halves of a token or two: skipped
 OVERHEAD = 4  # row positions kept for the layouts' sentinels, mode token and EOS (same for every kind)
-PREFIX_OBJECTIVES = ("prefix_lm",)
-
-
-def _objectives(training: Mapping[str, Any]) -> list[str]:
-    """The objective and, for a mixture, its components' objectives (a record without them: the default
-    components, span and prefix LM)."""
-    names = [str(training.get("objective"))]
-    settings = training.get("objective_config")
-    components = settings.get("components") if isinstance(settings, Mapping) else None
-    if names[0] == "mixture" and not components:
-        components = default_components()
-    names += [str(c.get("objective")) for c in components or [] if isinstance(c, Mapping)]
-    return names
-
-
-def _s_mode(training: Mapping[str, Any]) -> str | None:
-    """UL2's S-denoiser mode token name ("s2s", or "none"), or None when the run has no S denoiser."""
-    settings = training.get("objective_config")
-    denoisers = settings.get("denoisers") if isinstance(settings, Mapping) else None
-    if denoisers is None:
-        return "s2s"  # the default mixture has one, with [S2S]
-    for d in denoisers:
-        if isinstance(d, Mapping) and d.get("kind") == "S" and float(d.get("weight", 1.0)) > 0:
-            return str(d.get("mode", "s2s"))
-    return None
 
 
 def conditional_mode(kind: str, training: Mapping[str, Any]) -> str:
     """The layout a model is scored in (see the module docstring): causal, prefix, fim-psm, fim-spm, sentinel,
-    encoder-input, bart, or none (encoders)."""
+    encoder-input, bart, or none (encoders). The recorded objectives say which
+    (`Objective.conditions_on_prefix`, `Objective.rebuilds_input`, `Objective.infill_form`); a mixture asks
+    its components."""
     if kind == "encoder":
         return "none"
-    names = _objectives(training)
-    prefix = any(n in PREFIX_OBJECTIVES for n in names) or ("ul2" in names and _s_mode(training) is not None)
+    parts = recorded_parts(training)
+    prefix = any(cls.conditions_on_prefix(settings) for cls, settings in parts)
     if kind == "encdec":
         if prefix:
             return "encoder-input"
-        return "bart" if "bart" in names else "sentinel"
+        return "bart" if any(cls.rebuilds_input for cls, _ in parts) else "sentinel"
     if prefix:
         return "prefix"
     mode = infill_mode(kind, dict(training))
@@ -99,11 +77,14 @@ def conditional_mode(kind: str, training: Mapping[str, Any]) -> str:
 
 
 def _lead(training: Mapping[str, Any], specials: Specials, mode: str) -> list[int]:
-    """The mode token a UL2 model reads first: its S denoiser's in the prefix layouts, [NLU] for spans."""
-    if "ul2" not in _objectives(training):
-        return []
-    name = _s_mode(training) if mode in ("prefix", "encoder-input") else "nlu"
-    return [int(getattr(specials, name))] if name and name != "none" else []
+    """The mode token the model reads first (`Objective.mode_token`: UL2's S denoiser's in the prefix
+    layouts, [NLU] for spans), or none."""
+    layout = "prefix" if mode in ("prefix", "encoder-input") else "span"
+    for cls, settings in recorded_parts(training):
+        name = cls.mode_token(settings, layout)
+        if name:
+            return [int(getattr(specials, name))]
+    return []
 
 
 def split_documents(
@@ -149,36 +130,71 @@ def split_documents(
     return out
 
 
+Layout = Callable[[list[int], list[int], Specials, list[int], int], Scored]
+
+
+def _causal(first: list[int], second: list[int], s: Specials, lead: list[int], start: int) -> Scored:
+    return Scored([*first, *second], len(first) - 1, len(first) + len(second) - 1)
+
+
+def _prefix(first: list[int], second: list[int], s: Specials, lead: list[int], start: int) -> Scored:
+    ids = [*lead, *first, *second]
+    head = len(lead) + len(first)
+    return Scored(ids, head - 1, head + len(second) - 1, prefix_len=head)
+
+
+def _fim(spm: bool) -> Layout:
+    def layout(first: list[int], second: list[int], s: Specials, lead: list[int], start: int) -> Scored:
+        if spm:
+            head = [s.fim_prefix, s.fim_suffix, s.fim_middle, *first]
+        else:
+            head = [s.fim_prefix, *first, s.fim_suffix, s.fim_middle]
+        return Scored([*head, *second], len(head) - 1, len(head) + len(second) - 1)
+
+    return layout
+
+
+def _encoder_input(first: list[int], second: list[int], s: Specials, lead: list[int], start: int) -> Scored:
+    return Scored([start, *second], 0, len(second), inputs=[*lead, *first, s.eos])
+
+
+def _rebuilt(first: list[int], second: list[int], s: Specials, lead: list[int], start: int) -> Scored:
+    return Scored(
+        [start, *first, *second], len(first), len(first) + len(second), inputs=[*first, s.mask, s.eos]
+    )
+
+
+def _sentinel(encdec: bool) -> Layout:
+    def layout(first: list[int], second: list[int], s: Specials, lead: list[int], start: int) -> Scored:
+        inputs = [*lead, *first, s.sentinel(0), s.eos]
+        if encdec:
+            return Scored([start, s.sentinel(0), *second], 1, 1 + len(second), inputs=inputs)
+        ids = [*inputs, s.sentinel(0), *second]
+        return Scored(ids, len(inputs), len(inputs) + len(second), prefix_len=len(inputs))
+
+    return layout
+
+
+# conditional_mode's answers (and the encoder-decoder span layout): how each lays out a document
+LAYOUTS: dict[str, Layout] = {
+    "causal": _causal,
+    "prefix": _prefix,
+    "fim-psm": _fim(spm=False),
+    "fim-spm": _fim(spm=True),
+    "encoder-input": _encoder_input,
+    "bart": _rebuilt,
+    "sentinel": _sentinel(encdec=False),
+    "sentinel-encdec": _sentinel(encdec=True),
+}
+
+
 def sequence(
     mode: str, first: list[int], second: list[int], specials: Specials, lead: list[int], start: int
 ) -> Scored:
     """One document's layout in `mode`, scoring exactly the tokens of `second`."""
-    s = specials
-    if mode == "causal":
-        return Scored([*first, *second], len(first) - 1, len(first) + len(second) - 1)
-    if mode == "prefix":
-        ids = [*lead, *first, *second]
-        head = len(lead) + len(first)
-        return Scored(ids, head - 1, head + len(second) - 1, prefix_len=head)
-    if mode in ("fim-psm", "fim-spm"):
-        if mode == "fim-psm":
-            head = [s.fim_prefix, *first, s.fim_suffix, s.fim_middle]
-        else:
-            head = [s.fim_prefix, s.fim_suffix, s.fim_middle, *first]
-        return Scored([*head, *second], len(head) - 1, len(head) + len(second) - 1)
-    if mode == "encoder-input":
-        return Scored([start, *second], 0, len(second), inputs=[*lead, *first, s.eos])
-    if mode == "bart":
-        return Scored(
-            [start, *first, *second], len(first), len(first) + len(second), inputs=[*first, s.mask, s.eos]
-        )
-    if mode in ("sentinel", "sentinel-encdec"):
-        inputs = [*lead, *first, s.sentinel(0), s.eos]
-        if mode == "sentinel-encdec":
-            return Scored([start, s.sentinel(0), *second], 1, 1 + len(second), inputs=inputs)
-        ids = [*inputs, s.sentinel(0), *second]
-        return Scored(ids, len(inputs), len(inputs) + len(second), prefix_len=len(inputs))
-    raise ValueError(f"no conditional layout {mode!r}")
+    if mode not in LAYOUTS:
+        raise ValueError(f"no conditional layout {mode!r}")
+    return LAYOUTS[mode](first, second, specials, lead, start)
 
 
 MODE_NOTES = {

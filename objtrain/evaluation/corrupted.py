@@ -1,5 +1,5 @@
 """Scores on fixed-seed corruptions of held-out rows: an objective's own loss, masked-token accuracy, and
-span-target loss (reference evaluation.md section 3).
+span-target loss (Devlin et al. 2019; Raffel et al. 2020).
 
 Rows are cut from the unshuffled held-out documents as the training loop cuts them (documents behind EOS
 separators, each row as long as the objective needs), then corrupted by the objective from the registry
@@ -29,7 +29,6 @@ from objtrain.batch import Batch
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.objectives.base import Objective
-from objtrain.objectives.mtp import mtp_head_loss
 from objtrain.objectives.registry import build_objective
 from objtrain.specials import Specials
 from objtrain.training.data import Documents, DocumentStream, leading_batches
@@ -70,11 +69,8 @@ def score_batches(
     for batch in batches:
         batch = batch.to(device)
         output = model(batch)
-        if objective.name == "mtp" and batch.mtp_labels is not None:
-            loss_sum, n = mtp_head_loss(output.logits, batch.mtp_labels, 1)
-        else:
-            lo = objective.loss(output, batch)
-            loss_sum, n = lo.loss_sum, lo.n_targets
+        lo = objective.validation_loss(output, batch)  # MTP: head 1's
+        loss_sum, n = lo.loss_sum, lo.n_targets
         out.nats += float(loss_sum)
         out.targets += int(n)
         keep = batch.labels != IGNORE

@@ -23,7 +23,7 @@ feature, is free to adapt. This is that measurement at laptop scale:
 - with `seeds` > 1, the fine-tune's own noise: `seeds - 1` more fine-tunes at the rate chosen, each with
   the next seed (another head and batch order), each scored on test at its best dev step. Their sample sd,
   with the first, is `finetune_accuracy_tune_sd`; the score reported stays the first fine-tune's, so a
-  run measured with and one without the noise report the same number (findings.md asks for at least three
+  run measured with and one without the noise report the same number (at least three
   fine-tunes of one checkpoint: BERT and Dodge et al. saw restarts differ by points at small data).
 
 Deterministic under the eval seed: the head's initialisation and the batch order come from it.

@@ -1,4 +1,5 @@
-"""Infilling on held-out code (reference evaluation.md section 4).
+"""Infilling on held-out code (Bavarian et al. 2022, "Efficient Training of Language Models to Fill in the
+Middle"; Fried et al. 2022, InCoder).
 
 Tasks: Python functions found with `ast` in held-out documents; one line (a whole body line, its newline
 included, as InCoder's single-line tasks) or one random character span of the body is cut out. Or tasks
@@ -37,10 +38,11 @@ from objtrain.batch import Batch
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.models import generate as gen
+from objtrain.objectives.base import Objective
+from objtrain.objectives.registry import recorded_class
 from objtrain.specials import Specials
 
 TaskKind = Literal["line", "lines", "span"]
-SPAN_OBJECTIVES = ("span", "ul2")
 
 
 @dataclass
@@ -72,7 +74,7 @@ class InfillResult:
 
 
 def normalise(code: str) -> str:
-    """Trailing whitespace stripped per line and trailing newlines dropped (reference `EM_norm`)."""
+    """Trailing whitespace stripped per line and trailing newlines dropped (normalised exact match)."""
     return "\n".join(line.rstrip() for line in code.split("\n")).rstrip("\n")
 
 
@@ -216,21 +218,19 @@ def read_infill_file(path: Path) -> list[InfillTask]:
 
 
 def infill_mode(kind: str, training: dict[str, Any]) -> str:
-    """How this model infills: fim-psm, fim-spm, sentinel, left-to-right or none."""
-    objective = training.get("objective")
-    if kind == "decoder":
-        settings = training.get("objective_config") or {}
-        if objective == "fim" and isinstance(settings, dict) and settings.get("fim_rate") == 0:
-            return "left-to-right"  # FIM at rate 0 is CLM: it never saw the sentinels
-        if objective == "fim" or training.get("fim_mode"):
-            mode = str(training.get("fim_mode") or "psm")
-            return f"fim-{mode}"
-        if objective in SPAN_OBJECTIVES:
-            return "sentinel"
-        return "left-to-right"
-    if kind == "encdec" and objective in (*SPAN_OBJECTIVES, None):
+    """How this model infills: fim-psm, fim-spm, sentinel, left-to-right or none (the recorded objective's
+    `Objective.infill_form`; an encoder-decoder whose record names no objective is a span model)."""
+    if kind == "encdec" and training.get("objective") is None:
         return "sentinel"
-    return "none"
+    return (recorded_class(training) or Objective).infill_form(kind, training)
+
+
+def span_lead(training: dict[str, Any], specials: Specials) -> list[int]:
+    """The mode token a model reads first in a span layout (UL2's [NLU]; `Objective.mode_token`)."""
+    cls = recorded_class(training)
+    settings = training.get("objective_config")
+    name = cls.mode_token(settings if isinstance(settings, dict) else {}, "span") if cls is not None else None
+    return [int(getattr(specials, name))] if name else []
 
 
 @torch.no_grad()
@@ -273,7 +273,7 @@ def infill_one(
     max_new: int,
 ) -> InfillResult:
     s = specials
-    lead = [s.nlu] if training.get("objective") == "ul2" else []
+    lead = span_lead(training, s)
     if mode.startswith("fim-"):
         prompt = gen.fim_prompt(tokenizer, task.prefix, task.suffix, mode[4:])  # type: ignore[arg-type]
         ids, stopped = _collect(

@@ -1,8 +1,8 @@
 """Left-to-right scoring: loss, perplexity and bits per byte over long documents with a sliding window.
 
-Reference evaluation.md section 1. Every document `x_1..x_N` is scored alone, behind one context-only
-token `x_0` (EOS: objtrain packs documents behind EOS separators, so that is what a model has seen
-before a document starts). Windows of `L` input tokens advance by stride `S`:
+Bits per byte as The Pile (Gao et al. 2020). Every document `x_1..x_N` is scored alone, behind one
+context-only token `x_0` (EOS: objtrain packs documents behind EOS separators, so that is what a model
+has seen before a document starts). Windows of `L` input tokens advance by stride `S`:
 
     e_1 = min(L, N),  e_{k+1} = min(e_k + S, N)
     window k reads x_{max(0, e_k - L)} .. x_{e_k - 1} and scores the targets (e_{k-1}, e_k]
@@ -57,7 +57,7 @@ class WindowPlan:
 
 
 def window_ends(n: int, length: int, stride: int) -> np.ndarray:
-    """(K,) window ends e_1..e_K for a document of n targets (reference section 1)."""
+    """(K,) window ends e_1..e_K for a document of n targets (module docstring)."""
     if n <= 0:
         return np.zeros(0, dtype=np.int64)
     first = min(length, n)

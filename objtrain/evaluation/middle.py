@@ -1,5 +1,5 @@
-"""Infilling likelihood: bits per byte of a cut-out middle (reference evaluation.md section 4, findings.md
-section 3, the FIM paper's "FIM loss").
+"""Infilling likelihood: bits per byte of a cut-out middle (Bavarian et al. 2022, the FIM paper's
+"FIM loss").
 
 Exact match is 0 for every model of a few million parameters, so it cannot rank them; the code length
 of the true middle can. Per task (prefix, middle, suffix) the middle's NLL in nats is summed over its
@@ -58,7 +58,8 @@ from torch import Tensor, nn
 from objtrain import IGNORE
 from objtrain.batch import Batch
 from objtrain.data.tokenizer import Tokenizer
-from objtrain.evaluation.infill import InfillTask
+from objtrain.evaluation.infill import InfillTask, span_lead
+from objtrain.objectives.registry import recorded_class
 from objtrain.specials import Specials
 
 LN2 = math.log(2.0)
@@ -205,7 +206,7 @@ def middle_scores(
         return {}
     kind = getattr(getattr(model, "config", None), "kind", "decoder")
     nbytes = np.array([len(t.middle.encode("utf-8")) for t in tasks], dtype=np.float64)
-    lead = [specials.nlu] if training.get("objective") == "ul2" else []
+    lead = span_lead(training, specials)
     start = int(training.get("decoder_start_id", specials.pad))
     own: np.ndarray | None = None
     orders: dict[str, np.ndarray] = {}  # a FIM model trained in both orders: its middle in each
@@ -286,12 +287,7 @@ def _left_to_right(
 
 
 def both_orders(training: dict[str, Any]) -> bool:
-    """Whether a FIM model was trained on PSM and on SPM (0 < spm_rate < 1), so that both are its own."""
-    settings = training.get("objective_config") or {}
-    if training.get("objective") != "fim" or not isinstance(settings, dict):
-        return False
-    try:
-        rate = float(settings.get("spm_rate", 0.0))
-    except (TypeError, ValueError):
-        return False
-    return 0.0 < rate < 1.0
+    """Whether a FIM model was trained on PSM and on SPM (0 < spm_rate < 1), so that both are its own
+    (`Objective.trained_both_orders`)."""
+    cls = recorded_class(training)
+    return cls is not None and cls.trained_both_orders(training)

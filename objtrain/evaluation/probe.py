@@ -1,4 +1,5 @@
-"""Linear probes on frozen features (reference evaluation.md section 5).
+"""Linear probes on frozen features (Alain and Bengio 2016; with control baselines as Hewitt and Liang
+2019 argue).
 
 Features: the frozen model in eval mode, no gradients, one vector per example from the last layer's
 normed hidden states: the mean over the example's real tokens (default; encoder-decoders: the mean of
@@ -41,6 +42,7 @@ from objtrain.data.sources import stdlib_root
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError, did_you_mean
 from objtrain.models.zoo import build_model
+from objtrain.objectives.registry import recorded_segments
 
 TEXT_FIELDS = ("text", "sentence", "question", "sentence1")
 LABEL_RE = re.compile(r"^[A-Za-z0-9_.:+-]{1,32}$")
@@ -267,9 +269,6 @@ def pair_segment_ids(valid: Tensor, second: Tensor) -> Tensor:
     return ((positions >= second[:, None]) & valid).long()
 
 
-SEGMENT_OBJECTIVES = ("nsp", "sop")  # the only objectives that feed (and so train) segment embeddings
-
-
 def trained_with_segments(training: Mapping[str, Any]) -> bool:
     """Whether a checkpoint's model was trained with segment ids, from its `training` record.
 
@@ -277,14 +276,9 @@ def trained_with_segments(training: Mapping[str, Any]) -> bool:
     feed it: every token they train on gets row 0 (sentence A) or 1 (B) added. Any other objective trains
     with no segment ids, so its rows stay at their random initialisation, and adding row 0 at evaluation
     would shift every input by noise the model never saw. Rule: one text is fed as sentence A (all zeros)
-    to a model trained on sentence pairs, and with no segment ids to every other model."""
-    names = [training.get("objective")]
-    settings = training.get("objective_config")
-    if isinstance(settings, Mapping):  # a mixture names its components (today it refuses NSP/SOP)
-        for component in settings.get("components") or []:
-            if isinstance(component, Mapping):
-                names.append(component.get("objective"))
-    return any(name in SEGMENT_OBJECTIVES for name in names)
+    to a model trained on sentence pairs, and with no segment ids to every other model. The objectives
+    say which feed segments (`Objective.feeds_segments`); a mixture asks its components."""
+    return recorded_segments(training)
 
 
 def last_hidden(
@@ -325,7 +319,7 @@ def layer_features(
     `layers="last"`: the last layer's normed hidden states only. `layers="all"`: the output of every block
     of the trunk (layer 1 .. L-1, taken by forward hooks) and the last layer as above, so a probe can
     choose its layer; a decoder's last layer is shaped to predict the next token, and mid layers often
-    transfer better (reference findings.md section 3). `segments`: see `last_hidden`."""
+    transfer better. `segments`: see `last_hidden`."""
     encoded = encode_texts(tokenizer, texts, max_len)
     return encoded_features(
         model, encoded, tokenizer.specials.pad, pooling, batch_size, device, layers, segments
@@ -487,7 +481,7 @@ def select_and_score(
 ) -> dict[str, float]:
     """Fit a probe per (layer, l2) on train, choose the pair with the best dev score (MCC for two classes,
     else accuracy; ties go to the earlier pair), and report that probe on test: the layer and penalty are
-    never chosen on the split that is reported (reference evaluation.md section 5)."""
+    never chosen on the split that is reported (Hewitt and Liang 2019)."""
     best: tuple[float, int, float] | None = None
     for layer in range(len(train_x)):
         for l2 in l2_grid:
@@ -539,7 +533,7 @@ def task_files(name: str, root: Path) -> tuple[Labelled, Labelled | None, Labell
     return read(train), (read(dev) if dev else None), read(test)
 
 
-# Baselines and noise beside every probe (reference evaluation.md section 5, step 5): what the same probe
+# Baselines and noise beside every probe (Hewitt and Liang 2019, control tasks): what the same probe
 # reaches from token counts alone, and from the same architecture before any training; and how much the
 # probe itself moves when its training examples are redrawn. A claim about features is worth something only
 # beyond these.

@@ -31,7 +31,7 @@ def print_sample(console: Console, plan: Plan, model: nn.Module) -> None:
     out = list(gen.generate_decoder(plain, ids, 48, stop_ids=(s.eos,)))
     console.print("[bold]sample[/] (greedy):", highlight=False)
     console.print(f"[dim]{escape(prompt)}[/]{escape(tok.decode(out))}", highlight=False, markup=True)
-    if plan.objective.name == "fim":
+    if plan.objective.fim_sentinels:
         prefix, suffix = "def add(a, b):\n    ", "\n\nprint(add(1, 2))\n"
         mode = training_info(plan, 0, 0)["fim_mode"]
         fill = list(

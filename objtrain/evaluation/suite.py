@@ -238,7 +238,7 @@ class EvalOptions:
     probe_l2: float = 1e-3  # with probe_layers "last"; "best" chooses it with the layer
     probe_layers: str = "best"  # best: every layer and l2 tried, chosen on a held-out dev split; last
     probe_tasks: tuple[str, ...] = ()  # named tasks (sst2, trec, cola) read from probe_data
-    probe_data: Path | None = None  # directory laid out as ../shared/data (sst2/, trec/, cola/)
+    probe_data: Path | None = None  # a folder of probe task data: sst2/, trec/, cola/ (`probe.task_files`)
     probe_baselines: bool = True  # also a bag of words and the architecture at random init, same protocol
     probe_seeds: int = probe.PROBE_SEEDS  # refits on redrawn examples for the probe's own sd (1: none)
     units: bool = False  # per-document and per-task scores in result["units"] (compare's paired SEs)

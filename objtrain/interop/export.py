@@ -40,6 +40,7 @@ from objtrain.interop import llama, quiet_transformers, require
 from objtrain.interop.model_card import model_card
 from objtrain.io import atomic_dir, check_output_free, save_tensors, write_json
 from objtrain.models.checkpoint import Checkpoint, clean_state_dict, load_checkpoint, resolve_checkpoint
+from objtrain.objectives.registry import recorded_segments
 
 REMOTE_ARCHITECTURE = "ObjtrainEncDecForConditionalGeneration"
 REMOTE_FILES = ("configuration_objtrain.py", "modeling_objtrain.py")
@@ -265,8 +266,7 @@ def export_checkpoint(
             )
     elif cfg.kind == "encoder":
         if cfg.n_segments or cfg.n_classes:
-            trained = json.dumps([ckpt.training.get("objective"), ckpt.training.get("objective_config")])
-            if "nsp" in trained or "sop" in trained:
+            if recorded_segments(ckpt.training):
                 raise UserError(
                     f"{path}: this encoder was trained with sentence pairs (NSP/SOP): its segment embedding "
                     "and pooled classification head are part of it, and EuroBertForMaskedLM cannot hold them"

@@ -1,7 +1,7 @@
 """What every zoo model shares: the trunk/heads split, per-block compilation, positions from documents.
 
 `model(batch)` is `model.heads(model.trunk(batch))`. The split lets the training loop run the trunk once
-and each head's forward/backward in turn (MTP's memory-efficient backward, reference section 10).
+and each head's forward/backward in turn (MTP's memory-efficient backward, Gloeckle et al. 2024).
 """
 
 from __future__ import annotations

@@ -36,7 +36,8 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from objtrain.batch import MODEL_KINDS
-from objtrain.data.tokenizer import Tokenizer, tokenizer_from_file
+from objtrain.data.foreign_tokenizer import tokenizer_from_file
+from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.io import atomic_dir, atomic_file, read_json, save_tensors, write_json
 from objtrain.models.config import ModelConfig

@@ -3,8 +3,8 @@
     ids (B, T) -> embed -> blocks[0 .. L-2] (trunk) -> head layer k -> shared RMSNorm -> E^T -> logits
 
 With `mtp_heads = n`, head 1's layer is the model's last block and heads 2..n are extra one-layer
-heads on the same trunk, sharing the final norm and the unembedding (reference section 10;
-Gloeckle et al. 2024). With n = 1 this is exactly a plain L-layer decoder.
+heads on the same trunk, sharing the final norm and the unembedding
+(Gloeckle et al. 2024). With n = 1 this is exactly a plain L-layer decoder.
 
 The unembedding is the token embedding E unless `tie_embeddings` is false (then `lm_head.out`, as in
 Llama 2); `n_kv_head < n_head` makes attention grouped-query (Llama 3), with caches of n_kv_head heads.
@@ -146,7 +146,7 @@ class Decoder(ZooModel):
 
     @torch.no_grad()
     def logits(self, ids: Tensor) -> Tensor:
-        """Uncached next-token logits (B, T, V) of a single-document batch (reference for tests)."""
+        """Uncached next-token logits (B, T, V) of a single-document batch (the tests' yardstick)."""
         B, T = ids.shape
         positions = torch.arange(T, device=ids.device).expand(B, T)
         batch = Batch(ids, ids, positions, torch.zeros_like(ids), "causal")

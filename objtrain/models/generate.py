@@ -461,7 +461,7 @@ def encode_input(
 
 
 def fim_prompt(tokenizer: Tokenizer, prefix: str, suffix: str, mode: FimMode) -> list[int]:
-    """PSM: <PRE> prefix <SUF> suffix <MID>; SPM (FIM paper App. D variant 2, reference section 9):
+    """PSM: <PRE> prefix <SUF> suffix <MID>; SPM (FIM paper App. D variant 2):
     <PRE> <SUF> suffix <MID> prefix. In both the model then writes the middle."""
     s: Specials = tokenizer.specials
     pre, suf = tokenizer.encode(prefix) if prefix else [], tokenizer.encode(suffix) if suffix else []

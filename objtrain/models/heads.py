@@ -2,7 +2,7 @@
 
 - LM head: final RMSNorm, then the transposed token embedding (tied weights, stored once), or, for a
   decoder with `tie_embeddings=false`, an output matrix of its own (Llama 2's untied `lm_head`).
-- MTP heads (reference section 10; Gloeckle et al. 2024): n heads on a shared trunk, each one
+- MTP heads (Gloeckle et al. 2024): n heads on a shared trunk, each one
   transformer layer; all share the final norm and the unembedding. Head 1 is the next-token head.
 - Pooled head (BERT): tanh(dense(hidden)) -> linear classifier at every position, for NSP/SOP (read at
   each packed pair's [CLS]) and classification (read at position 0).

@@ -1,5 +1,5 @@
 """Decoding steps of fixed shape: preallocated caches, masks over the whole cache, state kept on the device,
-and on CUDA each step captured once in a CUDA graph and replayed (reference gpu.md section 5, after
+and on CUDA each step captured once in a CUDA graph and replayed (after
 gpt-fast's static cache and compiled decode step).
 
 The dynamic path (`KVCache.append` returning the valid prefix, a Python length, `int(token)` per token)

@@ -1,4 +1,4 @@
-"""BART denoising (reference section 8; fairseq fairseq/data/denoising_dataset.py `DenoisingDataset`).
+"""BART denoising (Lewis et al. 2020; fairseq fairseq/data/denoising_dataset.py `DenoisingDataset`).
 
 Per document: masking / deletion / text infilling (chosen by `replace_length`) and insertion, sentence
 permutation, rotation; the encoder reads the noised document plus EOS and the decoder reconstructs the
@@ -37,7 +37,7 @@ Other differences from fairseq, on purpose:
 - no BOS in the encoder input: T5-style layout (decoder start id 0); nothing at the document edges is
   protected except the appended EOS;
 - random replacements are drawn from ordinary tokens only (ids >= specials.first_ordinary), never
-  specials or pad (reference section 15.4);
+  specials or pad;
 - overlapping spans merge into one, as fairseq's extension loop effectively does, and the random flag of
   a merged run is that of its first span;
 - sentence ends come from the tokenizer (`sentences.sentence_end_table`) or from `sentence_end_ids`;
@@ -152,6 +152,7 @@ class BartDenoising(Objective):
     attention = "bidirectional"
     # minimal pairs: one token in turn infilled from one <mask>, read in the reconstruction
     minimal_pair_forms: ClassVar[dict[str, tuple[str, ...]]] = {"encdec": ("bart_mask",)}
+    rebuilds_input = True
 
     @dataclass
     class Config:

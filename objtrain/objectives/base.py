@@ -8,9 +8,10 @@ the same way whatever batch or process reads it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -54,12 +55,20 @@ DEFAULT_PAIR_FORMS: dict[str, tuple[str, ...]] = {
     "encdec": ("encdec_lm",),
 }
 
+# an objective class and its recorded settings (`registry.recorded_parts`)
+Recorded = tuple[type["Objective"], Mapping[str, Any]]
+
 
 class Objective:
     """Base class. Subclasses set the class attributes and implement `__call__`.
 
     `rows` are raw token rows (B, L) from a token or packed store, with `document_ids` (B, L) giving the
     document of every position (-1 = padding) and `row_index` (B,) the global index of each row.
+
+    Capabilities: what the training loop, the run's plan, evaluation, export and the CLI ask of an
+    objective are the class attributes and hooks below, with defaults that fit an objective with nothing
+    special; a subclass overrides only what differs (docs/adding-an-objective.md lists them). No code
+    outside `objtrain/objectives/` compares an objective's name.
     """
 
     name: ClassVar[str]
@@ -69,6 +78,20 @@ class Objective:
     # The minimal-pair forms (see objtrain/evaluation/blimp.py) a model this objective trained is scored
     # in, per model kind, headline first; a kind left out gets DEFAULT_PAIR_FORMS'.
     minimal_pair_forms: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+
+    # A decoder trained on it reads text left to right, so validation also reports val_bpb (bits per byte of
+    # plain next-token rows): CLM, MTP (head 1), FIM, prefix LM.
+    scores_left_to_right: ClassVar[bool] = False
+    # Its batches carry segment ids (sentence A/B), so they train the model's segment embedding; every
+    # other objective leaves it at its initialisation, and evaluation feeds no segment ids (NSP, SOP).
+    feeds_segments: ClassVar[bool] = False
+    # Its rows hold FIM's sentinels <PRE>/<SUF>/<MID>, so the model can infill with `generate --prefix`.
+    fim_sentinels: ClassVar[bool] = False
+    # It trains to fill spans marked by sentinels (`<extra_id_0>`): infilling asks it in that layout.
+    infills_with_sentinels: ClassVar[bool] = False
+    # An encoder-decoder trained on it rebuilds its whole input in the decoder (BART), so conditional
+    # scoring gives the encoder `first <mask>` and scores the second half of `first second`.
+    rebuilds_input: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -133,6 +156,91 @@ class Objective:
     def describe(self) -> dict[str, Any]:
         """Key parameters for `objtrain corrupt --list`."""
         return dict(vars(self.config))
+
+    # -- capabilities: hooks (see the class docstring) --------------------------------------------------
+
+    @classmethod
+    def model_kinds_of(cls, config: Any) -> tuple[ModelKind, ...]:
+        """The model kinds this objective trains under `config`, the first the default (a mixture: the
+        kinds its components share)."""
+        return cls.model_kinds
+
+    def model_overrides(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """The model overrides a run trains with, given the user's: an objective that needs a setting of
+        the model fills it in or refuses a contradicting one (`UserError`), e.g. MTP's `mtp_heads`."""
+        return overrides
+
+    @classmethod
+    def extra_head_layers(cls, overrides: Mapping[str, Any]) -> int:
+        """Transformer layers the objective's own extra heads add to the model under these settings (MTP's
+        n - 1 heads), which an experiment matching parameters takes from the trunk."""
+        return 0
+
+    def record(self) -> dict[str, Any]:
+        """Keys a checkpoint's training record holds besides the objective's name and config, for
+        `eval` and `generate` (FIM: `fim_mode`)."""
+        return {}
+
+    def run_notes(self, model_config: Any) -> list[str]:
+        """Lines the run prints as it starts, about how this objective's numbers read."""
+        return []
+
+    def splits_backward(self, model_config: Any) -> bool:
+        """Whether `split_forward_backward` replaces one forward and one backward for a model of this
+        config (then the blocks run outside the root forward and are compiled one by one)."""
+        return False
+
+    def split_forward_backward(
+        self,
+        model: Any,
+        batch: Batch,
+        scale: float,
+        autocast: Callable[[], AbstractContextManager[Any]],
+        backward: Callable[[Tensor], None],
+    ) -> LossOutput:
+        """The objective's own forward and backward of one micro-batch (`splits_backward`): `backward(loss)`
+        for each part of `loss_sum * scale`, each under `autocast()`; returns the detached `LossOutput`."""
+        raise NotImplementedError
+
+    def validation_loss(self, output: ModelOutput, batch: Batch) -> LossOutput:
+        """The loss validation and evaluation report, comparable across objectives (MTP: head 1's)."""
+        return self.loss(output, batch)
+
+    # What a checkpoint's training record (`objective`, `objective_config`, ...) says about the model, asked
+    # of the recorded objective's class by evaluation and generation (`registry.recorded_parts`).
+
+    @classmethod
+    def recorded_components(cls, settings: Mapping[str, Any]) -> list[Recorded]:
+        """The objectives a recorded run of this one also trained on, each with its settings (a mixture's
+        components); none for a single objective."""
+        return []
+
+    @classmethod
+    def conditions_on_prefix(cls, settings: Mapping[str, Any]) -> bool:
+        """Whether a model trained on it with these settings reads a bidirectional prefix (or an encoder
+        input) and continues from it (prefix LM; UL2 with an S denoiser): conditional scoring's layout."""
+        return False
+
+    @classmethod
+    def mode_token(cls, settings: Mapping[str, Any], layout: Literal["prefix", "span"]) -> str | None:
+        """The name of the `Specials` mode token a model trained on it reads first in a prefix or a span
+        layout (UL2's `s2s` or `nlu`), or None."""
+        return None
+
+    @classmethod
+    def infill_form(cls, kind: str, training: Mapping[str, Any]) -> str:
+        """How a `kind` model trained on it fills a gap between a prefix and a suffix: `fim-psm`, `fim-spm`,
+        `sentinel`, `left-to-right` (the prefix alone) or `none`. `training` is the checkpoint's record."""
+        if kind == "decoder" and training.get("fim_mode"):
+            return f"fim-{training['fim_mode']}"
+        if cls.infills_with_sentinels and kind in ("decoder", "encdec"):
+            return "sentinel"
+        return "left-to-right" if kind == "decoder" else "none"
+
+    @classmethod
+    def trained_both_orders(cls, training: Mapping[str, Any]) -> bool:
+        """Whether the model was trained to infill in both FIM orders (PSM and SPM), so both are its own."""
+        return False
 
 
 def raw_usage(document_ids: Tensor, used: int | float) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""Causal LM (reference section 1): predict every next token, inside its document.
+"""Causal LM (Radford et al. 2018): predict every next token, inside its document.
 
 A row of T+1 raw tokens gives T model positions: `input_ids = x[:T]`, `labels = x[1:T+1]`, aligned here
 once (nothing downstream shifts: the double-shift pitfall of section 1).
@@ -80,6 +80,7 @@ class CausalLM(Objective):
     name = "clm"
     model_kinds = ("decoder",)
     attention = "causal"
+    scores_left_to_right = True
 
     @dataclass
     class Config:

@@ -1,4 +1,4 @@
-"""Unsupervised contrastive learning of text embeddings (reference section 12; SimCSE, Gao et al. 2021).
+"""Unsupervised contrastive learning of text embeddings (SimCSE, Gao et al. 2021).
 
 Each raw row is one text unit (a document, or the documents a packed row holds) and becomes two *views*,
 rows 2i and 2i+1 of the `Batch`, so one ordinary forward pass of the encoder encodes both:
@@ -42,7 +42,7 @@ No token has a label (`labels` is IGNORE everywhere); the pairing is positional 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +61,16 @@ class Contrastive(Objective):
     name = "contrastive"
     model_kinds = ("encoder",)
     attention = "bidirectional"
+
+    def model_overrides(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """SimCSE's two views differ only by dropout, and every model size ships with none: default to
+        SimCSE's 0.1 and refuse an explicit 0, which would train the trivial task of matching a row to
+        itself (Gao et al. 2021, section 3)."""
+        if self.config.views == "dropout" and float(overrides.setdefault("dropout", 0.1)) <= 0:
+            raise UserError(
+                "contrastive with views=dropout needs model dropout > 0 (SimCSE: model.dropout=0.1)"
+            )
+        return overrides
 
     @dataclass
     class Config:

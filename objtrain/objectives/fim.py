@@ -1,4 +1,4 @@
-"""Fill-in-the-middle (reference section 9; bigcode Megatron-LM gpt_dataset.py `permute`, FIM paper).
+"""Fill-in-the-middle (Bavarian et al. 2022; bigcode Megatron-LM gpt_dataset.py `permute`, FIM paper).
 
 Context-level FIM: a packed row of T+1 raw tokens is split at document boundaries; every non-empty
 document fragment is transformed on its own with probability `fim_rate`, the fragments are rejoined,
@@ -43,9 +43,9 @@ from __future__ import annotations
 import codecs
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -376,6 +376,33 @@ class FillInTheMiddle(Objective):
     name = "fim"
     model_kinds = ("decoder",)
     attention = "causal"
+    scores_left_to_right = True
+    fim_sentinels = True
+
+    def record(self) -> dict[str, Any]:
+        """`fim_mode`: the order the model was trained on most (SPM when `spm_rate` > 0.5, else PSM)."""
+        return {"fim_mode": "spm" if float(self.config.spm_rate) > 0.5 else "psm"}
+
+    @classmethod
+    def infill_form(cls, kind: str, training: Mapping[str, Any]) -> str:
+        if kind != "decoder":
+            return "none"
+        settings = training.get("objective_config") or {}
+        if isinstance(settings, dict) and settings.get("fim_rate") == 0:
+            return "left-to-right"  # FIM at rate 0 is CLM: it never saw the sentinels
+        return f"fim-{training.get('fim_mode') or 'psm'}"
+
+    @classmethod
+    def trained_both_orders(cls, training: Mapping[str, Any]) -> bool:
+        """0 < spm_rate < 1: trained on PSM and on SPM."""
+        settings = training.get("objective_config") or {}
+        if not isinstance(settings, dict):
+            return False
+        try:
+            rate = float(settings.get("spm_rate", 0.0))
+        except (TypeError, ValueError):
+            return False
+        return 0.0 < rate < 1.0
 
     @dataclass
     class Config:

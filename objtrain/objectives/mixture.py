@@ -19,6 +19,7 @@ tokens, the rest of the row is padding), and a component that needs fewer raw to
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,9 +30,9 @@ from objtrain import IGNORE
 from objtrain.batch import MODEL_KINDS, Batch, ModelKind
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
-from objtrain.objectives.base import Objective, raw_usage
+from objtrain.objectives.base import Objective, Recorded, raw_usage
 from objtrain.objectives.noise import largest_fitting
-from objtrain.objectives.registry import build_objective, objective_class
+from objtrain.objectives.registry import build_objective, find_class, objective_class
 from objtrain.objectives.rng import RowRandom
 from objtrain.specials import Specials
 
@@ -54,6 +55,12 @@ def default_components() -> list[dict[str, Any]]:
     return [{"objective": "span", "weight": 0.5}, {"objective": "prefix_lm", "weight": 0.5}]
 
 
+def shared_kinds(names: list[str]) -> tuple[ModelKind, ...]:
+    """The model kinds every one of the objectives `names` trains, in the first one's order."""
+    kinds = [objective_class(n).model_kinds for n in names]
+    return tuple(k for k in kinds[0] if all(k in ks for ks in kinds))
+
+
 def _width(batch: Batch, name: str) -> int:
     value = getattr(batch, name)
     return int(value.size(-1)) if isinstance(value, Tensor) else 0
@@ -70,6 +77,22 @@ class Mixture(Objective):
     class Config:
         # each: {objective: <name>, weight: <float>, any of that objective's keys as overrides}
         components: list[dict[str, Any]] = field(default_factory=default_components)
+
+    @classmethod
+    def model_kinds_of(cls, config: Any) -> tuple[ModelKind, ...]:
+        """The kinds its components share, first as the mixture itself picks (none: the components are
+        malformed or share no kind, which building the mixture reports)."""
+        return shared_kinds([c["objective"] for c in config.components])
+
+    @classmethod
+    def recorded_components(cls, settings: Mapping[str, Any]) -> list[Recorded]:
+        """Its components as recorded (the default ones when the record lists none), each with its own
+        settings; a component of another version's name is left out."""
+        out: list[Recorded] = []
+        for component in settings.get("components") or default_components():
+            if isinstance(component, Mapping) and (found := find_class(component.get("objective"))):
+                out.append((found, {k: v for k, v in component.items() if k not in ("objective", "weight")}))
+        return out
 
     def __init__(
         self,
@@ -96,9 +119,9 @@ class Mixture(Objective):
             overrides.append(rest)
         if sum(weights) <= 0:
             raise UserError("mixture: the component weights sum to zero")
-        kinds = [objective_class(n).model_kinds for n in names]
-        shared = tuple(k for k in kinds[0] if all(k in ks for ks in kinds))
+        shared = shared_kinds(names)
         if not shared:
+            kinds = [objective_class(n).model_kinds for n in names]
             described = "; ".join(f"{n}: {', '.join(k)}" for n, k in zip(names, kinds, strict=True))
             raise UserError(f"mixture: the components share no model kind ({described})")
         self.model_kinds = shared  # type: ignore[misc]

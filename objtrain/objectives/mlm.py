@@ -1,7 +1,7 @@
-"""Masked LM (reference section 2; BERT create_pretraining_data.py, HF DataCollatorForLanguageModeling).
+"""Masked LM (Devlin et al. 2019; BERT create_pretraining_data.py, HF DataCollatorForLanguageModeling).
 
 1. Eligible positions: ordinary tokens of real documents. Special tokens (`specials.is_special`) and
-   padding (`document_ids == -1`) are never selected, whatever their id (pitfall 15.4; transformers#11155).
+   padding (`document_ids == -1`) are never selected, whatever their id (transformers#11155).
 2. Selection, a `selection_rate` share of the eligible tokens of each row:
    - `exact_count: true` (default, BERT/RoBERTa): exactly `max(1, round(rate * n_eligible))` tokens per
      row, the lowest random keys. Every row with an eligible token has a target, and the target count

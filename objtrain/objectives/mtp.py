@@ -1,12 +1,12 @@
-"""Multi-token prediction (reference section 10; Gloeckle et al. 2024): head k predicts the token k ahead.
+"""Multi-token prediction (Gloeckle et al. 2024): head k predicts the token k ahead.
 
 Layout: the same (B, T+1) raw rows as CLM, so head 1 is CLM exactly (same targets, same packed store: its
-loss is the comparable one, pitfall 15.8). `mtp_labels[:, k-1, t] = x[t + k]`; targets past the raw row
+loss is the comparable one). `mtp_labels[:, k-1, t] = x[t + k]`; targets past the raw row
 are IGNORE, never wrapped, so head k has IGNORE on its last k - 1 model positions (the last k of the
-T+1-token raw block, the section 10 invariant). With `cross_document_targets: false` (default) a target in
+T+1-token raw block, which `test_mtp.py` checks). With `cross_document_targets: false` (default) a target in
 another document is IGNORE too, as for CLM.
 
-Loss: the paper's L = sum_t sum_k -log p_k(x_{t+k} | x_<=t) with equal weights (reference section 10),
+Loss: the paper's L = sum_t sum_k -log p_k(x_{t+k} | x_<=t) with equal weights (Gloeckle et al. 2024),
 per position: the n heads' summed cross-entropies over the head-1 target count, (sum_k S_k) / N_1, where
 S_k is head k's summed CE and N_k its target count. Positions are what the sum runs over (every position
 with a next token), so a head k > 1 whose target at a position lies past the row or document adds no
@@ -21,7 +21,10 @@ forward + backward in turn, so only one (B, T, V) logits tensor is alive at a ti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +52,7 @@ class MultiTokenPrediction(Objective):
     name = "mtp"
     model_kinds = ("decoder",)
     attention = "causal"
+    scores_left_to_right = True  # head 1 is CLM
 
     @dataclass
     class Config:
@@ -61,6 +65,72 @@ class MultiTokenPrediction(Objective):
 
     def raw_length(self, model_length: int) -> int:
         return model_length + 1
+
+    def model_overrides(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """One extra head per token predicted past the next: `mtp_heads = n`."""
+        n = int(self.config.n)
+        if overrides.setdefault("mtp_heads", n) != n:
+            raise UserError(
+                f"mtp with n={n} needs mtp_heads={n}, the model override says {overrides['mtp_heads']}"
+            )
+        return overrides
+
+    @classmethod
+    def extra_head_layers(cls, overrides: Mapping[str, Any]) -> int:
+        """n - 1: each head past the first is a transformer layer (Gloeckle et al. 2024, section 2)."""
+        return max(int(overrides.get("n", 1)) - 1, 0)
+
+    def run_notes(self, model_config: Any) -> list[str]:
+        heads = getattr(model_config, "mtp_heads", 1)
+        if heads <= 1:
+            return []
+        return [
+            f"loss is the sum of the {heads} heads' losses (each in metrics.jsonl); "
+            "val_loss is head 1's, comparable with a next-token model"
+        ]
+
+    def splits_backward(self, model_config: Any) -> bool:
+        """The per-head backward, on a model with more than one head."""
+        return getattr(model_config, "mtp_heads", 1) > 1
+
+    def split_forward_backward(
+        self,
+        model: Any,
+        batch: Batch,
+        scale: float,
+        autocast: Callable[[], AbstractContextManager[Any]],
+        backward: Callable[[Tensor], None],
+    ) -> LossOutput:
+        """Gloeckle et al. 2024, section 2: trunk once; each head's forward and backward in turn into the
+        detached trunk output; then one backward through the trunk. Gradients equal the joint backward."""
+        assert batch.mtp_labels is not None
+        with autocast():
+            trunk = model.trunk(batch)
+        detached = trunk.hidden.detach().requires_grad_()
+        shared = replace(trunk, hidden=detached)  # the model's TrunkOutput, cut from the trunk's graph
+        device = trunk.hidden.device
+        total = torch.zeros((), device=device)
+        n_head1 = torch.zeros((), dtype=torch.int64, device=device)
+        metrics: dict[str, Tensor] = {}
+        for k in range(1, model.config.mtp_heads + 1):
+            with autocast():
+                # the logits stay a temporary: cross-entropy keeps its own output for the backward, so a
+                # name held here would keep a second (B, T, V) tensor alive through it
+                loss_sum, count = mtp_head_loss(model.head(k - 1, shared)[1], batch.mtp_labels, k)
+            backward(loss_sum * scale)
+            total = total + loss_sum.detach()
+            metrics[f"head{k}_loss"] = loss_sum.detach() / count.clamp(min=1)
+            if k == 1:
+                n_head1 = count.detach()
+        trunk.hidden.backward(detached.grad)
+        return LossOutput(total, n_head1, metrics)
+
+    def validation_loss(self, output: ModelOutput, batch: Batch) -> LossOutput:
+        """Head 1's loss: CLM's, comparable with a next-token model (pitfall: the heads' sum is not)."""
+        if batch.mtp_labels is None:
+            return self.loss(output, batch)
+        loss_sum, count = mtp_head_loss(output.logits, batch.mtp_labels, 1)
+        return LossOutput(loss_sum, count, {})
 
     def __call__(self, rows: Tensor, document_ids: Tensor, row_index: Tensor, seed: int) -> Batch:
         rows, document_ids = rows.long(), document_ids.long()

@@ -5,7 +5,7 @@ a *transform* turns (tokens, mask) into inputs or targets, and an objective is a
 the two. Everything here works on a padded batch of documents ("segments", one per document of a packed
 row) with per-segment lengths, so a batch of 64 rows is one set of tensor ops, never a per-token loop.
 
-Worked example (reference section 5), tokens `[a b c d e f]`, mask `[T T F F T F]`:
+Worked example (T5's span corruption, Raffel et al. 2020), tokens `[a b c d e f]`, mask `[T T F F T F]`:
     noise_span_to_unique_sentinel  -> [S0 c d S1 f]
     nonnoise_span_to_sentinel      -> [a b S0 e S0]
     drop_noise_tokens              -> [c d f]
@@ -506,7 +506,7 @@ def iid_noise_mask(
 def prefix_split(lengths: Tensor, noise_density: float, rr: RowRandom, stream: str = "prefix") -> Tensor:
     """(N,) prefix length n_in of each document; the rest is the target.
 
-    r <= 0.5: t5 random_prefix_noise_mask (reference section 6): max_in = L-1,
+    r <= 0.5: t5 random_prefix_noise_mask (t5/data/preprocessors.py): max_in = L-1,
     min_in = min(max_in, max(1, round((1-2r)*max_in))), n_in ~ UniformInt[min_in, max_in]; r = 0.5 is a
     uniform split on [1, L-1] and the mean target fraction is r. r > 0.5 (which T5 rejects) follows
     llm-foundry: the target fraction is uniform on [2r-1, 1], here n_in ~ UniformInt[1, round((2-2r)*max_in)].
@@ -534,7 +534,7 @@ def prefix_noise_mask(lengths: Tensor, width: int, n_in: Tensor) -> Tensor:
 
 def compact(values: Tensor, keep: Tensor, fill: int) -> tuple[Tensor, Tensor]:
     """Move values[keep] to the front of each row, in order. Never by value: a literal `<pad>` (id 0)
-    inside the text survives (reference section 15.2; transformers #15443)."""
+    inside the text survives (transformers #15443)."""
     N, W = values.shape
     pos = torch.where(keep, keep.cumsum(1) - 1, W)
     out = torch.full((N, W + 1), fill, dtype=values.dtype, device=values.device)
@@ -950,7 +950,7 @@ def decoder_batch(pieces: Pieces, n_rows: int, width: int, specials: Specials) -
 
     Inputs are the bidirectional prefix; `labels[t] = seq[t+1]` for t in [n_in-1, n_in+n_tgt-2], so the
     last prefix position predicts the first target from the whole prefix, and no label is a prefix token
-    (reference section 6 pitfall). With an empty prefix the first target has nothing to be predicted from.
+    (a prefix-LM pitfall). With an empty prefix the first target has nothing to be predicted from.
     """
     p = pieces
     N, Wi = p.inputs.shape

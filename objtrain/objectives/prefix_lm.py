@@ -1,5 +1,5 @@
-"""Prefix LM (reference section 6): split every document into a prefix (read bidirectionally) and a
-target (predicted left to right).
+"""Prefix LM (Raffel et al. 2020; Dong et al. 2019): split every document into a prefix (read
+bidirectionally) and a target (predicted left to right).
 
 Worked example, document `a b c d e` split after 2 tokens:
     decoder-only:    input_ids `a b c d e`, prefix_mask `1 1 0 0 0`, labels `- c d e -`
@@ -22,8 +22,9 @@ fitted as span corruption fits them (`fit_documents`): what does not fit is left
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -119,6 +120,11 @@ class PrefixLM(Objective):
     name = "prefix_lm"
     model_kinds = ("decoder", "encdec")
     attention = "prefix"
+    scores_left_to_right = True
+
+    @classmethod
+    def conditions_on_prefix(cls, settings: Mapping[str, Any]) -> bool:
+        return True
 
     @dataclass
     class Config:

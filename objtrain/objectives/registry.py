@@ -7,13 +7,14 @@ effects and one broken objective cannot break the others.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from typing import Any
 
 from objtrain.batch import ModelKind
 from objtrain.config import config_dir, from_dict, load_yaml, merge
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError, pick_name
-from objtrain.objectives.base import Objective
+from objtrain.objectives.base import Objective, Recorded
 from objtrain.specials import Specials
 
 # One line per objective. The YAML with its defaults is configs/objectives/<name>.yaml.
@@ -33,7 +34,15 @@ OBJECTIVES: dict[str, str] = {
 }
 
 
-__all__ = ["OBJECTIVES", "build_objective", "config_dir", "objective_class", "objective_config"]
+__all__ = [
+    "OBJECTIVES",
+    "build_objective",
+    "config_dir",
+    "objective_class",
+    "objective_config",
+    "recorded_class",
+    "recorded_parts",
+]
 
 
 def canonical_name(name: str) -> str:
@@ -73,3 +82,31 @@ def build_objective(
     name = canonical_name(name)
     cls = objective_class(name)
     return cls(objective_config(name, overrides), specials, tokenizer=tokenizer, model_kind=model_kind)
+
+
+def find_class(name: object) -> type[Objective] | None:
+    """The class registered under exactly `name`, or None (a record of another version, or no name)."""
+    if not isinstance(name, str) or name not in OBJECTIVES:
+        return None
+    return objective_class(name)
+
+
+def recorded_class(training: Mapping[str, Any]) -> type[Objective] | None:
+    """The objective class a checkpoint's training record names (`objective`), or None."""
+    return find_class(training.get("objective"))
+
+
+def recorded_parts(training: Mapping[str, Any]) -> list[Recorded]:
+    """The recorded objective and the ones it trained on besides (a mixture's components), each with its
+    recorded settings: what evaluation asks a checkpoint's capabilities of."""
+    cls = recorded_class(training)
+    if cls is None:
+        return []
+    settings = training.get("objective_config")
+    settings = settings if isinstance(settings, Mapping) else {}
+    return [(cls, settings), *cls.recorded_components(settings)]
+
+
+def recorded_segments(training: Mapping[str, Any]) -> bool:
+    """Whether the recorded run fed segment ids (`Objective.feeds_segments`) through any of its objectives."""
+    return any(cls.feeds_segments for cls, _ in recorded_parts(training))

@@ -1,4 +1,4 @@
-"""Sentence-pair objectives: BERT next-sentence prediction (reference section 3) and ALBERT sentence-order
+"""Sentence-pair objectives: BERT next-sentence prediction (Devlin et al. 2019) and ALBERT sentence-order
 prediction (section 4), each with MLM on the pairs (section 2), several pairs packed per row.
 
 Layout (T model positions, raw length T): pairs back to back, `[CLS] A1 [SEP] B1 [SEP] [CLS] A2 [SEP] B2
@@ -25,7 +25,7 @@ by its chunk number, so nothing depends on the other rows of a batch):
    other documents of a row are used rather than thrown away. A chunk of one token cannot make a pair
    and is skipped.
 3. Each chunk becomes a pair: the split s is a random sentence start strictly inside it (a chunk with
-   none, a 1-sentence chunk, is split at a random token instead: the reference's recommendation, used by
+   none, a 1-sentence chunk, is split at a random token instead: a split at a random token, as used by
    both NSP and SOP, where BERT and ALBERT would draw a random document, albert#234). A = the chunk
    before s, next = the chunk from s on.
 4. Labels are stratified over the pairs of a row: pair k (k-th chunk able to make a pair) has label 1
@@ -277,6 +277,7 @@ class _SentencePairs(Objective):
 
     model_kinds = ("encoder",)
     attention = "bidirectional"
+    feeds_segments = True
 
     def setup(self) -> None:
         specials, tokenizer = self.specials, self.tokenizer

@@ -3,7 +3,7 @@
 A token ends a sentence when its piece ends in `.`, `!`, `?` (optionally followed by closing quotes or
 brackets) or in a newline, or when it is EOS/SEP. Sentences never cross documents. This keeps an
 explicit separator in the data, avoiding fairseq's silent no-op permutation when EOS was stripped
-(reference section 8, pitfalls).
+(Lewis et al. 2020, BART's sentence permutation).
 """
 
 from __future__ import annotations

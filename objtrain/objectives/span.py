@@ -1,4 +1,4 @@
-"""T5 span corruption (reference section 5): noise spans become sentinels in the inputs, the targets
+"""T5 span corruption (Raffel et al. 2020): noise spans become sentinels in the inputs, the targets
 spell the spans out.
 
 Worked example, document `a b c d e f g h` with noise on `c d` and `g h`:
@@ -197,6 +197,7 @@ class SpanCorruption(Objective):
     attention = "bidirectional"
     # minimal pairs: each token in turn a one-token span behind <extra_id_0> (objtrain/evaluation/blimp.py)
     minimal_pair_forms: ClassVar[dict[str, tuple[str, ...]]] = {"encdec": ("span",)}
+    infills_with_sentinels = True
 
     @dataclass
     class Config:

@@ -1,4 +1,4 @@
-"""UL2 mixture of denoisers (reference section 7): R and X are T5 span corruption with their own
+"""UL2 mixture of denoisers (Tay et al. 2022): R and X are T5 span corruption with their own
 (mean span, rate), S is a prefix LM; a mode token ([NLU], [NLG], [S2S]) leads every input.
 
 Choices, deliberately:
@@ -45,8 +45,9 @@ text unused ~1.2% and ~0.5%.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -94,7 +95,7 @@ class Denoiser:
 
 
 def default_denoisers() -> list[Denoiser]:
-    """The 7 denoisers of the UL2 paper (reference section 7 table), weighted 40% R / 40% X / 20% S."""
+    """The 7 denoisers of the UL2 paper (Tay et al. 2022), weighted 40% R / 40% X / 20% S."""
     return [
         Denoiser("R", 3.0, 0.15, 0.2, "nlu"),
         Denoiser("R", 8.0, 0.15, 0.2, "nlu"),
@@ -158,6 +159,29 @@ class UL2(Objective):
     name = "ul2"
     model_kinds = ("encdec", "decoder")
     attention = "bidirectional"
+    infills_with_sentinels = True
+
+    @staticmethod
+    def s_mode(settings: Mapping[str, Any]) -> str | None:
+        """The S denoiser's mode token name ("s2s", or "none") under recorded settings, or None when the
+        run had no S denoiser of positive weight."""
+        denoisers = settings.get("denoisers")
+        if denoisers is None:
+            return "s2s"  # the default mixture has one, with [S2S]
+        for d in denoisers:
+            if isinstance(d, Mapping) and d.get("kind") == "S" and float(d.get("weight", 1.0)) > 0:
+                return str(d.get("mode", "s2s"))
+        return None
+
+    @classmethod
+    def conditions_on_prefix(cls, settings: Mapping[str, Any]) -> bool:
+        return cls.s_mode(settings) is not None
+
+    @classmethod
+    def mode_token(cls, settings: Mapping[str, Any], layout: Literal["prefix", "span"]) -> str | None:
+        name = cls.s_mode(settings) if layout == "prefix" else "nlu"
+        return name if name and name != "none" else None
+
     # encoder-decoder on CPU: corrupt and lay out the real tokens only (`_encdec_flat`); off, or on other
     # devices, padded pieces (`_padded_layout`), the same batch
     flat_layout = True

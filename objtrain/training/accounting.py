@@ -1,6 +1,6 @@
 """Throughput accounting: FLOPs per token, the device's peak, MFU, peak memory, bytes per token.
 
-FLOPs (reference training.md section 7; PaLM appendix B): `6N + 12·L·d·T` per trained token, N the
+FLOPs (Chowdhery et al. 2022, PaLM, appendix B): `6N + 12·L·d·T` per trained token, N the
 parameters a token passes through (the tied embedding counts once, as the output layer; an untied model's
 input embedding is a lookup, not a matmul, so it adds none), T the attention length. Grouped-query
 attention's narrower k and v projections count at their size; scores and their weighted sum still run

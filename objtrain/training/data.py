@@ -1,6 +1,6 @@
 """The training data path: a seeded document stream cut into rows of exactly the length each row needs.
 
-Position as a pure function (reference training.md section 3). Epoch e is the split's documents in the
+Position as a pure function (`Position`, in each checkpoint). Epoch e is the split's documents in the
 order `permutation(seed, e)`, each followed by EOS, back to back: a virtual stream of `T` tokens. Global row
 g takes the next `need(g)` tokens, where `need = objective.raw_lengths(model_length, g, seed)`; so the data
 position after g rows is `(rows, stream offset)`, both functions of (seed, rows consumed), and the
@@ -709,7 +709,7 @@ class Wire:
     micro-batch costs ~1.5 ms to receive, against ~5 ms for torch's shared-memory handoff of each tensor
     (a file descriptor per tensor), which on a small model is several percent of the step. Bound for a
     GPU, the DataLoader's pinning thread calls `pin_memory`: the arrays become page-locked tensors there,
-    off the training thread, ready for a copy that does not wait (reference gpu.md section 4)."""
+    off the training thread, ready for a copy that does not wait (PyTorch's pin_memory tutorial)."""
 
     __slots__ = ("fields",)
 
@@ -818,7 +818,7 @@ def make_loader(dataset: CorruptedRows, sampler: RowSampler, workers: int, pin: 
         persistent_workers=False,
         worker_init_fn=init if workers else None,
         # Each iterator draws a base seed from the global RNG unless given a generator: keep the training
-        # RNG (dropout) untouched by data loading (reference training.md section 3).
+        # RNG (dropout) untouched by data loading (`checkpoint.restore_rng`).
         generator=torch.Generator().manual_seed(0),
     )
 
@@ -828,7 +828,7 @@ def auto_workers(device_type: str, processes_per_host: int, cores: int | None = 
     processes on this host. On a GPU: each process's share of the cores less 2 (its own training thread
     and the pinning thread), between 1 and 4 (torchtitan's example and litgpt use 4 and 8; one worker
     left the GPU waiting 4-6% of a small model's step on a 16-core H200 host; 8-GPU hosts have 13-14
-    cores a GPU; reference gpu.md section 4). On a CPU the training's own threads need the cores: 1
+    cores a GPU). On a CPU the training's own threads need the cores: 1
     worker, none where a process has a single core (a worker would only take turns with it)."""
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

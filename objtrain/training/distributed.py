@@ -2,7 +2,7 @@
 
 Gradients are all-reduced by hand (a flat SUM per step) rather than through the DDP wrapper: the loop
 runs the model's trunk and heads as separate calls for MTP's sequential backward, which DDP's forward
-hooks do not see (reference training.md section 5: "parameters applied outside forward"). Each rank's
+hooks do not see (FSDP2's "parameters applied outside forward"). Each rank's
 loss is already divided by the *global* target count, so a SUM of gradients is the full-batch gradient.
 
     torchrun --standalone --nproc-per-node 2 -m objtrain train ...      # or: objtrain train --nproc 2 ...
@@ -121,7 +121,7 @@ def launch(nproc: int, argv: list[str]) -> int:
 
 
 def shard(model: nn.Module, world: World, device: torch.device) -> nn.Module:
-    """FSDP2 `fully_shard` on each transformer block, then the root (reference training.md section 5), for
+    """FSDP2 `fully_shard` on each transformer block, then the root (as torchtitan's `parallelize.py`), for
     models that do not fit one device. The mesh is always explicit: gloo on CPU, nccl on GPU."""
     try:
         from torch.distributed.fsdp import fully_shard

@@ -3,7 +3,7 @@
     plan = prepare(cfg, run_dir)        # every check, nothing written: a refusal leaves nothing behind
     result = train(cfg, run_dir)        # prepare + the loop; `objtrain train` and `compare` both call it
 
-Per optimizer step (reference training.md sections 1, 2, 8, 9):
+Per optimizer step (MTP's heads: Gloeckle et al. 2024, section 2):
 1. Take this rank's A micro-batches from the loader (timed: the data-wait share).
 2. Count their targets on the host (the loader's arrays) and all-reduce: N, the step's global count.
 3. Each micro-batch backpropagates `loss_sum / N` (MTP: the trunk once, then each head's forward and
@@ -15,7 +15,7 @@ Nothing is read back from the device: the step's numbers wait on it until the lo
 steps at once (`steps`), at log points, validations, checkpoints and --time checks; a non-finite loss
 or gradient norm found there stops the run naming its step (the last good checkpoint stays). Then
 validate and checkpoint on their intervals. The lr is a pure function of (optimizer steps
-taken, total steps): a step fp16's GradScaler skips does not advance it (reference training.md section 2).
+taken, total steps): a step fp16's GradScaler skips does not advance it (`optim`).
 Data is a pure function of (seed, rows consumed), RNG states are saved: a resumed run is bit-identical.
 
 Around the loop: `plan` (the checks before anything is written), `budget` (the run's length), `records`
@@ -45,11 +45,9 @@ from objtrain.batch import Batch
 from objtrain.devices import resolve_device
 from objtrain.errors import UserError
 from objtrain.io import Unwritable, is_unwritable, unwritable
-from objtrain.models.base import TrunkOutput
 from objtrain.models.checkpoint import unwrap
 from objtrain.models.zoo import build_model, count_parameters
 from objtrain.objectives.base import LossOutput, Objective
-from objtrain.objectives.mtp import mtp_head_loss
 from objtrain.objectives.registry import build_objective
 from objtrain.training import accounting, budget
 from objtrain.training import checkpoint as ckpt
@@ -78,7 +76,7 @@ from objtrain.training.optim import (
     scaled_step,
     set_lr,
 )
-from objtrain.training.plan import LEFT_TO_RIGHT, Plan, prepare
+from objtrain.training.plan import Plan, prepare
 from objtrain.training.records import (
     RunState,
     check_resume,
@@ -168,12 +166,18 @@ def forward_backward(
     """One micro-batch: forward, `loss_sum * scale + pair_sum * pair_scale` backward. Returns the detached
     `LossOutput` (sums and counts, for the step's global normalisation).
 
-    MTP uses the sequential per-head backward unless `sequential` is off (a sharded model must go through
-    its root forward, which the trunk/heads split bypasses). `loss_of`, when given, is the forward and the
-    loss as one (compiled) function."""
+    An objective with its own backward (`Objective.splits_backward`: MTP's per-head backward) uses it unless
+    `sequential` is off (a sharded model must go through its root forward, which the trunk/heads split
+    bypasses). `loss_of`, when given, is the forward and the loss as one (compiled) function."""
     plain = unwrap(model)
-    if sequential and objective.name == "mtp" and getattr(plain.config, "mtp_heads", 1) > 1:
-        return _mtp_forward_backward(plain, batch, scale, device, dtype, scaler)
+    if sequential and objective.splits_backward(getattr(plain, "config", None)):
+
+        def backward(loss: Tensor) -> None:
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+
+        return objective.split_forward_backward(
+            plain, batch, scale, lambda: autocast(device, dtype), backward
+        )
     with autocast(device, dtype):
         lo = loss_of(batch) if loss_of is not None else objective.loss(model(batch), batch)
     loss = lo.loss_sum * scale
@@ -183,37 +187,10 @@ def forward_backward(
     return lo.detach()
 
 
-def _mtp_forward_backward(
-    model: Any, batch: Batch, scale: float, device: torch.device, dtype: str, scaler: Any
-) -> LossOutput:
-    """Gloeckle et al. 2024, section 2: trunk once; each head's forward and backward in turn into the
-    detached trunk output; then one backward through the trunk. Gradients equal the joint backward."""
-    assert batch.mtp_labels is not None
-    with autocast(device, dtype):
-        trunk = model.trunk(batch)
-    detached = trunk.hidden.detach().requires_grad_()
-    shared = TrunkOutput(detached, trunk.ctx, trunk.memory)
-    total = torch.zeros((), device=device)
-    n_head1 = torch.zeros((), dtype=torch.int64, device=device)
-    metrics: dict[str, Tensor] = {}
-    for k in range(1, model.config.mtp_heads + 1):
-        with autocast(device, dtype):
-            # the logits stay a temporary: cross-entropy keeps its own output for the backward, so a name
-            # held here would keep a second (B, T, V) tensor alive through it
-            loss_sum, count = mtp_head_loss(model.head(k - 1, shared)[1], batch.mtp_labels, k)
-        loss = loss_sum * scale
-        (scaler.scale(loss) if scaler is not None else loss).backward()
-        total = total + loss_sum.detach()
-        metrics[f"head{k}_loss"] = loss_sum.detach() / count.clamp(min=1)
-        if k == 1:
-            n_head1 = count.detach()
-    trunk.hidden.backward(detached.grad)
-    return LossOutput(total, n_head1, metrics)
-
-
 @torch.no_grad()
 def validate(model: nn.Module, plan: Plan, valid: ValidationSets, sharded: bool = False) -> dict[str, float]:
-    """Objective loss on the fixed valid rows (MTP: head 1), and bits per byte for left-to-right models.
+    """Objective loss on the fixed valid rows (`Objective.validation_loss`: MTP's head 1), and bits per byte
+    for left-to-right models.
 
     Ranks split the rows; a sharded model runs every row on every rank (its forward is a collective)."""
     model.eval()
@@ -228,16 +205,12 @@ def validate(model: nn.Module, plan: Plan, valid: ValidationSets, sharded: bool 
         batch = batch.to(device)
         with autocast(device, plan.dtype):
             out = model(batch)
-            if plan.objective.name == "mtp":
-                lo_sum, lo_n = mtp_head_loss(out.logits, batch.mtp_labels, 1)  # type: ignore[arg-type]
-            else:
-                lo = plan.objective.loss(out, batch)
-                lo_sum, lo_n = lo.loss_sum, lo.n_targets
-                if lo.pair_sum is not None and lo.n_pairs is not None:
-                    sums[4] += lo.pair_sum.double()
-                    sums[5] += lo.n_pairs.double()
-        sums[0] += lo_sum.double()
-        sums[1] += lo_n.double()
+            lo = plan.objective.validation_loss(out, batch)
+            if lo.pair_sum is not None and lo.n_pairs is not None:
+                sums[4] += lo.pair_sum.double()
+                sums[5] += lo.n_pairs.double()
+        sums[0] += lo.loss_sum.double()
+        sums[1] += lo.n_targets.double()
     if valid.byte_table is not None:
         table = valid.byte_table.to(device)
         for batch in mine(valid.lm_batches):
@@ -319,14 +292,16 @@ def compile_mode(setting: bool | str, plan: Plan) -> str | None:
     models are launch-bound (about 10% MFU eager on an H200), and a graph launches a step's hundreds of
     kernels at once. Not with gradient accumulation: a later micro-batch's backward accumulates into a
     `.grad` that can be a graph's output buffer, overwritten by the next replay (an error, or silently
-    wrong gradients in older releases; gpu.md section 2); with one micro-batch the gradients are used and
-    dropped (`zero_grad(set_to_none=True)`) before the next replay. Not for encoder-decoder rows, whose
-    target length varies from batch to batch (each new shape records new graphs), nor where the blocks are
+    wrong gradients in older releases: PyTorch's CUDA graph trees notes); with one micro-batch the
+    gradients are used and dropped (`zero_grad(set_to_none=True)`) before the next replay. Not for
+    encoder-decoder rows, whose target length varies from batch to batch (each new shape records new
+    graphs), nor where the blocks are
     compiled one by one (MTP's per-head backward, FSDP). There inductor's default mode compiles."""
     if setting is False or (setting == "auto" and plan.device.type != "cuda"):
         return None
-    mtp_split = plan.objective.name == "mtp" and plan.model_cfg.mtp_heads > 1
-    if mtp_split or (plan.cfg.parallel == "fsdp" and plan.world.distributed):
+    if plan.objective.splits_backward(plan.model_cfg) or (
+        plan.cfg.parallel == "fsdp" and plan.world.distributed
+    ):
         return "default, block by block"
     if plan.device.type == "cuda" and plan.accumulation == 1 and plan.model_cfg.kind != "encdec":
         return GRAPHS
@@ -419,8 +394,7 @@ class Trainer:
 
     def _compile(self) -> Callable[[Batch], LossOutput] | None:
         plan = self.plan
-        mtp_split = plan.objective.name == "mtp" and plan.model_cfg.mtp_heads > 1
-        if self.sharded or mtp_split:  # these run the blocks outside the root forward: compile each block
+        if self.sharded or plan.objective.splits_backward(plan.model_cfg):  # blocks outside the root forward
             unwrap(self.model).compile_blocks()  # type: ignore[operator]
             return None
         # the forward and the loss as one graph: inductor also fuses the head with the cross-entropy
@@ -456,7 +430,7 @@ class Trainer:
         totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, count, pair sum, pair count
         metrics: list[dict[str, Tensor]] = []
         for batch in batches:
-            if self.graphs:  # each micro-batch's forward replays its graphs afresh (gpu.md section 2)
+            if self.graphs:  # each micro-batch's forward replays its graphs afresh (CUDA graph trees)
                 torch.compiler.cudagraph_mark_step_begin()
             lo = forward_backward(
                 self.model,
@@ -568,7 +542,7 @@ class ValidationSets:
         sets = cls(
             validation_batches(docs, source.specials, plan.objective, plan.seq_len, rows, micro, split)
         )
-        if plan.model_cfg.kind == "decoder" and plan.objective.name in LEFT_TO_RIGHT:
+        if plan.model_cfg.kind == "decoder" and plan.objective.scores_left_to_right:
             clm = build_objective("clm", source.specials, source.tokenizer, "decoder")
             sets.lm_batches = validation_batches(docs, source.specials, clm, plan.seq_len, rows, micro, split)
             sets.byte_table = accounting.token_bytes(source.tokenizer)
@@ -890,11 +864,8 @@ def _announce(
         + (f", compiled ({mode})" if mode else "")
         + (f"; --time {cfg.budget.seconds:g} s: the step count is re-estimated as it runs" if timed else "")
     )
-    if plan.objective.name == "mtp" and plan.model_cfg.mtp_heads > 1:
-        progress.note(
-            f"loss is the sum of the {plan.model_cfg.mtp_heads} heads' losses (each in metrics.jsonl); "
-            "val_loss is head 1's, comparable with a next-token model"
-        )
+    for note in plan.objective.run_notes(plan.model_cfg):
+        progress.note(note)
 
 
 def _log_validation(

@@ -1,6 +1,6 @@
 """AdamW with decay on Linear weights only, and the learning-rate schedule as a pure function of the step.
 
-Decay is chosen by module type, not by `ndim` (reference training.md section 2): Linear weights decay;
+Decay is chosen by module type, not by `ndim` (not nanoGPT's `dim >= 2` rule): Linear weights decay;
 norms, biases and embeddings (the tied unembedding follows the embedding) do not; an untied output layer
 is a Linear and decays.
 """

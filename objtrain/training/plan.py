@@ -33,7 +33,6 @@ from objtrain.training.precision import choose_cpu_dtype, time_step
 
 DEFAULT_SEQ_LEN = 256
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints")  # what makes a directory a training run
-LEFT_TO_RIGHT = ("clm", "mtp", "fim", "prefix_lm")  # decoder objectives whose model scores text left to right
 
 
 @dataclass
@@ -106,6 +105,29 @@ def prepare(
     return plan
 
 
+def _resume_point(run_dir: Path, world: dist.World, console: Console | None) -> Path | None:
+    """The checkpoint `--resume` continues from (None: RUN has none yet), its leftovers cleaned; RUN with
+    checkpoints none of which is complete is refused rather than restarted from scratch."""
+    if world.is_main:
+        ckpt.clean_leftovers(run_dir)
+    resume_from = ckpt.latest_checkpoint(run_dir)
+    skipped = ckpt.skipped_newer(run_dir, resume_from) if resume_from is not None else []
+    if resume_from is not None and skipped and console is not None and world.is_main:
+        names = ", ".join(p.name for p in skipped)
+        console.print(
+            f"note: {names} incomplete or damaged (a kill while saving?): resuming from "
+            f"{resume_from.name}, the steps after it are trained again",
+            markup=False,
+        )
+    if (
+        resume_from is None
+        and ckpt.checkpoints_dir(run_dir).is_dir()
+        and any(p.name.startswith("step-") for p in ckpt.checkpoints_dir(run_dir).iterdir())
+    ):
+        raise UserError(f"{run_dir} has checkpoints but none is complete; refusing to restart from scratch")
+    return resume_from
+
+
 def _resolve(
     cfg: TrainConfig,
     run_dir: Path,
@@ -138,18 +160,7 @@ def _resolve(
         model_kind=cfg.model.kind,  # type: ignore[arg-type]
         overrides=cfg.objective.overrides,
     )
-    overrides = dict(cfg.model.overrides)
-    if objective.name == "mtp":
-        n = int(objective.config.n)
-        if overrides.setdefault("mtp_heads", n) != n:
-            raise UserError(
-                f"mtp with n={n} needs mtp_heads={n}, the model override says {overrides['mtp_heads']}"
-            )
-    # SimCSE's two views differ only by dropout, and every model size ships with none: default to SimCSE's
-    # 0.1 and refuse an explicit 0, which would train the trivial task of matching a row to itself.
-    dropout_views = objective.name == "contrastive" and objective.config.views == "dropout"
-    if dropout_views and float(overrides.setdefault("dropout", 0.1)) <= 0:
-        raise UserError("contrastive with views=dropout needs model dropout > 0 (SimCSE: model.dropout=0.1)")
+    overrides = objective.model_overrides(dict(cfg.model.overrides))  # e.g. MTP's heads, SimCSE's dropout
     model_cfg = model_config(
         objective.model_kind, cfg.model.size, overrides, vocab_size=source.tokenizer.vocab_size
     )
@@ -165,27 +176,7 @@ def _resolve(
     if cfg.validation.every >= 0:
         source.documents(cfg.data.valid_split)
     _probe_objective(objective, source, seq_len, cfg.seed)
-    resume_from = None
-    if resume and run_dir.exists():
-        if world.is_main:
-            ckpt.clean_leftovers(run_dir)
-        resume_from = ckpt.latest_checkpoint(run_dir)
-        skipped = ckpt.skipped_newer(run_dir, resume_from) if resume_from is not None else []
-        if resume_from is not None and skipped and console is not None and world.is_main:
-            names = ", ".join(p.name for p in skipped)
-            console.print(
-                f"note: {names} incomplete or damaged (a kill while saving?): resuming from "
-                f"{resume_from.name}, the steps after it are trained again",
-                markup=False,
-            )
-        if (
-            resume_from is None
-            and ckpt.checkpoints_dir(run_dir).is_dir()
-            and any(p.name.startswith("step-") for p in ckpt.checkpoints_dir(run_dir).iterdir())
-        ):
-            raise UserError(
-                f"{run_dir} has checkpoints but none is complete; refusing to restart from scratch"
-            )
+    resume_from = _resume_point(run_dir, world, console) if resume and run_dir.exists() else None
     init, init_origin = None, cfg.init_from
     if cfg.init_from is not None and resume_from is None:
         from objtrain.interop import init_from

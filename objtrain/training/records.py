@@ -82,8 +82,7 @@ def training_info(plan: Plan, step: int, tokens: int) -> dict[str, Any]:
     }
     if plan.init_origin is not None:
         info["init_from"] = plan.init_origin
-    if plan.objective.name == "fim":
-        info["fim_mode"] = "spm" if float(objective_config.get("spm_rate", 0.0)) > 0.5 else "psm"
+    info.update(plan.objective.record())  # e.g. FIM's fim_mode
     return info
 
 

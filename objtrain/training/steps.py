@@ -1,7 +1,7 @@
 """Step accounting: a step's numbers stay on the device until they are logged.
 
 Reading a number off a GPU (`float()`, `.item()`, `.tolist()`) makes the host wait for every kernel queued
-before it: a read per step keeps the GPU from running ahead of the host (reference gpu.md section 2). So a
+before it: a read per step keeps the GPU from running ahead of the host (PyTorch's CUDA semantics notes). So a
 step leaves its loss and count sums, its gradient norm and its metrics in one small device tensor
 (`StepFigures`), the loop keeps them with the host-side part of the step's record (`Pending`), and the
 window of steps since the last read is read at once, with one transfer, when the loop needs the numbers: a
