@@ -59,8 +59,8 @@ from objtrain.batch import Batch
 from objtrain.errors import UserError
 from objtrain.specials import Specials
 
-FORMS = ("causal", "pll", "pll_word", "span", "span_nlu", "span_nlg", "span_s2s", "bart_mask", "encdec_lm",
-         "masked_next")  # fmt: skip
+FORMS = ("causal", "pll", "pll_word", "sentinel_span", "span_nlu", "span_nlg", "span_s2s", "bart_mask",
+         "encdec_lm", "masked_next")  # fmt: skip
 REQUIRED = ("sentence_good", "sentence_bad", "UID", "linguistics_term")
 Z95 = 1.959963984540054
 LOGIT_ROWS = 1024  # scored positions unembedded at once
@@ -385,7 +385,9 @@ def _copy_scores(
     sent, pos = _copies(enc, keep)
     if not len(sent):
         return total.numpy()
-    extra = {"pll": 0, "pll_word": 0, "masked_next": 1, "bart_mask": 1}.get(form, 2 if form == "span" else 3)
+    extra = {"pll": 0, "pll_word": 0, "masked_next": 1, "bart_mask": 1}.get(
+        form, 2 if form == "sentinel_span" else 3
+    )
     widths = enc.lengths[sent] + extra
     for lo, hi, width in _chunks(widths, batch_tokens):
         s, p = sent[lo:hi], pos[lo:hi]
@@ -427,7 +429,7 @@ def _copy_scores(
         else:  # span, span_<mode>
             sentinel = specials.sentinel(0)
             rows, _ = _masked_copies(enc, s, p, sentinel, False)
-            lead = 0 if form == "span" else 1
+            lead = 0 if form == "sentinel_span" else 1
             x = torch.full((b, width), specials.pad)
             if lead:
                 x[:, 0] = int(getattr(specials, form.split("_", 1)[1]))

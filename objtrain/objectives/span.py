@@ -196,7 +196,7 @@ class SpanCorruption(Objective):
     model_kinds = ("encdec", "decoder")
     attention = "bidirectional"
     # minimal pairs: each token in turn a one-token span behind <extra_id_0> (objtrain/evaluation/blimp.py)
-    minimal_pair_forms: ClassVar[dict[str, tuple[str, ...]]] = {"encdec": ("span",)}
+    minimal_pair_forms: ClassVar[dict[str, tuple[str, ...]]] = {"encdec": ("sentinel_span",)}
     infills_with_sentinels = True
 
     @dataclass

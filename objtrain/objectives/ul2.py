@@ -237,7 +237,7 @@ class UL2(Objective):
             return super().pair_forms()
         r = [d for d in self.config.denoisers if d.kind == "R"]
         mode = r[0].mode if r else "nlu"
-        return ("span",) if mode == "none" else (f"span_{mode}",)
+        return ("sentinel_span",) if mode == "none" else (f"span_{mode}",)
 
     def _mode(self, d: Denoiser) -> int | None:
         return None if d.mode == "none" else int(getattr(self.specials, d.mode))

@@ -188,7 +188,7 @@ def _reference(model: nn.Module, form: str, t: list[int], word_start: list[bool]
             batch = Batch(xt, xt, _pos(n + 1), torch.zeros_like(xt), "prefix",
                           prefix_mask=torch.ones_like(xt, dtype=torch.bool))  # fmt: skip
             total += _lp(model(batch).logits[0, i], t[i])
-        elif form == "span":
+        elif form == "sentinel_span":
             s0 = SP.sentinel(0)
             logits = _enc_dec(model, [*t[:i], s0, *t[i + 1 :], SP.eos], [SP.pad, s0])
             total += _lp(logits[1], t[i])
@@ -209,7 +209,7 @@ def _reference(model: nn.Module, form: str, t: list[int], word_start: list[bool]
         ("decoder", "masked_next"),
         ("encoder", "pll"),
         ("encoder", "pll_word"),
-        ("encdec", "span"),
+        ("encdec", "sentinel_span"),
         ("encdec", "span_nlu"),
         ("encdec", "bart_mask"),
         ("encdec", "encdec_lm"),
@@ -245,12 +245,12 @@ def test_forms_come_from_the_objective() -> None:
 
     assert forms("clm", "decoder") == ("causal",)
     assert forms("mlm", "encoder", vocab_size=V) == ("pll_word", "pll")
-    assert forms("span", "encdec") == ("span",)
+    assert forms("span", "encdec") == ("sentinel_span",)
     assert forms("span", "decoder") == ("causal",)
     assert forms("ul2", "encdec") == ("span_nlu",)
     assert forms("prefix_lm", "encdec") == ("encdec_lm",)
     mixed = forms("mixture", "encdec", components=[{"objective": "span"}, {"objective": "prefix_lm"}])
-    assert mixed == ("span", "encdec_lm")
+    assert mixed == ("sentinel_span", "encdec_lm")
     assert all(f in blimp.FORMS for f in (*mixed, *forms("mlm", "encoder", vocab_size=V)))
 
 
