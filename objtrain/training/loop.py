@@ -568,7 +568,9 @@ class ValidationSets:
         sets = cls(
             validation_batches(docs, source.specials, plan.objective, plan.seq_len, rows, micro, split)
         )
-        if plan.model_cfg.kind == "decoder" and plan.objective.name in LEFT_TO_RIGHT:
+        if plan.model_cfg.kind == "decoder" and (
+            plan.objective.name in LEFT_TO_RIGHT or plan.objective.left_to_right
+        ):
             clm = build_objective("clm", source.specials, source.tokenizer, "decoder")
             sets.lm_batches = validation_batches(docs, source.specials, clm, plan.seq_len, rows, micro, split)
             sets.byte_table = accounting.token_bytes(source.tokenizer)
