@@ -9,8 +9,9 @@ evaluated split:
   `?` or a newline ends one); each document is walked from its start in chunks of whole sentences of at
   most `pair_length` tokens (the run's own NSP/SOP `pair_length`, else 128; at most (row length - 6) / 2,
   the length the objective's own pairs have, `sentence_pairs.chunk_length`), and each chunk of two
-  sentences or more is split at a sentence start strictly inside it, drawn under the eval seed: A = the chunk before it, B = the rest (a sentence longer than the budget
-  is skipped: a pair needs two whole segments);
+  sentences or more is split at a sentence start strictly inside it, drawn under the eval seed: A = the
+  chunk before it, B = the rest (a sentence longer than the budget is skipped: a pair needs two whole
+  segments);
 - half of the pairs, drawn under the eval seed, are shown swapped (label 1, SOP's convention: 0 = in
   order), laid out as training lays them out, `[CLS] first [SEP] second [SEP]`, segment 1 on the second
   and its [SEP] (read only by models trained with segments).
