@@ -64,6 +64,10 @@ class Batch:
     # None = not known, the model checks the ids itself.
     single_document: bool | None = None
     decoder_single_document: bool | None = None
+    # Sparse prediction: the model computes token logits only at the labelled positions (`ModelOutput.logits`
+    # is then (N, V), N = labels != IGNORE in row-major order), as efficient BERT trainers do; a loss reads
+    # them with `labelled_logits`. Set by the objective (MLM, GPT-BERT); a static flag, not tensor data.
+    sparse_logits: bool = False
 
     @property
     def is_encdec(self) -> bool:
@@ -121,11 +125,22 @@ def _moved(value: Tensor, device: torch.device | str, non_blocking: bool, pin: b
 
 @dataclass
 class ModelOutput:
-    logits: Tensor  # (B, T, V) or (B, S, V) for encoder-decoder: next-token / masked-token logits
+    # (B, T, V) or (B, S, V) for encoder-decoder: next-token / masked-token logits; (N, V) at the labelled
+    # positions only for a `Batch.sparse_logits` batch
+    logits: Tensor
     hidden: Tensor | None = None  # (B, T, D) final hidden states (after the final norm)
     mtp_logits: list[Tensor] | None = None  # n-1 tensors (B, T, V): offsets 2..n (offset 1 is `logits`)
     seq_logits: Tensor | None = None  # (B, T, C) pooled head at every position (read where seq_labels are)
     pooled: Tensor | None = None  # (B, D) encoder: mean of `hidden` over each row's real tokens (id >= 0)
+
+
+def labelled_logits(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """(N, V) logits and (N,) labels at the labelled positions (labels != IGNORE), from dense (..., V)
+    logits or from the (N, V) of a sparse-prediction batch (already those positions, in row-major order)."""
+    keep = labels != IGNORE
+    if logits.dim() == 2 and labels.dim() > 1:
+        return logits, labels[keep]
+    return logits[keep], labels[keep]
 
 
 def runs_of(ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:

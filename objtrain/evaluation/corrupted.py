@@ -24,8 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from objtrain import IGNORE
-from objtrain.batch import Batch
+from objtrain.batch import Batch, labelled_logits
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.objectives.base import Objective
@@ -73,9 +72,8 @@ def score_batches(
         loss_sum, n = lo.loss_sum, lo.n_targets
         out.nats += float(loss_sum)
         out.targets += int(n)
-        keep = batch.labels != IGNORE
-        labels = batch.labels[keep]
-        out.correct += int((output.logits.argmax(dim=-1)[keep] == labels).sum())
+        logits, labels = labelled_logits(output.logits, batch.labels)
+        out.correct += int((logits.argmax(dim=-1) == labels).sum())
         values, freq = labels.unique(return_counts=True)
         for v, f in zip(values.tolist(), freq.tolist(), strict=True):
             counts[v] = counts.get(v, 0) + f

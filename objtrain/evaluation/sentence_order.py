@@ -7,10 +7,11 @@ evaluated split:
 
 - sentences as the training objectives find them (`sentences.sentence_ids`: a piece ending in `.`, `!`,
   `?` or a newline ends one); each document is walked from its start in chunks of whole sentences of at
-  most `pair_length` tokens (the run's own NSP/SOP `pair_length`, else 128; at most the row length less
-  [CLS] [SEP] [SEP]), and each chunk of two sentences or more is split at a sentence start strictly inside
-  it, drawn under the eval seed: A = the chunk before it, B = the rest (a sentence longer than the budget
-  is skipped: a pair needs two whole segments);
+  most `pair_length` tokens (the run's own NSP/SOP `pair_length`, else 128; at most (row length - 6) / 2,
+  the length the objective's own pairs have, `sentence_pairs.chunk_length`), and each chunk of two
+  sentences or more is split at a sentence start strictly inside it, drawn under the eval seed: A = the
+  chunk before it, B = the rest (a sentence longer than the budget is skipped: a pair needs two whole
+  segments);
 - half of the pairs, drawn under the eval seed, are shown swapped (label 1, SOP's convention: 0 = in
   order), laid out as training lays them out, `[CLS] first [SEP] second [SEP]`, segment 1 on the second
   and its [SEP] (read only by models trained with segments).
@@ -37,6 +38,7 @@ from objtrain import IGNORE
 from objtrain.batch import Batch
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.evaluation.probe import LabelledIds, padded, pair_segment_ids
+from objtrain.objectives.sentence_pairs import chunk_length
 from objtrain.objectives.sentences import sentence_end_table, sentence_ids
 
 DEFAULT_PAIR_LENGTH = 128  # NSP/SOP's own default
@@ -44,11 +46,17 @@ LABELS = ("in_order", "swapped")  # sorted: the probe's class 1 is "swapped", as
 
 
 def pair_budget(training: Mapping[str, Any], seq_len: int) -> int:
-    """Text tokens of a pair: the run's NSP/SOP `pair_length`, else 128, within the row less 3 specials."""
+    """Text tokens of a pair: as long as the pairs the objective trains on in rows of `seq_len`
+    (`sentence_pairs.chunk_length`: the run's NSP/SOP `pair_length`, else 128, at most (seq_len - 6) / 2).
+
+    Pairs as long as the whole row less 3 specials were twice the trained length at `pair_length` 128 and
+    `seq_len` 128 (125 tokens against 61): a head then reads positions training never showed it (positions
+    restart at every packed pair), and on a synthetic order task it learns to 1.0 its accuracy fell to
+    0.71 on such pairs (tests/objectives/test_sentence_order_training.py)."""
     settings = training.get("objective_config")
     length = settings.get("pair_length") if isinstance(settings, Mapping) else None
     length = length if isinstance(length, int) and length >= 2 else DEFAULT_PAIR_LENGTH
-    return max(2, min(length, seq_len - 3))
+    return chunk_length(length, seq_len)
 
 
 def sentence_starts(doc: np.ndarray, end_table: torch.Tensor) -> np.ndarray:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from objtrain import IGNORE
 from objtrain.batch import Batch, ModelOutput
 from objtrain.models.attention import flex_attention_spec, self_attention_spec, use_flex
 from objtrain.models.blocks import Block, Context, Rotary
@@ -30,6 +31,7 @@ class TrunkOutput:
     memory: Tensor | None = None  # encdec: normed encoder output (B, T_enc, D)
     document_ids: Tensor | None = None  # encoder: the batch's document ids, for pooling over real tokens
     pair_labels: bool = False  # encoder: the batch has sequence-level labels, so run the pooled head
+    logit_mask: Tensor | None = None  # (B, T) bool: logits only here (`Batch.sparse_logits`), None = all
 
 
 class ZooModel(nn.Module):
@@ -44,7 +46,10 @@ class ZooModel(nn.Module):
         raise NotImplementedError
 
     def forward(self, batch: Batch) -> ModelOutput:
-        return self.heads(self.trunk(batch))
+        trunk = self.trunk(batch)
+        if batch.sparse_logits:
+            trunk.logit_mask = batch.labels != IGNORE
+        return self.heads(trunk)
 
     def context(
         self,

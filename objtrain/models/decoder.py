@@ -51,9 +51,10 @@ class Decoder(ZooModel):
         return TrunkOutput(x, ctx)
 
     def head(self, k: int, trunk: TrunkOutput) -> tuple[Tensor, Tensor]:
-        """Head k (0-based; k predicts offset k+1): normed hidden (B, T, D), logits (B, T, V)."""
+        """Head k (0-based; k predicts offset k+1): normed hidden (B, T, D), logits (B, T, V), or (N, V)
+        at `trunk.logit_mask` for head 1 (sparse prediction)."""
         x = self.head_layers[k].run(trunk.hidden, trunk.ctx)
-        return self.lm_head(x, self.embed.weight)
+        return self.lm_head(x, self.embed.weight, trunk.logit_mask if k == 0 else None)
 
     def last_hidden(self, batch: Batch) -> Tensor:
         """Head 1's normed hidden states (B, T, D), as `forward` gives them, without the unembedding (a

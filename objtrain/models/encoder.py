@@ -51,7 +51,7 @@ class Encoder(ZooModel):
         return self.lm_head.norm(self.trunk(batch).hidden)
 
     def heads(self, trunk: TrunkOutput) -> ModelOutput:
-        hidden, logits = self.lm_head(trunk.hidden, self.embed.weight)
+        hidden, logits = self.lm_head(trunk.hidden, self.embed.weight, trunk.logit_mask)
         # the pooled head runs at every position, so only for batches with pair labels (NSP/SOP), not MLM's
         seq_logits = self.pooler(hidden) if self.pooler is not None and trunk.pair_labels else None
         pooled = mean_pool(hidden, trunk.document_ids) if trunk.document_ids is not None else None

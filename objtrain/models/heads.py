@@ -32,9 +32,11 @@ class LMHead(nn.Module):
         """The (V, D) matrix logits are taken against."""
         return embedding if self.out is None else self.out.weight
 
-    def forward(self, x: Tensor, embedding: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, embedding: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """`mask` (B, T) bool: logits (N, V) at those positions only (sparse prediction: the hidden states
+        are gathered before the unembedding, so the (V, D) product runs for N rows, not B * T)."""
         h = self.norm(x)
-        return h, F.linear(h, self.unembedding(embedding))
+        return h, F.linear(h if mask is None else h[mask], self.unembedding(embedding))
 
 
 def mean_pool(hidden: Tensor, document_ids: Tensor) -> Tensor:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from objtrain import IGNORE
-from objtrain.batch import AttentionKind, Batch, ModelKind, ModelOutput
+from objtrain.batch import AttentionKind, Batch, ModelKind, ModelOutput, labelled_logits
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.specials import Specials
@@ -251,8 +251,11 @@ def raw_usage(document_ids: Tensor, used: int | float) -> dict[str, float]:
 
 
 def token_loss(logits: Tensor, labels: Tensor) -> LossOutput:
+    """Summed cross-entropy over the labelled positions of dense (..., V) or sparse (N, V) logits."""
+    n_targets = (labels != IGNORE).sum()
+    if logits.dim() == 2 and labels.dim() > 1:  # sparse prediction: logits at the labelled positions only
+        logits, labels = labelled_logits(logits, labels)
     loss_sum = F.cross_entropy(
         logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1), ignore_index=IGNORE, reduction="sum"
     )
-    n_targets = (labels != IGNORE).sum()
     return LossOutput(loss_sum, n_targets, {})

@@ -23,6 +23,10 @@
    included, transformers#15342); objtrain never shows the model a special token it did not put there.
 4. Labels: the original token at selected positions, IGNORE elsewhere; nothing is shifted. Masked
    positions stay in attention (the HF DataCollatorForSOP `attention_mask = ~masked` pitfall).
+5. Sparse prediction (`Batch.sparse_logits`): the model gathers the hidden states at the labelled
+   positions before the unembedding, so the (V, D) output layer runs for the 15% that carry a loss, not
+   for every position (as ModernBERT, Warner et al. 2024, and the efficient BERT recipes of Izsak et al.
+   2021 do); the loss and its gradients are those of the dense path (tests/objectives/test_mlm.py).
 """
 
 from __future__ import annotations
@@ -132,10 +136,15 @@ def mask_tokens(
     rr: RowRandom,
     starts: Tensor | None = None,
     stream: str = "mlm",
+    eligible: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, dict[str, float]]:
-    """BERT 80/10/10 corruption of (B, L) `tokens`: returns (input_ids, labels, stats)."""
+    """BERT 80/10/10 corruption of (B, L) `tokens`: returns (input_ids, labels, stats).
+
+    `eligible` (B, L) bool, if given, further restricts the selectable positions (gpt_bert: not a
+    document's first token)."""
     L = tokens.size(1)
-    eligible = ~specials.is_special(tokens) & (document_ids >= 0)  # ordinary tokens of documents
+    ordinary = ~specials.is_special(tokens) & (document_ids >= 0)  # ordinary tokens of documents
+    eligible = ordinary if eligible is None else ordinary & eligible
     selected = select(eligible, config.selection_rate, config.exact_count, rr, f"{stream}/select", starts)
     # One 64-bit draw per position decides the action (its order among all int64) and the random id (its
     # low 32 bits, multiply-shifted onto the ordinary range).
@@ -143,8 +152,8 @@ def mask_tokens(
     masked = selected & below(bits, config.mask_prob)
     randomised = selected & ~masked & below(bits, config.mask_prob + config.random_prob)
     inputs = tokens.masked_fill(masked, specials.mask)
-    ordinary = specials.ordinary_ids(vocab_size)  # arange(first_ordinary, V) in objtrain's own layout
-    inputs[randomised] = ordinary[((bits[randomised] & 0xFFFFFFFF) * ordinary.numel()) >> 32]
+    ids = specials.ordinary_ids(vocab_size)  # arange(first_ordinary, V) in objtrain's own layout
+    inputs[randomised] = ids[((bits[randomised] & 0xFFFFFFFF) * ids.numel()) >> 32]
     labels = tokens.masked_fill(~selected, IGNORE)
     counts = torch.stack([eligible.sum(), selected.sum(), masked.sum(), randomised.sum()]).tolist()
     n_eligible, n_selected, n_masked, n_random = (float(c) for c in counts)
@@ -199,6 +208,7 @@ class MaskedLM(Objective):
             positions=positions_of(document_ids),
             document_ids=document_ids,
             attention="bidirectional",
+            sparse_logits=True,  # logits only at the ~15% labelled positions
             # every real token is an input (masked, replaced or kept): none is left unused
             stats={**stats, **raw_usage(document_ids, int((document_ids >= 0).sum()))},
         )

@@ -31,6 +31,7 @@ OBJECTIVES: dict[str, str] = {
     "sop": "objtrain.objectives.sentence_pairs:SentenceOrderPrediction",
     "mixture": "objtrain.objectives.mixture:Mixture",
     "contrastive": "objtrain.objectives.contrastive:Contrastive",
+    "gpt_bert": "objtrain.objectives.gpt_bert:GptBert",
 }
 
 

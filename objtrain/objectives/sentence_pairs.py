@@ -298,7 +298,7 @@ class _SentencePairs(Objective):
 
     def chunk_length(self, width: int) -> int:
         """Chunk length for rows of `width`: `pair_length`, but small enough for two pairs per row."""
-        return max(2, min(self.config.pair_length, (width - 6) // 2))
+        return chunk_length(self.config.pair_length, width)
 
     def make_pairs(
         self, rows: Tensor, document_ids: Tensor, rr: RowRandom, donors: tuple[Tensor, Tensor] | None = None
@@ -459,6 +459,12 @@ class _SentencePairs(Objective):
             "seq_accuracy": correct.sum() / n_seq.clamp(min=1),
         }
         return LossOutput(mlm.loss_sum, n_mlm, metrics, pair_sum=seq_sum, n_pairs=n_seq)
+
+
+def chunk_length(pair_length: int, width: int) -> int:
+    """Text tokens of a pair's chunk in rows of `width` (module docstring, step 2): `pair_length`, at most
+    (width - 6) / 2 so a row holds two pairs; evaluation builds its pairs to the same length."""
+    return max(2, min(pair_length, (width - 6) // 2))
 
 
 def _gather(values: Tensor, at: Tensor) -> Tensor:

@@ -7,7 +7,8 @@ attention's narrower k and v projections count at their size; scores and their w
 per query head, so the `12·L·d·T` term is unchanged. An encoder-decoder counts encoder parameters per
 encoder token and decoder parameters (plus cross attention's q and o) per decoder token; cross attention's
 k and v run once per encoder token and decoder layer. `batch_flops` reads the rest from a real batch: a
-contrastive batch's two views of each row, an unembedding no loss reads (forward only), the NSP/SOP head.
+contrastive batch's two views of each row, an unembedding no loss reads (forward only), the NSP/SOP head,
+and sparse prediction's unembedding at the labelled positions only (MLM, GPT-BERT).
 Against `torch.utils.flop_counter.FlopCounterMode` (attention through the math kernel, which the counter
 sees) the estimate is within 1% for every objective and kind, MTP at 1, 2 and 4 heads included
 (`benchmarks/bench_flops.py`).
@@ -52,6 +53,7 @@ def flops_per_step(
     *,
     logits_backward: bool = True,
     pooler: bool = False,
+    logit_positions: int | None = None,
 ) -> float:
     """Training FLOPs (forward + backward) of one step of `rows` model rows (a contrastive batch holds two
     views of every raw row: pass the model's rows, see `batch_flops`).
@@ -59,7 +61,9 @@ def flops_per_step(
     `input_len` is the decoder-only/encoder length T; `target_len` the decoder length S (encoder-decoder).
     `logits_backward=False`: no loss reads the token logits (contrastive pools the hidden states), so the
     unembedding runs forward only. `pooler`: the NSP/SOP head (a d x d layer and the classifier) runs at
-    every position.
+    every position. `logit_positions`: how many positions compute token logits (sparse prediction, the
+    labelled ones of a `Batch.sparse_logits` batch); None = every position (decoder side of an
+    encoder-decoder).
     """
     d, V = cfg.d_model, cfg.vocab_size
     out = (6 if logits_backward else 2) * V * d  # the unembedding, per position with logits
@@ -74,10 +78,11 @@ def flops_per_step(
         cross_kv = 6 * cfg.decoder_layers * 2 * d * cfg.kv_heads * cfg.head_dim
         return rows * (input_len * (enc + cross_kv) + S * (dec + out))
     layers = cfg.n_layer + max(cfg.mtp_heads - 1, 0)
-    per_token = 6 * layers * _block_params(cfg) + 12 * layers * d * input_len + out * cfg.mtp_heads
+    per_token = 6 * layers * _block_params(cfg) + 12 * layers * d * input_len + out * (cfg.mtp_heads - 1)
     if pooler:
         per_token += 6 * (d * d + d * cfg.n_classes)
-    return rows * input_len * per_token
+    with_logits = rows * input_len if logit_positions is None else logit_positions
+    return rows * input_len * per_token + with_logits * out
 
 
 def batch_flops(cfg: ModelConfig, batch: Batch) -> float:
@@ -95,7 +100,14 @@ def batch_flops(cfg: ModelConfig, batch: Batch) -> float:
         target_len,
         logits_backward=reads_logits,
         pooler=batch.seq_labels is not None and cfg.kind == "encoder",
+        logit_positions=_count_targets(batch.labels) if batch.sparse_logits else None,
     )
+
+
+def _count_targets(labels: torch.Tensor) -> int:
+    if labels.device.type == "cpu":
+        return int(np.count_nonzero(labels.numpy() != IGNORE))
+    return int((labels != IGNORE).sum())
 
 
 def _any_target(labels: torch.Tensor) -> bool:

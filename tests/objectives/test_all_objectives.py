@@ -302,7 +302,7 @@ def test_specials_never_masked_in_place(case: tuple, specials: Specials) -> None
 def test_labels_are_shifted_exactly_once(case: tuple) -> None:
     """Decoder-only: a label is the next input token of its document (never a double shift, section 1).
     Encoder-decoder: the decoder reads its labels shifted right by one inside each document."""
-    _, _, batch = case
+    objective, raw, batch = case
     if batch.is_encdec:
         dec_in, labels, docs = batch.decoder_input_ids, batch.labels, batch.decoder_document_ids
         assert dec_in is not None and docs is not None
@@ -311,6 +311,8 @@ def test_labels_are_shifted_exactly_once(case: tuple) -> None:
         assert torch.equal(dec_in[:, 1:][same], labels[:, :-1][same])
         return
     ids, docs = batch.input_ids, batch.document_ids
+    if objective.name == "gpt_bert":  # masked next-token prediction: the next input may be <mask>
+        ids = raw.tokens[:, : ids.size(1)]
     heads = [batch.labels] if batch.mtp_labels is None else list(batch.mtp_labels.unbind(1))
     for k, labels in enumerate(heads, start=1):
         same = (docs[:, k:] == docs[:, :-k]) & (labels[:, :-k] != IGNORE)
