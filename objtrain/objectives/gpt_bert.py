@@ -25,6 +25,7 @@ The masked form's `selection_rate` (0.15) and 80/10/10 split are BERT's (Devlin 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -62,9 +63,9 @@ class GptBert(MaskedLM):
     attention = "prefix"
     Config = GptBertConfig
     scores_left_to_right = True  # the causal form scores text left to right (validation bits per byte)
-    # minimal pairs in both forms it trained: summed next-token log-probability, and masked next-token
-    # pseudo-log-likelihood (bidirectional, the token at i read from position i-1; objtrain/evaluation/blimp.py)
-    minimal_pair_forms = {"decoder": ("causal", "masked_next")}
+    # minimal pairs in both forms it trained (objtrain/evaluation/blimp.py): summed next-token
+    # log-probability, and masked next-token pseudo-log-likelihood (bidirectional, token i read at i-1)
+    minimal_pair_forms: ClassVar[dict[str, tuple[str, ...]]] = {"decoder": ("causal", "masked_next")}
 
     def raw_length(self, model_length: int) -> int:
         return model_length + 1

@@ -42,7 +42,7 @@ def test_yaml_mirrors_config_defaults_and_the_paper_ratio() -> None:
     assert objective_config("gpt_bert") == GptBertConfig()
     assert objective_defaults("gpt_bert")["causal_fraction"] == pytest.approx(1 / 16)  # 1:15
     objective = build_objective("gpt_bert", SP, overrides={"vocab_size": V})
-    assert objective.model_kind == "decoder" and objective.left_to_right
+    assert objective.model_kind == "decoder" and objective.scores_left_to_right
     assert objective.raw_length(64) == 65
 
 
