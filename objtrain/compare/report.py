@@ -694,7 +694,22 @@ def held_equal(results: dict[str, Any], plain: bool = False) -> str:
             ))  # fmt: skip
         else:
             parts.append(f"Their {name} agree within 5%.")
+    if precision := trained_precision(results):
+        parts.append(precision)
     return " ".join(parts)
+
+
+def trained_precision(results: dict[str, Any]) -> str:
+    """`Trained in fp32.`, or each precision with its arms where they differ (`--dtype auto` takes the
+    faster on the machine per step shape: the same FLOPs, another rounding); "" where no run recorded one."""
+    arms: dict[str, list[str]] = {}
+    for arm in results["arms"]:
+        for dtype in dict.fromkeys(r.get("train", {}).get("dtype") for r in arm.get("runs") or []):
+            if dtype:
+                arms.setdefault(dtype, []).append(arm["name"])
+    if len(arms) <= 1:
+        return f"Trained in {next(iter(arms))}." if arms else ""
+    return "Trained in " + "; ".join(f"{d} ({', '.join(names)})" for d, names in arms.items()) + "."
 
 
 def cost_rows(results: dict[str, Any], spread: bool = True) -> tuple[list[str], list[list[str]]]:
