@@ -801,27 +801,19 @@ def bench_precision(a: argparse.Namespace, work: Path, store: Path) -> dict[str,
     for size, batch, seq in (("tiny", 32, 128), ("small", 16, 256)):
         steps = a.precision_steps if size == "tiny" else max(12, a.precision_steps // 3)
         rates: dict[str, list[float]] = {"fp32": [], "bf16": []}
-        for dtype in ("fp32", "bf16", "fp32", "bf16"):
-            cfg = train_config(
-                store,
-                "clm",
-                "decoder",
-                model={"size": size},
-                batch={"seq_len": seq, "batch_size": batch},
-                budget={"steps": steps},
-                precision={"dtype": dtype},
+
+        def config(
+            dtype: str, size: str = size, batch: int = batch, seq: int = seq, steps: int = steps
+        ) -> Any:
+            shape = {"model": {"size": size}, "batch": {"seq_len": seq, "batch_size": batch}}
+            return train_config(
+                store, "clm", "decoder", **shape, budget={"steps": steps}, precision={"dtype": dtype}
             )
-            rates[dtype].append(loop_rate(cfg, work / f"precision-{size}-{dtype}"))
+
+        for dtype in ("fp32", "bf16", "fp32", "bf16"):
+            rates[dtype].append(loop_rate(config(dtype), work / f"precision-{size}-{dtype}"))
         best = {d: max(r) for d, r in rates.items()}
-        auto_cfg = train_config(
-            store,
-            "clm",
-            "decoder",
-            model={"size": size},
-            batch={"seq_len": seq, "batch_size": batch},
-            budget={"steps": steps},
-            precision={"dtype": "auto"},
-        )
+        auto_cfg = config("auto")
         plan = prepare(auto_cfg, work / f"precision-{size}-auto", force=True)
         plan.release()
         faster = max(best, key=best.get)
