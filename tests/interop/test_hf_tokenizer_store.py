@@ -123,7 +123,7 @@ def test_every_objective_reads_the_stores_special_ids(store: Path, name: str, ki
     batch = objective(rows, document_ids, torch.arange(len(rows)), 0)
     text = set(rows.flatten().tolist())
     # random replacements (any ordinary id) and FIM's re-encoded pieces bring new text ids
-    new_text = name in ("mlm", "bart", "nsp", "sop", "mixture", "fim")
+    new_text = name in ("mlm", "bart", "nsp", "sop", "mixture", "fim", "gpt_bert")
     for field in ("input_ids", "decoder_input_ids", "labels"):
         ids = getattr(batch, field)
         if ids is None:

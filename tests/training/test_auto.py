@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from objtrain.errors import UserError
+from objtrain.objectives.registry import find_class
 from objtrain.training import data as D
 from objtrain.training import distributed as dist
 from objtrain.training.config import build_config
@@ -23,11 +24,13 @@ from objtrain.training.loop import GRAPHS, compile_mode, prepare
 
 
 def plan(device: str = "cuda", accumulation: int = 1, kind: str = "decoder", objective: str = "clm", **kw):  # type: ignore[no-untyped-def]
+    splits = find_class(objective).splits_backward  # type: ignore[union-attr]
     return SimpleNamespace(
         device=torch.device(device),
         accumulation=accumulation,
         model_cfg=SimpleNamespace(kind=kind, mtp_heads=kw.get("heads", 1)),
-        objective=SimpleNamespace(name=objective),
+        # the objective's own answer (MTP: its per-head backward on more than one head), without building it
+        objective=SimpleNamespace(name=objective, splits_backward=lambda cfg: splits(None, cfg)),
         cfg=SimpleNamespace(parallel=kw.get("parallel", "ddp")),
         world=SimpleNamespace(distributed=kw.get("distributed", False)),
     )
