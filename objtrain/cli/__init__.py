@@ -51,7 +51,13 @@ class Terminated(KeyboardInterrupt):
 ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
+# The ending signals received while this command runs: an exception a C extension raises in place of the
+# signal's `Terminated` (numpy's `tofile` interrupted reports a TypeError) is still that signal's end.
+_TERMINATED: list[int] = []
+
+
 def _terminate(signum: int, frame: Any) -> None:
+    _TERMINATED.append(signum)
     raise Terminated(signum)
 
 
@@ -88,6 +94,10 @@ def _guarded(fn: F) -> F:
             raise _Interrupted(getattr(exc, "signum", signal.SIGINT)) from None
         except BrokenPipeError:
             raise _PipeClosed from None
+        except Exception:
+            if _TERMINATED:  # the signal's unwinding, re-raised as another error on the way
+                raise _Interrupted(_TERMINATED[-1]) from None
+            raise
 
     return wrapper  # type: ignore[return-value]
 
@@ -192,6 +202,7 @@ def main(argv: list[str] | None = None, program: bool = False) -> None:
     err = common.make_console(stderr=True)
     common.interrupt_note(common.NOTHING_WRITTEN)  # each run starts from the default (tests call main twice)
     forget_completed()
+    _TERMINATED.clear()
     try:
         try:
             with _ending_signals_interrupt():

@@ -190,3 +190,29 @@ def test_resume_says_when_there_is_nothing_to_resume_and_names_a_different_kind(
     assert "has no checkpoint to resume: --resume starts at step 0" in err, err
     err = refused(cli("train", small_store, "--objective", "clm", *base, "--resume", "-o", run))
     assert "holds an encoder model (trained with mlm)" in err and "asks for a decoder" in err, err
+
+
+def test_an_error_raised_while_a_signal_unwinds_the_command_ends_as_that_signal() -> None:
+    """A C extension interrupted by SIGHUP/SIGTERM may raise its own error in place of the signal's
+    (numpy's `tofile` gave a TypeError): the command still ends as terminated, not with a traceback."""
+    from objtrain import cli as cli_module
+
+    @cli_module._guarded
+    def command() -> None:
+        try:
+            cli_module._terminate(signal.SIGHUP, None)
+        except cli_module.Terminated:
+            raise TypeError("expected str, bytes or os.PathLike object, not BufferedWriter") from None
+
+    cli_module._TERMINATED.clear()
+    with pytest.raises(cli_module._Interrupted) as caught:
+        command()
+    assert caught.value.signum == signal.SIGHUP
+    cli_module._TERMINATED.clear()
+
+    @cli_module._guarded
+    def plain() -> None:
+        raise TypeError("a real bug")
+
+    with pytest.raises(TypeError):  # without a signal, an error stays the error it is
+        plain()
