@@ -13,19 +13,11 @@ import pytest
 import torch
 from newcomer_helpers import Result, objtrain_cmd, subprocess_env
 from safetensors.torch import load_file, save_file
+from test_bad_input import refused
 
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.models.checkpoint import save_checkpoint
 from objtrain.models.zoo import build_model, model_config
-
-
-def refused(result: Result, *fragments: str) -> str:
-    code, _, err = result
-    assert code == 2, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    for fragment in fragments:
-        assert fragment in err, err
-    return err
 
 
 @pytest.fixture(scope="module")
