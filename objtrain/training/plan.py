@@ -27,8 +27,10 @@ from objtrain.objectives.registry import build_objective
 from objtrain.training import accounting
 from objtrain.training import checkpoint as ckpt
 from objtrain.training import distributed as dist
-from objtrain.training.config import TrainConfig, check_divisible
+from objtrain.training.config import OptimConfig, TrainConfig, check_divisible
 from objtrain.training.data import Sources, auto_workers, leading_batches, open_sources
+from objtrain.training.host_memory import keep_freed_memory
+from objtrain.training.optim import build_optimizer
 from objtrain.training.precision import choose_cpu_dtype, time_step
 
 DEFAULT_SEQ_LEN = 256
@@ -189,7 +191,7 @@ def _resolve(
 
         # a run started --init-from has the source's shape: its checkpoints say so, whatever the flags now
         model_cfg, init_origin = init_from.resumed_model_config(resume_from, model_cfg)
-    step = _StepProbe(objective, source, model_cfg, seq_len, micro, cfg.seed, world.distributed)
+    step = _StepProbe(objective, source, model_cfg, seq_len, micro, cfg.seed, world.distributed, cfg.optim)
     dtype, dtype_note = _choose_dtype(cfg.precision.dtype, device, resume_from, step)
     check_precision(dtype, device)
     if model_cfg.attention_kernel == "flex" and device.type == "cpu":  # refused here, before a run dir exists
@@ -273,6 +275,7 @@ class _StepProbe:
     micro: int
     seed: int
     distributed: bool
+    optim: OptimConfig
 
     def shape(self) -> dict[str, Any]:
         objective = {"name": self.objective.name, "kind": self.objective.model_kind}
@@ -289,9 +292,13 @@ class _StepProbe:
         (batch,) = leading_batches(
             stream, self.objective, self.seq_len, self.micro, self.micro, self.seed, False
         )
+        # The loop's own allocator settings (process-wide, applied by the loop anyway): without them each
+        # step page-faults its activations back in, a cost that hides the precisions' difference.
+        keep_freed_memory()
         with torch.random.fork_rng(devices=[]):
             model = build_model(self.model_cfg)
-        return time_step(model, self.objective, batch.mark_layout())
+        optimizer = build_optimizer(model, self.optim, torch.device("cpu"))
+        return time_step(model, self.objective, batch.mark_layout(), optimizer=optimizer)
 
 
 def _embedded_store(world: dist.World, console: Console | None) -> Path:

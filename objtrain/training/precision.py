@@ -41,6 +41,10 @@ MARGIN = 1.05
 # load from other programs only ever slows a round down.
 ROUNDS = 3
 PER_ROUND = 2
+# What the timed step is: a new probe does not take ratios an earlier one measured. 2: the run's own fused
+# AdamW, with the loop's allocator settings (`host_memory`); the bare step of 1 read bf16 x1.08-1.13 the
+# speed of fp32 where the loop ran it at x0.86 (a tiny decoder on an Intel Xeon with AMX).
+PROBE = 2
 BF16_UNITS = ("amx_bf16", "avx512_bf16", "bf16", "sve_bf16")  # x86 AMX / AVX512-BF16; aarch64 BF16 (SVE)
 
 
@@ -71,6 +75,7 @@ def bf16_units(features: set[str] | None = None) -> list[str]:
 def cache_key(step_shape: dict[str, Any], units: list[str]) -> str:
     """What the measured ratio depends on: the CPU, torch, the threads and the step's shape."""
     what = {
+        "probe": PROBE,
         "cpu": cpu_model(),
         "units": units,
         "torch": torch.__version__,
@@ -156,12 +161,16 @@ def time_step(
     batch: Batch,
     rounds: int = ROUNDS,
     per_round: int = PER_ROUND,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> float:
     """fp32's step time over bf16's for `model` on `batch`: forward, loss, backward, clipping and an AdamW
-    update, as the training step (fp32 master weights, bf16 autocast). The model's weights change: the
-    caller passes a throwaway copy. Torch's random state is left as it was: the run's seed gives the same
-    curve whether or not its precision was measured."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    update, as the training step (fp32 master weights, bf16 autocast). `optimizer` is the run's own (the
+    training loop's fused AdamW: torch's default multi-tensor one took a third longer on a tiny decoder,
+    the same in both precisions, which pulled the ratio toward 1). The model's weights change: the caller
+    passes a throwaway copy. Torch's random state is left as it was: the run's seed gives the same curve
+    whether or not its precision was measured."""
+    if optimizer is None:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
 
     def step(dtype: str) -> float:
         start = time.perf_counter()
