@@ -77,6 +77,27 @@ def test_timing_the_step_leaves_the_runs_random_state_alone(specials) -> None:
     assert ratio > 0 and torch.equal(torch.get_rng_state(), before)
 
 
+def test_the_probe_times_the_runs_own_optimizer(
+    train_store: Path, tmp_path: Path, small_config, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The timed step is the loop's: its fused AdamW from the run's optim section."""
+    seen: list[torch.optim.Optimizer | None] = []
+
+    def timed(model, objective, batch, optimizer=None, **_: object) -> float:
+        seen.append(optimizer)
+        return 1.5
+
+    monkeypatch.setattr(precision, "cpu_features", lambda: UNITS)
+    monkeypatch.setattr(plan_module, "time_step", timed)
+    cfg = small_config(train_store, precision={"dtype": "auto"}, optim={"lr": 0.0125})
+    plan = prepare(cfg, tmp_path / "run")
+    plan.release()
+    (optimizer,) = seen
+    assert plan.dtype == "bf16"
+    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["fused"]
+    assert {g["lr"] for g in optimizer.param_groups} == {0.0125}
+
+
 def test_a_run_records_its_choice_and_a_resume_keeps_it(
     train_store: Path, tmp_path: Path, small_config, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
