@@ -189,7 +189,17 @@ def tiny_flops(
     (`experiment.TINY`) at the cheapest arm's FLOPs per token, raised to `TINY_STEPS` of the dearest arm's
     steps (an arm's FLOPs are whole steps under the budget: with fewer, one step's rounding would part the
     arms' FLOPs by more than 3%), never more than the experiment's own budget."""
-    tokens = float(TINY.value)
+    per_token, per_step = arm_flops(exp, seed, data, scratch, console)
+    flops = max(float(TINY.value) * min(per_token), TINY_STEPS * max(per_step))
+    return BudgetSpec(
+        flops=min(readable_flops(flops), float(exp.budget.value)), size=TINY.size, train=dict(TINY.train)
+    )
+
+
+def arm_flops(
+    exp: Experiment, seed: int, data: str | None, scratch: Path, console: Console | None
+) -> tuple[list[float], list[float]]:
+    """Each arm's training FLOPs per token and per step at the smoke run's settings (`--budget tiny`)."""
     per_token, per_step_all = [], []
     for arm in exp.arms:
         cfg = arm_config(exp, arm, seed, {"steps": 1}, True, data, scale=TINY)
@@ -200,10 +210,13 @@ def tiny_flops(
         _, per_step = _target_len_and_flops(plan, cfg.batch.batch_size)
         per_token.append(per_step / (cfg.batch.batch_size * plan.seq_len))
         per_step_all.append(per_step)
-    flops = max(tokens * min(per_token), TINY_STEPS * max(per_step_all))
-    unit = 10.0 ** (math.floor(math.log10(flops)) - 2)  # up to three significant digits: a readable budget
-    flops = min(math.ceil(flops / unit) * unit, float(exp.budget.value))
-    return BudgetSpec(flops=float(f"{flops:.6g}"), size=TINY.size, train=dict(TINY.train))
+    return per_token, per_step_all
+
+
+def readable_flops(flops: float) -> float:
+    """`flops` rounded up to three significant digits: a budget a reader can type."""
+    unit = 10.0 ** (math.floor(math.log10(flops)) - 2)
+    return float(f"{math.ceil(flops / unit) * unit:.6g}")
 
 
 def _saved_plan(report_dir: Path) -> dict[str, Any] | None:

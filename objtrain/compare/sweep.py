@@ -68,11 +68,13 @@ from objtrain.compare.runner import (
     _record,
     _tokenizer_hash,
     _without_unset,
+    arm_flops,
     check_report_dir,
     evaluate_run,
     finished_checkpoint,
     kept_result,
     plan_dict,
+    readable_flops,
     train_to_end,
 )
 from objtrain.errors import UserError, did_you_mean
@@ -86,7 +88,9 @@ from objtrain.training.optim import lr_factor, warmup_steps
 MIN_POINTS = 3
 MIN_SPAN = 30.0
 KINDS = ("tokens", "flops")
-# `--budget tiny` with a sweep and no budget axis given: a smoke sweep spanning 32x.
+# `--budget tiny` with a sweep and no budget axis given: a smoke sweep spanning 32x, in tokens; a sweep over
+# FLOPs stays over FLOPs, these tokens' worth at the cheapest arm's FLOPs a token (`runner.arm_flops`), so a
+# smoke run of an equal-compute sweep is still at equal compute.
 TINY_POINTS = (2048.0, 8192.0, 65536.0)
 
 
@@ -95,6 +99,7 @@ class SweepSpec:
     kind: str  # tokens | flops
     points: list[float]  # ascending
     sizes: list[str] = field(default_factory=list)  # [] = each arm's own size
+    tiny_tokens: bool = False  # flops points still in tokens (`TINY_POINTS`), to be priced per arm
 
     def to_dict(self) -> dict[str, Any]:
         return {self.kind: self.points, "size": self.sizes}
@@ -166,9 +171,11 @@ def parse_sweep(cli: list[str] | None, configured: dict[str, Any], tiny: bool) -
     axes = [k for k in KINDS if k in given]
     if len(axes) > 1:
         raise UserError("--sweep: give one budget axis, tokens= or flops=, not both")
+    tiny_tokens = False
     if tiny and not any(k in KINDS for k in from_cli):
-        given = {k: v for k, v in given.items() if k not in KINDS} | {"tokens": list(TINY_POINTS)}
-        axes = ["tokens"]
+        axis = "flops" if axes == ["flops"] else "tokens"
+        given = {k: v for k, v in given.items() if k not in KINDS} | {axis: list(TINY_POINTS)}
+        axes, tiny_tokens = [axis], axis == "flops"
     if not axes:
         raise UserError(
             "--sweep: name the budget axis, e.g. tokens=2e5,6e5,2e6,6e6 (size= alone sweeps nothing)"
@@ -200,7 +207,7 @@ def parse_sweep(cli: list[str] | None, configured: dict[str, Any], tiny: bool) -
             if name in sizes:
                 raise UserError(f"--sweep size=: {name!r} is given twice")
             sizes.append(name)
-    return SweepSpec(kind, points, sizes)
+    return SweepSpec(kind, points, sizes, tiny_tokens)
 
 
 def point_label(kind: str, value: float, size: str | None) -> str:
@@ -275,6 +282,11 @@ def plan_sweep(
     if exp.eval.data is not None and not Path(exp.eval.data).exists():
         raise UserError(f"eval data not found: {exp.eval.data} (the experiment's eval.data)")
     scratch = Path(tempfile.gettempdir()) / "objtrain-compare-check-does-not-exist"
+    if spec.tiny_tokens:
+        per_token = min(arm_flops(exp, seed_list[0], data, scratch, console)[0])
+        spec = dataclasses.replace(
+            spec, points=[readable_flops(t * per_token) for t in spec.points], tiny_tokens=False
+        )
     identity: tuple[str, str, str] | None = None
     cells: list[Cell] = []
     sizes: list[str | None] = list(spec.sizes) or [None]

@@ -89,6 +89,24 @@ def test_the_experiment_file_carries_a_sweep_and_the_command_line_replaces_its_a
         parse_sweep(None, {"tokens": "1000,2000,3000"}, tiny=False)
 
 
+def test_budget_tiny_keeps_a_flops_sweep_at_equal_flops(compare_store: Path, tmp_path: Path) -> None:
+    """`--budget tiny` shrinks a sweep over FLOPs to the smoke sweep's tokens priced at the cheapest arm's
+    FLOPs a token: the points stay FLOPs, so every arm at a point trains the same compute."""
+    assert parse_sweep(None, {"tokens": [2e5, 2e6, 2e7]}, tiny=True).kind == "tokens"
+    spec = parse_sweep(None, {"flops": [1e12, 1e13, 1e14]}, tiny=True)
+    assert spec is not None and spec.kind == "flops" and spec.tiny_tokens
+    arms = [
+        {"name": "clm", "objective": "clm", "model": {"kind": "decoder", "size": "debug"}},
+        {"name": "mlm", "objective": "mlm", "model": {"kind": "encoder", "size": "debug"}},
+    ]
+    exp = experiment_from_dict(sweep_experiment(compare_store, arms))
+    s = plan_sweep(exp, tmp_path / "report", spec, budget="tiny")
+    assert s.spec.kind == "flops" and not s.spec.tiny_tokens
+    per_token = min(runner.arm_flops(exp, exp.seed, None, tmp_path / "scratch", None)[0])
+    assert s.spec.points == [runner.readable_flops(t * per_token) for t in sweep_mod.TINY_POINTS]
+    assert {c.label for c in s.cells} == {sweep_mod.point_label("flops", p, None) for p in s.spec.points}
+
+
 def test_a_branched_point_ends_bit_identical_to_a_separate_run(compare_store: Path, tmp_path: Path) -> None:
     exp = experiment_from_dict(sweep_experiment(compare_store))
     spec = parse_sweep([f"tokens={ROWS},{8 * ROWS},{32 * ROWS}"], {}, tiny=False)
