@@ -1109,9 +1109,13 @@ def finding(results: dict[str, Any]) -> str:
             return f"In short: the {len(arms)} arms score alike on {words}: no difference at this budget."
         open_gaps = [(name, gap_text(r, name)) for name in r.get("gaps") or {}]
         open_gaps = [(name, text) for name, text in open_gaps if text]
+        if not open_gaps and n == 1:  # no interval: a lead, not a difference (run more seeds)
+            return (
+                f"In short: of the {len(arms)} arms, {best} scored best on {words} at one seed, which "
+                "cannot say how much of that is noise (run --seeds 3)."
+            )
         if not open_gaps:
-            at = f", resolved at {n} seeds" if n > 1 else ""
-            return f"In short: of the {len(arms)} arms, {best} did best on {words}{at}."
+            return f"In short: of the {len(arms)} arms, {best} did best on {words}, resolved at {n} seeds."
         name, _ = open_gaps[0]
         st = gap_status(r, name) or {}
         more = f" (and {len(open_gaps) - 1} more)" if len(open_gaps) > 1 else ""

@@ -60,7 +60,10 @@ def test_the_printed_report_ends_on_the_learnt_table_and_the_verdict() -> None:
     text = buffer.getvalue()
     assert text.index("what each arm cost") < text.index("what each arm learnt") < text.index("verdict")
     assert verdict(results)[-1] in text
-    assert text.rstrip().endswith("In short: of the 2 arms, clm did best on bits per byte.")
+    assert text.rstrip().endswith(
+        "In short: of the 2 arms, clm scored best on bits per byte at one seed, which cannot say how much "
+        "of that is noise (run --seeds 3)."
+    )
     assert "**Verdict.**" in markdown(results, [])
 
 
