@@ -8,6 +8,7 @@ any later moment, not a traceback.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from collections.abc import MutableMapping
@@ -70,13 +71,43 @@ def openmp_defaults(
     return "GOMP_SPINCOUNT"
 
 
+class _StartupEnded(KeyboardInterrupt):
+    """SIGTERM or SIGHUP while torch and the commands load (seconds on a busy machine): before the command
+    takes these signals over (`objtrain.cli`), they end the start-up as Ctrl-C does, in one line."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _end_startup(signum: int, frame: object) -> None:
+    raise _StartupEnded(signum)
+
+
+def _startup_signals() -> dict[int, object]:
+    """Install `_end_startup` for SIGTERM and SIGHUP; returns the handlers it replaced."""
+    previous: dict[int, object] = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # `nohup`'s ignored SIGHUP stays ignored
+            previous[sig] = signal.signal(sig, _end_startup)
+    return previous
+
+
 def main() -> None:
     chose = "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ
     # Only the commands that run models pay the start-up look at the machine (a tenth of a second).
     computes = len(sys.argv) > 1 and sys.argv[1] in COMPUTE_COMMANDS
-    openmp_defaults(others=other_work() if computes and not chose else None)
+    previous: dict[int, object] = {}
     try:
+        previous = _startup_signals()
+        openmp_defaults(others=other_work() if computes and not chose else None)
         from objtrain.cli import main as cli_main
+
+        for sig, handler in previous.items():  # the command installs its own; a finished one is not ended
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+    except _StartupEnded as exc:
+        sys.stderr.write(f"terminated ({signal.Signals(exc.signum).name}); nothing was written\n")
+        sys.exit(128 + exc.signum)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted; nothing was written\n")
         sys.exit(130)

@@ -87,6 +87,20 @@ def test_ctrl_c_during_start_up(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_sigterm_during_start_up_is_one_line(tmp_path: Path) -> None:
+    """`timeout` and `docker stop` send SIGTERM: while torch loads it ends the start-up in one line, 143."""
+    out = tmp_path / "store"
+    proc = subprocess.Popen(objtrain_cmd(*STDLIB_RUN, "-o", out), env=subprocess_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    _wait_for(lambda: _loading_torch(proc.pid), proc, "objtrain's imports")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines() == ["terminated (SIGTERM); nothing was written"], repr(err)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
 def test_ctrl_c_while_writing_removes_the_temporary(tmp_path: Path) -> None:
     out = tmp_path / "store"
     proc = subprocess.Popen(objtrain_cmd(*STDLIB_RUN, "-o", out), env=subprocess_env(),
