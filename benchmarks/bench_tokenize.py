@@ -12,17 +12,18 @@
    --long-mb sizes, 60 and 200 MB by default; plain, and gzip with --long-gz) tokenized the same way,
    their peak RSS printed against their size and against the tiny corpus' baseline. A document is read
    and encoded in pieces of `objtrain.data.tokenize.PIECE_CHARS` characters, so the peak should not follow
-   the size. Measured on 2 shared cores (load ~10), `objtrain tokenize FILE --tokenizer MODEL`, peak RSS
-   from /usr/bin/time -v, baseline (one short file) 248 MB:
+   the size. Measured with `/usr/bin/time -v objtrain tokenize FILE --tokenizer MODEL` on 2 cores shared
+   with other jobs (load 10-12, so wall seconds are loose; CPU seconds are user + system), baseline (one
+   short file) 242-248 MB:
 
-   | one line | encoded in pieces, read whole (a40a019) | read in pieces too |
-   |----------|------------------------------------------|--------------------|
-   | 60 MB    | 533 MB, 30 s                              | 456 MB, 42 s       |
-   | 200 MB   | 802 MB, 77 s                              | 453 MB, 178 s      |
+   | one line       | read whole, encoded in pieces (a40a019) | read in pieces too            |
+   |----------------|------------------------------------------|-------------------------------|
+   | 60 MB          | 533 MB peak, 11 s CPU, 30 s wall         | 456 MB, 14 s CPU, 42 s wall   |
+   | 200 MB         | 801 MB peak, 50 s CPU, 376 s wall        | 455 MB, 51 s CPU, 356 s wall  |
+   | 60 / 200 MB gz | -                                        | 453 / 424 MB (this script)    |
 
-   (the seconds are those of a machine shared with other jobs, not a comparison; before pieces at all,
-   one such 200 MB line peaked at 9.48 GB, 47x its size). Skipped, with a note, when the temporary
-   folder has less than twice the largest size free.
+   (the 200 MB rows ran back to back; before pieces at all, one such 200 MB line peaked at 9.48 GB, 47x
+   its size). Skipped, with a note, when the temporary folder has less than twice the largest size free.
 
     .venv/bin/python benchmarks/bench_tokenize.py            # about 3-4 minutes on 2 busy cores
     .venv/bin/python benchmarks/bench_tokenize.py --quick    # smaller memory sweep
