@@ -9,6 +9,8 @@ unless `doc_split` cuts it:
 - `blank-line`: a document is a run of non-blank lines, without the line break that ends its last line;
 - `line`: every non-blank line is a document, without its line break.
 Lines end at `\\n` only, so `\\r\\n` files keep their `\\r` inside documents and decode back exactly.
+Text is read a block at a time and a document comes out in fragments (`iter_fragments`), so one that is
+a whole file of one line is never held whole; `iter_pieces` cuts them where the encoder cuts a long text.
 
 Bad files: a binary (NUL byte) or non-UTF-8 file met while walking a directory is *skipped and counted*
 (real corpus folders hold stray images, archives, Latin-1 leftovers; one should not sink a long run),

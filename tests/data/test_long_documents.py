@@ -128,9 +128,24 @@ def test_long_documents_read_in_pieces_get_the_whole_reads_tokens_and_splits(
         ids = [t for p in expected_pieces(d, limit) for t in tokenizer.encode(p)]
         expected[split(d, seed)].append(ids)
     assert any(len(d) > 5 * limit for d in documents)
-    config = TokenizeConfig(tokenizer=model_file, valid_fraction=0.5, seed=seed, doc_split=doc_split)  # type: ignore[arg-type]
+    # one piece a chunk, two chunks in flight: a long document's first pieces are written before its last
+    # is read, so they wait in the spool
+    spooled = []
+    append = tokenize_module._Spool.append
+    monkeypatch.setattr(
+        tokenize_module._Spool, "append", lambda self, *a: spooled.append(a) or append(self, *a)
+    )
+    config = TokenizeConfig(
+        tokenizer=model_file,
+        valid_fraction=0.5,
+        seed=seed,
+        doc_split=doc_split,
+        chunk_bytes=1,
+        num_threads=1,  # type: ignore[arg-type]
+    )
     tokenize_corpus(inputs, tmp_path / "plain", config)
     assert store_docs(tmp_path / "plain") == expected
+    assert spooled
     tokenize_corpus([Path(str(p) + ".gz") for p in inputs], tmp_path / "gz", config)
     assert store_docs(tmp_path / "gz") == expected
     meta = TokenStore.open(tmp_path / "gz").meta
@@ -144,12 +159,20 @@ def test_long_documents_read_in_pieces_get_the_whole_reads_tokens_and_splits(
 def test_a_multibyte_character_at_a_read_boundary_is_never_split(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Read 8 KiB bytes at a time by the decoder and 1,000 characters at a time by the reader, 2- to
-    4-byte characters fall on every kind of boundary; a piece without a space is cut at a character."""
+    """Read 8 KiB bytes at a time by the decoder and 1,000 characters at a time by the reader (plain,
+    gzip and zstd), 2- to 4-byte characters fall on every kind of boundary; a piece without a space is
+    cut at a character."""
     rng = random.Random(0)
     text = "".join(rng.choice("é日🎉a ") for _ in range(40_000))
     monkeypatch.setattr(sources, "BLOCK", 1000)
-    for name, data in (("m.txt", text.encode()), ("m.txt.gz", gzip.compress(text.encode()))):
+    files = [("m.txt", text.encode()), ("m.txt.gz", gzip.compress(text.encode()))]
+    try:
+        import zstandard
+
+        files.append(("m.txt.zst", zstandard.ZstdCompressor().compress(text.encode())))
+    except ImportError:  # an optional extra: .zst files need it
+        pass
+    for name, data in files:
         (tmp_path / name).write_bytes(data)
         source = sources.scan(tmp_path / name, explicit=True)
         assert isinstance(source, sources.Source)
