@@ -8,13 +8,26 @@
 2. Memory: corpora of 1, 4, 16, 32 copies of the standard library (12 MB each, up to ~390 MB) are
    tokenized in a child process (`python -m objtrain tokenize --tokenizer ...`); its peak RSS comes from
    getrusage(RUSAGE_CHILDREN) in a fresh wrapper process per run. Streaming shows as a flat peak RSS.
-3. One long document: a file of one line (random words, --long-mb MB, 200 by default) tokenized the same
-   way, its peak RSS printed against its size (a document is encoded in pieces of
-   `objtrain.data.tokenize.PIECE_CHARS` characters; before that, one such line peaked at 47x its size).
+3. One long document: files of one line (random words with accented and CJK ones, no line break;
+   --long-mb sizes, 60 and 200 MB by default; plain, and gzip with --long-gz) tokenized the same way,
+   their peak RSS printed against their size and against the tiny corpus' baseline. A document is read
+   and encoded in pieces of `objtrain.data.tokenize.PIECE_CHARS` characters, so the peak should not follow
+   the size. Measured with `/usr/bin/time -v objtrain tokenize FILE --tokenizer MODEL` on 2 cores shared
+   with other jobs (load 10-12, so wall seconds are loose; CPU seconds are user + system), baseline (one
+   short file) 242-248 MB:
+
+   | one line       | read whole, encoded in pieces (a40a019) | read in pieces too            |
+   |----------------|------------------------------------------|-------------------------------|
+   | 60 MB          | 533 MB peak, 11 s CPU, 30 s wall         | 456 MB, 14 s CPU, 42 s wall   |
+   | 200 MB         | 801 MB peak, 50 s CPU, 376 s wall        | 455 MB, 51 s CPU, 356 s wall  |
+   | 60 / 200 MB gz | -                                        | 453 / 424 MB (this script)    |
+
+   (the 200 MB rows ran back to back; before pieces at all, one such 200 MB line peaked at 9.48 GB, 47x
+   its size). Skipped, with a note, when the temporary folder has less than twice the largest size free.
 
     .venv/bin/python benchmarks/bench_tokenize.py            # about 3-4 minutes on 2 busy cores
     .venv/bin/python benchmarks/bench_tokenize.py --quick    # smaller memory sweep
-    .venv/bin/python benchmarks/bench_tokenize.py --long-only --long-mb 200  # the one-line file alone
+    .venv/bin/python benchmarks/bench_tokenize.py --long-only --long-mb 60,200  # the one-line files alone
 """
 
 from __future__ import annotations
@@ -136,31 +149,60 @@ def memory(root: Path, copies: list[int], model: Path) -> list[list[object]]:
     return rows
 
 
-def long_line(root: Path, megabytes: float, model: Path) -> list[object]:
-    """[MB, peak RSS MB, RSS / size, seconds] for one file of one line of random words."""
+def long_lines(root: Path, sizes: list[float], model: Path, gz: bool) -> list[list[object]]:
+    """[file, MB, peak RSS MB, growth over a tiny corpus MB, RSS / size, seconds] for files of one line of
+    random words each (and their .gz copies with `gz`); [] with a note when the disk is too small."""
+    import gzip
     import random
 
+    need = 2 * max(sizes) * 1e6 * (1.5 if gz else 1.0)
+    if shutil.disk_usage(root).free < need:
+        print(f"  skipped: {root} has less than {need / 1e9:.1f} GB free for the one-line files")
+        return []
+    tiny = root / "tiny-line.txt"
+    tiny.write_text("hello world")
+    args = ["--tokenizer", str(model), "-o", str(root / "l"), "--force"]
+    baseline, _ = peak_rss_mb(["tokenize", str(tiny), *args])
+    rows: list[list[object]] = [["tiny (baseline)", 0.0, baseline, 0.0, "-", "-"]]
     rng = random.Random(0)
-    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
-    path = root / "one-line.txt"
-    with open(path, "w") as f:
-        while f.tell() < megabytes * 1e6:
-            f.write(" ".join(rng.choice(words) for _ in range(100_000)) + " ")
-    mb = path.stat().st_size / 1e6
-    rss, seconds = peak_rss_mb(
-        ["tokenize", str(path), "--tokenizer", str(model), "-o", str(root / "l"), "--force"]
-    )
-    return [mb, rss, rss / mb, seconds]
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "naïve", "日本"]
+    for megabytes in sizes:
+        path = root / f"one-line-{megabytes:g}.txt"
+        with open(path, "w", encoding="utf-8") as f:
+            while f.tell() < megabytes * 1e6:
+                f.write(" ".join(rng.choice(words) for _ in range(100_000)) + " ")
+        paths = [path]
+        if gz:
+            with (
+                open(path, "rb") as plain,
+                gzip.open(path.with_suffix(".txt.gz"), "wb", compresslevel=1) as out,
+            ):
+                shutil.copyfileobj(plain, out, 1 << 24)
+            paths.append(path.with_suffix(".txt.gz"))
+        mb = path.stat().st_size / 1e6
+        for file in paths:
+            rss, seconds = peak_rss_mb(["tokenize", str(file), *args])
+            rows.append([file.name, mb, rss, rss - baseline, rss / mb, seconds])
+            print(f"  {file.name}: {mb:.0f} MB of text, peak RSS {rss:.0f} MB, {seconds:.0f} s", flush=True)
+            file.unlink()
+    return rows
+
+
+LONG_HEADER = ["one line", "MB", "peak RSS MB", "growth MB", "x size", "s"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats, memory sweep up to 4 copies")
-    parser.add_argument("--long-mb", type=float, default=200, help="size of the one-line file, MB")
+    parser.add_argument(
+        "--long-mb", default="60,200", help="sizes of the one-line files, MB, comma-separated"
+    )
+    parser.add_argument("--long-gz", action="store_true", help="also tokenize gzip copies of them")
     parser.add_argument(
         "--long-only", action="store_true", help="only the one-line file (trains a tokenizer)"
     )
     args = parser.parse_args()
+    sizes = [float(x) for x in str(args.long_mb).split(",") if x]
     copies = [1, 2, 4] if args.quick else [1, 4, 16, 32]
     with tempfile.TemporaryDirectory(prefix="bench_tokenize.") as tmp:
         root = Path(tmp)
@@ -168,12 +210,9 @@ def main() -> None:
             tokenize_corpus(
                 [], root / "t", TokenizeConfig(corpus="stdlib", vocab_size=2000, train_bytes=400_000)
             )
-            print(
-                table(
-                    ["one-line MB", "peak RSS MB", "x size", "s"],
-                    [long_line(root, args.long_mb, root / "t" / "tokenizer.model")],
-                )
-            )
+            rows = long_lines(root, sizes, root / "t" / "tokenizer.model", args.long_gz)
+            if rows:
+                print(table(LONG_HEADER, rows))
             return
         print(f"throughput ({default_threads()} threads)", flush=True)
         rows = throughput(root, repeats=3 if args.quick else 5)
@@ -197,9 +236,10 @@ def main() -> None:
         mem = memory(root, copies, root / "trained-0" / "tokenizer.model")
         print()
         print(table(["corpus", "MB", "peak RSS MB", "growth MB", "MB/s", "in budget"], mem))
-        print(f"\none document of one line ({args.long_mb:g} MB)", flush=True)
-        row = long_line(root, args.long_mb, root / "trained-0" / "tokenizer.model")
-        print(table(["one-line MB", "peak RSS MB", "x size", "s"], [row]))
+        print(f"\none document of one line ({args.long_mb} MB)", flush=True)
+        long = long_lines(root, sizes, root / "trained-0" / "tokenizer.model", args.long_gz)
+        if long:
+            print(table(LONG_HEADER, long))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ unless `doc_split` cuts it:
 - `blank-line`: a document is a run of non-blank lines, without the line break that ends its last line;
 - `line`: every non-blank line is a document, without its line break.
 Lines end at `\\n` only, so `\\r\\n` files keep their `\\r` inside documents and decode back exactly.
+Text is read a block at a time and a document comes out in fragments (`iter_fragments`), so one that is
+a whole file of one line is never held whole; `iter_pieces` cuts them where the encoder cuts a long text.
 
 Bad files: a binary (NUL byte) or non-UTF-8 file met while walking a directory is *skipped and counted*
 (real corpus folders hold stray images, archives, Latin-1 leftovers; one should not sink a long run),
@@ -30,7 +32,7 @@ import os
 import re
 import sysconfig
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
@@ -428,44 +430,108 @@ def _text_stream(source: Source) -> io.TextIOWrapper:
     return io.TextIOWrapper(_open_binary(source.path, source.compression), encoding="utf-8", newline="\n")
 
 
+# A document as it is read: `(text, end)` fragments whose texts join to the document, `end` True on its
+# last one. A text file gives fragments of at most a block or two, so no document is ever held whole.
+Fragments = Iterator[tuple[str, bool]]
+
+
 def iter_documents(
     source: Source, doc_split: DocSplit = "file", text_field: str = "text", bad: BadRecords | None = None
 ) -> Iterator[str]:
-    """Documents of one file, in file order. Empty documents are yielded too (the caller counts them).
+    """Documents of one file, in file order, each whole. Empty documents are yielded too (the caller counts
+    them). `iter_pieces` gives the same documents in bounded pieces instead.
 
     Malformed records (JSONL, Parquet, Arrow) go to `bad`: skipped and counted, or refused when it is
     strict; without `bad` they are refused."""
+    held: list[str] = []
+    for text, end in iter_fragments(source, doc_split, text_field, bad):
+        held.append(text)
+        if end:
+            yield "".join(held)
+            held = []
+
+
+def iter_pieces(
+    source: Source,
+    doc_split: DocSplit,
+    limit: int,
+    text_field: str = "text",
+    bad: BadRecords | None = None,
+) -> Fragments:
+    """`iter_documents`' documents as `(piece, last)`: a document of at most `limit` characters as one
+    piece, a longer one in the pieces `pieces(document, limit)` gives, read from the file as they are
+    needed: memory follows `limit` and the read block, never the document (a log or minified file of one
+    line, gigabytes long)."""
+    return repiece(iter_fragments(source, doc_split, text_field, bad), limit)
+
+
+def iter_fragments(
+    source: Source, doc_split: DocSplit = "file", text_field: str = "text", bad: BadRecords | None = None
+) -> Fragments:
+    """The documents of one file as fragments (`Fragments`), read a block at a time where the format
+    allows: text (plain or compressed) streams; a JSONL record or a Parquet/Arrow cell is one value that
+    the parser hands over whole, so such a document is one fragment, read whole."""
     bad = bad if bad is not None else BadRecords(strict=True)
     if source.format in TABLE_FORMATS:
         from objtrain.data import tables
 
-        yield from tables.iter_texts(source.path, source.format, text_field, bad)
+        yield from ((text, True) for text in tables.iter_texts(source.path, source.format, text_field, bad))
         return
     with _text_stream(source) as stream:
         if source.format == "jsonl":
-            yield from _jsonl_documents(source.path, stream, text_field, bad)
+            yield from ((text, True) for text in _jsonl_documents(source.path, stream, text_field, bad))
         elif doc_split == "file":
-            yield stream.read()
+            # the decoder never splits a character: a block ends after a whole code point
+            while block := stream.read(BLOCK):
+                yield block, False
+            yield "", True
         else:
-            yield from split_text(stream, doc_split)
+            yield from split_fragments(stream, doc_split, BLOCK)
 
 
 def split_text(stream: io.TextIOBase, doc_split: DocSplit, block: int = BLOCK) -> Iterator[str]:
-    """Non-blank lines (`line`) or paragraphs (`blank-line`) of a text stream opened with newline="\\n"."""
-    blocks = _line_blocks(stream, block)
-    if doc_split == "blank-line":
-        yield from _paragraphs(blocks)
-        return
-    for text in blocks:
-        yield from (line[:-1] if line[-1] == "\r" else line for line in text.split("\n") if line.strip())
+    """Non-blank lines (`line`) or paragraphs (`blank-line`) of a text stream opened with newline="\n"."""
+    held: list[str] = []
+    for text, end in split_fragments(stream, doc_split, block):
+        held.append(text)
+        if end:
+            yield "".join(held)
+            held = []
 
 
-def _line_blocks(stream: io.TextIOBase, size: int) -> Iterator[str]:
-    """The text in blocks of about `size` characters that end at a line break (the last one may not)."""
-    while block := stream.read(size):
-        if not block.endswith("\n"):
-            block += stream.readline()
-        yield block
+def split_fragments(stream: io.TextIOBase, doc_split: DocSplit, block: int = BLOCK) -> Fragments:
+    """`split_text`'s documents as fragments, read `block` characters at a time (never a whole line)."""
+    blocks = iter(lambda: stream.read(block), "")
+    return _paragraphs(blocks) if doc_split == "blank-line" else _lines(blocks)
+
+
+def _cr(text: str) -> str:
+    """`text` without the \r of a \r\n that ended it."""
+    return text[:-1] if text[-1:] == "\r" else text
+
+
+def _lines(blocks: Iterator[str]) -> Fragments:
+    """Every line with a non-whitespace character, without its line break (\n or \r\n).
+
+    A line that goes on past a block is given out as it is read, up to its last non-whitespace character
+    (nothing after it can undo that it is a document, and only its last character may be the \r to
+    drop); its whitespace tail is kept for the next block. Only a line of nothing but whitespace, not
+    yet known to be one, is held whole: a gigabyte of spaces without a line break would be."""
+    carry, open_ = "", False  # open_: the line in `carry` has fragments out already
+    for block in blocks:
+        lines = (carry + block).split("\n")
+        carry = lines.pop()  # the line still going on
+        if lines and open_:
+            yield _cr(lines[0]), True  # the rest of the open line (may be empty)
+            open_ = False
+            lines[0] = ""
+        yield from ((_cr(line), True) for line in lines if line.strip())
+        kept = len(carry.rstrip())
+        if kept:
+            yield carry[:kept], False
+            carry, open_ = carry[kept:], True
+    if open_ or carry.strip():
+        yield _cr(carry), True
 
 
 # One or more blank (whitespace-only) lines, with the line break before them: what separates paragraphs.
@@ -474,26 +540,96 @@ _LEADING_BLANK = re.compile(r"\A(?:[^\S\n]*\n)+")
 _TRAILING_BLANK = re.compile(r"(?:\n[^\S\n]*)+\Z")
 
 
-def _paragraphs(blocks: Iterator[str]) -> Iterator[str]:
-    """Runs of non-blank lines, without the line break (\\n or \\r\\n) that ends their last line.
+def _paragraphs(blocks: Iterator[str]) -> Fragments:
+    """Runs of non-blank lines, without the line break (\n or \r\n) that ends their last line.
 
     Separators are found by regex over whole blocks, not line by line: this is the hot path for corpora
-    of short documents. A paragraph longer than a block is carried as a list and joined once.
+    of short documents. A paragraph that goes on past a block is given out as it is read, up to its last
+    non-whitespace character (a separator is whitespace, so it can only start after that character);
+    the whitespace after it is kept, to be split with the next block. As in `_lines`, only whitespace
+    not yet known to open a paragraph is held whole.
     """
-    carry: list[str] = []
+    carry, open_ = "", False  # open_: the paragraph in `carry` has fragments out already
     for block in blocks:
-        if carry and not _BLANK_LINES.search("\n" + block):
-            carry.append(block)  # no separator in this block: the paragraph goes on
-            continue
-        parts = _BLANK_LINES.split("".join(carry) + block)
-        # Only the first part can open with blank lines: at the start of the file, or when a block
-        # boundary cut a separator in two.
-        parts[0] = _LEADING_BLANK.sub("", parts[0])
-        carry = [parts.pop()]  # may go on in the next block
-        yield from (p[:-1] if p[-1] == "\r" else p for p in parts if p.strip())
-    last = _TRAILING_BLANK.sub("", _LEADING_BLANK.sub("", "".join(carry)))
+        parts = _BLANK_LINES.split(carry + block)
+        carry = parts.pop()  # may go on in the next block
+        if parts and open_:
+            yield _cr(parts[0]), True  # the rest of the open paragraph (may be empty)
+            open_ = False
+            parts[0] = ""
+        elif parts:
+            # Only the first part can open with blank lines: at the start of the file, or when a block
+            # boundary cut a separator in two.
+            parts[0] = _LEADING_BLANK.sub("", parts[0])
+        yield from ((_cr(p), True) for p in parts if p.strip())
+        if not open_:
+            carry = _LEADING_BLANK.sub("", carry)
+        kept = len(carry.rstrip())
+        if kept:
+            yield carry[:kept], False
+            carry, open_ = carry[kept:], True
+    if open_:
+        yield _cr(_TRAILING_BLANK.sub("", carry)), True
+        return
+    last = _TRAILING_BLANK.sub("", carry)
     if last.strip():
-        yield last[:-1] if last[-1] == "\r" else last
+        yield _cr(last), True
+
+
+def _cut(text: str, start: int, limit: int) -> int:
+    """Where the piece of `text` that starts at `start` ends: just before the last space within `limit`
+    characters that starts a word, else at `limit`."""
+    end = start + limit
+    cut = text.rfind(" ", start + 1, end + 1)
+    while cut > start and text[cut - 1].isspace():  # inside a run of whitespace: not a word start
+        cut = text.rfind(" ", start + 1, cut)
+    return cut if cut > start else end
+
+
+def pieces(text: str, limit: int) -> Iterator[str]:
+    """`text` in pieces of at most `limit` characters, each cut just before a space that starts a word
+    (where sentencepiece and byte-level BPE pre-tokenizers begin a new piece anyway, so the tokens are
+    those of the whole text), else at `limit`. The pieces join back to `text`; each is encoded on its own,
+    so a document's memory in flight is a few pieces however long it is (a log or a minified file)."""
+    start, n = 0, len(text)
+    while n - start > limit:
+        cut = _cut(text, start, limit)
+        yield text[start:cut]
+        start = cut
+    yield text[start:]
+
+
+def repiece(fragments: Iterable[tuple[str, bool]], limit: int) -> Fragments:
+    """Documents given as fragments, as `(piece, last)`: the pieces `pieces(document, limit)` gives
+    (a document of at most `limit` characters is one piece), found while the fragments come in.
+
+    A cut looks at most `limit + 1` characters ahead of where the piece starts, so only that much (and
+    a fragment) is held: the pieces, and so the tokens, are those of the whole document read at once."""
+    held: list[str] = []
+    size = 0
+    for text, end in fragments:
+        if end and not held:  # a document in one fragment (a short one, a JSONL value): cut by index
+            if len(text) <= limit:
+                yield text, True
+                continue
+            parts = pieces(text, limit)
+            part = next(parts)
+            for following in parts:
+                yield part, False
+                part = following
+            yield part, True
+            continue
+        if text:
+            held.append(text)
+            size += len(text)
+        while size > limit:  # more than a piece is known: where the next one ends is decided
+            buf = "".join(held)
+            cut = _cut(buf, 0, limit)
+            yield buf[:cut], False
+            held, size = [buf[cut:]], size - cut
+        if end:
+            yield "".join(held), True
+            held, size = [], 0
 
 
 def _jsonl_documents(path: Path, stream: io.TextIOWrapper, field: str, bad: BadRecords) -> Iterator[str]:

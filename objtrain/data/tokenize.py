@@ -7,6 +7,10 @@ Three passes over the inputs, none of which holds the corpus in memory:
 3. encode: read documents in chunks of about `chunk_bytes`, encode chunks on all cores (sentencepiece
    releases the GIL) while more are read, append their tokens to `<split>.bin` in order.
 
+A document longer than `PIECE_CHARS` is read and encoded in pieces (`sources.iter_pieces`), never whole:
+its split is known only at its end (the keyed hash of all its bytes), so the tokens of its earlier pieces
+wait in a temporary file until then (`_Spool`).
+
 Train/valid split: each document's split comes from a keyed hash of its bytes and the seed, so it does not
 depend on order or on which other files are present, and identical documents always land together (no
 copy of a training document leaks into validation).
@@ -20,12 +24,13 @@ import heapq
 import itertools
 import os
 import platform
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 import numpy as np
 
@@ -135,9 +140,20 @@ def default_threads() -> int:
         return os.cpu_count() or 1
 
 
+def _hasher(seed: int) -> Any:
+    return hashlib.blake2b(digest_size=16, key=seed.to_bytes(8, "little", signed=True))
+
+
 def _keys(data: bytes, seed: int) -> tuple[float, int]:
     """(split key in [0, 1), sample key): one keyed hash of the document's bytes and the seed."""
-    digest = hashlib.blake2b(data, digest_size=16, key=seed.to_bytes(8, "little", signed=True)).digest()
+    hasher = _hasher(seed)
+    hasher.update(data)
+    return _digest_keys(hasher)
+
+
+def _digest_keys(hasher: Any) -> tuple[float, int]:
+    """`_keys` of the bytes fed to `hasher` (`_hasher(seed)`), which a long document is fed in pieces."""
+    digest = hasher.digest()
     return int.from_bytes(digest[:8], "little") / 2.0**64, int.from_bytes(digest[8:], "little")
 
 
@@ -203,15 +219,38 @@ def _in_valid(source: Source, data: bytes, config: TokenizeConfig) -> bool:
     return _keys(data, config.seed)[0] < config.valid_fraction
 
 
-def _documents(
+def _split_known(source: Source, config: TokenizeConfig) -> bool | None:
+    """Whether every document of `source` is a valid one, when that is known before reading it."""
+    if source.split is not None:
+        return source.split == "valid"
+    return False if config.valid_fraction <= 0 else None
+
+
+# A document longer than this many characters is read and encoded in pieces of at most this size
+# (`sources.pieces`). Fixed, not `chunk_bytes`: a store does not depend on how it was chunked, and
+# documents below it are never cut.
+PIECE_CHARS = 1 << 20
+
+
+def _pieces(
     sources: Sequence[Source], config: TokenizeConfig, bad: src.BadRecords | None = None
-) -> Iterator[tuple[int, str, bytes]]:
-    """(source index, text, UTF-8 bytes) of every document, empty ones included; malformed records are
-    counted in `bad` (a throwaway counter when None: the sampling pass reads them too)."""
+) -> Iterator[tuple[int, str, bool]]:
+    """(source index, piece, last piece of its document) of every document, empty ones included (one
+    empty piece); malformed records are counted in `bad` (a throwaway counter when None: the sampling
+    pass reads them too)."""
     bad = bad if bad is not None else src.BadRecords(config.strict)
     for index, source in enumerate(sources):
-        for text in src.iter_documents(source, config.doc_split, config.text_field, bad):
-            yield index, text, text.encode("utf-8")
+        for piece, last in src.iter_pieces(source, config.doc_split, PIECE_CHARS, config.text_field, bad):
+            yield index, piece, last
+
+
+@dataclass
+class _Long:
+    """A document in several pieces, being read: its bytes so far (hashed, counted); its split once known."""
+
+    hasher: Any
+    n_bytes: int = 0
+    valid: bool | None = None  # None: not known until its last piece is read
 
 
 def sample_for_training(sources: Sequence[Source], config: TokenizeConfig, progress: Progress) -> list[str]:
@@ -220,20 +259,43 @@ def sample_for_training(sources: Sequence[Source], config: TokenizeConfig, progr
     heap: list[tuple[int, int, str]] = []  # max-heap on the key, through negation
     total = n_train = n_valid = 0
     unreported = 0
-    for index, text, data in _documents(sources, config):
+    long: _Long | None = None  # the document in several pieces being read
+    kept: list[str] = []  # its first pieces, while they hold fewer than train_bytes bytes
+    for index, piece, last in _pieces(sources, config):
+        data = piece.encode("utf-8")
         unreported += len(data)
         if unreported >= config.chunk_bytes:  # progress in document bytes, a step per chunk
             progress.advance(unreported)
             unreported = 0
-        if not data:
-            continue
-        sample_key = _keys(data, config.seed)[1]
-        if _in_valid(sources[index], data, config):
+        if long is not None or not last:  # a piece of a long document
+            if long is None:
+                long, kept = _Long(_hasher(config.seed)), []
+            long.hasher.update(data)
+            # A document larger than the sample is kept in it only alone (the heap below evicts down
+            # to one), and then only its first train_bytes, at a piece boundary: never held whole.
+            if long.n_bytes < config.train_bytes:
+                kept.append(piece)
+            long.n_bytes += len(data)
+            if not last:
+                continue
+            split_key, sample_key = _digest_keys(long.hasher)
+            source = sources[index]
+            valid = source.split == "valid" if source.split is not None else split_key < config.valid_fraction
+            n_bytes, text = long.n_bytes, "".join(kept)
+            long, kept = None, []
+        else:
+            if not data:
+                continue
+            sample_key = _keys(data, config.seed)[1]
+            valid = _in_valid(sources[index], data, config)
+            n_bytes, text = len(data), piece
+        del data
+        if valid:
             n_valid += 1
             continue
         n_train += 1
-        heapq.heappush(heap, (-sample_key, len(data), text))
-        total += len(data)
+        heapq.heappush(heap, (-sample_key, n_bytes, text))
+        total += n_bytes
         while total > config.train_bytes and len(heap) > 1:
             total -= heapq.heappop(heap)[1]
     if n_train == 0:
@@ -352,39 +414,59 @@ class _SplitWriter:
             os.fsync(handle.fileno())
             handle.close()
 
+    def append_spool(self, spool: _Spool) -> None:
+        """The tokens a spool holds (pieces of one document, none of which ends it), then empties it."""
+        assert spool.file is not None
+        spool.file.seek(0)
+        while block := spool.file.read(1 << 24):
+            self.tokens.write(block)
+        self.counts.tokens += spool.n_tokens
+        self.counts.unknown += spool.unknown
+        spool.clear()
+
+
+class _Spool:
+    """The tokens of a long document's first pieces, on disk until its last piece says its split.
+
+    Only one document is ever undecided (documents are read in order), so one spool serves them all."""
+
+    def __init__(self, directory: Path, unk: int) -> None:
+        self.directory = directory
+        self.unk = unk
+        self.file: IO[bytes] | None = None
+        self.document: _Long | None = None
+        self.n_tokens = self.unknown = 0
+
+    def append(self, document: _Long, tokens: np.ndarray) -> None:
+        if self.file is None:  # anonymous: gone when closed, even when the run is killed
+            self.file = tempfile.TemporaryFile(dir=self.directory)  # noqa: SIM115 - closed in close()
+        self.document = document
+        tokens.tofile(self.file)
+        self.n_tokens += int(tokens.size)
+        self.unknown += int(np.count_nonzero(tokens == self.unk))
+
+    def clear(self) -> None:
+        assert self.file is not None
+        self.file.seek(0)
+        self.file.truncate()
+        self.document, self.n_tokens, self.unknown = None, 0, 0
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
 
 @dataclass
 class _Chunk:
-    """Texts to encode in one call: whole documents, or pieces of one longer than a chunk (`ends` is True
-    for the text that ends its document)."""
+    """Texts to encode in one call: whole documents, or pieces of one longer than a piece (`ends` is True
+    for the text that ends its document). A piece of a long document has its `_Long` for `valid`: its
+    split may be known only once its last piece is read, after this chunk is encoded."""
 
     texts: list[str] = field(default_factory=list)
-    valid: list[bool] = field(default_factory=list)
+    valid: list[bool | _Long] = field(default_factory=list)
     n_bytes: list[int] = field(default_factory=list)
     ends: list[bool] = field(default_factory=list)
     size: int = 0
-
-
-# A document longer than this many characters is encoded in pieces of at most this size (`pieces`). Fixed,
-# not `chunk_bytes`: a store does not depend on how it was chunked, and documents below it are never cut.
-PIECE_CHARS = 1 << 20
-
-
-def pieces(text: str, limit: int) -> Iterator[str]:
-    """`text` in pieces of at most `limit` characters, each cut just before a space that starts a word
-    (where sentencepiece and byte-level BPE pre-tokenizers begin a new piece anyway, so the tokens are
-    those of the whole text), else at `limit`. The pieces join back to `text`; each is encoded on its own,
-    so a document's memory in flight is a few pieces however long it is (a log or a minified file)."""
-    start, n = 0, len(text)
-    while n - start > limit:
-        end = start + limit
-        cut = text.rfind(" ", start + 1, end + 1)
-        while cut > start and text[cut - 1].isspace():  # inside a run of whitespace: not a word start
-            cut = text.rfind(" ", start + 1, cut)
-        cut = cut if cut > start else end
-        yield text[start:cut]
-        start = cut
-    yield text[start:]
 
 
 def _encode_chunk(tokenizer: Tokenizer, texts: list[str], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -397,12 +479,26 @@ def _encode_chunk(tokenizer: Tokenizer, texts: list[str], dtype: np.dtype) -> tu
 
 
 def _write_chunk(
-    chunk: _Chunk, encoded: tuple[np.ndarray, np.ndarray], writers: dict[str, _SplitWriter]
+    chunk: _Chunk, encoded: tuple[np.ndarray, np.ndarray], writers: dict[str, _SplitWriter], spool: _Spool
 ) -> None:
     flat, lengths = encoded
-    valid = np.array(chunk.valid, dtype=bool)
-    n_bytes = np.array(chunk.n_bytes, dtype=np.int64)
-    ends = np.array(chunk.ends, dtype=bool)
+    if spool.document is not None and spool.document.valid is not None:  # its split is known now
+        writers["valid" if spool.document.valid else "train"].append_spool(spool)
+    flags = [v if isinstance(v, bool) else v.valid for v in chunk.valid]
+    if flags[-1] is None:
+        # The pieces of the one document whose split is not known yet close the chunk (it was read last):
+        # their tokens wait in the spool. None of them ends it: its last piece comes with its split.
+        first = flags.index(None)
+        document = chunk.valid[first]
+        assert isinstance(document, _Long) and all(v is document for v in chunk.valid[first:])
+        split = int(lengths[:first].sum())
+        spool.append(document, flat[split:])
+        flat, lengths, flags = flat[:split], lengths[:first], flags[:first]
+        if not first:
+            return
+    valid = np.array(flags, dtype=bool)
+    n_bytes = np.array(chunk.n_bytes[: len(flags)], dtype=np.int64)
+    ends = np.array(chunk.ends[: len(flags)], dtype=bool)
     if not valid.any():
         writers["train"].append(flat, lengths, int(n_bytes.sum()), ends)
         return
@@ -424,6 +520,7 @@ def encode_documents(
     dtype = token_dtype(tokenizer.vocab_size)
     threads = config.num_threads or default_threads()
     writers = {name: _SplitWriter(directory, name, dtype, tokenizer.specials.unk) for name in SPLITS}
+    spool = _Spool(directory, tokenizer.specials.unk)
     per_source = [0] * len(sources)
     empty = 0
     progress.start("encoding", sum(s.size for s in sources))
@@ -440,37 +537,49 @@ def encode_documents(
                     progress.advance(chunk.size)
                 while pending and (len(pending) > 2 * threads or not chunk.texts or pending[0][1].done()):
                     done, future = pending.popleft()
-                    _write_chunk(done, future.result(), writers)
+                    _write_chunk(done, future.result(), writers, spool)
 
             chunk = _Chunk()
-            for index, text, data in _documents(sources, config, bad):
-                if not data:
-                    empty += 1
-                    continue
-                per_source[index] += 1
-                valid = _in_valid(sources[index], data, config)
-                n_bytes = len(data)
-                del data  # a long document's bytes are not kept while its pieces are encoded
-                parts = pieces(text, PIECE_CHARS) if len(text) > PIECE_CHARS else iter((text,))
-                part = next(parts)
-                for following in itertools.chain(parts, (None,)):
-                    chunk.texts.append(part)
-                    chunk.valid.append(valid)
-                    chunk.n_bytes.append(n_bytes if following is None else 0)  # the document's, once
-                    chunk.ends.append(following is None)
-                    chunk.size += len(part)
-                    if chunk.size >= config.chunk_bytes:
-                        submit(chunk)
-                        chunk = _Chunk()
-                    if following is not None:
-                        part = following
-                del text
+            long: _Long | None = None  # the document in several pieces being read
+            for index, piece, last in _pieces(sources, config, bad):
+                data = piece.encode("utf-8")
+                valid: bool | _Long
+                if long is None and last:  # a whole document in one piece
+                    if not data:
+                        empty += 1
+                        continue
+                    per_source[index] += 1
+                    valid, n_bytes = _in_valid(sources[index], data, config), len(data)
+                else:  # a piece of a long document: its split is a hash of all its bytes
+                    if long is None:
+                        per_source[index] += 1
+                        long = _Long(_hasher(config.seed), valid=_split_known(sources[index], config))
+                    long.hasher.update(data)
+                    long.n_bytes += len(data)
+                    valid, n_bytes = long, 0
+                    if last:
+                        if long.valid is None:
+                            long.valid = _digest_keys(long.hasher)[0] < config.valid_fraction
+                        n_bytes = long.n_bytes  # the document's bytes, once, with its last piece
+                        long = None
+                del data
+                chunk.texts.append(piece)
+                chunk.valid.append(valid)
+                chunk.n_bytes.append(n_bytes)
+                chunk.ends.append(last)
+                chunk.size += len(piece)
+                if chunk.size >= config.chunk_bytes:
+                    submit(chunk)
+                    chunk = _Chunk()
             submit(chunk)
             submit(_Chunk())
+        assert spool.document is None, "a long document's pieces were left in the spool"
     except BaseException:
         for writer in writers.values():
             writer.abort()
+        spool.close()
         raise
+    spool.close()
     for writer in writers.values():
         writer.close()
     return {name: w.counts for name, w in writers.items()}, per_source, empty

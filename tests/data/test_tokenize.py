@@ -346,7 +346,7 @@ def test_offsets_are_checked_in_chunks_without_missing_a_step_back_at_a_boundary
 
 
 def test_pieces_join_back_and_cut_before_a_word() -> None:
-    from objtrain.data.tokenize import pieces
+    from objtrain.data.sources import pieces
 
     text = "alpha  beta\tgamma delta " * 50 + "x" * 300
     parts = list(pieces(text, 64))
