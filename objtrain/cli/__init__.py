@@ -189,7 +189,10 @@ class _Commands(TyperGroup):
         self._listing = False
 
     def _build(self, name: str) -> Any:
-        module = importlib.import_module(f"objtrain.cli.{COMMANDS[name][0]}")
+        try:
+            module = importlib.import_module(f"objtrain.cli.{COMMANDS[name][0]}")
+        except KeyboardInterrupt as exc:  # Ctrl-C while torch loads: one line, as at any later moment
+            raise _Interrupted(getattr(exc, "signum", signal.SIGINT)) from None
         info = CommandInfo(name=name, callback=_guarded(module.run))
         cmd = get_command_from_info(
             info, pretty_exceptions_short=True, rich_markup_mode=self.rich_markup_mode
