@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any, TypeVar
 
 import typer
 from rich.markup import escape
-from typer.main import get_command
+from typer.core import TyperCommand, TyperGroup
+from typer.main import get_command, get_command_from_info
+from typer.models import CommandInfo
 
 import objtrain
-from objtrain.cli import common, compare, corrupt, evaluate, export, generate, pack, tokenize, train
+from objtrain.cli import common
 from objtrain.errors import UserError, check_seed
 from objtrain.io import forget_completed, is_unwritable, unwritable
 
@@ -105,17 +108,118 @@ def _guarded(fn: F) -> F:
 def _version(value: bool) -> None:
     if value:
         import platform
+        from importlib import metadata
 
-        import torch
+        try:  # torch's own record of its version: importing torch would take seconds
+            torch_version = metadata.version("torch")
+        except metadata.PackageNotFoundError:  # a torch built in place, without package metadata
+            import torch
 
-        print(
-            f"objtrain {objtrain.__version__} (torch {torch.__version__}, Python {platform.python_version()})"
-        )
+            torch_version = torch.__version__
+        print(f"objtrain {objtrain.__version__} (torch {torch_version}, Python {platform.python_version()})")
         raise typer.Exit()
+
+
+# Every command: its module in objtrain/cli/ (each has a `run`), and the first paragraph of its help, which
+# `objtrain --help` lists without importing the module (and torch, which most of them load).
+COMMANDS = {
+    "tokenize": ("tokenize", "Tokenize a corpus into a token store (train and valid splits, memory-mapped)."),
+    "pack": ("pack", "Pack a token store into rows of --seq-len tokens, each document followed by eos."),
+    "corrupt": (
+        "corrupt",
+        "Show the original, the model input and the target of a few rows, aligned and coloured.",
+    ),
+    "train": ("train", "Pre-train a model with one objective (or a mixture), on a token or packed store."),
+    "eval": (
+        "evaluate",
+        "Evaluate a checkpoint (or the newest checkpoint of a run directory) with everything it can do.",
+    ),
+    "compare": (
+        "compare",
+        "Train several arms under one equal budget, evaluate them with the same suite, report side by side.",
+    ),
+    "generate": (
+        "generate",
+        "Generate text from a checkpoint: continue a prompt, infill (FIM), fill masks or spans.",
+    ),
+    "export": (
+        "export",
+        "Export a checkpoint (or a run's newest one) as a Hugging Face transformers directory.",
+    ),
+}
+
+
+class _Loaded(MutableMapping[str, Any]):
+    """A group's commands by name, each built (its module imported) when first looked up."""
+
+    def __init__(self, load: Callable[[str], Any]) -> None:
+        self._load = load
+        self._built: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._built:
+            if name not in COMMANDS:
+                raise KeyError(name)
+            self._built[name] = self._load(name)
+        return self._built[name]
+
+    def __setitem__(self, name: str, cmd: Any) -> None:
+        self._built[name] = cmd
+
+    def __delitem__(self, name: str) -> None:
+        del self._built[name]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from COMMANDS
+        yield from (name for name in self._built if name not in COMMANDS)
+
+    def __len__(self) -> int:
+        return len(COMMANDS) + sum(name not in COMMANDS for name in self._built)
+
+
+class _Commands(TyperGroup):
+    """The root group: a command's module is imported only when that command runs or shows its own help;
+    the root's help lists every command from `COMMANDS` alone, so `objtrain --help` and `--version` answer
+    without torch. `prepare`, where set, adjusts each command as it is built (`command()`)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.commands = _Loaded(self._build)
+        self.prepare: Callable[[Any], None] | None = None
+        self._listing = False
+
+    def _build(self, name: str) -> Any:
+        try:
+            module = importlib.import_module(f"objtrain.cli.{COMMANDS[name][0]}")
+        except KeyboardInterrupt as exc:  # Ctrl-C while torch loads: one line, as at any later moment
+            raise _Interrupted(getattr(exc, "signum", signal.SIGINT)) from None
+        info = CommandInfo(name=name, callback=_guarded(module.run))
+        cmd = get_command_from_info(
+            info, pretty_exceptions_short=True, rich_markup_mode=self.rich_markup_mode
+        )
+        if self.prepare is not None:
+            self.prepare(cmd)
+        return cmd
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(self.commands)  # the names alone (typer's own reads every command)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if self._listing and cmd_name in COMMANDS:  # the root's help: a name and its first paragraph
+            return TyperCommand(name=cmd_name, help=COMMANDS[cmd_name][1])
+        return super().get_command(ctx, cmd_name)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
 
 
 app = typer.Typer(
     name="objtrain",
+    cls=_Commands,
     help="Pre-train language models with every major pre-training objective, and compare them honestly.",
     no_args_is_help=True,
     rich_markup_mode="rich",
@@ -133,16 +237,6 @@ def _root(
     """Pre-train language models with every major pre-training objective, and compare them honestly."""
 
 
-app.command("tokenize")(_guarded(tokenize.run))
-app.command("pack")(_guarded(pack.run))
-app.command("corrupt")(_guarded(corrupt.run))
-app.command("train")(_guarded(train.run))
-app.command("eval")(_guarded(evaluate.run))
-app.command("compare")(_guarded(compare.run))
-app.command("generate")(_guarded(generate.run))
-app.command("export")(_guarded(export.run))
-
-
 def _seed_checked(callback: Callable[..., Any] | None) -> Callable[..., Any]:
     """A `--seed` callback that validates the value (`check_seed`) before the command sees it."""
 
@@ -154,20 +248,22 @@ def _seed_checked(callback: Callable[..., Any] | None) -> Callable[..., Any]:
     return check
 
 
+def _plain_flags(cmd: Any) -> None:
+    """On/off options shown as plain flags in --help, and a `--seed` validated (`check_seed`)."""
+    helper = cmd.get_help_option(typer.Context(cmd))  # made on first use, then cached
+    for param in [*cmd.params, *([helper] if helper is not None else [])]:
+        if getattr(param, "is_flag", False):
+            param.metavar = ""  # typer would show `--force <bool>` for a flag that takes no value
+        if param.name == "seed":
+            param.callback = _seed_checked(param.callback)
+
+
 def command() -> Any:
     """The click command behind `app`, with on/off options shown as plain flags in --help, and every
-    command's `--seed` validated the same way."""
+    command's `--seed` validated the same way (each command as it is built)."""
     root = get_command(app)
-    stack = [root]
-    while stack:
-        cmd = stack.pop()
-        helper = cmd.get_help_option(typer.Context(cmd))  # made on first use, then cached
-        for param in [*cmd.params, *([helper] if helper is not None else [])]:
-            if getattr(param, "is_flag", False):
-                param.metavar = ""  # typer would show `--force <bool>` for a flag that takes no value
-            if param.name == "seed":
-                param.callback = _seed_checked(param.callback)
-        stack.extend(getattr(cmd, "commands", {}).values())
+    _plain_flags(root)
+    root.prepare = _plain_flags
     return root
 
 

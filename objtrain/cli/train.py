@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,138 +63,119 @@ def split_args(args: list[str]) -> tuple[str | None, dict[str, Any]]:
     return data, parse_overrides(routed)
 
 
-def run(
-    args: list[str] = typer.Argument(
-        None,
-        metavar="[DATA] [KEY=VALUE]...",
-        help="Token or packed store (default: the embedded corpus).",
-        show_default=False,
-    ),
-    config: Path = typer.Option(
-        None, "--config", "-c", help="A run YAML, or the name of a shipped one in configs/train/ (fim-tiny)."
-    ),
-    objective: str = typer.Option(
-        None, "--objective", "-O", help="Objective name (objtrain corrupt --list).", show_default="required"
-    ),
-    model_kind: str = typer.Option(
-        None,
-        "--model-kind",
-        help="decoder | encoder | encdec.",
-        show_default="the objective's first",
-    ),
-    model: str = typer.Option(
-        None,
-        "--model",
-        help=f"Model size in configs/models/: {', '.join(model_sizes())}.",
-        show_default=_DEFAULTS.model.size,
-    ),
-    output: Path = typer.Option(
-        None, "--output", "-o", help="Run directory.", show_default="runs/OBJECTIVE-KIND-SIZE"
-    ),
-    seq_len: int = typer.Option(
-        None, "--seq-len", help="Model positions per row.", show_default="the packed rows, else 256"
-    ),
-    batch_size: int = typer.Option(
-        None,
-        "--batch-size",
-        help="Global rows per optimizer step.",
-        show_default=str(_DEFAULTS.batch.batch_size),
-    ),
-    micro_batch_size: int = typer.Option(
-        None,
-        "--micro-batch-size",
-        help="Rows per forward; accumulation follows.",
-        show_default="batch size / processes",
-    ),
-    steps: int = typer.Option(
-        None,
-        "--steps",
-        help="Budget: optimizer steps (one of --steps, --tokens, --time).",
-        show_default=f"{DEFAULT_STEPS} when no budget is given",
-    ),
-    tokens: int = typer.Option(None, "--tokens", help="Budget: model input tokens."),
-    time_budget: float = typer.Option(None, "--time", help="Budget: seconds of training."),
-    lr: float = typer.Option(
-        None, "--lr", help="Peak learning rate.", show_default=f"{_DEFAULTS.optim.lr:g}"
-    ),
-    seed: int = typer.Option(
-        None,
-        "--seed",
-        help="Seed of the weights, data order and corruption.",
-        show_default=str(_DEFAULTS.seed),
-    ),
-    dtype: str = typer.Option(
-        None,
-        "--dtype",
-        help="auto | fp32 | bf16 | fp16 (auto: bf16 only where fast).",
-        show_default=_DEFAULTS.precision.dtype,
-    ),
-    device: str = typer.Option(None, "--device", help=DEVICE_HELP, show_default=_DEFAULTS.device),
-    compile_: bool = typer.Option(
-        None,
-        "--compile/--no-compile",
-        help="torch.compile the step (default: on CUDA only, eager on CPU; precision.compile=auto).",
-        show_default="auto",
-    ),
-    save_every: int = typer.Option(
-        None,
-        "--save-every",
-        help="Steps between checkpoints (0: at the end).",
-        show_default=str(_DEFAULTS.checkpoint.every),
-    ),
-    keep: int = typer.Option(
-        None, "--keep", help="Newest checkpoints kept.", show_default=str(_DEFAULTS.checkpoint.keep)
-    ),
-    init_from: Path = typer.Option(
-        None,
-        "--init-from",
-        help="Start from these weights: an objtrain run or checkpoint, or a local Hugging Face Llama "
-        "directory (decoders). The model's shape comes from it; the objective may be any its kind trains. "
-        "STORE must be tokenized with its tokenizer (for a Hugging Face directory: --tokenizer DIR; "
-        "rows for objtrain's added special tokens start as the mean of the embedding).",
-        show_default="a fresh init",
-    ),
-    resume: bool = typer.Option(False, "--resume", help="Continue RUN from its newest complete checkpoint."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing RUN."),
-    nproc: int = typer.Option(
-        None, "--nproc", help="Processes on this machine (launches torchrun).", show_default="1"
-    ),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print sizes, FLOPs and memory, then exit."),
-) -> None:
+@dataclass(frozen=True)
+class Flag:
+    """One option of `objtrain train`: its parameter name and type, the run key it sets (None: it steers
+    the command, not the config) and its Typer option (names, help, default shown)."""
+
+    name: str
+    kind: Any
+    key: str | None
+    option: Any
+    hint: bool = True  # named in "did you mean" hints for a mistyped KEY=VALUE
+
+    @property
+    def flag(self) -> str:
+        """The long flag as a hint names it: `--compile` for `--compile/--no-compile`."""
+        return self.option.param_decls[0].split("/")[0]
+
+
+def _option(*decls: str, default: Any = None, **kwargs: Any) -> Any:
+    return typer.Option(default, *decls, **kwargs)
+
+
+TRAIN_FLAGS = (
+    Flag("config", Path, None, _option("--config", "-c",
+         help="A run YAML, or the name of a shipped one in configs/train/ (fim-tiny).")),
+    Flag("objective", str, "objective.name", _option("--objective", "-O",
+         help="Objective name (objtrain corrupt --list).", show_default="required")),
+    Flag("model_kind", str, "model.kind", _option("--model-kind", help="decoder | encoder | encdec.",
+         show_default="the objective's first")),
+    Flag("model", str, "model.size", _option("--model",
+         help=f"Model size in configs/models/: {', '.join(model_sizes())}.",
+         show_default=_DEFAULTS.model.size)),
+    Flag("output", Path, None, _option("--output", "-o", help="Run directory.",
+         show_default="runs/OBJECTIVE-KIND-SIZE")),
+    Flag("seq_len", int, "batch.seq_len", _option("--seq-len", help="Model positions per row.",
+         show_default="the packed rows, else 256")),
+    Flag("batch_size", int, "batch.batch_size", _option("--batch-size",
+         help="Global rows per optimizer step.", show_default=str(_DEFAULTS.batch.batch_size))),
+    Flag("micro_batch_size", int, "batch.micro_batch_size", _option("--micro-batch-size",
+         help="Rows per forward; accumulation follows.", show_default="batch size / processes")),
+    Flag("steps", int, "budget.steps", _option("--steps",
+         help="Budget: optimizer steps (one of --steps, --tokens, --time).",
+         show_default=f"{DEFAULT_STEPS} when no budget is given")),
+    Flag("tokens", int, "budget.tokens", _option("--tokens", help="Budget: model input tokens.")),
+    Flag("time_budget", float, "budget.seconds", _option("--time", help="Budget: seconds of training.")),
+    Flag("lr", float, "optim.lr", _option("--lr", help="Peak learning rate.",
+         show_default=f"{_DEFAULTS.optim.lr:g}")),
+    Flag("seed", int, "seed", _option("--seed", help="Seed of the weights, data order and corruption.",
+         show_default=str(_DEFAULTS.seed))),
+    Flag("dtype", str, "precision.dtype", _option("--dtype",
+         help="auto | fp32 | bf16 | fp16 (auto: bf16 only where fast).",
+         show_default=_DEFAULTS.precision.dtype)),
+    Flag("device", str, "device", _option("--device", help=DEVICE_HELP, show_default=_DEFAULTS.device)),
+    Flag("compile_", bool, "precision.compile", _option("--compile/--no-compile",
+         help="torch.compile the step (default: on CUDA only, eager on CPU; precision.compile=auto).",
+         show_default="auto")),
+    Flag("save_every", int, "checkpoint.every", _option("--save-every",
+         help="Steps between checkpoints (0: at the end).", show_default=str(_DEFAULTS.checkpoint.every))),
+    Flag("keep", int, "checkpoint.keep", _option("--keep", help="Newest checkpoints kept.",
+         show_default=str(_DEFAULTS.checkpoint.keep))),
+    Flag("init_from", Path, "init_from", _option("--init-from",
+         help="Start from these weights: an objtrain run or checkpoint, or a local Hugging Face Llama "
+         "directory (decoders). The model's shape comes from it; the objective may be any its kind trains. "
+         "STORE must be tokenized with its tokenizer (for a Hugging Face directory: --tokenizer DIR; "
+         "rows for objtrain's added special tokens start as the mean of the embedding).",
+         show_default="a fresh init"), hint=False),
+    Flag("resume", bool, None, _option("--resume", default=False,
+         help="Continue RUN from its newest complete checkpoint.")),
+    Flag("force", bool, None, _option("--force", default=False, help="Replace an existing RUN.")),
+    Flag("nproc", int, None, _option("--nproc", help="Processes on this machine (launches torchrun).",
+         show_default="1")),
+    Flag("dry_run", bool, None, _option("--dry-run", default=False,
+         help="Print sizes, FLOPs and memory, then exit.")),
+)  # fmt: skip
+ARGS = typer.Argument(
+    None, metavar="[DATA] [KEY=VALUE]...", help="Token or packed store (default: the embedded corpus).",
+    show_default=False,
+)  # fmt: skip
+# The flags that set a run key, for hints ("did you mean optim.lr or --lr?").
+FLAGS = {f.key: f.flag for f in TRAIN_FLAGS if f.key is not None and f.hint}
+
+
+def _flag_keys(data: str | None, given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The run keys DATA and the flags set, nested ({"optim": {"lr": 3e-4}}), and the budget they give (a
+    flag budget replaces the YAML's, whichever kind it was)."""
+    flags: dict[str, Any] = {} if data is None else {"data": {"store": data}}
+    budget: dict[str, Any] = {}
+    for f in TRAIN_FLAGS:
+        value = given[f.name]
+        if f.key is None or value is None:
+            continue
+        if isinstance(value, Path):
+            value = str(value)
+        section, _, leaf = f.key.rpartition(".")
+        if section == "budget":
+            budget[leaf] = value
+            continue
+        node = flags
+        for p in section.split(".") if section else ():
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    if budget:
+        flags["budget"] = budget
+    return flags, budget
+
+
+def run(args: list[str] | None = None, **given: Any) -> None:
     data, kv = split_args(args or [])
+    config: Path | None = given["config"]
+    objective, output, nproc = given["objective"], given["output"], given["nproc"]
+    resume, force = given["resume"], given["force"]
     # A path, or the name of a shipped run (fim-tiny) so an installed objtrain finds it from anywhere.
     base: dict[str, Any] = load_yaml(packaged_config(config, "train")) if config is not None else {}
-    flags: dict[str, Any] = {}
-
-    def put(path: str, value: Any) -> None:
-        if value is None:
-            return
-        node = flags
-        *parents, last = path.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
-
-    put("data.store", data)
-    put("objective.name", objective)
-    put("model.kind", model_kind)
-    put("model.size", model)
-    put("batch.seq_len", seq_len)
-    put("batch.batch_size", batch_size)
-    put("batch.micro_batch_size", micro_batch_size)
-    put("optim.lr", lr)
-    put("seed", seed)
-    put("precision.dtype", dtype)
-    put("precision.compile", compile_)
-    put("device", device)
-    put("checkpoint.every", save_every)
-    put("checkpoint.keep", keep)
-    put("init_from", str(init_from) if init_from is not None else None)
-    budget = {
-        k: v for k, v in (("steps", steps), ("tokens", tokens), ("seconds", time_budget)) if v is not None
-    }
-    if budget:
-        flags["budget"] = budget  # a flag budget replaces the YAML's, whichever kind it was
+    flags, budget = _flag_keys(data, given)
     data_dict = merged(base, kv, flags)
     if budget:
         data_dict["budget"] = budget
@@ -217,7 +200,7 @@ def run(
         argv = _without_nproc(sys.argv[1:])
         raise typer.Exit(launch(nproc, argv))
 
-    if dry_run:
+    if given["dry_run"]:
         plan = prepare(cfg, run_dir, resume=resume, force=force, console=console)
         _dry_run(console, plan)
         return
@@ -244,6 +227,15 @@ def run(
         raise typer.Exit(143 if result.stopped == "SIGTERM" else 130)
 
 
+# Typer reads the options from the signature: the table's, in its order.
+run.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [inspect.Parameter("args", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=ARGS, annotation=list[str])]
+    + [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.option, annotation=f.kind)
+       for f in TRAIN_FLAGS]
+)  # fmt: skip
+run.__annotations__ = {"args": list[str], **{f.name: f.kind for f in TRAIN_FLAGS}, "return": None}
+
+
 def default_run_dir(cfg: TrainConfig) -> Path:
     """runs/OBJECTIVE-KIND-SIZE (as --help says): the kind the run trains, the objective's first when none
     is given (`objtrain train --objective fim` -> runs/fim-decoder-tiny)."""
@@ -257,15 +249,6 @@ def default_run_dir(cfg: TrainConfig) -> Path:
     with contextlib.suppress(UserError, LookupError, TypeError, ValueError):
         kinds = cls.model_kinds_of(objective_config(name, cfg.objective.overrides)) or kinds
     return Path("runs") / f"{name}-{cfg.model.kind or kinds[0]}-{cfg.model.size}"
-
-
-# The flags that set a run key, for hints ("did you mean optim.lr or --lr?").
-FLAGS = {"objective.name": "--objective", "model.kind": "--model-kind", "model.size": "--model",
-         "batch.seq_len": "--seq-len", "batch.batch_size": "--batch-size",
-         "batch.micro_batch_size": "--micro-batch-size", "budget.steps": "--steps",
-         "budget.tokens": "--tokens", "budget.seconds": "--time", "optim.lr": "--lr", "seed": "--seed",
-         "precision.dtype": "--dtype", "precision.compile": "--compile", "device": "--device",
-         "checkpoint.every": "--save-every", "checkpoint.keep": "--keep"}  # fmt: skip
 
 
 def _check_objective_keys(cfg: TrainConfig, kv: dict[str, Any]) -> None:

@@ -460,14 +460,14 @@ def evaluate(
         check_probe_tasks(options)
     if "infill" not in options.skip and options.infill_file is not None:
         infill.read_infill_file(options.infill_file)
-    pairs = None
+    pairs, paper = None, None
     if options.blimp is not None and "blimp" not in options.skip:
         pairs = blimp.read_pairs(options.blimp)
         paper = blimp.read_paper_rows(options.blimp_paper) if options.blimp_paper is not None else None
     tokenizer = ckpt.tokenizer
     evaldata = resolve_data(ckpt, data, options.split)
     assert tokenizer is not None
-    kind, info, specials = ckpt.config.kind, ckpt.training, ckpt.specials
+    kind, info = ckpt.config.kind, ckpt.training
     # --window is the left-to-right window alone: the other parts read rows of the training length, so a
     # long window never makes them build rows the model never saw (or memory it does not have).
     seq_len = _seq_len(ckpt)
@@ -488,101 +488,150 @@ def evaluate(
     if options.stride is not None and not 1 <= options.stride <= window and "lm" not in options.skip:
         raise UserError(f"--stride must be in [1, window={window}], got {options.stride}")
     n_docs = len(evaldata.docs) if options.max_docs is None else min(options.max_docs, len(evaldata.docs))
-    if "lm" not in options.skip and kind != "encoder":
-        say(f"left to right: {n_docs:,} held-out documents in windows of {window} (--max-docs to change)")
+    state = _State(ckpt, evaldata, options, seq_len, window, n_docs, device, say, result, pairs, paper)
+    for each in EVAL_PARTS:
+        if each.name in options.skip or not each.applies(state):
+            continue
+        say(each.start(state))
         t0 = time.perf_counter()
-        part = _left_to_right(ckpt, evaldata, options, window, device)
+        part = each.run(state)
         units.update(part.pop("units", {}))
         result.update(part)
-        timings["lm"] = time.perf_counter() - t0
-        say(f"  bits per byte {result['bits_per_byte']:.4f} ({timings['lm']:.1f} s)")
-    if "conditional" not in options.skip and kind != "encoder":
-        say(
-            f"conditional: second halves of up to {options.conditional_docs} windows of held-out documents "
-            "given the first (--conditional-docs)"
-        )
-        t0 = time.perf_counter()
-        part = _conditional(ckpt, evaldata, options, seq_len)
-        units.update(part.pop("units", {}))
-        result.update(part)
-        timings["conditional"] = time.perf_counter() - t0
-        if "conditional_bpb" in part:
-            say(f"  conditional bits per byte {part['conditional_bpb']:.4f} ({timings['conditional']:.1f} s)")
-    if "corrupted" not in options.skip:
-        say(f"corruptions: {options.corrupt_rows} rows under eval seed {options.seed} (--corrupt-rows)")
-        t0 = time.perf_counter()
-        result.update(
-            corrupted.objective_scores(
-                ckpt.model,
-                kind,
-                info,
-                evaldata.docs,
-                specials,
-                tokenizer,
-                seq_len,
-                options.corrupt_rows,
-                options.batch_size,
-                options.seed,
-                device,
-            )
-        )
-        timings["corrupted"] = time.perf_counter() - t0
-        say(f"  ({timings['corrupted']:.1f} s)")
-    results: list[infill.InfillResult] = []
-    if "infill" not in options.skip:
-        say(
-            f"infilling: {options.middle_tasks} middles scored, {options.infill_tasks} filled greedily "
-            "(--middle-tasks, --infill-tasks)"
-        )
-        t0 = time.perf_counter()
-        part, results = _infill(ckpt, evaldata, options, seq_len, device)
-        units.update(part.pop("units", {}))
-        result.update(part)
-        timings["infill"] = time.perf_counter() - t0
-        say(f"  ({timings['infill']:.1f} s)")
-    if "probe" not in options.skip:
-        tasks = ", ".join(options.probe_tasks) or "the default probe"
-        say(f"probe: {tasks}, {options.probe_layers} layer (--probe-task, --probe-layers)")
-        t0 = time.perf_counter()
-        result.update(_probe(ckpt, options, seq_len, device))
-        timings["probe"] = time.perf_counter() - t0
-        say(f"  ({timings['probe']:.1f} s)")
-        near = near_baseline(result)
-        if near and not options.finetune:
-            say(f"  {near}: --finetune fine-tunes the whole model, a measure that separates more")
-    if "sentence_order" not in options.skip and kind == "encoder":
-        say(f"sentence order: {options.sentence_order_pairs} segment pairs (--sentence-order-pairs)")
-        t0 = time.perf_counter()
-        result.update(_sentence_order(ckpt, evaldata, options, seq_len, device))
-        timings["sentence_order"] = time.perf_counter() - t0
-        say(f"  ({timings['sentence_order']:.1f} s)")
-    if options.finetune and "finetune" not in options.skip:
-        tasks = ", ".join(options.finetune_tasks or options.probe_tasks) or "the default probe's task"
-        baseline = ", and the same architecture at random init alike" if options.probe_baselines else ""
-        rates = ", ".join(f"{lr:g}" for lr in options.finetune_lrs)
-        again = (f", then {options.finetune_seeds - 1} more seed(s) at the rate chosen for its own sd "
-                 "(--finetune-seeds)") if options.finetune_seeds > 1 else ""  # fmt: skip
-        say(f"fine-tune: {tasks}, {options.finetune_steps} steps at each rate of {rates}, the best on dev "
-            f"kept (--finetune-steps, --finetune-lr){again}{baseline}")  # fmt: skip
-        t0 = time.perf_counter()
-        result.update(_finetune(ckpt, options, seq_len, device))
-        result["probe_method"] = "linear+finetune" if "probe_method" in result else "finetune"
-        timings["finetune"] = time.perf_counter() - t0
-        say(f"  ({timings['finetune']:.1f} s)")
-    if pairs is not None:
-        say(f"minimal pairs: {len(pairs):,} pairs of {pairs.source} (--blimp)")
-        t0 = time.perf_counter()
-        result.update(_blimp(ckpt, evaldata, options, pairs, paper, device, say))
-        timings["blimp"] = time.perf_counter() - t0
-        say(f"  blimp accuracy {result['blimp_accuracy']:.4f} ({timings['blimp']:.1f} s)")
-    if "samples" not in options.skip and options.samples > 0:
-        say(f"samples: {options.samples} greedy (--samples)")
-        result["samples"] = _samples(ckpt, evaldata, options, results)
+        if each.timed:
+            timings[each.name] = time.perf_counter() - t0
+            for line in each.done(state, part, timings[each.name]):
+                say(line)
     if options.units and units:
         result["units"] = units
     result["seconds"] = time.perf_counter() - started
     result["part_seconds"] = {k: round(v, 3) for k, v in timings.items()}
     return result
+
+
+@dataclass
+class _State:
+    """What the parts of one `evaluate` call read: the checkpoint, its data and options, the result so far,
+    and what an earlier part leaves a later one (the infilling's fills, which the samples show)."""
+
+    ckpt: Checkpoint
+    data: EvalData
+    options: EvalOptions
+    seq_len: int  # the training length: every part but left to right reads rows of it
+    window: int  # the left-to-right window
+    n_docs: int  # documents scored left to right
+    device: torch.device
+    say: Callable[[str], None]
+    result: dict[str, Any]
+    pairs: blimp.Pairs | None = None  # --blimp's minimal pairs, read before any part runs
+    paper: Any = None  # --blimp-paper's rows
+    infilled: list[infill.InfillResult] = field(default_factory=list)
+
+
+def _took(_s: _State, _part: dict[str, Any], seconds: float) -> list[str]:
+    return [f"  ({seconds:.1f} s)"]
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of the suite, in the order `evaluate` runs them: its `--skip` name, whether it applies to
+    this checkpoint and these options, the line that announces it, how it runs (result keys, with
+    `units` for compare's paired standard errors) and the lines after it (`timed` parts only)."""
+
+    name: str
+    applies: Callable[[_State], bool]
+    start: Callable[[_State], str]
+    run: Callable[[_State], dict[str, Any]]
+    done: Callable[[_State, dict[str, Any], float], list[str]] = _took
+    timed: bool = True
+
+
+def _not_encoder(s: _State) -> bool:
+    return s.ckpt.config.kind != "encoder"
+
+
+def _corrupted_scores(s: _State) -> dict[str, Any]:
+    assert s.ckpt.tokenizer is not None
+    return corrupted.objective_scores(
+        s.ckpt.model, s.ckpt.config.kind, s.ckpt.training, s.data.docs, s.ckpt.specials, s.ckpt.tokenizer,
+        s.seq_len, s.options.corrupt_rows, s.options.batch_size, s.options.seed, s.device,
+    )  # fmt: skip
+
+
+def _infilled(s: _State) -> dict[str, Any]:
+    part, s.infilled = _infill(s.ckpt, s.data, s.options, s.seq_len, s.device)
+    return part
+
+
+def _probe_done(s: _State, _part: dict[str, Any], seconds: float) -> list[str]:
+    near = near_baseline(s.result)
+    hint = [f"  {near}: --finetune fine-tunes the whole model, a measure that separates more"]
+    return _took(s, _part, seconds) + (hint if near and not s.options.finetune else [])
+
+
+def _finetune_start(s: _State) -> str:
+    o = s.options
+    tasks = ", ".join(o.finetune_tasks or o.probe_tasks) or "the default probe's task"
+    baseline = ", and the same architecture at random init alike" if o.probe_baselines else ""
+    rates = ", ".join(f"{lr:g}" for lr in o.finetune_lrs)
+    again = (f", then {o.finetune_seeds - 1} more seed(s) at the rate chosen for its own sd "
+             "(--finetune-seeds)") if o.finetune_seeds > 1 else ""  # fmt: skip
+    return (f"fine-tune: {tasks}, {o.finetune_steps} steps at each rate of {rates}, the best on dev "
+            f"kept (--finetune-steps, --finetune-lr){again}{baseline}")  # fmt: skip
+
+
+def _finetuned(s: _State) -> dict[str, Any]:
+    part = _finetune(s.ckpt, s.options, s.seq_len, s.device)
+    part["probe_method"] = "linear+finetune" if "probe_method" in s.result else "finetune"
+    return part
+
+
+def _blimp_start(s: _State) -> str:
+    assert s.pairs is not None
+    return f"minimal pairs: {len(s.pairs):,} pairs of {s.pairs.source} (--blimp)"
+
+
+def _blimp_scores(s: _State) -> dict[str, Any]:
+    assert s.pairs is not None
+    return _blimp(s.ckpt, s.data, s.options, s.pairs, s.paper, s.device, s.say)
+
+
+# The suite's parts (`PARTS` names them for --skip), each run unless skipped and where it applies.
+EVAL_PARTS = (
+    Part("lm", _not_encoder,
+         lambda s: f"left to right: {s.n_docs:,} held-out documents in windows of {s.window} "
+         "(--max-docs to change)",
+         lambda s: _left_to_right(s.ckpt, s.data, s.options, s.window, s.device),
+         lambda s, part, t: [f"  bits per byte {part['bits_per_byte']:.4f} ({t:.1f} s)"]),
+    Part("conditional", _not_encoder,
+         lambda s: f"conditional: second halves of up to {s.options.conditional_docs} windows of held-out "
+         "documents given the first (--conditional-docs)",
+         lambda s: _conditional(s.ckpt, s.data, s.options, s.seq_len),
+         lambda s, part, t: [f"  conditional bits per byte {part['conditional_bpb']:.4f} ({t:.1f} s)"]
+         if "conditional_bpb" in part else []),
+    Part("corrupted", lambda s: True,
+         lambda s: f"corruptions: {s.options.corrupt_rows} rows under eval seed {s.options.seed} "
+         "(--corrupt-rows)",
+         _corrupted_scores),
+    Part("infill", lambda s: True,
+         lambda s: f"infilling: {s.options.middle_tasks} middles scored, {s.options.infill_tasks} filled "
+         "greedily (--middle-tasks, --infill-tasks)",
+         _infilled),
+    Part("probe", lambda s: True,
+         lambda s: f"probe: {', '.join(s.options.probe_tasks) or 'the default probe'}, "
+         f"{s.options.probe_layers} layer (--probe-task, --probe-layers)",
+         lambda s: _probe(s.ckpt, s.options, s.seq_len, s.device), _probe_done),
+    Part("sentence_order", lambda s: s.ckpt.config.kind == "encoder",
+         lambda s: f"sentence order: {s.options.sentence_order_pairs} segment pairs "
+         "(--sentence-order-pairs)",
+         lambda s: _sentence_order(s.ckpt, s.data, s.options, s.seq_len, s.device)),
+    Part("finetune", lambda s: s.options.finetune, _finetune_start, _finetuned),
+    Part("blimp", lambda s: s.pairs is not None,
+         _blimp_start, _blimp_scores,
+         lambda s, part, t: [f"  blimp accuracy {s.result['blimp_accuracy']:.4f} ({t:.1f} s)"]),
+    Part("samples", lambda s: s.options.samples > 0,
+         lambda s: f"samples: {s.options.samples} greedy (--samples)",
+         lambda s: {"samples": _samples(s.ckpt, s.data, s.options, s.infilled)}, timed=False),
+)  # fmt: skip
 
 
 def near_baseline(result: dict[str, Any]) -> str:
