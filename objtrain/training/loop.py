@@ -20,6 +20,8 @@ Data is a pure function of (seed, rows consumed), RNG states are saved: a resume
 
 Around the loop: `plan` (the checks before anything is written), `budget` (the run's length), `records`
 (what a run records about itself: state, config, provenance, resume checks) and `steps` (step accounting).
+The loop's parts each decide when they act: `window.MetricsWindow` (the steps not read yet),
+`run_log.RunLog` (the logging interval and where records go), `Validator` and `Checkpointer` (here).
 """
 
 from __future__ import annotations
@@ -321,7 +323,7 @@ def _ratio(ranks: float, count: float | Tensor) -> float | Tensor:
 
 class Trainer:
     """One run's model, optimizer and state. `step` is one optimizer step, `save` one checkpoint;
-    `_run` around it streams the data, validates, logs and decides when to save."""
+    `_run` around it streams the data, and its parts decide when to log, validate and save."""
 
     def __init__(self, plan: Plan) -> None:
         cfg, device = plan.cfg, plan.device
@@ -550,8 +552,8 @@ class ValidationSets:
 
 
 class Validator:
-    """The fixed valid rows and when to score them: every `validation.every` steps (0: at the run's end
-    only; below 0, or no valid split: never) and at the run's end. `last`: the latest figures."""
+    """The fixed valid rows and when to score them: every `validation.every` steps and at the run's end
+    (0: at the end only; below 0, or no valid split: never). `last`: the latest figures."""
 
     def __init__(self, plan: Plan, trainer: Trainer) -> None:
         self.plan, self.trainer = plan, trainer
@@ -560,14 +562,9 @@ class Validator:
         self.sets = ValidationSets.build(plan) if self.enabled else ValidationSets()
         self.last: dict[str, float] = {}
 
-    def falls(self, step: int) -> bool:
-        """Whether the interval falls at `step`: the loop reads its window there."""
-        return self.enabled and self.every > 0 and step % self.every == 0
-
     def due(self, step: int) -> bool:
-        """Whether to validate at `step`, read and with the run's total settled: the interval falls and
-        the run goes on (its end validates on its own)."""
-        return self.falls(step) and not self.trainer.finished
+        """Whether the interval falls at `step` (the run's end validates on its own)."""
+        return self.enabled and self.every > 0 and step % self.every == 0
 
     def run(self, run_log: RunLog, elapsed: Callable[[], float]) -> None:
         trainer, state = self.trainer, self.trainer.state
@@ -597,13 +594,9 @@ class Checkpointer:
         self.log = log
         self.elapsed = elapsed
 
-    def falls(self, step: int) -> bool:
-        """Whether an interval or a `save_at` step falls at `step`: the loop reads its window there."""
-        return (self.every > 0 and step % self.every == 0) or step in self.save_at
-
     def due(self, step: int) -> bool:
-        """Whether to save at `step`, read and with the run's total settled (its end saves on its own)."""
-        return self.falls(step) and not self.trainer.finished
+        """Whether the interval or a `save_at` step falls at `step` (the run's end saves on its own)."""
+        return (self.every > 0 and step % self.every == 0) or step in self.save_at
 
     def save(self) -> None:
         self.trainer.state.elapsed = self.elapsed()
@@ -614,7 +607,7 @@ class Checkpointer:
 class _Parts:
     """A run's parts around its `Trainer` (torchtitan's trainer components), each owning its own "is it
     time?": the log (`RunLog.due`), the validator, the checkpointer and the --time budget's checks; the
-    metrics window holds the steps not read yet. `stream` is the training data, `memory` its peak."""
+    metrics window holds the steps not read yet. `stream`: the training data; `memory`: the peak gauge."""
 
     trainer: Trainer
     run_log: RunLog
@@ -730,28 +723,29 @@ def _train_steps(p: _Parts, wire: Iterator[Any], iterator: Iterator[tuple[WorkIt
             state.step += 1
             before, state.position = state.position, items[-1][0].after
             state.tokens += p.window.tokens_per_step
-            step_time = (
-                budget.clock() - t_step
-            )  # on a GPU: until queued; the window's read puts the real time in
+            # on a GPU: until queued; the window's read puts the real time in
+            step_time = budget.clock() - t_step
             state.seconds += step_time
             p.window.add(_pending(p, figures, host, batches, before, step_time, wait), t_step)
 
             # Every rank reads at the same steps (the collectives below need it); one process alone also
-            # reads at a signal, to save at once. Validating and saving are decided after the read, once a
-            # --time check has settled the run's total.
+            # reads at a signal, to save at once.
             step = state.step
             logs = p.run_log.due(step, trainer.finished)
+            validating, saving = p.validator.due(step), p.checkpointer.due(step)
             checking = p.timer is not None and p.timer.due(step)
             signalled = not world.distributed and flag.signal is not None
-            if not (logs or p.validator.falls(step) or p.checkpointer.falls(step) or checking or signalled):
+            if not (logs or validating or saving or checking or signalled):
                 continue
             p.window.read(trainer.checkpoint)
             if p.timer is not None and (checking or logs):
                 trainer.retarget(_shared(p.timer.check(step, state.seconds, trainer.total), p.timer, world))
                 p.run_log.set_total(trainer.total)
-            if p.validator.due(step):
+            # The run's end validates and saves on its own; a --time check may have just moved the end
+            # (to this step, or past it).
+            if validating and not trainer.finished:
                 p.validator.run(p.run_log, p.elapsed)
-            if p.checkpointer.due(step):
+            if saving and not trainer.finished:
                 p.checkpointer.save()
             if _stop_agreed(flag, world, device):
                 p.checkpointer.save()
