@@ -20,6 +20,8 @@ Data is a pure function of (seed, rows consumed), RNG states are saved: a resume
 
 Around the loop: `plan` (the checks before anything is written), `budget` (the run's length), `records`
 (what a run records about itself: state, config, provenance, resume checks) and `steps` (step accounting).
+The loop's parts each decide when they act: `window.MetricsWindow` (the steps not read yet),
+`run_log.RunLog` (the logging interval and where records go), `Validator` and `Checkpointer` (here).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import signal
 import statistics
 import sys
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +41,7 @@ import torch
 from rich.console import Console
 from rich.markup import escape
 from torch import Tensor, nn
+from torch.utils.data import DataLoader
 
 from objtrain import IGNORE
 from objtrain.batch import Batch
@@ -57,9 +60,11 @@ from objtrain.training.config import TrainConfig, config_dict
 from objtrain.training.cores import packed_cores
 from objtrain.training.data import (
     CorruptedRows,
+    DocumentStream,
     MixedStream,
     Position,
     RowSampler,
+    WorkItem,
     leading_batches,
     make_loader,
     received,
@@ -86,16 +91,17 @@ from objtrain.training.records import (
     training_info,
     write_record,
 )
+from objtrain.training.run_log import RunLog
+from objtrain.training.steps import NonFiniteLoss as NonFiniteLoss  # re-exported: what `train` raises
 from objtrain.training.steps import (
-    NonFiniteLoss,
     Pending,
     StepFigures,
     host_counts,
-    non_finite,
     read_window,
     realised,
     step_values,
 )
+from objtrain.training.window import MetricsWindow
 
 # What a finished run shows after its summary, given the plan and the trained model.
 AfterTraining = Callable[[Console, Plan, nn.Module], None]
@@ -317,7 +323,7 @@ def _ratio(ranks: float, count: float | Tensor) -> float | Tensor:
 
 class Trainer:
     """One run's model, optimizer and state. `step` is one optimizer step, `save` one checkpoint;
-    `_run` around it streams the data, validates, logs and decides when to save."""
+    `_run` around it streams the data, and its parts decide when to log, validate and save."""
 
     def __init__(self, plan: Plan) -> None:
         cfg, device = plan.cfg, plan.device
@@ -405,10 +411,6 @@ class Trainer:
     @property
     def finished(self) -> bool:
         return self.state.step >= self.total
-
-    def due(self, every: int) -> bool:
-        """Whether an every-N-steps event falls now; the run's end validates and saves on its own."""
-        return every > 0 and self.state.step % every == 0 and not self.finished
 
     def step(self, batches: list[Batch], counts: tuple[float, float] | None = None) -> StepFigures:
         """One optimizer step over this rank's micro-batches (steps 2 to 4 of the module docstring), with no
@@ -549,6 +551,75 @@ class ValidationSets:
         return sets
 
 
+class Validator:
+    """The fixed valid rows and when to score them: every `validation.every` steps and at the run's end
+    (0: at the end only; below 0, or no valid split: never). `last`: the latest figures."""
+
+    def __init__(self, plan: Plan, trainer: Trainer) -> None:
+        self.plan, self.trainer = plan, trainer
+        self.every = plan.cfg.validation.every
+        self.enabled = self.every >= 0 and plan.has_valid
+        self.sets = ValidationSets.build(plan) if self.enabled else ValidationSets()
+        self.last: dict[str, float] = {}
+
+    def due(self, step: int) -> bool:
+        """Whether the interval falls at `step` (the run's end validates on its own)."""
+        return self.enabled and self.every > 0 and step % self.every == 0
+
+    def run(self, run_log: RunLog, elapsed: Callable[[], float]) -> None:
+        trainer, state = self.trainer, self.trainer.state
+        result = validate(trainer.model, self.plan, self.sets, trainer.sharded)
+        where = {
+            "step": state.step,
+            "tokens": state.tokens,
+            "wall_time": state.seconds,
+            "elapsed": elapsed(),
+            "time": time.time(),
+        }
+        run_log.validation(where, result)
+        self.last = result
+
+
+class Checkpointer:
+    """When to save, and saving: every `checkpoint.every` steps and at the steps of `save_at` (a compare
+    sweep branches shorter runs from them), at a stop and at the run's end. A checkpoint is saved only
+    right after a read of the metrics window found every step finite (`steps` module docstring)."""
+
+    def __init__(
+        self, trainer: Trainer, save_at: frozenset[int], log: MetricsLog | None, elapsed: Callable[[], float]
+    ) -> None:
+        self.trainer = trainer
+        self.every = trainer.plan.cfg.checkpoint.every
+        self.save_at = save_at
+        self.log = log
+        self.elapsed = elapsed
+
+    def due(self, step: int) -> bool:
+        """Whether the interval or a `save_at` step falls at `step` (the run's end saves on its own)."""
+        return (self.every > 0 and step % self.every == 0) or step in self.save_at
+
+    def save(self) -> None:
+        self.trainer.state.elapsed = self.elapsed()
+        self.trainer.save(self.log)
+
+
+@dataclass
+class _Parts:
+    """A run's parts around its `Trainer` (torchtitan's trainer components), each owning its own "is it
+    time?": the log (`RunLog.due`), the validator, the checkpointer and the --time budget's checks; the
+    metrics window holds the steps not read yet. `stream`: the training data; `memory`: the peak gauge."""
+
+    trainer: Trainer
+    run_log: RunLog
+    window: MetricsWindow
+    validator: Validator
+    checkpointer: Checkpointer
+    timer: TimeBudget | None
+    stream: DocumentStream | MixedStream
+    memory: accounting.PeakMemory
+    elapsed: Callable[[], float]
+
+
 def _run(
     plan: Plan,
     console: Console,
@@ -559,62 +630,264 @@ def _run(
     save_at: frozenset[int] = frozenset(),
     after: AfterTraining | None = None,
 ) -> TrainResult:
-    cfg, world, device, run_dir = plan.cfg, plan.world, plan.device, plan.run_dir
+    cfg, device = plan.cfg, plan.device
     if device.type == "cpu":
         keep_freed_memory()  # no page faults re-mapping the activations every step
     trainer = Trainer(plan)
-    state, total = trainer.state, trainer.total
+    state = trainer.state
     n_params = count_parameters(trainer.model)
     flops_token = accounting.flops_per_step(plan.model_cfg, 1, plan.seq_len) / plan.seq_len
     if plan.resume_from is not None and trainer.finished:  # nothing to train, nothing to write
-        if show:
-            console.print(f"{run_dir} finished at step {state.step}/{total}: nothing to resume", markup=False)
-        return TrainResult(
-            run_dir=run_dir,
-            checkpoint=plan.resume_from,
-            step=state.step,
-            total_steps=total,
-            tokens=state.tokens,
-            seconds=state.seconds,
-            loss=float("nan"),
-            parameters=n_params,
-            flops_per_token=flops_token,
-            tokens_per_s=state.tokens / max(state.seconds, 1e-9),
-            peak_memory_bytes=0,
-        )
-
-    # Files: only now, after every check; rank 0 writes, the others read nothing from RUN.
-    if world.is_main:
-        claim(plan, force)
-        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-        write_record(plan, total, state.step)
-    dist.barrier(world)
+        return _nothing_to_resume(plan, trainer, console, show, n_params, flops_token)
+    _claim_run_dir(plan, force, trainer)
     elapsed_before = state.elapsed
 
     def elapsed() -> float:
         """Wall-clock seconds of the run so far: start-up, validation and saves too, over resumed parts."""
         return elapsed_before + time.perf_counter() - started
 
+    log, tb = _open_log(plan, trainer)
+    _say_start(plan, trainer, log, console)
+    stream = plan.source.stream("train", cfg.seed)
+    timer = TimeBudget(cfg.budget.seconds, state.step) if cfg.budget.seconds is not None else None
+    loader = _loader(plan, state, stream, trainer.total if timer is None else sys.maxsize)
+    validator = Validator(plan, trainer)
+    peak, peak_source = accounting.peak_flops(device, plan.dtype)
+    memory = accounting.PeakMemory(device)
+    memory.reset()
+    progress = Progress(console, trainer.total, state.step, cfg.logging.every, enabled=show)
+    if show:
+        _announce(progress, plan, n_params, trainer.total, state.step, trainer.compile_mode)
+    if show and tb.missing:
+        progress.note(tb.missing)
+    run_log = RunLog(log, tb, progress, on_record, cfg.logging.every, state.step + 1)
+    window = MetricsWindow(
+        read_window,
+        state,
+        run_log,
+        queued=device.type == "cuda",
+        tokens_per_step=cfg.batch.batch_size * plan.seq_len,
+        world_size=plan.world.world_size,
+        peak_flops=peak,
+        compile_mode=trainer.compile_mode,
+    )
+    checkpointer = Checkpointer(trainer, save_at, log, elapsed)
+    parts = _Parts(trainer, run_log, window, validator, checkpointer, timer, stream, memory, elapsed)
+    wire = iter(loader)
+    iterator = received(wire)
+    stopped = _train_steps(parts, wire, iterator)
+    if not stopped:
+        if validator.enabled:
+            validator.run(run_log, elapsed)
+        checkpointer.save()
+    run_log.close()
+    del iterator
+    result = TrainResult(
+        run_dir=plan.run_dir,
+        checkpoint=trainer.checkpoint,
+        step=state.step,
+        total_steps=trainer.total,
+        tokens=state.tokens,
+        seconds=state.seconds,
+        loss=window.last_loss,
+        parameters=n_params,
+        flops_per_token=flops_token,
+        tokens_per_s=state.tokens / max(state.seconds, 1e-9),
+        peak_memory_bytes=memory.peak_bytes(),
+        validation=validator.last,
+        stopped=stopped,
+        mfu=statistics.median(window.mfus[1:] or window.mfus) if window.mfus else float("nan"),
+    )
+    if show:
+        _show_end(console, result, peak_source, parts, after)
+    return result
+
+
+def _train_steps(p: _Parts, wire: Iterator[Any], iterator: Iterator[tuple[WorkItem, Batch]]) -> str:
+    """Steps until the run's end or a signal (the module docstring's steps 1 to 4, then the parts' due
+    events); returns "" at the end, else the signal ("SIGINT", "SIGTERM") after saving."""
+    trainer, plan = p.trainer, p.trainer.plan
+    world, device, state = plan.world, plan.device, trainer.state
+    stopped = ""
+    trainer.restore_rng()
+    threads = torch.get_num_threads()
+    with StopFlag() as flag, workers_stopped(wire), packed_cores(threads, device.type, world.world_size):
+        while not trainer.finished:
+            t_step = budget.clock()
+            items, wait = _next_batches(iterator, plan.accumulation)
+            host = [b for _, b in items]
+            counts = host_counts(host)  # on the host, before the copy: no read back from the device
+            batches = [b.to(device, non_blocking=True) for b in host]
+            figures = trainer.step(batches, counts)
+
+            state.step += 1
+            before, state.position = state.position, items[-1][0].after
+            state.tokens += p.window.tokens_per_step
+            # on a GPU: until queued; the window's read puts the real time in
+            step_time = budget.clock() - t_step
+            state.seconds += step_time
+            p.window.add(_pending(p, figures, host, batches, before, step_time, wait), t_step)
+
+            # Every rank reads at the same steps (the collectives below need it); one process alone also
+            # reads at a signal, to save at once.
+            step = state.step
+            logs = p.run_log.due(step, trainer.finished)
+            validating, saving = p.validator.due(step), p.checkpointer.due(step)
+            checking = p.timer is not None and p.timer.due(step)
+            signalled = not world.distributed and flag.signal is not None
+            if not (logs or validating or saving or checking or signalled):
+                continue
+            p.window.read(trainer.checkpoint)
+            if p.timer is not None and (checking or logs):
+                trainer.retarget(_shared(p.timer.check(step, state.seconds, trainer.total), p.timer, world))
+                p.run_log.set_total(trainer.total)
+            # The run's end validates and saves on its own; a --time check may have just moved the end
+            # (to this step, or past it).
+            if validating and not trainer.finished:
+                p.validator.run(p.run_log, p.elapsed)
+            if saving and not trainer.finished:
+                p.checkpointer.save()
+            if _stop_agreed(flag, world, device):
+                p.checkpointer.save()
+                stopped = "SIGTERM" if flag.signal == signal.SIGTERM else "SIGINT"
+                break
+        p.window.read(
+            trainer.checkpoint
+        )  # an error ends the run before here: its unread steps are not written
+    return stopped
+
+
+def _next_batches(
+    iterator: Iterator[tuple[WorkItem, Batch]], n: int
+) -> tuple[list[tuple[WorkItem, Batch]], float]:
+    """This rank's `n` micro-batches from the loader, and the seconds spent waiting for them."""
+    items, wait = [], 0.0
+    for _ in range(n):
+        t0 = budget.clock()
+        items.append(next(iterator))
+        wait += budget.clock() - t0
+    return items, wait
+
+
+def _pending(
+    p: _Parts,
+    figures: StepFigures,
+    host: list[Batch],
+    batches: list[Batch],
+    before: Position,
+    step_time: float,
+    wait: float,
+) -> Pending:
+    """The step just run as the metrics window holds it: its device figures and its record's host side
+    (`before`: the data position before the step)."""
+    trainer, plan = p.trainer, p.trainer.plan
+    state, world = trainer.state, plan.world
+    # Counted from the host batches as the model sees them: a contrastive step runs two views of
+    # each row and no logits backward, an encoder-decoder its own target length.
+    flops = world.world_size * sum(accounting.batch_flops(plan.model_cfg, b) for b in host)
+    pending = Pending(
+        figures,
+        {"step": state.step, "rows": state.position.rows, "tokens": state.tokens},
+        {
+            "peak_mem_bytes": p.memory.peak_bytes(),
+            "wall_time": state.seconds,
+            "elapsed": p.elapsed(),
+            "time": time.time(),
+        },
+        step_time,
+        wait,
+        flops,
+        realised(batches),
+    )
+    if isinstance(p.stream, MixedStream):  # per source: rows, tokens, epochs; a new epoch is an event
+        pending.tail |= p.stream.figures(state.position, plan.seq_len)
+        for name, epoch in p.stream.epochs_started(before, state.position):
+            pending.events.append({"event": "epoch", "step": state.step, "source": name, "epoch": epoch})
+            pending.notes.append(f"step {state.step}: source {name} starts epoch {epoch + 1}")
+    if trainer.scaler is not None:
+        pending.tail["loss_scale"] = trainer.scaler.get_scale()
+        pending.tail["skipped_steps"] = state.step - state.optimizer_steps
+    return pending
+
+
+def _stop_agreed(flag: StopFlag, world: dist.World, device: torch.device) -> bool:
+    """Whether to stop now: a signal arrived (several processes: at any rank, all stop at the same step)."""
+    stop = flag.signal is not None
+    if world.distributed:  # one rank's signal stops them all, at the same step
+        stop = bool(dist.all_reduce_max(torch.tensor([float(stop)], device=device), world).item())
+    return stop
+
+
+def _nothing_to_resume(
+    plan: Plan, trainer: Trainer, console: Console, show: bool, n_params: int, flops_token: float
+) -> TrainResult:
+    """`--resume` of a run that finished: nothing to train, nothing written."""
+    state = trainer.state
+    if show:
+        console.print(
+            f"{plan.run_dir} finished at step {state.step}/{trainer.total}: nothing to resume", markup=False
+        )
+    return TrainResult(
+        run_dir=plan.run_dir,
+        checkpoint=plan.resume_from,
+        step=state.step,
+        total_steps=trainer.total,
+        tokens=state.tokens,
+        seconds=state.seconds,
+        loss=float("nan"),
+        parameters=n_params,
+        flops_per_token=flops_token,
+        tokens_per_s=state.tokens / max(state.seconds, 1e-9),
+        peak_memory_bytes=0,
+    )
+
+
+def _claim_run_dir(plan: Plan, force: bool, trainer: Trainer) -> None:
+    """Files: only now, after every check; rank 0 writes, the others read nothing from RUN."""
+    if plan.world.is_main:
+        claim(plan, force)
+        (plan.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        write_record(plan, trainer.total, trainer.state.step)
+    dist.barrier(plan.world)
+
+
+def _open_log(plan: Plan, trainer: Trainer) -> tuple[MetricsLog | None, TensorBoard]:
+    """RUN/metrics.jsonl (mirrored to Weights & Biases when configured) on the main process, and
+    TensorBoard; a resumed run's first record is its `resume` event."""
+    cfg, world = plan.cfg, plan.world
     mirror = None
     if cfg.logging.wandb is not None and world.is_main:
         w = cfg.logging.wandb
-        resolved = config_dict(cfg) | {"resolved": resolved_settings(plan, total)}
-        mirror = Wandb(run_dir, w.project, w.mode, resolved, entity=w.entity, name=w.name, tags=w.tags)
-    log = MetricsLog(run_dir / "metrics.jsonl", mirror) if world.is_main else None
-    tb = TensorBoard(run_dir / "tensorboard", cfg.logging.tensorboard if world.is_main else False)
+        resolved = config_dict(cfg) | {"resolved": resolved_settings(plan, trainer.total)}
+        mirror = Wandb(plan.run_dir, w.project, w.mode, resolved, entity=w.entity, name=w.name, tags=w.tags)
+    log = MetricsLog(plan.run_dir / "metrics.jsonl", mirror) if world.is_main else None
+    tb = TensorBoard(plan.run_dir / "tensorboard", cfg.logging.tensorboard if world.is_main else False)
     if log is not None and plan.resume_from is not None:
-        event = {"event": "resume", "step": state.step, "from": plan.resume_from.name, "total_steps": total}
+        event = {
+            "event": "resume",
+            "step": trainer.state.step,
+            "from": plan.resume_from.name,
+            "total_steps": trainer.total,
+        }
         if trainer.extension:
             event["schedule"] = trainer.extension
-        log.write(event | accounting.numerics(device) | {"numerics_changed": trainer.numerics_changed})
-    if plan.init is not None and trainer.checkpoint is None and world.is_main:
+        log.write(event | accounting.numerics(plan.device) | {"numerics_changed": trainer.numerics_changed})
+    return log, tb
+
+
+def _say_start(plan: Plan, trainer: Trainer, log: MetricsLog | None, console: Console) -> None:
+    """What the run starts from, on the main process: --init-from's weights, a raised total's schedule,
+    numerics that differ from the checkpoint's."""
+    if not plan.world.is_main:
+        return
+    if plan.init is not None and trainer.checkpoint is None:
         notes = "".join(f"; {note}" for note in trainer.init_notes)
         console.print(f"initialised from {plan.init.description}{notes}", markup=False)
         if log is not None:
             log.write({"event": "init_from", "from": str(plan.init.path), "notes": trainer.init_notes})
-    if trainer.extension and world.is_main:
+    if trainer.extension:
         console.print(f"schedule: {trainer.extension}", markup=False)
-    if trainer.numerics_changed and world.is_main:
+    if trainer.numerics_changed:
         changes = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in trainer.numerics_changed.items())
         console.print(
             f"note: resumed with other numerics than the checkpoint was saved with ({changes}): the rest "
@@ -622,8 +895,11 @@ def _run(
             markup=False,
         )
 
-    stream = plan.source.stream("train", cfg.seed)
-    timer = TimeBudget(cfg.budget.seconds, state.step) if cfg.budget.seconds is not None else None
+
+def _loader(plan: Plan, state: RunState, stream: DocumentStream | MixedStream, last_step: int) -> DataLoader:
+    """The training rows from the run's position on, up to `last_step` (a --time run: its checks decide
+    where it ends), corrupted by the objective (`data.CorruptedRows`)."""
+    cfg, world = plan.cfg, plan.world
     sampler = RowSampler(
         plan.objective,
         plan.seq_len,
@@ -634,214 +910,25 @@ def _run(
         world.world_size,
         state.position,
         state.step,
-        total if timer is None else sys.maxsize,  # --time: the run's checks decide where it ends
+        last_step,
         stream=stream,
     )
     rows = CorruptedRows(stream, plan.objective, plan.seq_len, cfg.seed)
-    loader = make_loader(rows, sampler, plan.workers, pin=device.type == "cuda")
-    validating = cfg.validation.every >= 0 and plan.has_valid
-    valid = ValidationSets.build(plan) if validating else ValidationSets()
+    return make_loader(rows, sampler, plan.workers, pin=plan.device.type == "cuda")
 
-    tokens_per_step = cfg.batch.batch_size * plan.seq_len
-    peak, peak_source = accounting.peak_flops(device, plan.dtype)
-    memory = accounting.PeakMemory(device)
-    memory.reset()
-    progress = Progress(console, total, state.step, cfg.logging.every, enabled=show)
-    if show:
-        _announce(progress, plan, n_params, total, state.step, trainer.compile_mode)
-    if show and tb.missing:
-        progress.note(tb.missing)
 
-    last_loss = float("nan")
-    mfus: list[float] = []
-    validation: dict[str, float] = {}
-    stopped = ""
-    wire = iter(loader)
-    iterator = received(wire)
-
-    def run_validation() -> dict[str, float]:
-        result = validate(trainer.model, plan, valid, trainer.sharded)
-        where = {
-            "step": state.step,
-            "tokens": state.tokens,
-            "wall_time": state.seconds,
-            "elapsed": elapsed(),
-            "time": time.time(),
-        }
-        _log_validation(log, tb, progress, where, result, on_record)
-        return result
-
-    # Steps run, not yet read (`steps` module docstring): read together at log points, validations,
-    # checkpoints, --time checks and the end, so that the GPU runs ahead of the host in between.
-    window: list[Pending] = []
-    window_start = 0.0
-    first_step = state.step + 1
-
-    def read() -> None:
-        """Read the window's steps and write their records; a non-finite one stops the run, naming it."""
-        nonlocal last_loss
-        outcomes = read_window(window)
-        scale = 1.0
-        if device.type == "cuda" and window:  # the host only queued the work: share the window's real time
-            real, queued = budget.clock() - window_start, sum(p.seconds for p in window)
-            scale = real / max(queued, 1e-9)
-            state.seconds += real - queued
-        wall = state.seconds - sum(p.seconds * scale for p in window)
-        pending = list(window)
-        window.clear()
-        for p, out in zip(pending, outcomes, strict=True):
-            bad = non_finite(out, p.figures.check_grad)
-            if bad is not None:
-                where = f"; the last good checkpoint is {trainer.checkpoint}" if trainer.checkpoint else ""
-                raise NonFiniteLoss(f"the {bad} at step {p.record['step']}{where}")
-            seconds = p.seconds * scale
-            wall = p.timing["wall_time"] if scale == 1.0 else wall + seconds
-            state.target_tokens += int(out.n_targets)
-            record: dict[str, Any] = {
-                **p.record,
-                "target_tokens": state.target_tokens,
-                "loss": out.loss,
-                "lr": out.lr,
-                "grad_norm": out.grad_norm,
-                "tokens_per_s": tokens_per_step / seconds,
-                "mfu": p.flops / seconds / world.world_size / peak,
-                "data_wait_frac": p.wait / seconds,
-                **p.timing,
-                "wall_time": wall,
-                **out.metrics,
-                **p.tail,
-            }
-            for event in p.events:
-                if log is not None:
-                    log.write(event)
-            for note in p.notes:
-                progress.note(note)
-            last_loss = out.loss
-            mfus.append(record["mfu"])
-            if log is not None:
-                log.write(record)
-            tb.write(record["step"], record)
-            progress.update(record)
-            if on_record is not None:
-                on_record(record)
-            if p.record["step"] == first_step and trainer.compile_mode is not None:
-                _note_compile(progress, log, trainer.compile_mode, seconds, p.record["step"])
-
-    trainer.restore_rng()
-    threads = torch.get_num_threads()
-    with StopFlag() as flag, workers_stopped(wire), packed_cores(threads, device.type, world.world_size):
-        while not trainer.finished:
-            t_step = budget.clock()
-            items, wait = [], 0.0
-            for _ in range(plan.accumulation):
-                t0 = budget.clock()
-                items.append(next(iterator))
-                wait += budget.clock() - t0
-            host = [b for _, b in items]
-            counts = host_counts(host)  # on the host, before the copy: no read back from the device
-            batches = [b.to(device, non_blocking=True) for b in host]
-            figures = trainer.step(batches, counts)
-
-            state.step += 1
-            before, state.position = state.position, items[-1][0].after
-            state.tokens += tokens_per_step
-            step_time = budget.clock() - t_step  # on a GPU: until queued; `read` puts the real time in
-            state.seconds += step_time
-            if not window:
-                window_start = t_step
-            # Counted from the host batches as the model sees them: a contrastive step runs two views of
-            # each row and no logits backward, an encoder-decoder its own target length.
-            flops = world.world_size * sum(accounting.batch_flops(plan.model_cfg, b) for b in host)
-            pending = Pending(
-                figures,
-                {"step": state.step, "rows": state.position.rows, "tokens": state.tokens},
-                {
-                    "peak_mem_bytes": memory.peak_bytes(),
-                    "wall_time": state.seconds,
-                    "elapsed": elapsed(),
-                    "time": time.time(),
-                },
-                step_time,
-                wait,
-                flops,
-                realised(batches),
-            )
-            if isinstance(stream, MixedStream):  # per source: rows, tokens, epochs; a new epoch is an event
-                pending.tail |= stream.figures(state.position, plan.seq_len)
-                for name, epoch in stream.epochs_started(before, state.position):
-                    pending.events.append(
-                        {"event": "epoch", "step": state.step, "source": name, "epoch": epoch}
-                    )
-                    pending.notes.append(f"step {state.step}: source {name} starts epoch {epoch + 1}")
-            if trainer.scaler is not None:
-                pending.tail["loss_scale"] = trainer.scaler.get_scale()
-                pending.tail["skipped_steps"] = state.step - state.optimizer_steps
-            window.append(pending)
-
-            # Every rank reads at the same steps (the collectives below need it); one process alone also
-            # reads at a signal, to save at once.
-            step = state.step
-            logs = step % cfg.logging.every == 0 or step == first_step or trainer.finished
-            validating_now = validating and trainer.due(cfg.validation.every)
-            saving = trainer.due(cfg.checkpoint.every) or (step in save_at and not trainer.finished)
-            checking = timer is not None and timer.due(step)
-            signalled = not world.distributed and flag.signal is not None
-            if not (logs or validating_now or saving or checking or signalled):
-                continue
-            read()
-            if timer is not None and (checking or logs):
-                trainer.retarget(_shared(timer.check(step, state.seconds, trainer.total), timer, world))
-                progress.set_total(trainer.total)
-            if validating and trainer.due(cfg.validation.every):
-                validation = run_validation()
-            if trainer.due(cfg.checkpoint.every) or (step in save_at and not trainer.finished):
-                state.elapsed = elapsed()
-                trainer.save(log)
-            stop = flag.signal is not None
-            if world.distributed:  # one rank's signal stops them all, at the same step
-                stop = bool(dist.all_reduce_max(torch.tensor([float(stop)], device=device), world).item())
-            if stop:
-                state.elapsed = elapsed()
-                trainer.save(log)
-                stopped = "SIGTERM" if flag.signal == signal.SIGTERM else "SIGINT"
-                break
-        read()  # an error ends the run before here: its unread steps are not written
-
-    if not stopped:
-        if validating:
-            validation = run_validation()
-        state.elapsed = elapsed()
-        trainer.save(log)
-    progress.close()
-    tb.close()
-    if log is not None:
-        log.close()
-    del iterator
-    result = TrainResult(
-        run_dir=run_dir,
-        checkpoint=trainer.checkpoint,
-        step=state.step,
-        total_steps=trainer.total,
-        tokens=state.tokens,
-        seconds=state.seconds,
-        loss=last_loss,
-        parameters=n_params,
-        flops_per_token=flops_token,
-        tokens_per_s=state.tokens / max(state.seconds, 1e-9),
-        peak_memory_bytes=memory.peak_bytes(),
-        validation=validation,
-        stopped=stopped,
-        mfu=statistics.median(mfus[1:] or mfus) if mfus else float("nan"),
-    )
-    if show:
-        _summary(console, result, peak_source)
-        if isinstance(stream, MixedStream):
-            console.print(
-                _mixture_summary(stream, state.position, plan.seq_len), highlight=False, markup=False
-            )
-        if after is not None and not stopped and cfg.logging.sample and not trainer.sharded:
-            after(console, plan, trainer.model)  # sharded: generating is collective, so not there
-    return result
+def _show_end(
+    console: Console, result: TrainResult, peak_source: str, p: _Parts, after: AfterTraining | None
+) -> None:
+    """The summary line, a mixture's sources, and `after` for a run that trained to its end."""
+    plan, trainer = p.trainer.plan, p.trainer
+    _summary(console, result, peak_source)
+    if isinstance(p.stream, MixedStream):
+        console.print(
+            _mixture_summary(p.stream, trainer.state.position, plan.seq_len), highlight=False, markup=False
+        )
+    if after is not None and not result.stopped and plan.cfg.logging.sample and not trainer.sharded:
+        after(console, plan, trainer.model)  # sharded: generating is collective, so not there
 
 
 def _announce(
@@ -866,24 +953,6 @@ def _announce(
     )
     for note in plan.objective.run_notes(plan.model_cfg):
         progress.note(note)
-
-
-def _log_validation(
-    log: MetricsLog | None,
-    tb: TensorBoard,
-    progress: Progress,
-    where: dict[str, Any],
-    validation: dict[str, float],
-    on_record: Callable[[dict[str, Any]], None] | None,
-) -> None:
-    step = where["step"]
-    record = {"split": "val", **where, **validation}
-    if log is not None:
-        log.write(record)
-    if on_record is not None:
-        on_record(record)
-    tb.write(step, validation, prefix="val")
-    progress.note(f"step {step}  " + "  ".join(f"{k} {v:.4f}" for k, v in validation.items()))
 
 
 def _time_step(plan: Plan, model: nn.Module) -> float:
@@ -931,13 +1000,6 @@ def _shared(total: int, timer: TimeBudget, world: dist.World) -> int:
             (total, timer.next_check, timer.warm), world
         )  # type: ignore[misc]
     return total
-
-
-def _note_compile(progress: Progress, log: MetricsLog | None, mode: str, seconds: float, step: int) -> None:
-    """Say what compiling cost: the first step's time, which holds the compilation."""
-    progress.note(f"torch.compile ({mode}): the first step took {seconds:.1f} s, compilation included")
-    if log is not None:
-        log.write({"event": "compile", "step": step, "mode": mode, "first_step_seconds": seconds})
 
 
 def _summary(console: Console, r: TrainResult, peak_source: str) -> None:
