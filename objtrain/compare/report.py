@@ -12,6 +12,7 @@ import json
 import math
 import re
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from objtrain.compare import suite
-from objtrain.compare.changes import section as changes_section
 from objtrain.compare.experiment import REGIME_FACTOR, Claim
 from objtrain.compare.regime import notes_text, regime_gap, regime_text, seed_notes, seeds_needed
 from objtrain.compare.runner import Comparison, chosen_rates, machine, metrics_records, plan_dict
@@ -247,8 +247,8 @@ KIND_WORDS = {"encdec": "encoder-decoder"}
 
 def screened(results: dict[str, Any]) -> dict[str, Any]:
     """`results` with its rankings over the arms each metric means the same for (`not_ranked`) and the
-    arms left out under `unranked`, as `build_results` writes them now; a results.json from before
-    (`docs/findings/`) is re-ranked from its runs' per-seed values. Returned unchanged when it has them."""
+    arms left out under `unranked`, as `build_results` writes them now; a results.json from before (a
+    published one, say) is re-ranked from its runs' per-seed values. Returned unchanged when it has them."""
     if "unranked" in results:
         return results
     rankings: dict[str, Any] = {}
@@ -767,7 +767,9 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def markdown(results: dict[str, Any], plots: list[str]) -> str:
+def markdown(results: dict[str, Any], plots: list[str], extra: Sequence[str] = ()) -> str:
+    """The report; `extra` (a publisher's own section, such as what changed since a previous
+    publication) goes after the verdicts."""
     results = screened(results)
     exp, m = results["experiment"], results["machine"]
     n_seeds = len(results["seeds"])
@@ -795,7 +797,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
             "",
             *ONE_ARM_NOTE * any(len(c["arms"]) == 1 for c in results["claims"]),
         ]
-    out += changes_section(results.get("changes"))
+    out += list(extra)
     header, rows = metric_rows(results)
     out += ["## What each arm learnt", "", markdown_table(header, rows), ""]
     out += baseline_section(results)
