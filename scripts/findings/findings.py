@@ -40,10 +40,10 @@ from objtrain.compare.experiment import (
     resolve_budget,
 )
 from objtrain.compare.regime import regime_gap, regime_text
-from objtrain.compare.report import baseline_gate, claim_regime, difference, markdown, verdict_cell
+from objtrain.compare.render import difference, point_verdict, verdict_cell
+from objtrain.compare.report import baseline_gate, claim_regime, markdown
 from objtrain.compare.sweep_report import markdown as sweep_markdown
 from objtrain.compare.sweep_report import plot as sweep_plot
-from objtrain.compare.sweep_report import point_verdict
 from objtrain.compare.sweep_report import refit as sweep_refit
 from objtrain.errors import UserError
 from objtrain.io import read_json, write_json
