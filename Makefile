@@ -34,12 +34,12 @@ demo: $(STAMP)
 	$(BIN)/objtrain compare fim-vs-clm --data $(DEMO_DIR)/store -o $(DEMO_DIR)/compare --force
 
 test: $(STAMP)
-	$(BIN)/ruff check objtrain tests benchmarks
+	$(BIN)/ruff check objtrain tests benchmarks scripts
 	$(BIN)/python -m pytest -p no:cacheprovider
 
 lint: $(STAMP)
-	$(BIN)/ruff check objtrain tests benchmarks
-	$(BIN)/ruff format --check objtrain tests benchmarks
+	$(BIN)/ruff check objtrain tests benchmarks scripts
+	$(BIN)/ruff format --check objtrain tests benchmarks scripts
 
 # The published findings (docs/findings): builds the prose store from ../shared/data, then runs each
 # shipped experiment with three seeds (resumable: run it again to continue) and rewrites every report and
@@ -50,11 +50,11 @@ lint: $(STAMP)
 FINDINGS_JOBS ?= 2
 findings: $(STAMP)
 	$(BIN)/python benchmarks/findings_data.py runs/findings/data
-	$(BIN)/python -m objtrain.compare.findings run --jobs $(FINDINGS_JOBS)
+	$(BIN)/python -m scripts.findings run --jobs $(FINDINGS_JOBS)
 
 findings-all: $(STAMP)
 	$(BIN)/python benchmarks/findings_data.py runs/findings/data
-	$(BIN)/python -m objtrain.compare.findings run --all --jobs $(FINDINGS_JOBS)
+	$(BIN)/python -m scripts.findings run --all --jobs $(FINDINGS_JOBS)
 
 # Benchmarks measure against peers (Hugging Face transformers) in the same run.
 BENCH_STAMP := $(VENV)/.installed-bench

@@ -41,7 +41,8 @@ from pathlib import Path
 
 from _data_common import SHARED_DATA, table
 
-from objtrain.compare import findings
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repository's scripts.findings
+from scripts.findings import findings
 
 SMALL = 100_000  # tokens an arm: enough logged steps for a steady throughput
 OBJTRAIN = str(Path(sys.executable).with_name("objtrain"))

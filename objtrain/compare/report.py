@@ -3,7 +3,8 @@
 Two tables, as an ablation in a paper would have them: what each arm cost (parameters, tokens, FLOPs,
 seconds, tokens/s, peak memory) and what it learnt (the suite's metrics plus the training validation),
 each `mean ± std` over seeds. Per metric the best arm is bold and `≈` marks an arm the seeds cannot tell
-apart from it (`objtrain.compare.stats`).
+apart from it (`objtrain.compare.stats`). The claims table, the report's head and writing it are
+`objtrain.compare.render`'s, shared with a sweep's report.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import math
 import re
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +22,22 @@ from rich.markup import escape
 from rich.table import Table
 
 from objtrain.compare import suite
-from objtrain.compare.changes import section as changes_section
 from objtrain.compare.experiment import REGIME_FACTOR, Claim
-from objtrain.compare.regime import notes_text, regime_gap, regime_text, seed_notes, seeds_needed
+from objtrain.compare.regime import regime_gap, seed_notes, seeds_needed
+from objtrain.compare.render import (
+    ONE_ARM_NOTE,
+    arm_pair,
+    claim_rows,
+    difference,
+    heading,
+    markdown_table,
+    measured_text,
+    plot_lines,
+    save_png,
+    write_all,
+)
 from objtrain.compare.runner import Comparison, chosen_rates, machine, metrics_records, plan_dict
 from objtrain.compare.stats import Summary, fmt, paired, paired_eval_se, rank, summarise, t975
-from objtrain.io import atomic_file, write_json
 
 # Metrics first in this order, then the rest alphabetically.
 ORDER = (
@@ -247,8 +259,8 @@ KIND_WORDS = {"encdec": "encoder-decoder"}
 
 def screened(results: dict[str, Any]) -> dict[str, Any]:
     """`results` with its rankings over the arms each metric means the same for (`not_ranked`) and the
-    arms left out under `unranked`, as `build_results` writes them now; a results.json from before
-    (`docs/findings/`) is re-ranked from its runs' per-seed values. Returned unchanged when it has them."""
+    arms left out under `unranked`, as `build_results` writes them now; a results.json from before (a
+    published one, say) is re-ranked from its runs' per-seed values. Returned unchanged when it has them."""
     if "unranked" in results:
         return results
     rankings: dict[str, Any] = {}
@@ -524,24 +536,6 @@ def claim_regime(setting: Any, arms: list[dict[str, Any]], names: list[str]) -> 
     return regime_gap(setting, mean("parameters"), mean("tokens"))
 
 
-ONE_ARM_NOTE = [
-    "A claim of one arm judges a metric that is already a difference within each model (the same model "
-    "with and without the suffix, say) against 0: each seed is one pair.",
-    "",
-]
-
-
-def arm_pair(arms: list[str]) -> tuple[str, str | None]:
-    """A claim's arms as (a, b); b is None for a claim of one arm against 0."""
-    return arms[0], (arms[1] if len(arms) > 1 else None)
-
-
-def difference(metric: str, arms: list[str]) -> str:
-    """How a claim's difference reads: "metric: a − b", or "metric: a" for one arm against 0."""
-    a, b = arm_pair(arms)
-    return f"{metric}: {a} − {b}" if b is not None else f"{metric}: {a}"
-
-
 def _eval_se(units: dict[str, dict[int, Any]] | None, a: str, b: str | None) -> float | None:
     if not units or b is None or a not in units or b not in units:
         return None
@@ -550,42 +544,6 @@ def _eval_se(units: dict[str, dict[int, Any]] | None, a: str, b: str | None) -> 
     if not errors or any(e is None for e in errors):
         return None
     return math.sqrt(sum(e**2 for e in errors)) / len(errors)  # type: ignore[operator]
-
-
-def measured_text(c: dict[str, Any]) -> str:
-    """For a claim not measured: which of all the arms have its metric ("" where results do not say)."""
-    having = c.get("measured_by")
-    if c.get("verdict") != "not measured" or having is None:
-        return ""
-    missing = [a for a in c["arms"] if a not in having]
-    if not having:
-        return f"no arm has {c['metric']}"
-    return f"{c['metric']} is measured for {', '.join(having)} only, not for {', '.join(missing)}"
-
-
-def verdict_cell(c: dict[str, Any]) -> str:
-    """`**agrees**`, then what the verdict knows of itself: one seed deciding, seeds needed; for a claim
-    not measured, which arms have its metric."""
-    notes = "; ".join(n for n in (measured_text(c), notes_text(c)) if n)
-    if c.get("verdict") == "not judged" or str(c.get("baseline", "")).startswith("no random-init"):
-        notes = "; ".join(n for n in (c.get("baseline", ""), notes) if n)
-    return f"**{c['verdict']}**" + (f" ({notes})" if notes else "")
-
-
-def claim_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    header = ["claim", "the literature", "objtrain: a − b (95% paired interval, seeds)", "verdict",
-              "scale against the paper"]  # fmt: skip
-    rows = []
-    for c in results.get("claims", []):
-        p = c.get("paired")
-        if p and p["delta"] is not None:
-            ci = f" ± {p['ci95']:.3g}" if p["ci95"] is not None else ""
-            eval_se = f"; evaluation SE {c['eval_se']:.2g}" if c.get("eval_se") is not None else ""
-            ours = f"{difference(c['metric'], c['arms'])} = {p['delta']:+.4g}{ci} (n = {p['n']}{eval_se})"
-        else:
-            ours = "—"
-        rows.append([c["claim"], c["literature"], ours, verdict_cell(c), regime_text(c.get("regime"))])
-    return header, rows
 
 
 def _ordered(keys: Any) -> list[str]:
@@ -761,21 +719,13 @@ def _data_text(results: dict[str, Any]) -> str:
     return f"`{store}`" if store else "the embedded standard library (Python source)"
 
 
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def markdown(results: dict[str, Any], plots: list[str]) -> str:
+def markdown(results: dict[str, Any], plots: list[str], extra: Sequence[str] = ()) -> str:
+    """The report; `extra` (a publisher's own section, such as what changed since a previous
+    publication) goes after the verdicts."""
     results = screened(results)
     exp, m = results["experiment"], results["machine"]
     n_seeds = len(results["seeds"])
-    out = [f"# Comparison: {exp['name']}", ""]
-    if exp["question"]:
-        out += [f"**Question.** {exp['question']}", ""]
-    if exp["expect"]:
-        out += [f"**What the literature found.** {exp['expect']}", ""]
+    out = heading("Comparison", exp)
     if results.get("claims"):
         header, rows = claim_rows(results)
         out += [
@@ -795,7 +745,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
             "",
             *ONE_ARM_NOTE * any(len(c["arms"]) == 1 for c in results["claims"]),
         ]
-    out += changes_section(results.get("changes"))
+    out += list(extra)
     header, rows = metric_rows(results)
     out += ["## What each arm learnt", "", markdown_table(header, rows), ""]
     out += baseline_section(results)
@@ -874,7 +824,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
             f"{arm['steps']} | {runs} |"
         )
     out += ["", "## Plots", ""]
-    out += [f"![{p}]({p})" for p in plots]
+    out += plot_lines(plots)
     out += [
         "",
         "Each run is a normal training run: `objtrain eval RUN` and `objtrain generate RUN` work on it.",
@@ -1341,8 +1291,7 @@ def plot(c: Comparison, results: dict[str, Any]) -> list[str]:
             ax.legend(fontsize=8)
         fig.suptitle(f"{results['experiment']['name']}: validation against {x_label}")
         fig.tight_layout(rect=(0, 0, 1, 0.95))
-        _save(fig, c.report_dir / file)
-        plt.close(fig)
+        save_png(fig, c.report_dir / file)
         names.append(file)
 
     # Only the metrics that rank the arms (the suite's named ones; an arm's own loss only between arms of
@@ -1378,8 +1327,7 @@ def plot(c: Comparison, results: dict[str, Any]) -> list[str]:
             fontsize=10,
         )
         fig.tight_layout(rect=(0, 0, 1, 1 - 0.7 / (3.4 * rows + 0.6)))
-        _save(fig, c.report_dir / "metrics.png")
-        plt.close(fig)
+        save_png(fig, c.report_dir / "metrics.png")
         names.append("metrics.png")
     return names
 
@@ -1422,19 +1370,11 @@ def _run_value(run: dict[str, Any], metric: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
-def _save(fig: Any, path: Path) -> None:
-    with atomic_file(path, "wb") as handle:
-        fig.savefig(handle, format="png", dpi=110)
-
-
 def write_report(c: Comparison, console: Console | None = None) -> dict[str, Any]:
     """results.json, the PNGs, then report.md (each written whole or not at all)."""
     results = build_results(c)
     plots = plot(c, results)
-    results["plots"] = plots
-    write_json(c.report_dir / "results.json", results)
-    with atomic_file(c.report_dir / "report.md", "w") as handle:
-        handle.write(markdown(results, plots))
+    write_all(c.report_dir, results, plots, markdown)
     if console is not None:
         print_tables(results, console, str(c.report_dir / "report.md"))
     return results

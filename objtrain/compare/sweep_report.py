@@ -7,7 +7,8 @@ token plus attention, encoder and decoder apart); `objtrain.compare.fit` fits E 
 intervals. With a size sweep, an arm's curve is fitted over its frontier: at each FLOPs budget the best
 size (FLOPs sweep), or the points no cheaper run beats (tokens sweep, where sizes differ in compute at
 equal tokens). The frontier is chosen on the seed means and held fixed in the bootstrap (a simplification:
-a replicate does not re-choose it).
+a replicate does not re-choose it). The claims table, the report's head and writing it are
+`objtrain.compare.render`'s, shared with a comparison's report.
 """
 
 from __future__ import annotations
@@ -15,32 +16,33 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from collections.abc import Sequence
 from itertools import combinations
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
 
 from objtrain.compare import fit as fitting
 from objtrain.compare import suite
-from objtrain.compare.changes import section as changes_section
 from objtrain.compare.experiment import Claim, Experiment, PaperSetting
-from objtrain.compare.regime import regime_gap, regime_text
-from objtrain.compare.report import (
+from objtrain.compare.regime import regime_gap
+from objtrain.compare.render import (
     ONE_ARM_NOTE,
     arm_pair,
-    claim_verdict,
-    difference,
-    experiment_source,
+    claim_rows,
+    heading,
     markdown_table,
-    verdict_cell,
+    plot_lines,
+    print_table,
+    save_png,
+    write_all,
 )
+from objtrain.compare.report import claim_verdict, experiment_source
 from objtrain.compare.runner import machine
 from objtrain.compare.stats import paired, t975
 from objtrain.compare.sweep import Sweep, sweep_plan_dict
-from objtrain.io import atomic_file, write_json
 from objtrain.training.config import ScheduleConfig
 from objtrain.training.optim import warmup_steps
 
@@ -105,6 +107,8 @@ def collect(s: Sweep) -> dict[str, Any]:
         k = seeds.index(cell.run.seed)
         for metric, value in _run_metrics(record).items():
             entry["metrics"].setdefault(metric, [math.nan] * len(seeds))[k] = value
+        for metric, scores in (record["eval"].get("units") or {}).items():  # for a claim's evaluation SE
+            entry.setdefault("units", {}).setdefault(metric, {})[cell.run.seed] = scores
     return arms
 
 
@@ -398,6 +402,9 @@ def refit(results: dict[str, Any], exp: Experiment, replicates: int | None = Non
     return out
 
 
+NOTES = ("one_seed", "seeds_needed", "straddles", "eval_se")  # what a point's verdict knows of itself
+
+
 def sweep_claim(
     claim: Claim, arms: dict[str, Any], seeds: list[int], regime: PaperSetting | None = None
 ) -> dict[str, Any]:
@@ -413,21 +420,25 @@ def sweep_claim(
     shared = sorted(set(cells_a) & set(cells_b), key=lambda k: (float(np.mean(cells_a[k]["flops"])), k))
     points = []
     for label in shared:
+        pair = [(a, cells_a[label]), *([(b, cells_b[label])] if b is not None else [])]
         per_seed = {
             name: {s: v for s, v in zip(seeds, cell["metrics"].get(claim.metric, []), strict=False)
                    if math.isfinite(v)}
-            for name, cell in ((a, cells_a[label]), *(((b, cells_b[label]),) if b is not None else ()))
+            for name, cell in pair
         }  # fmt: skip
         per_seed = {name: vals for name, vals in per_seed.items() if vals}
-        v = claim_verdict(claim, per_seed, len(seeds))
-        chosen = [cells_a[label], *([cells_b[label]] if b is not None else [])]
+        # per-unit scores (where the runs kept them): the evaluation's own standard error, as a comparison's
+        m = claim.metric
+        units = {name: cell["units"][m] for name, cell in pair if m in cell.get("units", {})}
+        v = claim_verdict(claim, per_seed, len(seeds), units)
+        chosen = [cell for _, cell in pair]
         params = [float(cell["parameters"]) for cell in chosen if cell.get("parameters")]
         tokens = [float(np.mean(cell["tokens"])) for cell in chosen if cell.get("tokens")]
         scale = {
             "parameters": float(np.mean(params)) if params else None,
             "tokens": float(np.mean(tokens)) if tokens else None,
         }
-        notes = {k: v[k] for k in ("one_seed", "seeds_needed", "straddles") if k in v}
+        notes = {k: v[k] for k in NOTES if k in v}
         points.append({"point": label, "budget": cells_a[label]["budget"], "verdict": v["verdict"],
                        "paired": v["paired"], "scale": scale, **notes})  # fmt: skip
     last = points[-1] if points else {"point": None, "verdict": "not measured", "paired": None}
@@ -442,7 +453,7 @@ def sweep_claim(
         "seeds": len(seeds),
         "points": points,
         "regime": regime_gap(regime, scale.get("parameters"), scale.get("tokens")),
-        **{k: last[k] for k in ("one_seed", "seeds_needed", "straddles") if k in last},
+        **{k: last[k] for k in NOTES if k in last},
     }
 
 
@@ -469,38 +480,13 @@ def _optimal_at_largest_budget(labels: list[str], arm_cells: list[dict[str, Any]
     return min(scored)[1] if scored else None
 
 
-def point_verdict(point: dict[str, Any]) -> str:
-    """ "tokens-1e6: +0.012 ± 0.004, agrees": a claim's difference and verdict at one point of a sweep."""
-    p = point.get("paired") or {}
-    if p.get("delta") is None:
-        return f"{point['point']}: {point['verdict']}"
-    ci = f" ± {p['ci95']:.2g}" if p.get("ci95") is not None else ""
-    return f"{point['point']}: {p['delta']:+.3g}{ci}, {point['verdict']}"
-
-
-def claim_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    header = ["claim", "the literature", "objtrain: a − b at the largest point (95% paired interval)",
-              "verdict at each point", "verdict", "scale against the paper (largest point)"]  # fmt: skip
-    rows = []
-    for c in results.get("claims", []):
-        p = c.get("paired")
-        if p and p.get("delta") is not None:
-            ci = f" ± {p['ci95']:.3g}" if p.get("ci95") is not None else ""
-            ours = f"{difference(c['metric'], c['arms'])} = {p['delta']:+.4g}{ci} at {c['at']} (n = {p['n']})"
-        else:
-            ours = "—"
-        trend = "; ".join(point_verdict(pt) for pt in c["points"]) or "—"
-        rows.append([c["claim"], c["literature"], ours, trend, verdict_cell(c), regime_text(c.get("regime"))])
-    return header, rows
-
-
 def _primary(cells: list[dict[str, Any]]) -> str:
     have = {m for cell in cells for m in cell["metrics"]}
     return next((m for m in PRIMARY if m in have), sorted(have)[0] if have else "val_loss")
 
 
 def _cell_dict(cell: dict[str, Any]) -> dict[str, Any]:
-    out = dict(cell)
+    out = {k: v for k, v in cell.items() if k != "units"}  # per-unit scores stay in each run's results/
     out["metrics"] = {
         m: {"values": [v if math.isfinite(v) else None for v in vals], **_mean_std(vals)}
         for m, vals in cell["metrics"].items()
@@ -642,15 +628,13 @@ def point_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def markdown(results: dict[str, Any], plots: list[str]) -> str:
+def markdown(results: dict[str, Any], plots: list[str], extra: Sequence[str] = ()) -> str:
+    """The report; `extra` (a publisher's own section, such as what changed since a previous
+    publication) goes after the verdicts."""
     exp, m = results["experiment"], results["machine"]
     sw = results["sweep"]
     kind = "tokens" if "tokens" in sw else "flops"
-    out = [f"# Compute sweep: {exp['name']}", ""]
-    if exp["question"]:
-        out += [f"**Question.** {exp['question']}", ""]
-    if exp["expect"]:
-        out += [f"**What the literature found.** {exp['expect']}", ""]
+    out = heading("Compute sweep", exp)
     if results.get("claims"):
         out += [
             "## Against the literature",
@@ -671,7 +655,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
             "",
             *ONE_ARM_NOTE * any(len(c["arms"]) == 1 for c in results["claims"]),
         ]
-    out += changes_section(results.get("changes"))
+    out += list(extra)
     out += [
         "## Fitted curves: L(C) = E + A·C^(−α), C in training FLOPs",
         "",
@@ -684,7 +668,8 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
         "not converged or too few points is not drawn. A residual rms well above the seed std means the "
         "points bend in a way the power law cannot follow (early training, say): read its exponent with "
         "care. Expect α of roughly 0.1 to 0.2 where E is identified "
-        "(Chinchilla-form frontiers; reference findings.md section 4.2); these budgets lie far below every "
+        "(Hoffmann et al. 2022, section 3.3: exponents 0.34 on parameters and 0.28 on tokens, about 0.14 "
+        "to 0.17 on compute along the compute-optimal frontier); these budgets lie far below every "
         "published scaling study, so no published exponent is a target here. E identified: the free fit "
         "(E not held at 0) converges with E > 0 and the bootstrap interval of E stays above 0; where it "
         "does not, the floor is an artefact of the clamp and only the exponent of the no-offset law is "
@@ -720,7 +705,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
             *_frontier_fit_section(results),
         ]
     out += ["## Points", "", markdown_table(*point_rows(results)), ""]
-    out += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
+    out += ["## Plots", "", *plot_lines(plots), ""]
     out += [
         "## What was run",
         "",
@@ -974,9 +959,7 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[str]:
         fontsize=9,
     )
     fig.tight_layout()
-    with atomic_file(out_dir / "curves.png", "wb") as handle:
-        fig.savefig(handle, format="png", dpi=110)
-    plt.close(fig)
+    save_png(fig, out_dir / "curves.png")
     return ["curves.png"]
 
 
@@ -985,21 +968,10 @@ def write_sweep_report(s: Sweep, console: Console | None = None, replicates: int
     results = build_sweep_results(s, replicates)
     plots = plot(results, s.comparison.report_dir)
     results.pop("_fits")
-    results["plots"] = plots
-    write_json(s.comparison.report_dir / "results.json", results)
-    with atomic_file(s.comparison.report_dir / "report.md", "w") as handle:
-        handle.write(markdown(results, plots))
+    write_all(s.comparison.report_dir, results, plots, markdown)
     if console is not None:
-        for title, (header, rows) in (
-            ("fitted curves", fit_rows(results)),
-            ("crossovers", crossover_rows(results)),
-        ):
-            table = Table(title=title, title_justify="left")
-            for h in header:
-                table.add_column(h)
-            for row in rows:
-                table.add_row(*row)
-            console.print(table)
+        print_table(console, "fitted curves", *fit_rows(results))
+        print_table(console, "crossovers", *crossover_rows(results))
     return results
 
 

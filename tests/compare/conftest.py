@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))  # compare_helpers, shared by the test modules
+sys.path.append(str(Path(__file__).resolve().parents[2]))  # scripts.findings, the repository's own
 
 from compare_helpers import experiment
 

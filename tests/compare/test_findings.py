@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from compare_helpers import FakeSuite, experiment  # noqa: F401  (experiment: the fixture's helper)
 
-from objtrain.compare import findings, load_experiment, plan_comparison, run_comparison, write_report
+from objtrain.compare import load_experiment, plan_comparison, run_comparison, write_report
 from objtrain.compare.report import markdown
 from objtrain.compare.stats import Summary, paired, rank
-from objtrain.compare.sweep_report import markdown as sweep_markdown
+from scripts.findings import findings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -130,8 +130,7 @@ def test_published_findings_regenerate_from_their_results() -> None:
     published = findings.read_results(root)
     for name, results in published.items():
         committed = (root / name / "report.md").read_text(encoding="utf-8")
-        write = sweep_markdown if name in findings.SWEEPS else markdown
-        assert write(results, results.get("plots", [])) == committed, f"{name}/report.md has drifted"
+        assert findings.report_text(name, results) == committed, f"{name}/report.md has drifted"
         assert len(results["seeds"]) >= 3, f"{name} has fewer than three seeds"
         json.dumps(results)  # plain JSON
     index = findings.index(published)
@@ -394,7 +393,7 @@ def test_a_republication_says_what_changed_against_the_results_it_replaces(
     """A redesigned experiment (its plan no longer resumes) is run with --force, the published results.json
     set aside first and put back beside the new one as previous-results.json; the report then lists the
     budget, verdicts and metrics that changed."""
-    from objtrain.compare.changes import diff, section
+    from scripts.findings.changes import diff, section
 
     monkeypatch.chdir(tmp_path)
     folder = findings.ROOT / "mtp-heads"
@@ -575,7 +574,7 @@ def test_make_findings_runs_the_comparisons_across_kinds_and_sizes_and_all_adds_
     assert {"objectives", "mtp-heads", "objectives-scaling", "fim-scaling"} == set(core)
     assert findings.FINDINGS["objectives"].core and not findings.SWEEPS["fim-suffix"].core
     assert findings._left_out_line("objectives") == []
-    assert "`python -m objtrain.compare.findings run nsp-sop`" in findings._left_out_line("nsp-sop")[0]
+    assert "`python -m scripts.findings run nsp-sop`" in findings._left_out_line("nsp-sop")[0]
     assert findings.makespan([3.0, 2.0, 2.0, 1.0], 2) == 4.0  # 3+1 and 2+2
     assert findings.makespan([3.0, 2.0], 1) == 5.0
 

@@ -201,6 +201,43 @@ def test_a_claim_of_one_arm_judges_its_within_model_difference_against_zero() ->
         Claim("c", "p", "m", ["a", "b", "c"])
 
 
+def test_a_sweep_claim_shows_the_evaluations_standard_error_as_a_comparisons_does() -> None:
+    """With the arms' per-unit scores at a point, a sweep's claim carries the evaluation's own standard
+    error of its difference there and its row shows it, the same cell a comparison's claim gets."""
+    from objtrain.compare.experiment import Claim
+    from objtrain.compare.report import claim_rows as comparison_rows
+    from objtrain.compare.report import claim_verdict
+    from objtrain.compare.stats import paired_eval_se
+    from objtrain.compare.sweep_report import claim_rows, sweep_claim
+
+    seeds = [0, 1, 2]
+    arms = {
+        "a": {"cells": _cells({"small": [2.0, 2.1, 2.05], "large": [1.50, 1.52, 1.51]})},
+        "b": {"cells": _cells({"small": [2.3, 2.2, 2.4], "large": [1.70, 1.71, 1.69]})},
+    }
+    nbytes = [10.0, 20.0, 30.0, 40.0]
+    units = {
+        name: {s: {"nats": [x * (1 + 0.1 * s) + shift for x in (7.0, 13.0, 22.0, 27.0)], "bytes": nbytes}
+               for s in seeds}
+        for name, shift in (("a", 0.0), ("b", 1.5))
+    }  # fmt: skip
+    for name in arms:
+        arms[name]["cells"]["large"]["units"] = {"bpb": units[name]}
+    claim = Claim("a beats b", "a paper", "bpb", ["a", "b"], expect="lower")
+    out = sweep_claim(claim, arms, seeds)
+    errors = [paired_eval_se(units["a"][s], units["b"][s]) for s in seeds]
+    expected = float(np.sqrt(sum(e**2 for e in errors))) / len(errors)  # type: ignore[operator]
+    assert out["at"] == "large" and out["eval_se"] == pytest.approx(expected) and expected > 0
+    assert out["points"][0]["eval_se"] is None  # no per-unit scores at the small point
+    _, rows = claim_rows({"claims": [out]})
+    assert rows[0][2].endswith(f"at large (n = 3; evaluation SE {expected:.2g})")
+    per_seed = {
+        name: dict(zip(seeds, arms[name]["cells"]["large"]["metrics"]["bpb"], strict=True)) for name in arms
+    }
+    same = claim_verdict(claim, per_seed, 3, units)
+    assert comparison_rows({"claims": [same]})[1][0][2].endswith(f"(n = 3; evaluation SE {expected:.2g})")
+
+
 def _grid(steps: list[int], warmup: int, law: PowerLaw, seeds: int = 3) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     cells = {}

@@ -7,7 +7,8 @@ import io
 
 from rich.console import Console
 
-from objtrain.compare.report import finding, markdown, print_tables, question_metrics, verdict, verdict_cell
+from objtrain.compare.render import verdict_cell
+from objtrain.compare.report import finding, markdown, print_tables, question_metrics, verdict
 
 
 def _metric(mean: float) -> dict:

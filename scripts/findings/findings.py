@@ -1,9 +1,9 @@
 """The published findings (docs/findings): which shipped experiments answer which question, on which data,
 with which command; and the index page, a pure function of the experiments' results.json files.
 
-    python -m objtrain.compare.findings run [--jobs N] [--all] [NAME ...]  train, evaluate, publish
-    python -m objtrain.compare.findings publish                            rewrite the reports and index
-    python -m objtrain.compare.findings refit                              refit the sweeps' points
+    python -m scripts.findings run [--jobs N] [--all] [NAME ...]  train, evaluate, publish
+    python -m scripts.findings publish                            rewrite the reports and index
+    python -m scripts.findings refit                              refit the sweeps' points
 
 Each experiment's report directory is `docs/findings/NAME/` (its arms' checkpoints under `arms/` stay out
 of version control); `report.md` is regenerated from `results.json`, so the published tables cannot drift
@@ -31,7 +31,6 @@ from typing import Any
 import torch
 
 from objtrain.compare import suite
-from objtrain.compare.changes import PREVIOUS, diff
 from objtrain.compare.experiment import (
     ArmSpec,
     Experiment,
@@ -41,10 +40,10 @@ from objtrain.compare.experiment import (
     resolve_budget,
 )
 from objtrain.compare.regime import regime_gap, regime_text
-from objtrain.compare.report import baseline_gate, claim_regime, difference, markdown, verdict_cell
+from objtrain.compare.render import difference, point_verdict, verdict_cell
+from objtrain.compare.report import baseline_gate, claim_regime, markdown
 from objtrain.compare.sweep_report import markdown as sweep_markdown
 from objtrain.compare.sweep_report import plot as sweep_plot
-from objtrain.compare.sweep_report import point_verdict
 from objtrain.compare.sweep_report import refit as sweep_refit
 from objtrain.errors import UserError
 from objtrain.io import read_json, write_json
@@ -53,6 +52,8 @@ from objtrain.objectives.registry import build_objective
 from objtrain.specials import Specials
 from objtrain.training.accounting import batch_flops, flops_per_step
 from objtrain.training.config import ScheduleConfig
+
+from .changes import PREVIOUS, diff, section
 
 ROOT = Path("docs/findings")
 LOGS = Path("runs/findings/logs")  # each experiment's output when several run at once
@@ -255,7 +256,7 @@ def _left_out_line(name: str) -> list[str]:
         return []
     return [
         "- `make findings` leaves it out (a question about one objective, not a comparison across kinds "
-        f"or sizes): `make findings-all` or `python -m objtrain.compare.findings run {name}` runs it "
+        f"or sizes): `make findings-all` or `python -m scripts.findings run {name}` runs it "
         "(resumable)"
     ]
 
@@ -533,14 +534,20 @@ def _sweeps_section(all_results: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
+def report_text(name: str, results: dict[str, Any]) -> str:
+    """One experiment's report.md from its results (`read_results`), with what changed against the results
+    it replaced."""
+    write = sweep_markdown if name in SWEEPS else markdown
+    return write(results, results.get("plots", []), section(results.get("changes")))
+
+
 def publish(root: Path = ROOT) -> list[Path]:
     """Rewrite each report.md from its results.json and the index from all of them."""
     written = []
     all_results = read_results(root)
     for name, results in all_results.items():
         path = root / name / "report.md"
-        write = sweep_markdown if name in SWEEPS else markdown
-        path.write_text(write(results, results.get("plots", [])), encoding="utf-8")
+        path.write_text(report_text(name, results), encoding="utf-8")
         written.append(path)
     (root / "README.md").write_text(index(all_results), encoding="utf-8")
     written.append(root / "README.md")
@@ -705,7 +712,7 @@ def main(argv: list[str]) -> int:
             print(f"wrote {path}")
         return 0
     if argv[:1] == ["run"]:
-        parser = argparse.ArgumentParser(prog="python -m objtrain.compare.findings run")
+        parser = argparse.ArgumentParser(prog="python -m scripts.findings run")
         parser.add_argument("names", nargs="*", help="experiments (default: the core ones, see --all)")
         parser.add_argument(
             "--all", action="store_true", help="every experiment, with the questions about one objective"
@@ -723,7 +730,3 @@ def main(argv: list[str]) -> int:
             return 130
     print(__doc__.strip().splitlines()[3].strip())
     return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))

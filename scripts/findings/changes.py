@@ -4,8 +4,8 @@ arm's metric whose mean moved. A re-publication changes the design (FLOPs held e
 arms, neutral scores) and fixes in the evaluation (the probe's segment embedding) move numbers that were
 published: a reader of the old report finds here which, and by how much.
 
-Pure functions of the two results dicts; `objtrain.compare.findings` keeps the previous file when a
-re-run's plan differs from the published one, and the report renders `changes` when it is there.
+Pure functions of the two results dicts; `findings.py` beside this file keeps the previous file when a
+re-run's plan differs from the published one, and passes `section` of the diff into the report.
 """
 
 from __future__ import annotations
