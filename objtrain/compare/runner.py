@@ -202,12 +202,7 @@ def arm_flops(
     """Each arm's training FLOPs per token and per step at the smoke run's settings (`--budget tiny`)."""
     per_token, per_step_all = [], []
     for arm in exp.arms:
-        cfg = arm_config(exp, arm, seed, {"steps": 1}, True, data, scale=TINY)
-        try:
-            plan = prepare(cfg, scratch, console=console)
-        except UserError as exc:
-            raise UserError(f"arm {arm.name!r}: {exc}") from None
-        _, per_step = _target_len_and_flops(plan, cfg.batch.batch_size)
+        cfg, plan, _, per_step = _placeholder_plan(exp, arm, seed, TINY, True, data, scratch, console)
         per_token.append(per_step / (cfg.batch.batch_size * plan.seq_len))
         per_step_all.append(per_step)
     return per_token, per_step_all
@@ -266,6 +261,27 @@ def check_report_dir(report_dir: Path, seeds: int, resume: bool, force: bool) ->
             raise UserError(f"{report_dir} exists and is not a comparison report; choose another -o")
 
 
+def _placeholder_plan(
+    exp: Experiment,
+    arm: ArmSpec,
+    seed: int,
+    spec: BudgetSpec,
+    tiny: bool,
+    data: str | None,
+    scratch: Path,
+    console: Console | None,
+) -> tuple[TrainConfig, Plan, int | None, float]:
+    """The arm planned with a placeholder budget of one step (its refusal named by the arm): the plan gives
+    seq_len, model and objective, and so the decoder length and FLOPs of a step (`_target_len_and_flops`)."""
+    cfg = arm_config(exp, arm, seed, {"steps": 1}, tiny, data, scale=spec)
+    try:
+        plan = prepare(cfg, scratch, console=console)
+    except UserError as exc:
+        raise UserError(f"arm {arm.name!r}: {exc}") from None
+    target_len, per_step = _target_len_and_flops(plan, cfg.batch.batch_size)
+    return cfg, plan, target_len, per_step
+
+
 def _check_arm(
     exp: Experiment,
     arm: ArmSpec,
@@ -277,13 +293,7 @@ def _check_arm(
     console: Console | None,
 ) -> tuple[TrainConfig, Plan, int | None, float, int | None]:
     """The arm's config and the loop's own checks; the budget turned into this arm's steps."""
-    # First pass with a placeholder budget: the plan gives seq_len, model and objective for the FLOPs.
-    cfg = arm_config(exp, arm, seed, {"steps": 1}, tiny, data, scale=spec)
-    try:
-        plan = prepare(cfg, scratch, console=console)
-    except UserError as exc:
-        raise UserError(f"arm {arm.name!r}: {exc}") from None
-    target_len, per_step = _target_len_and_flops(plan, cfg.batch.batch_size)
+    cfg, plan, target_len, per_step = _placeholder_plan(exp, arm, seed, spec, tiny, data, scratch, console)
     rows = cfg.batch.batch_size
     steps: int | None
     if spec.kind == "tokens":
