@@ -162,6 +162,12 @@ def run(
         Path | None,
         typer.Option("--blimp-paper", help="The BLiMP paper's accuracy per paradigm (models_summary.jsonl)."),
     ] = None,
+    blimp_per_paradigm: Annotated[
+        int,
+        typer.Option(
+            "--blimp-per-paradigm", min=0, help="Score the first K pairs of each paradigm (0: every pair)."
+        ),
+    ] = 0,
     blimp_ngram: Annotated[
         int,
         typer.Option(
@@ -212,6 +218,7 @@ def run(
         finetune_seeds=finetune_seeds,
         blimp=blimp_path,
         blimp_paper=blimp_paper,
+        blimp_per_paradigm=blimp_per_paradigm,
         blimp_ngram=blimp_ngram,
         samples=samples,
         skip=tuple(k.strip() for k in skip.split(",") if k.strip()),

@@ -177,6 +177,15 @@ class Claim:
 
 
 @dataclass
+class Withdrawn:
+    """A claim an earlier publication judged and this one does not, with the reason: the report says so
+    instead of the claim's silently disappearing."""
+
+    claim: str
+    reason: str
+
+
+@dataclass
 class Experiment:
     arms: list[ArmSpec]
     name: str = ""
@@ -189,6 +198,7 @@ class Experiment:
     train: dict[str, Any] = field(default_factory=dict)
     eval: EvalSpec = field(default_factory=EvalSpec)
     claims: list[Claim] = field(default_factory=list)  # what the literature found, checked by the report
+    withdrawn: list[Withdrawn] = field(default_factory=list)  # claims no longer judged, and why
     regime: PaperSetting | None = None  # the papers' smallest setting, for claims that give none of their own
     # A compute sweep (objtrain.compare.sweep): {tokens: [...]} or {flops: [...]}, optionally {size: [...]}.
     sweep: dict[str, Any] = field(default_factory=dict)

@@ -9,6 +9,7 @@ apart from it (`objtrain.compare.stats`). The claims table, the report's head an
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -164,7 +165,8 @@ def build_results(c: Comparison) -> dict[str, Any]:
             "question": exp.question,
             "expect": exp.expect,
             "source": exp.source,
-        },
+        }
+        | ({"withdrawn": [dataclasses.asdict(w) for w in exp.withdrawn]} if exp.withdrawn else {}),
         "plan": plan_dict(c),
         "budget": {"name": c.budget_name, "kind": c.budget.kind, "value": c.budget.value}
         | ({"size": c.budget.size} if c.budget.size else {}),
@@ -745,6 +747,7 @@ def markdown(results: dict[str, Any], plots: list[str], extra: Sequence[str] = (
             "",
             *ONE_ARM_NOTE * any(len(c["arms"]) == 1 for c in results["claims"]),
         ]
+    out += withdrawn_section(exp)
     out += list(extra)
     header, rows = metric_rows(results)
     out += ["## What each arm learnt", "", markdown_table(header, rows), ""]
@@ -1079,6 +1082,14 @@ def finding(results: dict[str, Any]) -> str:
     return "In short: no metric was measured on more than one arm, so nothing was compared."
 
 
+def withdrawn_section(exp: dict[str, Any]) -> list[str]:
+    """The claims an earlier publication judged that this one does not, each with its reason."""
+    gone = exp.get("withdrawn") or []
+    if not gone:
+        return []
+    return ["## Claims withdrawn", "", *(f"- **{w['claim']}**: {w['reason']}" for w in gone), ""]
+
+
 def print_tables(results: dict[str, Any], console: Console, report: str = "report.md") -> None:
     """The cost table, the learnt table cut to the metrics that answer the question (the rest are in
     `report`), the verdict, and the one-sentence finding last."""
@@ -1119,6 +1130,10 @@ def print_tables(results: dict[str, Any], console: Console, report: str = "repor
         for line in lines:
             for part in textwrap.wrap(line, width, subsequent_indent="    ", break_on_hyphens=False):
                 console.print(f"  {escape(part)}", soft_wrap=True)
+    gone = results["experiment"].get("withdrawn") or []
+    if gone:
+        names = "; ".join(w["claim"] for w in gone)
+        console.print(escape(f"withdrawn ({len(gone)}, reasons in {report}): {names}"), soft_wrap=True)
     console.print(f"[bold]{escape(finding(results))}[/]")
 
 

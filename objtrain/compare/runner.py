@@ -241,7 +241,7 @@ def _resumed_seeds(saved: Any, asked: list[int]) -> list[int]:
 
 
 # Experiment keys that judge or describe the runs, or name budgets not chosen: a resume may change them.
-JUDGING_KEYS = ("eval", "claims", "question", "expect", "source", "regime", "budgets")
+JUDGING_KEYS = ("eval", "claims", "withdrawn", "question", "expect", "source", "regime", "budgets")
 
 
 def check_report_dir(report_dir: Path, seeds: int, resume: bool, force: bool) -> None:

@@ -32,7 +32,9 @@ TINY_OPTIONS: dict[str, Any] = {
     "probe_seeds": 2,
     "finetune_steps": 10,  # only where an experiment asks for --finetune
     "samples": 1,
+    "blimp_per_paradigm": 2,  # only where an experiment asks for --blimp
 }
+ZERO_MEANS_ALL = ("blimp_per_paradigm",)  # a count where 0 means no limit
 # Counts whose default is already the least (1: none), capped only where an experiment gives them.
 TINY_WHEN_GIVEN: dict[str, int] = {"finetune_seeds": 2}
 
@@ -73,7 +75,7 @@ def capped(options: dict[str, Any], tiny: bool) -> dict[str, Any]:
         for key, limit in {**TINY_OPTIONS, **TINY_WHEN_GIVEN}.items():
             given = out.get(key)
             if isinstance(given, int) and not isinstance(given, bool):  # a mistyped one is check_options's
-                out[key] = min(given, limit)
+                out[key] = limit if given == 0 and key in ZERO_MEANS_ALL else min(given, limit)
     return out
 
 
@@ -92,7 +94,7 @@ def check_options(options: dict[str, Any]) -> None:
     if built.infill_file is not None:
         infill.read_infill_file(built.infill_file)
     if built.blimp is not None:
-        blimp.read_pairs(built.blimp)
+        blimp.read_pairs(built.blimp, built.blimp_per_paradigm)
     if built.blimp_paper is not None:
         blimp.read_paper_rows(built.blimp_paper)
     suite.check_probe_tasks(built)

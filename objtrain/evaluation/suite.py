@@ -255,6 +255,7 @@ class EvalOptions:
     finetune_twin_seed: int | None = None
     blimp: Path | None = None  # minimal pairs: a folder of BLiMP *.jsonl, or one .jsonl(.gz)
     blimp_paper: Path | None = None  # the BLiMP paper's rows per paradigm (models_summary.jsonl)
+    blimp_per_paradigm: int = 0  # the first K pairs of each paradigm (0: every pair)
     blimp_ngram: int = 3  # order of the n-gram baseline counted on the run's training tokens (0: none)
     blimp_batch_tokens: int = 16384  # tokens a forward of minimal-pair copies holds
     samples: int = 3
@@ -462,7 +463,7 @@ def evaluate(
         infill.read_infill_file(options.infill_file)
     pairs, paper = None, None
     if options.blimp is not None and "blimp" not in options.skip:
-        pairs = blimp.read_pairs(options.blimp)
+        pairs = blimp.read_pairs(options.blimp, options.blimp_per_paradigm)
         paper = blimp.read_paper_rows(options.blimp_paper) if options.blimp_paper is not None else None
     tokenizer = ckpt.tokenizer
     evaldata = resolve_data(ckpt, data, options.split)

@@ -61,6 +61,10 @@ ARCHIVE = Path("runs/findings/previous")  # published results set aside while a 
 PROSE_STORE = "runs/findings/data/prose"
 SHARED = "../shared/data"
 SEEDS = 3
+# 50 pairs of each of BLiMP's 67 paradigms: 3,350 pairs, a Wilson interval of about +-0.017 on an accuracy
+# near 0.55; an encoder's pseudo-log-likelihood (one copy of a sentence a token) over all 33,500 would take
+# most of an hour a model on one core.
+BLIMP_PER_PARADIGM = 50
 MAX_SEEDS = 5  # a claim whose 3-seed interval straddles its boundary gets up to 5 where that would resolve it
 
 
@@ -69,6 +73,9 @@ class Finding:
     question: str  # the wording, as the index's section heading
     corpus: str  # "prose" or "code"
     probes: bool = True  # named probes (SST-2, TREC, CoLA) from the shared data
+    probe_tasks: str = "sst2,trec,cola"
+    # BLiMP's minimal pairs from the shared data, the first BLIMP_PER_PARADIGM of each paradigm
+    blimp: bool = False
     # False: `make findings` (a plain `run`) leaves it out and `run --all` or its name runs it. All of them
     # together take about twice the ~6 hours a full re-run may take on 2 cores, so the plain run keeps the
     # comparisons across model kinds, heads and sizes at equal FLOPs (what a reader checks first) and the
@@ -116,7 +123,11 @@ def command(name: str) -> list[str]:
     if f.corpus == "prose":
         cmd += ["--data", PROSE_STORE]
     if f.probes:
-        cmd += ["--eval", f"probe_data={SHARED}", "--eval", "probe_tasks=sst2,trec,cola"]
+        cmd += ["--eval", f"probe_data={SHARED}", "--eval", f"probe_tasks={f.probe_tasks}"]
+    if f.blimp:
+        cmd += ["--eval", f"blimp={SHARED}/blimp/blimp-dev.jsonl.gz"]
+        cmd += ["--eval", f"blimp_per_paradigm={BLIMP_PER_PARADIGM}"]
+        cmd += ["--eval", f"blimp_paper={SHARED}/blimp/paper-results.jsonl"]
     return cmd
 
 

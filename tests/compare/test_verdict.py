@@ -388,3 +388,18 @@ def test_the_metric_plot_clips_each_interval_to_the_metric_range() -> None:
             {"arm": "b", "mean": 2.012, "low": 2.012, "high": 2.012, "seeds": []}]  # fmt: skip
     lo, hi = metric_limits("bits_per_byte", bars, [])
     assert hi - lo > 0.2 and lo >= 0.0
+
+
+def test_a_withdrawn_claim_is_named_with_its_reason_in_the_report_and_on_the_screen() -> None:
+    results = _results()
+    results["experiment"]["withdrawn"] = [
+        {"claim": "CLM continues a document better", "reason": "the measure scored a layout it never saw"}
+    ]
+    text = markdown(results, [])
+    assert "## Claims withdrawn" in text
+    assert "- **CLM continues a document better**: the measure scored a layout it never saw" in text
+    buffer = io.StringIO()
+    print_tables(results, Console(file=buffer, width=200, force_terminal=False))
+    assert "withdrawn (1, reasons in report.md): CLM continues a document better" in buffer.getvalue()
+    del results["experiment"]["withdrawn"]
+    assert "withdrawn" not in markdown(results, []).lower()

@@ -61,6 +61,20 @@ def test_read_pairs_reads_a_folder_and_a_gzip_file(tmp_path: Path) -> None:
     assert one.uid[:2] == ["subject_verb_agreement_0", "island_effects_1"]
 
 
+def test_per_paradigm_keeps_the_first_pairs_of_each_paradigm(tmp_path: Path) -> None:
+    rows = _pairs_rows()  # 12 pairs over 6 paradigms, two each
+    path = _write(tmp_path / "all.jsonl", rows)
+    one = blimp.read_pairs(path, per_paradigm=1)
+    firsts = {}
+    for r in rows:
+        firsts.setdefault(r["UID"], r["sentence_good"])
+    assert one.good == list(firsts.values()) and len(set(one.uid)) == len(one.uid) == 6
+    assert "first 1 pairs of each paradigm" in one.source
+    assert blimp.read_pairs(path, per_paradigm=5).good == blimp.read_pairs(path).good
+    with pytest.raises(UserError, match="at least 0"):
+        blimp.read_pairs(path, per_paradigm=-1)
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [
@@ -323,6 +337,10 @@ def test_cli_reports_accuracy_ties_terms_and_baselines(cli, debug_checkpoint, tm
     code, out, err = cli(ckpt, "--data", text, "--blimp", pairs, "--skip", SKIP)
     assert code == 0, err
     assert "blimp_accuracy" in out and "subject_verb_agreement" in out
+    code, out, err = cli(ckpt, "--data", text, "--blimp", pairs, "--blimp-per-paradigm", "1",
+                         "--blimp-ngram", "0", "--skip", SKIP, "--format", "json")  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["blimp_pairs"] == 6.0
 
 
 @torch.no_grad()
