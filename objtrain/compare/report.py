@@ -143,7 +143,7 @@ def build_results(c: Comparison) -> dict[str, Any]:
         ):
             continue
         # A metric is ranked among the arms it means the same for (`not_ranked`); the rest are listed.
-        why = {n: w for n in per_metric[metric] if (w := not_ranked(by_name[n], metric))}
+        why = unranked_reasons([by_name[n] for n in per_metric[metric]], metric)
         if why:
             unranked[metric] = why
         kept = {n: s for n, s in per_metric[metric].items() if n not in why}
@@ -249,11 +249,33 @@ def at_baseline(arm: dict[str, Any], metric: str) -> str | None:
 
 def not_ranked(arm: dict[str, Any], metric: str) -> str | None:
     """Why `metric` does not mean for this arm what it means for the others, or None: a left-to-right
-    score of a model that does not read left to right, or a probe at its random-init baseline."""
+    score of a model that does not read left to right, a conditional score in a layout the arm's objective
+    never trained on, or a probe at its random-init baseline."""
     if metric in LEFT_TO_RIGHT and arm["model_kind"] not in LEFT_TO_RIGHT_KINDS:
         kind = KIND_WORDS.get(arm["model_kind"], arm["model_kind"])
         return f"({'an' if kind[:1] in 'aeiou' else 'a'} {kind} does not read left to right)"
+    if metric == "conditional_bpb" and _untrained_layout(arm):
+        return UNTRAINED_LAYOUT_WHY
     return at_baseline(arm, metric)
+
+
+def unranked_reasons(arms: list[dict[str, Any]], metric: str) -> dict[str, str]:
+    """Arm name -> why `metric` is not ranked for it (`not_ranked`), over the arms that have it. Arms all
+    scored in the same untrained layout still compare with each other: none is left out for it."""
+    why = {a["name"]: w for a in arms if (w := not_ranked(a, metric))}
+    if len(why) == len(arms) and all(w == UNTRAINED_LAYOUT_WHY for w in why.values()):
+        return {}
+    return why
+
+
+UNTRAINED_LAYOUT_WHY = "(scored as one long span, a layout its objective never trained on)"
+
+
+def _untrained_layout(arm: dict[str, Any]) -> bool:
+    from objtrain.evaluation.conditional import untrained_layout
+
+    notes = [(run.get("eval") or {}).get("conditional_mode") for run in arm.get("runs") or []]
+    return any(isinstance(note, str) and untrained_layout(note) for note in notes)
 
 
 KIND_WORDS = {"encdec": "encoder-decoder"}
@@ -269,7 +291,7 @@ def screened(results: dict[str, Any]) -> dict[str, Any]:
     unranked: dict[str, dict[str, str]] = {}
     for metric, r in (results.get("rankings") or {}).items():
         having = [a for a in results["arms"] if (a["metrics"].get(metric) or {}).get("n")]
-        why = {a["name"]: w for a in having if (w := not_ranked(a, metric))}
+        why = unranked_reasons(having, metric)
         if not why:
             rankings[metric] = r
             continue

@@ -207,6 +207,17 @@ MODE_NOTES = {
     "bart": "encoder reads the first half and <mask>, decoder rebuilds it; second half scored",
 }
 
+# Layouts a model's objective never trains on: a span model (T5: spans of mean length 3, Raffel et al.
+# 2020, section 3.3.4) reads the whole second half here as one span, and at every position of it puts
+# probability on closing the span. Its conditional_bpb measures that layout as much as the model, so a
+# ranking across kinds leaves it out (`untrained_layout`).
+UNTRAINED_LAYOUTS = ("sentinel",)
+
+
+def untrained_layout(note: str) -> bool:
+    """Whether an eval result's `conditional_mode` (a `MODE_NOTES` text) is an `UNTRAINED_LAYOUTS` one."""
+    return any(note.startswith(MODE_NOTES[mode]) for mode in UNTRAINED_LAYOUTS)
+
 
 @torch.no_grad()
 def conditional_scores(

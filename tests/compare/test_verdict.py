@@ -403,3 +403,25 @@ def test_a_withdrawn_claim_is_named_with_its_reason_in_the_report_and_on_the_scr
     assert "withdrawn (1, reasons in report.md): CLM continues a document better" in buffer.getvalue()
     del results["experiment"]["withdrawn"]
     assert "withdrawn" not in markdown(results, []).lower()
+
+
+def test_a_conditional_score_in_a_layout_never_trained_on_is_not_ranked_beside_the_others() -> None:
+    from objtrain.evaluation.conditional import MODE_NOTES
+
+    results = _results()
+    for arm, mode, bpb in zip(results["arms"], ("causal", "sentinel"), (2.4, 3.5), strict=True):
+        arm["metrics"] = {"conditional_bpb": _metric(bpb)}
+        arm["runs"][0]["eval"] = {"conditional_mode": MODE_NOTES[mode], "conditional_bpb": bpb}
+    results["rankings"] = {
+        "conditional_bpb": {"lower_is_better": True, "best": "clm", "within_seed_spread": [], "gaps": {}}
+    }
+    line = verdict(results)[0]
+    assert (
+        "not ranked: fim-0.5 3.5 (scored as one long span, a layout its objective never trained on)" in line
+    )
+    both = _results()  # every arm in the same layout: compared with each other as before
+    for arm, bpb in zip(both["arms"], (2.4, 3.5), strict=True):
+        arm["metrics"] = {"conditional_bpb": _metric(bpb)}
+        arm["runs"][0]["eval"] = {"conditional_mode": MODE_NOTES["sentinel"], "conditional_bpb": bpb}
+    both["rankings"] = results["rankings"]
+    assert "not ranked" not in verdict(both)[0] and "fim-0.5 3.5" in verdict(both)[0]
