@@ -69,11 +69,31 @@ def run(
         help="Runs trained at once, each in its own process on its share of the cores (a sweep: chains of "
         "one arm, size and seed); each run trains as it would alone on as many threads.",
     ),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="Plan every run (each arm's parameters, steps, tokens and FLOPs) and stop; nothing is written.",
+    ),
+    peak_tflops: float = typer.Option(
+        None,
+        "--peak-tflops",
+        min=0.001,
+        help="With --dry-run: the accelerator's peak TFLOP/s (an H100's dense bf16: 989), for the time at "
+        "40% of it.",
+    ),
 ) -> None:
     console = make_console(stderr=True, highlight=False)
     exp = load_experiment(experiment)
     exp.eval.options = {**exp.eval.options, **parse_eval_options(eval_options or [])}
     spec = sweep_from_experiment(exp, sweep, budget)
+    if dry_run:
+        if spec is not None:
+            raise UserError("--dry-run plans a comparison; a sweep's plan is printed when it starts")
+        planned = plan_comparison(exp, output, budget, seeds, resume=resume, force=True, data=data)
+        print_plan(planned, make_console(highlight=False), peak_tflops)
+        return
+    if peak_tflops is not None:
+        raise UserError("--peak-tflops goes with --dry-run")
     check_jobs(jobs)
     if max_seeds is not None:
         check_max_seeds(max_seeds, seeds, spec is not None)
@@ -109,6 +129,43 @@ def run(
             return more
 
         _compare(comparison, exp.name, output, console, max_seeds or 0, more_seeds)
+
+
+MFU_PLANNED = 0.4  # a well-tuned small-model run's share of peak (PaLM reports 46% at 540B, Chowdhery 2022)
+
+
+def print_plan(c: Comparison, console: Console, peak_tflops: float | None) -> None:
+    """Each run's parameters, optimizer steps, tokens and training FLOPs, and their total."""
+    from rich.table import Table
+
+    from objtrain.models.zoo import build_model, count_parameters
+
+    table = Table(title=f"{c.experiment.name}: {len(c.runs)} runs planned ({c.budget_name} budget)")
+    for h in ("run", "model", "parameters", "steps", "tokens", "FLOPs"):
+        table.add_column(h, justify="left" if h in ("run", "model") else "right")
+    total = 0.0
+    sizes: dict[str, int] = {}
+    for run in c.runs:
+        model = f"{run.plan.model_cfg.kind} {run.cfg.model.size}"
+        if model not in sizes:
+            sizes[model] = count_parameters(build_model(run.plan.model_cfg))
+        steps = run.steps or 0
+        flops = steps * run.flops_per_step
+        total += flops
+        tokens = (
+            steps
+            * run.plan.micro_batch
+            * run.plan.accumulation
+            * run.plan.seq_len
+            * run.plan.world.world_size
+        )
+        table.add_row(run.key, model, f"{sizes[model]:,}", f"{steps:,}", f"{tokens:,}", f"{flops:.3g}")
+    console.print(table)
+    line = f"total {total:.3g} training FLOPs"
+    if peak_tflops is not None:
+        seconds = total / (MFU_PLANNED * peak_tflops * 1e12)
+        line += f": {seconds:,.0f} s at {MFU_PLANNED:.0%} of {peak_tflops:g} TFLOP/s (evaluation not counted)"
+    console.print(line + "; nothing was written", markup=False)
 
 
 def check_jobs(jobs: int) -> None:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from objtrain.cli import main
 from objtrain.data.tokenize import TokenizeConfig, tokenize_corpus
@@ -208,3 +209,26 @@ def test_an_interrupted_comparison_says_interrupted_once(
     code, _, err = run_cli(monkeypatch, capsys, "compare", write_experiment(), "-o", tmp_path / "r")
     last = err.strip().splitlines()[-1]
     assert code == 130 and last.startswith("interrupted during 'clm'") and last.count("interrupted") == 1, err
+
+
+def test_dry_run_plans_every_run_and_writes_nothing(write_experiment, tmp_path, monkeypatch, capsys) -> None:
+    path = write_experiment(budget={"flops": 2.0e10})
+    out_dir = tmp_path / "report"
+    code, out, err = run_cli(monkeypatch, capsys, "compare", path, "-o", out_dir, "--seeds", "2", "--dry-run",
+                             "--peak-tflops", "1")  # fmt: skip
+    assert code == 0, err
+    assert not out_dir.exists()
+    runs = [line for line in out.splitlines() if ".seed-" in line]
+    assert len(runs) == 2 * len(yaml.safe_load(path.read_text())["arms"]), out
+    flops = sum(float(line.split("│")[-2]) for line in runs)
+    assert 0.5 * 2.0e10 * len(runs) <= flops <= 2.0e10 * len(runs)  # each run near, at most, its budget
+    total = float(out.split("total ")[1].split(" training FLOPs")[0])
+    assert total == pytest.approx(flops, rel=0.01)
+    assert f"{total / (0.4 * 1e12):,.0f} s at 40% of 1 TFLOP/s" in out and "nothing was written" in out
+
+
+def test_peak_tflops_without_dry_run_is_refused(write_experiment, tmp_path, monkeypatch, capsys) -> None:
+    path = write_experiment()
+    refused(run_cli(monkeypatch, capsys, "compare", path, "-o", tmp_path / "r", "--peak-tflops", "9"),
+            "--peak-tflops goes with --dry-run")  # fmt: skip
+    assert not (tmp_path / "r").exists()
