@@ -52,7 +52,7 @@ from objtrain.data.store import PackedStore, TokenStore
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.objectives.base import Objective
-from objtrain.objectives.rng import RowRandom
+from objtrain.rng import RowRandom
 from objtrain.specials import Specials
 from objtrain.training.cores import unpin_this_process
 from objtrain.training.lifetime import die_with_parent

@@ -20,9 +20,9 @@ from objtrain.errors import UserError
 from objtrain.models import build_model, model_config
 from objtrain.objectives.mlm import MaskedLMConfig
 from objtrain.objectives.registry import build_objective, objective_defaults
-from objtrain.objectives.rng import RowRandom
 from objtrain.objectives.sentence_pairs import NextSentencePrediction, Pairs, SentenceOrderPrediction
 from objtrain.objectives.sentences import sentence_end_table, sentence_ids
+from objtrain.rng import RowRandom
 from objtrain.specials import Specials
 from objtrain.training.data import Documents, DocumentStream, donor_offsets, leading_batches, read_batch
 
