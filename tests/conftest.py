@@ -43,7 +43,7 @@ def fresh_probe_baselines() -> Iterator[None]:
 def no_loader_worker_left() -> Iterator[None]:
     """A test that leaves loader worker processes running fails, naming itself, instead of the whole suite
     hanging at exit or the workers slowing every later test."""
-    from objtrain.training.data import _WORKERS
+    from objtrain.data.loader import _WORKERS
 
     before = {id(w) for w in _WORKERS if w.is_alive()}
     yield

@@ -25,12 +25,13 @@ import torch
 from torch import nn
 
 from objtrain.batch import Batch, labelled_logits
+from objtrain.data.batches import leading_batches
+from objtrain.data.stream import Documents, DocumentStream
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.objectives.base import Objective
 from objtrain.objectives.registry import build_objective
 from objtrain.specials import Specials
-from objtrain.training.data import Documents, DocumentStream, leading_batches
 
 NEUTRAL_MLM = {"selection_rate": 0.15, "mask_prob": 1.0, "random_prob": 0.0, "exact_count": True}
 NEUTRAL_SPAN = {"noise_density": 0.15, "mean_noise_span_length": 3.0, "random_roll": False}

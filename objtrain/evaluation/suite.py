@@ -49,6 +49,8 @@ import torch
 import yaml
 
 from objtrain.data.default import default_store_path
+from objtrain.data.stores import DataSource
+from objtrain.data.stream import Documents
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.devices import resolve_device
 from objtrain.errors import UserError, did_you_mean
@@ -70,7 +72,6 @@ from objtrain.models.zoo import count_parameters
 from objtrain.objectives.base import DEFAULT_PAIR_FORMS
 from objtrain.objectives.registry import build_objective
 from objtrain.training.accounting import token_bytes
-from objtrain.training.data import DataSource, Documents
 
 PARTS = (
     "lm",

@@ -31,28 +31,27 @@ from torch import Tensor
 
 from objtrain import IGNORE
 from objtrain.batch import Batch, ModelKind
-from objtrain.data.tokenizer import Tokenizer
-from objtrain.errors import UserError
-from objtrain.objectives.base import Objective
-from objtrain.specials import FIXED_PIECES, N_FIXED, Specials
-from objtrain.training.data import (
-    DataSource,
+from objtrain.data.batches import read_batch
+from objtrain.data.mixture import StoreMixture, open_stores
+from objtrain.data.stores import DataSource
+from objtrain.data.stream import (
     Documents,
     DocumentStream,
     MixedStream,
     Position,
-    Sources,
     as_mixed,
     layout,
-    open_sources,
-    read_batch,
     row_needs,
     row_starts,
     rows_in_one_pass,
 )
+from objtrain.data.tokenizer import Tokenizer
+from objtrain.errors import UserError
+from objtrain.objectives.base import Objective
+from objtrain.specials import FIXED_PIECES, N_FIXED, Specials
 
 # ---------------------------------------------------------------------------------------------------
-# Sources -> raw rows
+# StoreMixture -> raw rows
 
 
 @dataclass
@@ -96,7 +95,7 @@ def mixture_file(path: Path | None) -> bool:
     return isinstance(doc, dict) and ("data" in doc or "sources" in doc)
 
 
-def open_mixture(path: Path) -> Sources:
+def open_mixture(path: Path) -> StoreMixture:
     """The stores a YAML file's `data:` section (or its bare `sources:` list) names, checked as `train`
     checks them (one tokenizer)."""
     from objtrain.config import from_dict, load_yaml
@@ -107,7 +106,7 @@ def open_mixture(path: Path) -> Sources:
     data = from_dict(DataConfig, section or {}, where=f"{path}: data")
     if data.store is None and not data.sources:
         raise UserError(f"{path} names no data: give data.store or data.sources")
-    return open_sources(data.store, data.sources)
+    return open_stores(data.store, data.sources)
 
 
 def _is_packed_store(path: Path) -> bool:
@@ -257,7 +256,7 @@ def read_rows(
 
 
 def _mixture_rows(
-    sources: Sources, objective: Objective, model_length: int, index: Tensor, need: np.ndarray, seed: int
+    sources: StoreMixture, objective: Objective, model_length: int, index: Tensor, need: np.ndarray, seed: int
 ) -> RawRows:
     """Rows of a mixture: each row's source drawn as training draws it under `seed`, its text from that
     source's unshuffled stream after the rows before it that drew the same source."""

@@ -15,6 +15,8 @@ from torch import Tensor
 
 from objtrain import IGNORE
 from objtrain.batch import Batch, ModelOutput
+from objtrain.data.batches import donor_offsets, leading_batches, read_batch
+from objtrain.data.stream import Documents, DocumentStream
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.models import build_model, model_config
@@ -24,7 +26,6 @@ from objtrain.objectives.sentence_pairs import NextSentencePrediction, Pairs, Se
 from objtrain.objectives.sentences import sentence_end_table, sentence_ids
 from objtrain.rng import RowRandom
 from objtrain.specials import Specials
-from objtrain.training.data import Documents, DocumentStream, donor_offsets, leading_batches, read_batch
 
 SP = Specials()
 NO_MLM = MaskedLMConfig(selection_rate=0.0)
