@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from objtrain.batch import Batch, labelled_logits
-from objtrain.data.batches import leading_batches
-from objtrain.data.stream import Documents, DocumentStream
+from objtrain.data.batches import validation_batches
+from objtrain.data.stream import Documents
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.objectives.base import Objective
@@ -46,9 +46,9 @@ def corrupted_batches(
     batch_size: int,
     seed: int,
 ) -> list[Batch]:
-    """The first `rows` rows of the unshuffled documents, corrupted by `objective` under `seed`."""
-    stream = DocumentStream(docs, specials.eos, specials.pad, seed=0, shuffle=False)
-    return leading_batches(stream, objective, seq_len, rows, batch_size, seed)
+    """The first `rows` rows of the unshuffled documents, corrupted by `objective` under `seed`: training's
+    validation rows (`validation_batches`), under the eval seed instead of validation's 0."""
+    return validation_batches(docs, specials, objective, seq_len, rows, batch_size, seed=seed)
 
 
 @dataclass

@@ -416,7 +416,7 @@ def text_data(path: Path, tokenizer: Tokenizer) -> EvalData:
     except UnicodeDecodeError as exc:
         raise UserError(f"{path} is not UTF-8 text (invalid byte at offset {exc.start})") from None
     ids = np.asarray(tokenizer.encode(text), dtype=np.int64)
-    docs = Documents(ids, np.array([0, len(ids)], dtype=np.int64))
+    docs = Documents.of([ids])
     roundtrip = tokenizer.decode(ids.tolist()) == text
     return EvalData(
         str(path), docs, eos=tokenizer.specials.eos, texts=[text], text_bytes=len(raw), roundtrip=roundtrip
