@@ -258,7 +258,7 @@ def make_loader(
         persistent_workers=False,
         worker_init_fn=init if workers else None,
         # Each iterator draws a base seed from the global RNG unless given a generator: keep the training
-        # RNG (dropout) untouched by data loading (`checkpoint.restore_rng`).
+        # RNG (dropout) untouched by data loading (`objtrain.training.checkpoint.restore_rng`).
         generator=torch.Generator().manual_seed(0),
     )
 

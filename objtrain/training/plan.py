@@ -60,7 +60,7 @@ class Plan:
     init_origin: str | None = None  # what the run started from, kept in every checkpoint across resumes
     dtype_note: str = ""  # how --dtype auto was resolved ("" when given explicitly)
     lock: OutputLock | None = None  # RUN held by this process (main rank) while it trains
-    workers: int = 0  # loader worker processes, `workers: auto` resolved (`data.auto_workers`)
+    workers: int = 0  # loader worker processes, `workers: auto` resolved (`data.loader.auto_workers`)
 
     def release(self) -> None:
         """Let RUN go (another process may then write it)."""
