@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from objtrain.data.default import default_store
-from objtrain.data.stores import DataSource
+from objtrain.data.store_reader import DataSource
 from objtrain.evaluation import blimp
 from objtrain.models.zoo import build_model, model_config
 

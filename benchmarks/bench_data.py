@@ -78,7 +78,7 @@ def worker(store: str) -> None:
     try:
         from objtrain.data.batches import donor_offsets
         from objtrain.data.loader import _to_wire
-        from objtrain.data.stores import DataSource
+        from objtrain.data.store_reader import DataSource
         from objtrain.data.stream import row_needs, row_starts
     except ImportError:  # a baseline from before the data path moved from training/data.py to data/
         from objtrain.training.data import (  # type: ignore[no-redef]

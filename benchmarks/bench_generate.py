@@ -193,7 +193,7 @@ def train_mtp(args: argparse.Namespace) -> tuple[Decoder, Tokenizer, dict[str, A
 def trained_mtp(args: argparse.Namespace) -> tuple[Decoder, list[list[int]], dict[str, Any]]:
     """The checkpoint's model, and prompts from the valid split of the store it was trained on."""
     from objtrain.data.default import default_store
-    from objtrain.data.stores import DataSource
+    from objtrain.data.store_reader import DataSource
     from objtrain.models.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(Path(args.checkpoint))

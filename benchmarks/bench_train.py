@@ -297,7 +297,7 @@ def bench_nanogpt_mode(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         print(f"nanogpt: skipped, {SHAKESPEARE} not found (the shared corpora are not on this machine)")
         return {"skipped": f"{SHAKESPEARE} not found"}
     from objtrain.data.batches import validation_batches
-    from objtrain.data.stores import DataSource
+    from objtrain.data.store_reader import DataSource
     from objtrain.objectives.registry import build_objective
 
     store, info = shakespeare_store(work)
@@ -594,7 +594,7 @@ def wait_share(run_dir: Path) -> tuple[float, float, int]:
 def loader_rows_per_s(store: Path, objective: str, seq_len: int, seconds: float) -> float:
     """Rows/s of RowSampler + CorruptedRows in this process: the loader's work without a model."""
     from objtrain.data.loader import CorruptedRows, RowSampler
-    from objtrain.data.stores import DataSource
+    from objtrain.data.store_reader import DataSource
     from objtrain.data.stream import Position
     from objtrain.objectives.registry import build_objective
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from objtrain.data.store import PackedStore, TokenStore
-from objtrain.data.stores import DataSource
+from objtrain.data.store_reader import DataSource
 from objtrain.data.stream import (
     Documents,
     DocumentStream,

@@ -49,7 +49,7 @@ import torch
 import yaml
 
 from objtrain.data.default import default_store_path
-from objtrain.data.stores import DataSource
+from objtrain.data.store_reader import DataSource
 from objtrain.data.stream import Documents
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.devices import resolve_device

@@ -33,7 +33,7 @@ from objtrain import IGNORE
 from objtrain.batch import Batch, ModelKind
 from objtrain.data.batches import leading_rows, read_batch
 from objtrain.data.mixture import StoreMixture, open_stores
-from objtrain.data.stores import DataSource, is_packed_store
+from objtrain.data.store_reader import DataSource, is_packed_store
 from objtrain.data.stream import (
     Documents,
     DocumentStream,

@@ -15,7 +15,7 @@ from objtrain.data.loader import CorruptedRows, RowSampler, make_loader, receive
 from objtrain.data.mixture import StoreMixture
 from objtrain.data.pack import assemble_rows, bestfit_layout, concat_rows
 from objtrain.data.store import TokenStore
-from objtrain.data.stores import FULL_CHECK_TOKENS, DataSource
+from objtrain.data.store_reader import FULL_CHECK_TOKENS, DataSource
 from objtrain.data.stream import MixedStream, Position
 from objtrain.data.tokenize import TokenizeConfig, tokenize_corpus
 from objtrain.errors import UserError

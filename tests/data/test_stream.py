@@ -13,7 +13,7 @@ import torch
 
 from objtrain.data.loader import RowSampler
 from objtrain.data.store import TokenStore
-from objtrain.data.stores import DataSource
+from objtrain.data.store_reader import DataSource
 from objtrain.data.stream import DocumentStream, Position, row_needs
 from objtrain.errors import UserError
 from objtrain.objectives.registry import build_objective

@@ -1,4 +1,5 @@
-"""Token and packed stores opened for reading: their specials, tokenizer and split documents, checked.
+"""Token and packed stores (the formats of `objtrain.data.store`) opened for reading: their specials,
+tokenizer and split documents, checked.
 
 Corpus scale: stores are memory maps read at 64-bit offsets; opening one reads its meta, its document
 offsets and, for stores up to `FULL_CHECK_TOKENS`, every token once to check ids; larger stores check the
