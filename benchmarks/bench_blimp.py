@@ -29,9 +29,9 @@ import numpy as np
 import torch
 
 from objtrain.data.default import default_store
+from objtrain.data.store_reader import DataSource
 from objtrain.evaluation import blimp
 from objtrain.models.zoo import build_model, model_config
-from objtrain.training.data import DataSource
 
 PAIRS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "blimp" / "blimp-dev.jsonl.gz"
 

@@ -6,7 +6,8 @@ as a DataLoader worker runs):
 - plan: the sampler's `row_needs` (each row's raw length; the training process does this, once per step);
 - read: `DocumentStream.rows` from the store (plus the donor text where the objective reads one);
 - corrupt: the objective's `__call__` (corruption and layout into a `Batch`);
-- collate: `Batch.mark_layout` and the trip to the wire format the workers send (`training.data._to_wire`).
+- collate: `Batch.mark_layout` and the trip to the wire format the workers send
+  (`objtrain.data.loader._to_wire`).
 rows/s counts all four in wall time; `cpu` counts them in the worker's CPU time (`time.process_time`),
 the rate a dedicated core would give. On a machine whose cores other jobs keep busy, wall time also counts
 the time the worker waits for a core (on 2 cores shared with 2 training jobs, wall rows/s came out several
@@ -74,10 +75,22 @@ def worker(store: str) -> None:
     import torch
 
     torch.set_num_threads(1)
+    try:
+        from objtrain.data.batches import donor_offsets
+        from objtrain.data.loader import _to_wire
+        from objtrain.data.store_reader import DataSource
+        from objtrain.data.stream import row_needs, row_starts
+    except ImportError:  # a baseline from before the data path moved from training/data.py to data/
+        from objtrain.training.data import (  # type: ignore[no-redef]
+            DataSource,
+            _to_wire,
+            donor_offsets,
+            row_needs,
+            row_starts,
+        )
     from objtrain.objectives.registry import build_objective
-    from objtrain.training import data as D
 
-    source = D.DataSource(Path(store))
+    source = DataSource(Path(store))
     stream = source.stream("train", 0)
     cells: dict[tuple[str, str, int], dict[str, Any]] = {}
     for line in sys.stdin:
@@ -96,8 +109,8 @@ def worker(store: str) -> None:
         while warm > 0 or time.perf_counter() < deadline:
             c0, t0 = time.process_time(), time.perf_counter()
             rows = np.arange(cell["row"], cell["row"] + B, dtype=np.int64)
-            lengths = D.row_needs(obj, seq, rows, 0)
-            offsets = D.row_starts(lengths, cell["offset"])
+            lengths = row_needs(obj, seq, rows, 0)
+            offsets = row_starts(lengths, cell["offset"])
             cell["row"] += B
             cell["offset"] = int(offsets[-1] + lengths[-1])
             t1 = time.perf_counter()
@@ -105,13 +118,13 @@ def worker(store: str) -> None:
             extra = {}
             need = obj.donor_length(width)
             if need:
-                at = D.donor_offsets(rows, offsets, need, 0, stream.epoch_tokens)
+                at = donor_offsets(rows, offsets, need, 0, stream.epoch_tokens)
                 extra["donors"] = stream.rows(at, np.full(len(rows), need, dtype=np.int64), need)
             t2 = time.perf_counter()
             batch = obj(tokens, document_ids, torch.from_numpy(rows), 0, **extra)
             t3 = time.perf_counter()
             batch.stats["raw_tokens_fed"] = float(np.sum(lengths))
-            D._to_wire((None, batch.mark_layout()))  # type: ignore[arg-type]
+            _to_wire((None, batch.mark_layout()))  # type: ignore[arg-type]
             t4, c4 = time.perf_counter(), time.process_time()
             if warm > 0:  # the first batch builds caches (lookup tables, lengths): not timed
                 warm -= 1

@@ -193,8 +193,8 @@ def train_mtp(args: argparse.Namespace) -> tuple[Decoder, Tokenizer, dict[str, A
 def trained_mtp(args: argparse.Namespace) -> tuple[Decoder, list[list[int]], dict[str, Any]]:
     """The checkpoint's model, and prompts from the valid split of the store it was trained on."""
     from objtrain.data.default import default_store
+    from objtrain.data.store_reader import DataSource
     from objtrain.models.checkpoint import load_checkpoint
-    from objtrain.training.data import DataSource
 
     ckpt = load_checkpoint(Path(args.checkpoint))
     model: Decoder = ckpt.model  # type: ignore[assignment]

@@ -105,10 +105,11 @@ def random_batch(rows: int, seq: int, vocab: int, device: torch.device) -> Batch
 
 def store_batch(store: Path, rows: int, seq: int, device: torch.device) -> tuple[Batch, int]:
     """Real packed clm rows of the store (several documents a row: the document mask is on)."""
+    from objtrain.data.batches import leading_batches
+    from objtrain.data.mixture import open_stores
     from objtrain.objectives.registry import build_objective
-    from objtrain.training.data import leading_batches, open_sources
 
-    source = open_sources(str(store), None)
+    source = open_stores(str(store), None)
     objective = build_objective("clm", source.specials, source.tokenizer, "decoder")
     (batch,) = leading_batches(source.stream("train", 0), objective, seq, rows, rows, 0, within_epoch=False)
     return batch.mark_layout().to(device), source.tokenizer.vocab_size
@@ -340,8 +341,8 @@ def bench_decode(
 ) -> dict[str, Any]:
     from bench_generate import decoding_speed  # the decoding benchmark's own measurement
 
+    from objtrain.data.mixture import open_stores
     from objtrain.models.checkpoint import load_checkpoint
-    from objtrain.training.data import open_sources
 
     mtp = next((r for r in trained if r.get("objective") == "mtp" and "checkpoint" in r), None)
     if mtp is None or not deadline.allows("decode", 60):
@@ -349,7 +350,7 @@ def bench_decode(
         return {}
     loaded = load_checkpoint(Path(mtp["checkpoint"]), device=DEVICE)
     model = loaded.model.eval()
-    source = open_sources(str(args.store), None)
+    source = open_stores(str(args.store), None)
     docs = source.documents("valid" if source.has_split("valid") else "train")
     prompts = []
     for i in range(len(docs.offsets) - 1):
@@ -505,9 +506,9 @@ def main() -> int:
         from objtrain.data.default import default_store
 
         args.store = default_store()
-    from objtrain.training.data import open_sources
+    from objtrain.data.mixture import open_stores
 
-    args.vocab = open_sources(str(args.store), None).tokenizer.vocab_size
+    args.vocab = open_stores(str(args.store), None).tokenizer.vocab_size
     print(f"store {args.store} (vocabulary {args.vocab:,})", flush=True)
     torch.backends.cuda.matmul.allow_tf32 = True
     report: dict[str, Any] = {"card": card, "torch": str(torch.__version__), "peak_flops": peak}

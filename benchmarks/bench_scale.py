@@ -12,7 +12,7 @@ from getrusage of the child, wall time around it):
 - sp: raw sentencepiece on the same text and the same cores: the files read and split at blank lines
   in 1 MB batches, `sp.encode(batch, num_threads=N)`, ids dropped (no store written);
 - `objtrain pack STORE --mode bestfit --seq-len 1024` and `--mode concat`;
-- open: `Sources([STORE]).stream("train", seed)` and the first batch of 8 CLM rows, timed inside a child
+- open: `StoreMixture([STORE]).stream("train", seed)` and the first batch of 8 CLM rows, timed inside a child
   (imports excluded): what `objtrain train` does before its first step.
 
     .venv/bin/python benchmarks/bench_scale.py --sizes 200            # one point, a few minutes
@@ -70,9 +70,10 @@ import sys, time
 t0 = time.perf_counter()
 import numpy as np
 from objtrain.objectives.registry import build_objective
-from objtrain.training.data import Sources, leading_batches
+from objtrain.data.mixture import StoreMixture
+from objtrain.data.batches import leading_batches
 t1 = time.perf_counter()
-source = Sources([sys.argv[1]])
+source = StoreMixture([sys.argv[1]])
 stream = source.stream("train", 0)
 clm = build_objective("clm", source.specials, source.tokenizer, "decoder")
 (batch,) = leading_batches(stream, clm, 1024, 8, 8, 0, within_epoch=False)

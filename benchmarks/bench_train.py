@@ -296,8 +296,9 @@ def bench_nanogpt_mode(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     if not SHAKESPEARE.is_file():
         print(f"nanogpt: skipped, {SHAKESPEARE} not found (the shared corpora are not on this machine)")
         return {"skipped": f"{SHAKESPEARE} not found"}
+    from objtrain.data.batches import validation_batches
+    from objtrain.data.store_reader import DataSource
     from objtrain.objectives.registry import build_objective
-    from objtrain.training.data import DataSource, validation_batches
 
     store, info = shakespeare_store(work)
     source = DataSource(store)
@@ -480,8 +481,9 @@ def bare_runner(cfg: Any, run_dir: Path, n_batches: int) -> Any:
     sys.path.insert(0, str(HERE))
     from bench_models import Runner
 
+    from objtrain.data.loader import CorruptedRows, RowSampler
+    from objtrain.data.stream import Position
     from objtrain.models.zoo import build_model
-    from objtrain.training.data import CorruptedRows, Position, RowSampler
     from objtrain.training.loop import prepare
 
     plan = prepare(cfg, run_dir, force=True)
@@ -591,8 +593,10 @@ def wait_share(run_dir: Path) -> tuple[float, float, int]:
 
 def loader_rows_per_s(store: Path, objective: str, seq_len: int, seconds: float) -> float:
     """Rows/s of RowSampler + CorruptedRows in this process: the loader's work without a model."""
+    from objtrain.data.loader import CorruptedRows, RowSampler
+    from objtrain.data.store_reader import DataSource
+    from objtrain.data.stream import Position
     from objtrain.objectives.registry import build_objective
-    from objtrain.training.data import CorruptedRows, DataSource, Position, RowSampler
 
     source = DataSource(store)
     obj = build_objective(objective, source.specials, source.tokenizer)

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from objtrain.data.pack import PackConfig, pack_store
+from objtrain.data.tokenize import TokenizeConfig, tokenize_corpus
 from objtrain.data.tokenizer import Tokenizer, train_sentencepiece
 from objtrain.specials import Specials
 
@@ -43,7 +45,7 @@ def fresh_probe_baselines() -> Iterator[None]:
 def no_loader_worker_left() -> Iterator[None]:
     """A test that leaves loader worker processes running fails, naming itself, instead of the whole suite
     hanging at exit or the workers slowing every later test."""
-    from objtrain.training.data import _WORKERS
+    from objtrain.data.loader import _WORKERS
 
     before = {id(w) for w in _WORKERS if w.is_alive()}
     yield
@@ -104,3 +106,25 @@ def precision_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ.pop("OBJTRAIN_PRECISION_CACHE", None)
     else:
         os.environ["OBJTRAIN_PRECISION_CACHE"] = previous
+
+
+@pytest.fixture(scope="session")
+def train_store(
+    tmp_path_factory: pytest.TempPathFactory, stdlib_texts: list[str], tokenizer: Tokenizer
+) -> Path:
+    """A token store split at blank lines (hundreds of documents, a valid split of about 10%)."""
+    root = tmp_path_factory.mktemp("train")
+    (root / "corpus").mkdir()
+    for i, text in enumerate(stdlib_texts):
+        (root / "corpus" / f"module{i}.py").write_bytes(text.encode("utf-8"))
+    (root / "tok.model").write_bytes(tokenizer.model_proto)
+    config = TokenizeConfig(tokenizer=root / "tok.model", doc_split="blank-line", valid_fraction=0.1)
+    tokenize_corpus([root / "corpus"], root / "store", config)
+    return root / "store"
+
+
+@pytest.fixture(scope="session")
+def packed_store(tmp_path_factory: pytest.TempPathFactory, train_store: Path) -> Path:
+    out = tmp_path_factory.mktemp("packed") / "packed"
+    pack_store(train_store, out, PackConfig(seq_len=64, mode="bestfit"))
+    return out

@@ -12,7 +12,7 @@ from objtrain.batch import positions_of
 from objtrain.config import from_dict, load_yaml, parse_overrides
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
-from objtrain.objectives.rng import RowRandom
+from objtrain.rng import RowRandom
 from objtrain.specials import Specials
 
 

@@ -338,7 +338,7 @@ def _dry_run(console: Console, plan: Plan) -> None:
 def _data_lines(plan: Plan, total: int | None) -> list[tuple[str, str]]:
     """Each source as training will read it: its weight, its share of the run's rows as drawn, and the
     passes over it the run makes (a time budget: the first 1,000 steps)."""
-    from objtrain.training.data import plan_sources
+    from objtrain.data.mixture import plan_sources
 
     steps = total if total is not None else 1000
     rows = steps * plan.cfg.batch.batch_size

@@ -46,13 +46,13 @@ from objtrain.compare.experiment import (
     resolve_budget,
 )
 from objtrain.compare.progress import ArmsProgress
+from objtrain.data.batches import leading_batches
 from objtrain.errors import UserError
 from objtrain.io import read_json, write_json
 from objtrain.models.zoo import build_model, count_parameters
 from objtrain.training import accounting
 from objtrain.training import checkpoint as ckpt
 from objtrain.training.config import TrainConfig, config_dict
-from objtrain.training.data import leading_batches
 from objtrain.training.loop import Plan, prepare, train
 
 PLAN = "plan.json"

@@ -25,12 +25,13 @@ import torch
 from torch import nn
 
 from objtrain.batch import Batch, labelled_logits
+from objtrain.data.batches import validation_batches
+from objtrain.data.stream import Documents
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.objectives.base import Objective
 from objtrain.objectives.registry import build_objective
 from objtrain.specials import Specials
-from objtrain.training.data import Documents, DocumentStream, leading_batches
 
 NEUTRAL_MLM = {"selection_rate": 0.15, "mask_prob": 1.0, "random_prob": 0.0, "exact_count": True}
 NEUTRAL_SPAN = {"noise_density": 0.15, "mean_noise_span_length": 3.0, "random_roll": False}
@@ -45,9 +46,9 @@ def corrupted_batches(
     batch_size: int,
     seed: int,
 ) -> list[Batch]:
-    """The first `rows` rows of the unshuffled documents, corrupted by `objective` under `seed`."""
-    stream = DocumentStream(docs, specials.eos, specials.pad, seed=0, shuffle=False)
-    return leading_batches(stream, objective, seq_len, rows, batch_size, seed)
+    """The first `rows` rows of the unshuffled documents, corrupted by `objective` under `seed`: training's
+    validation rows (`validation_batches`), under the eval seed instead of validation's 0."""
+    return validation_batches(docs, specials, objective, seq_len, rows, batch_size, seed=seed)
 
 
 @dataclass

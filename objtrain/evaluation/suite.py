@@ -49,6 +49,8 @@ import torch
 import yaml
 
 from objtrain.data.default import default_store_path
+from objtrain.data.store_reader import DataSource
+from objtrain.data.stream import Documents
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.devices import resolve_device
 from objtrain.errors import UserError, did_you_mean
@@ -70,7 +72,6 @@ from objtrain.models.zoo import count_parameters
 from objtrain.objectives.base import DEFAULT_PAIR_FORMS
 from objtrain.objectives.registry import build_objective
 from objtrain.training.accounting import token_bytes
-from objtrain.training.data import DataSource, Documents
 
 PARTS = (
     "lm",
@@ -416,7 +417,7 @@ def text_data(path: Path, tokenizer: Tokenizer) -> EvalData:
     except UnicodeDecodeError as exc:
         raise UserError(f"{path} is not UTF-8 text (invalid byte at offset {exc.start})") from None
     ids = np.asarray(tokenizer.encode(text), dtype=np.int64)
-    docs = Documents(ids, np.array([0, len(ids)], dtype=np.int64))
+    docs = Documents.of([ids])
     roundtrip = tokenizer.decode(ids.tolist()) == text
     return EvalData(
         str(path), docs, eos=tokenizer.specials.eos, texts=[text], text_bytes=len(raw), roundtrip=roundtrip

@@ -84,9 +84,9 @@ from objtrain.objectives.noise import (
     packed_encdec_batch,
     smallest,
 )
-from objtrain.objectives.rng import RowRandom
 from objtrain.objectives.sentences import lookup, sentence_end_table, sentence_ids
 from objtrain.objectives.span import finish_stats
+from objtrain.rng import RowRandom
 
 _INT64_MAX = (1 << 63) - 1
 

@@ -137,8 +137,8 @@ class Objective:
         none), as BERT's NSP reads a random next sentence from a random document.
 
         When positive, callers pass `donors=(tokens, document_ids)` (B, n) to `__call__`: text the loader
-        reads at a place drawn from (seed, row) (`training.data.donor_offsets`), so a row's corruption still
-        depends on its own index only, never on which rows share its batch.
+        reads at a place drawn from (seed, row) (`objtrain.data.batches.donor_offsets`), so a row's
+        corruption still depends on its own index only, never on which rows share its batch.
         """
         return 0
 

@@ -52,7 +52,7 @@ from objtrain import IGNORE
 from objtrain.batch import Batch, ModelOutput, positions_of
 from objtrain.errors import UserError
 from objtrain.objectives.base import LossOutput, Objective, raw_usage
-from objtrain.objectives.rng import RowRandom
+from objtrain.rng import RowRandom
 
 
 class Contrastive(Objective):

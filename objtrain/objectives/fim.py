@@ -57,7 +57,7 @@ from objtrain.errors import UserError
 from objtrain.objectives.base import Objective, raw_usage
 from objtrain.objectives.clm import causal_batch, causal_raw_used
 from objtrain.objectives.mlm import below
-from objtrain.objectives.rng import RowRandom
+from objtrain.rng import RowRandom
 from objtrain.specials import Specials
 
 

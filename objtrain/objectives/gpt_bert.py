@@ -34,7 +34,7 @@ from objtrain import IGNORE
 from objtrain.batch import Batch, positions_of
 from objtrain.objectives.clm import causal_raw_used, next_token_labels
 from objtrain.objectives.mlm import MaskedLM, MaskedLMConfig, mask_tokens
-from objtrain.objectives.rng import RowRandom
+from objtrain.rng import RowRandom
 
 
 @dataclass

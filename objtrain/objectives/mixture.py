@@ -33,7 +33,7 @@ from objtrain.errors import UserError
 from objtrain.objectives.base import Objective, Recorded, raw_usage
 from objtrain.objectives.noise import largest_fitting
 from objtrain.objectives.registry import build_objective, find_class, objective_class
-from objtrain.objectives.rng import RowRandom
+from objtrain.rng import RowRandom
 from objtrain.specials import Specials
 
 _PAD_VALUES: dict[str, int | bool] = {

@@ -41,8 +41,8 @@ from objtrain.batch import Batch, positions_of
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.objectives.base import Objective, raw_usage
-from objtrain.objectives.rng import RowRandom
 from objtrain.objectives.sentences import lookup
+from objtrain.rng import RowRandom
 from objtrain.specials import Specials
 
 _LAST = torch.iinfo(torch.int64).max  # sort key that puts ineligible positions after every eligible one

@@ -29,7 +29,7 @@ from torch import Tensor
 from objtrain import IGNORE
 from objtrain.batch import Batch
 from objtrain.errors import UserError
-from objtrain.objectives.rng import RowRandom
+from objtrain.rng import RowRandom
 from objtrain.specials import Specials
 
 _INT64_MAX = (1 << 63) - 1

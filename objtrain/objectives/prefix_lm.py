@@ -45,8 +45,8 @@ from objtrain.objectives.noise import (
     shift_within,
     split_documents,
 )
-from objtrain.objectives.rng import RowRandom
 from objtrain.objectives.span import finish_stats
+from objtrain.rng import RowRandom
 from objtrain.specials import Specials
 
 

@@ -108,8 +108,8 @@ from objtrain.batch import Batch, ModelOutput
 from objtrain.errors import UserError
 from objtrain.objectives.base import LossOutput, Objective, raw_usage, token_loss
 from objtrain.objectives.mlm import MaskedLMConfig, mask_tokens, resolve_vocab_size, word_starts
-from objtrain.objectives.rng import RowRandom
 from objtrain.objectives.sentences import lookup, sentence_end_table
+from objtrain.rng import RowRandom
 from objtrain.specials import Specials
 
 

@@ -56,7 +56,7 @@ from objtrain.objectives.noise import (
     span_output_lengths,
     split_documents,
 )
-from objtrain.objectives.rng import RowRandom
+from objtrain.rng import RowRandom
 from objtrain.specials import Specials
 
 

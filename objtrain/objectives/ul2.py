@@ -73,7 +73,6 @@ from objtrain.objectives.noise import (
     split_documents_at,
 )
 from objtrain.objectives.prefix_lm import check_prefix_density, split_pieces
-from objtrain.objectives.rng import RowRandom
 from objtrain.objectives.span import (
     check_span_config,
     finish_stats,
@@ -82,6 +81,7 @@ from objtrain.objectives.span import (
     span_pieces,
     span_raw_length,
 )
+from objtrain.rng import RowRandom
 from objtrain.specials import Specials
 
 

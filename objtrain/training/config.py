@@ -209,7 +209,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     # DataLoader worker processes preparing batches per training process; 0 = in the training process;
-    # auto = from the cores each process may use (up to 4 on a GPU, 1 on a CPU; `data.auto_workers`).
+    # auto = from the cores each process may use (up to 4 on a GPU, 1 on a CPU; `data.loader.auto_workers`).
     workers: int | Literal["auto"] = "auto"
     # Over several processes: "ddp" replicates the model and sums gradients; "fsdp" shards parameters,
     # gradients and optimizer state (FSDP2 fully_shard per block), for models that do not fit one device.

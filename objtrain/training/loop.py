@@ -45,6 +45,9 @@ from torch.utils.data import DataLoader
 
 from objtrain import IGNORE
 from objtrain.batch import Batch
+from objtrain.data.batches import leading_batches, validation_batches
+from objtrain.data.loader import CorruptedRows, RowSampler, WorkItem, make_loader, received, workers_stopped
+from objtrain.data.stream import DocumentStream, MixedStream, Position
 from objtrain.devices import resolve_device
 from objtrain.errors import UserError
 from objtrain.io import Unwritable, is_unwritable, unwritable
@@ -57,20 +60,7 @@ from objtrain.training import checkpoint as ckpt
 from objtrain.training import distributed as dist
 from objtrain.training.budget import TimeBudget, measure_step, total_steps
 from objtrain.training.config import TrainConfig, config_dict
-from objtrain.training.cores import packed_cores
-from objtrain.training.data import (
-    CorruptedRows,
-    DocumentStream,
-    MixedStream,
-    Position,
-    RowSampler,
-    WorkItem,
-    leading_batches,
-    make_loader,
-    received,
-    validation_batches,
-    workers_stopped,
-)
+from objtrain.training.cores import packed_cores, unpin_this_process
 from objtrain.training.host_memory import keep_freed_memory
 from objtrain.training.logger import MetricsLog, Progress, TensorBoard, Wandb
 from objtrain.training.optim import (
@@ -914,7 +904,9 @@ def _loader(plan: Plan, state: RunState, stream: DocumentStream | MixedStream, l
         stream=stream,
     )
     rows = CorruptedRows(stream, plan.objective, plan.seq_len, cfg.seed)
-    return make_loader(rows, sampler, plan.workers, pin=plan.device.type == "cuda")
+    return make_loader(
+        rows, sampler, plan.workers, pin=plan.device.type == "cuda", on_worker_start=unpin_this_process
+    )
 
 
 def _show_end(

@@ -14,7 +14,10 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from objtrain.data.batches import leading_batches
 from objtrain.data.default import default_store
+from objtrain.data.loader import auto_workers
+from objtrain.data.mixture import StoreMixture, open_stores
 from objtrain.devices import auto_dtype, resolve_device
 from objtrain.errors import UserError
 from objtrain.interop import require
@@ -28,7 +31,6 @@ from objtrain.training import accounting
 from objtrain.training import checkpoint as ckpt
 from objtrain.training import distributed as dist
 from objtrain.training.config import OptimConfig, TrainConfig, check_divisible
-from objtrain.training.data import Sources, auto_workers, leading_batches, open_sources
 from objtrain.training.host_memory import keep_freed_memory
 from objtrain.training.optim import build_optimizer
 from objtrain.training.precision import choose_cpu_dtype, time_step
@@ -46,7 +48,7 @@ class Plan:
     world: dist.World
     device: torch.device
     dtype: str
-    source: Sources  # one store, or a mixture (data.sources)
+    source: StoreMixture  # one store, or a mixture (data.sources)
     objective: Objective
     model_cfg: ModelConfig
     seq_len: int
@@ -58,7 +60,7 @@ class Plan:
     init_origin: str | None = None  # what the run started from, kept in every checkpoint across resumes
     dtype_note: str = ""  # how --dtype auto was resolved ("" when given explicitly)
     lock: OutputLock | None = None  # RUN held by this process (main rank) while it trains
-    workers: int = 0  # loader worker processes, `workers: auto` resolved (`data.auto_workers`)
+    workers: int = 0  # loader worker processes, `workers: auto` resolved (`data.loader.auto_workers`)
 
     def release(self) -> None:
         """Let RUN go (another process may then write it)."""
@@ -147,7 +149,7 @@ def _resolve(
     store = cfg.data.store
     if store is None and not cfg.data.sources:
         store = str(_embedded_store(world, console))
-    source = open_sources(store, cfg.data.sources)
+    source = open_stores(store, cfg.data.sources)
     if cfg.data.store is not None:  # recorded absolute: `objtrain eval RUN` finds it from any directory
         absolute = str(Path(cfg.data.store).absolute())
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, store=absolute))
@@ -269,7 +271,7 @@ class _StepProbe:
     """The run's training step as `--dtype auto` times it on a CPU: its model shape, objective and batch."""
 
     objective: Objective
-    source: Sources
+    source: StoreMixture
     model_cfg: ModelConfig
     seq_len: int
     micro: int
@@ -324,7 +326,7 @@ def _embedded_store(world: dist.World, console: Console | None) -> Path:
     return path
 
 
-def _probe_objective(objective: Objective, source: Sources, seq_len: int, seed: int) -> None:
+def _probe_objective(objective: Objective, source: StoreMixture, seq_len: int, seed: int) -> None:
     """Corrupt two real rows now, so a seq-len too short for the objective is refused before any work."""
     stream = source.stream("train", seed)  # a damaged split says so itself, not as a --seq-len problem
     try:

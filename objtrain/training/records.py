@@ -20,10 +20,10 @@ import torch
 import yaml
 
 from objtrain.config import to_dict
+from objtrain.data.stream import Position
 from objtrain.errors import UserError
 from objtrain.io import OutputLock, atomic_file
 from objtrain.training.config import config_dict
-from objtrain.training.data import Position
 from objtrain.training.plan import RUN_MARKERS, Plan
 
 

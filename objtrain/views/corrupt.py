@@ -31,28 +31,24 @@ from torch import Tensor
 
 from objtrain import IGNORE
 from objtrain.batch import Batch, ModelKind
+from objtrain.data.batches import leading_rows, read_batch
+from objtrain.data.mixture import StoreMixture, open_stores
+from objtrain.data.store_reader import DataSource, is_packed_store
+from objtrain.data.stream import (
+    Documents,
+    DocumentStream,
+    MixedStream,
+    as_mixed,
+    row_needs,
+    row_starts,
+)
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.objectives.base import Objective
 from objtrain.specials import FIXED_PIECES, N_FIXED, Specials
-from objtrain.training.data import (
-    DataSource,
-    Documents,
-    DocumentStream,
-    MixedStream,
-    Position,
-    Sources,
-    as_mixed,
-    layout,
-    open_sources,
-    read_batch,
-    row_needs,
-    row_starts,
-    rows_in_one_pass,
-)
 
 # ---------------------------------------------------------------------------------------------------
-# Sources -> raw rows
+# StoreMixture -> raw rows
 
 
 @dataclass
@@ -96,7 +92,7 @@ def mixture_file(path: Path | None) -> bool:
     return isinstance(doc, dict) and ("data" in doc or "sources" in doc)
 
 
-def open_mixture(path: Path) -> Sources:
+def open_mixture(path: Path) -> StoreMixture:
     """The stores a YAML file's `data:` section (or its bare `sources:` list) names, checked as `train`
     checks them (one tokenizer)."""
     from objtrain.config import from_dict, load_yaml
@@ -107,19 +103,7 @@ def open_mixture(path: Path) -> Sources:
     data = from_dict(DataConfig, section or {}, where=f"{path}: data")
     if data.store is None and not data.sources:
         raise UserError(f"{path} names no data: give data.store or data.sources")
-    return open_sources(data.store, data.sources)
-
-
-def _is_packed_store(path: Path) -> bool:
-    """A directory whose meta.json says it is a packed store (`objtrain pack` output)."""
-    meta = path / "meta.json"
-    if not meta.is_file():
-        return False
-    try:
-        data = json.loads(meta.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(data, dict) and data.get("kind") == "packed_store"
+    return open_stores(data.store, data.sources)
 
 
 def open_token_store(path: Path) -> Any:
@@ -204,7 +188,7 @@ def read_rows(
     need = row_needs(objective, model_length, index.numpy(), seed)
     packed_lengths = None
     if text is None and mixture_file(source):
-        return _mixture_rows(open_mixture(Path(source)), objective, model_length, index, need, seed)  # type: ignore[arg-type]
+        return _mixture_rows(open_mixture(Path(source)), objective, model_length, index, seed)  # type: ignore[arg-type]
     if text is not None or (source is not None and Path(source).is_file()):
         if tokenizer_store is None:
             raise UserError("text needs a tokenizer: pass --tokenizer TOKEN_STORE (or a .model file)")
@@ -213,9 +197,7 @@ def read_rows(
         if not any(documents):  # as `objtrain tokenize` refuses an empty corpus
             raise UserError("--text is empty" if text is not None else f"{source} holds no text")
         encoded = [np.asarray(d, dtype=np.int64) for d in tokenizer.encode_batch(documents, num_threads=1)]
-        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-        np.cumsum([len(d) for d in encoded], out=offsets[1:])
-        docs = Documents(np.concatenate(encoded), offsets)
+        docs = Documents.of(encoded)
         specials, kind = tokenizer.specials, "text"
         stream = DocumentStream(docs, specials.eos, specials.pad, seed=0, shuffle=False)
     else:
@@ -243,28 +225,29 @@ def read_rows(
         stream = data.stream("train", 0, shuffle=False)
     if packed_lengths is not None:  # packed row i starts where rows < i end in the stream of packed rows
         n = len(packed_lengths)
-        offsets = row_starts(packed_lengths)
+        offsets = row_starts(packed_lengths)[:n]
         lengths = np.minimum(need[:n], packed_lengths)
     else:
-        offsets = row_starts(need)
-        n = rows_in_one_pass(offsets, need, stream.epoch_tokens)
-        lengths = np.minimum(need[:n], stream.epoch_tokens)
-        if stream.epoch_tokens < width:  # a source shorter than one row: one row exactly as long as it
+        # the rows the loader lays out (`leading_rows`), with one difference on purpose: a source shorter
+        # than one row is shown once, as one row exactly as long as it, where training reads it round
+        lead = leading_rows(stream, objective, model_length, n_rows, seed)
+        n = lead.n
+        offsets = lead.offsets[:n]
+        lengths = np.minimum(lead.lengths[:n], stream.epoch_tokens)
+        if stream.epoch_tokens < width:
             width = stream.epoch_tokens
-    offsets = offsets[:n]
     tokens, document_ids = stream.rows(offsets, lengths, width)
     return RawRows(tokens, document_ids, index[:n], specials, tokenizer, kind, stream, offsets, lengths)
 
 
 def _mixture_rows(
-    sources: Sources, objective: Objective, model_length: int, index: Tensor, need: np.ndarray, seed: int
+    sources: StoreMixture, objective: Objective, model_length: int, index: Tensor, seed: int
 ) -> RawRows:
     """Rows of a mixture: each row's source drawn as training draws it under `seed`, its text from that
     source's unshuffled stream after the rows before it that drew the same source."""
     mixed = as_mixed(sources.stream("train", seed, shuffle=False))
-    rows = index.numpy()
-    which, offsets, _ = layout(rows, need, Position(offsets=(0,) * len(mixed)), mixed)
-    n = mixed.one_pass(which, offsets, need)
+    lead = leading_rows(mixed, objective, model_length, len(index), seed)
+    n, which, offsets, need = lead.n, lead.sources, lead.offsets, lead.lengths
     width = objective.raw_length(model_length)
     tokens, document_ids = mixed.rows(which[:n], offsets[:n], need[:n], width)
     return RawRows(
@@ -305,7 +288,7 @@ def _text_documents(path: Path) -> list[str]:
 
 def packed_row_length(source: Path | None) -> int | None:
     """Raw row length of a packed store (to choose a default --seq-len), else None."""
-    if source is None or not Path(source).is_dir() or not _is_packed_store(Path(source)):
+    if source is None or not Path(source).is_dir() or not is_packed_store(Path(source)):
         return None
     from objtrain.data.store import PackedStore
 

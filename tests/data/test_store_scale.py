@@ -11,23 +11,15 @@ import numpy as np
 import pytest
 import torch
 
+from objtrain.data.loader import CorruptedRows, RowSampler, make_loader, received, workers_stopped
+from objtrain.data.mixture import StoreMixture
 from objtrain.data.pack import assemble_rows, bestfit_layout, concat_rows
 from objtrain.data.store import TokenStore
+from objtrain.data.store_reader import FULL_CHECK_TOKENS, DataSource
+from objtrain.data.stream import MixedStream, Position
 from objtrain.data.tokenize import TokenizeConfig, tokenize_corpus
 from objtrain.errors import UserError
 from objtrain.objectives.registry import build_objective
-from objtrain.training.data import (
-    FULL_CHECK_TOKENS,
-    CorruptedRows,
-    DataSource,
-    MixedStream,
-    Position,
-    RowSampler,
-    Sources,
-    make_loader,
-    received,
-    workers_stopped,
-)
 
 BIG = (1 << 32) + 3000  # tokens in the train split
 MARK = (1 << 32) - 1000  # document 1 starts here, past what 32 bits address once counted in tokens
@@ -125,7 +117,7 @@ def test_a_mixture_with_a_huge_store_draws_and_reads_64_bit_rows(
     huge_store: tuple[Path, np.ndarray], tmp_path: Path
 ) -> None:
     store, real = huge_store
-    mixed = Sources([store, store], [0.5, 0.5]).stream("train", 0, shuffle=False)
+    mixed = StoreMixture([store, store], [0.5, 0.5]).stream("train", 0, shuffle=False)
     assert isinstance(mixed, MixedStream)
     rows = np.arange(1 << 40, (1 << 40) + 64, dtype=np.int64)
     which = mixed.source_of(rows)

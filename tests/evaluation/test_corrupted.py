@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from objtrain import IGNORE
+from objtrain.data.stream import Documents
 from objtrain.evaluation.corrupted import NEUTRAL_MLM, corrupted_batches, objective_scores, score_batches
 from objtrain.objectives.registry import build_objective
-from objtrain.training.data import Documents
 
 
 def _docs(tokenizer, texts) -> Documents:

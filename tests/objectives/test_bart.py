@@ -18,7 +18,7 @@ from objtrain.errors import UserError
 from objtrain.objectives.bart import BartDenoising, Draws
 from objtrain.objectives.noise import _DOC_STRIDE
 from objtrain.objectives.registry import build_objective, objective_defaults
-from objtrain.objectives.rng import RowRandom
+from objtrain.rng import RowRandom
 from objtrain.specials import Specials
 
 SP = Specials()

@@ -17,7 +17,7 @@ from objtrain.errors import UserError
 from objtrain.objectives.clm import CausalLM
 from objtrain.objectives.fim import FillInTheMiddle, cut_points, fragments, token_level_fim
 from objtrain.objectives.registry import build_objective, objective_defaults
-from objtrain.objectives.rng import RowRandom
+from objtrain.rng import RowRandom
 from objtrain.specials import Specials
 
 SP = Specials()

@@ -167,7 +167,8 @@ def test_each_row_is_fed_its_own_components_need(kind: str, weights: tuple[float
     """A row is fed its own component's raw need, not the largest component's: the loader streams exactly
     that, so at any weights the mixture leaves no more of its raw text unused than its components do
     (span's 568 raw tokens at 512 against prefix LM's ~511 left the rest of every prefix-LM row unread)."""
-    from objtrain.training.data import Documents, DocumentStream, leading_batches
+    from objtrain.data.batches import leading_batches
+    from objtrain.data.stream import Documents, DocumentStream
 
     obj = mixture(
         [{"objective": "span", "weight": weights[0]}, {"objective": "prefix_lm", "weight": weights[1]}], kind

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from objtrain import rng
 from objtrain.errors import UserError
-from objtrain.objectives import rng
 from objtrain.objectives.noise import (
     drop_noise_tokens,
     drop_nonnoise_tokens,
@@ -27,7 +27,7 @@ from objtrain.objectives.noise import (
     span_inputs_targets,
     split_documents,
 )
-from objtrain.objectives.rng import RowRandom
+from objtrain.rng import RowRandom
 from objtrain.specials import Specials
 
 SP = Specials()

@@ -15,13 +15,13 @@ import torch
 from torch import Tensor
 
 from objtrain.batch import Batch
+from objtrain.data.stream import Documents, DocumentStream
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.objectives import sentence_pairs
 from objtrain.objectives.registry import build_objective
-from objtrain.objectives.rng import RowRandom
 from objtrain.objectives.sentence_pairs import Pairs, Text, _gather, truncated_lengths
+from objtrain.rng import RowRandom
 from objtrain.specials import Specials
-from objtrain.training.data import Documents, DocumentStream
 
 SP = Specials()
 

@@ -15,16 +15,17 @@ from torch import Tensor
 
 from objtrain import IGNORE
 from objtrain.batch import Batch, ModelOutput
+from objtrain.data.batches import donor_offsets, leading_batches, read_batch
+from objtrain.data.stream import Documents, DocumentStream
 from objtrain.data.tokenizer import Tokenizer
 from objtrain.errors import UserError
 from objtrain.models import build_model, model_config
 from objtrain.objectives.mlm import MaskedLMConfig
 from objtrain.objectives.registry import build_objective, objective_defaults
-from objtrain.objectives.rng import RowRandom
 from objtrain.objectives.sentence_pairs import NextSentencePrediction, Pairs, SentenceOrderPrediction
 from objtrain.objectives.sentences import sentence_end_table, sentence_ids
+from objtrain.rng import RowRandom
 from objtrain.specials import Specials
-from objtrain.training.data import Documents, DocumentStream, donor_offsets, leading_batches, read_batch
 
 SP = Specials()
 NO_MLM = MaskedLMConfig(selection_rate=0.0)

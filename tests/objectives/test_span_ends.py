@@ -15,7 +15,7 @@ from torch import Tensor
 from objtrain.objectives import noise, span, ul2
 from objtrain.objectives.noise import _INT64_MAX, _segment_by_keys, _span_counts_batched
 from objtrain.objectives.registry import build_objective
-from objtrain.objectives.rng import RowRandom
+from objtrain.rng import RowRandom
 from objtrain.specials import Specials
 
 SP = Specials()

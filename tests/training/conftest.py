@@ -1,4 +1,4 @@
-"""Fixtures for the training loop: a small token store of standard-library code (many short documents)."""
+"""Fixtures for the training loop: small run configs over the shared `train_store` (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,32 +8,7 @@ from typing import Any
 
 import pytest
 
-from objtrain.data.pack import PackConfig, pack_store
-from objtrain.data.tokenize import TokenizeConfig, tokenize_corpus
-from objtrain.data.tokenizer import Tokenizer
 from objtrain.training.config import TrainConfig, build_config, merged
-
-
-@pytest.fixture(scope="session")
-def train_store(
-    tmp_path_factory: pytest.TempPathFactory, stdlib_texts: list[str], tokenizer: Tokenizer
-) -> Path:
-    """A token store split at blank lines (hundreds of documents, a valid split of about 10%)."""
-    root = tmp_path_factory.mktemp("train")
-    (root / "corpus").mkdir()
-    for i, text in enumerate(stdlib_texts):
-        (root / "corpus" / f"module{i}.py").write_bytes(text.encode("utf-8"))
-    (root / "tok.model").write_bytes(tokenizer.model_proto)
-    config = TokenizeConfig(tokenizer=root / "tok.model", doc_split="blank-line", valid_fraction=0.1)
-    tokenize_corpus([root / "corpus"], root / "store", config)
-    return root / "store"
-
-
-@pytest.fixture(scope="session")
-def packed_store(tmp_path_factory: pytest.TempPathFactory, train_store: Path) -> Path:
-    out = tmp_path_factory.mktemp("packed") / "packed"
-    pack_store(train_store, out, PackConfig(seq_len=64, mode="bestfit"))
-    return out
 
 
 def _small_config(store: Path, **sections: Any) -> TrainConfig:

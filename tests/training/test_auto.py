@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 
+from objtrain.data import loader as D
+from objtrain.data.loader import auto_workers
 from objtrain.errors import UserError
 from objtrain.objectives.registry import find_class
-from objtrain.training import data as D
 from objtrain.training import distributed as dist
 from objtrain.training.config import build_config
-from objtrain.training.data import auto_workers
 from objtrain.training.loop import GRAPHS, compile_mode, prepare
 
 

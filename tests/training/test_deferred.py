@@ -122,10 +122,11 @@ def test_a_window_read_at_once_equals_its_steps_read_one_by_one() -> None:
 
 
 def test_targets_are_counted_on_the_host(train_store: Path, small_config) -> None:
+    from objtrain.data.batches import leading_batches
+    from objtrain.data.mixture import open_stores
     from objtrain.objectives.registry import build_objective
-    from objtrain.training.data import leading_batches, open_sources
 
-    source = open_sources(str(train_store), None)
+    source = open_stores(str(train_store), None)
     for name, kind in (("mlm", "encoder"), ("nsp", "encoder"), ("contrastive", "encoder")):
         objective = build_objective(name, source.specials, source.tokenizer, kind)
         (batch,) = leading_batches(source.stream("train", 0), objective, 64, 4, 4, 0, within_epoch=False)

@@ -14,11 +14,12 @@ import yaml
 from rich.console import Console
 from safetensors.torch import load_file
 
+from objtrain.data.loader import CorruptedRows, RowSampler
+from objtrain.data.stream import Position
 from objtrain.errors import UserError
 from objtrain.objectives.registry import OBJECTIVES, objective_class
 from objtrain.training import checkpoint as ckpt
 from objtrain.training.config import TrainConfig
-from objtrain.training.data import CorruptedRows, Position, RowSampler
 from objtrain.training.loop import NonFiniteLoss, forward_backward, prepare, train
 from objtrain.training.optim import lr_factor
 

@@ -17,21 +17,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from objtrain.data.loader import CorruptedRows, RowSampler
+from objtrain.data.mixture import StoreMixture
+from objtrain.data.stream import MixedStream, Position, layout, row_needs
 from objtrain.data.tokenize import TokenizeConfig, tokenize_corpus
 from objtrain.data.tokenizer import Tokenizer, train_sentencepiece
 from objtrain.errors import UserError
 from objtrain.objectives.registry import build_objective
 from objtrain.specials import Specials
 from objtrain.training.config import TrainConfig, build_config, config_dict
-from objtrain.training.data import (
-    CorruptedRows,
-    MixedStream,
-    Position,
-    RowSampler,
-    Sources,
-    layout,
-    row_needs,
-)
 from objtrain.training.loop import prepare, train
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -68,7 +62,7 @@ def foreign_store(tmp_path_factory: pytest.TempPathFactory, specials: Specials) 
 
 
 def _mixed(a: Path, b: Path, weights: tuple[float, float] = (0.5, 0.5), seed: int = 0) -> MixedStream:
-    stream = Sources([a, b], list(weights), ["big", "small"]).stream("train", seed)
+    stream = StoreMixture([a, b], list(weights), ["big", "small"]).stream("train", seed)
     assert isinstance(stream, MixedStream)
     return stream
 
@@ -127,7 +121,7 @@ def _rows_of(mixed: MixedStream, specials: Specials, tokenizer: Tokenizer, world
 def test_each_row_reads_the_same_source_and_text_whatever_the_layout(
     train_store: Path, small_store: Path
 ) -> None:
-    sources = Sources([train_store, small_store], [0.6, 0.4])
+    sources = StoreMixture([train_store, small_store], [0.6, 0.4])
     mixed = sources.stream("train", 5)
     assert isinstance(mixed, MixedStream)
     single = _rows_of(mixed, sources.specials, sources.tokenizer, world=1, micro=16)
@@ -144,7 +138,7 @@ def test_each_row_reads_the_same_source_and_text_whatever_the_layout(
 
 
 def test_a_mixture_row_holds_its_own_sources_text(train_store: Path, small_store: Path) -> None:
-    sources = Sources([train_store, small_store], [0.5, 0.5])
+    sources = StoreMixture([train_store, small_store], [0.5, 0.5])
     mixed = sources.stream("train", 1)
     assert isinstance(mixed, MixedStream)
     clm = build_objective("clm", sources.specials, sources.tokenizer, "decoder")
@@ -266,7 +260,7 @@ def test_the_saved_config_has_one_form_of_data(train_store: Path, small_store: P
 
 def test_stores_of_other_tokenizers_are_refused(train_store: Path, foreign_store: Path) -> None:
     with pytest.raises(UserError, match=r"another tokenizer .* a mixture trains one vocabulary"):
-        Sources([train_store, foreign_store])
+        StoreMixture([train_store, foreign_store])
 
 
 @pytest.mark.parametrize(
@@ -345,7 +339,7 @@ def test_dry_run_and_corrupt_show_the_mixture_as_training_reads_it(
     )
     assert code == 0, err
     shown = [json.loads(line)["source"] for line in out.splitlines()]
-    drawn = Sources([train_store, small_store], [3, 1], [None, "tiny"]).stream("train", 2)
+    drawn = StoreMixture([train_store, small_store], [3, 1], [None, "tiny"]).stream("train", 2)
     assert isinstance(drawn, MixedStream)
     assert shown == [drawn.names[k] for k in drawn.source_of(np.arange(12))]
     assert "a mixture" in err

@@ -15,9 +15,8 @@ _LEAVE_A_WORKER_RUNNING = """
 import numpy as np
 from objtrain.objectives.registry import build_objective
 from objtrain.specials import Specials
-from objtrain.training.data import (
-    CorruptedRows, Documents, DocumentStream, Position, RowSampler, make_loader, received,
-)
+from objtrain.data.loader import CorruptedRows, RowSampler, make_loader, received
+from objtrain.data.stream import Documents, DocumentStream, Position
 
 sp = Specials()
 ids = (np.arange(20_000) % 200 + sp.first_ordinary).astype(np.int64)

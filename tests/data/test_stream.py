@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 import torch
 
+from objtrain.data.loader import RowSampler
 from objtrain.data.store import TokenStore
+from objtrain.data.store_reader import DataSource
+from objtrain.data.stream import DocumentStream, Position, row_needs
 from objtrain.errors import UserError
 from objtrain.objectives.registry import build_objective
-from objtrain.training.data import DataSource, DocumentStream, Position, RowSampler, row_needs
 
 
 def _stream(store: Path, seed: int = 0, shuffle: bool = True) -> tuple[DocumentStream, DataSource]:
@@ -146,7 +148,7 @@ def test_a_row_never_takes_more_raw_tokens_than_it_holds(
 def test_rows_read_per_row_equal_the_per_token_search(closed: bool) -> None:
     """The fast read (one search per row end) gives what one search per token gives: short, long and
     (closed) empty documents, rows that end exactly on a document start, rows that cross an epoch, padding."""
-    from objtrain.training.data import Documents
+    from objtrain.data.stream import Documents
 
     rng = np.random.default_rng(7)
     sizes = rng.choice([0, 1, 2, 5, 40, 300], size=400, p=[0.05, 0.1, 0.1, 0.25, 0.3, 0.2])
