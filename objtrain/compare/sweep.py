@@ -14,7 +14,7 @@ optimizer steps is left out of the plan: never trained, fitted or published. The
 (`left_out_lines`: "medium at 3e11 FLOPs would train 5 steps (clm), under 50"), on the screen when the
 sweep starts, in plan.json and in the report. The 3-points-30x rule holds for the grid as asked; a chain
 (arm, size) the floor leaves with fewer points, or a narrower span, keeps what it has and is named
-(`thin_lines`): its points still stand on the size grid's frontier at their budgets, and a curve of its
+(`thin_text`): its points still stand on the size grid's frontier at their budgets, and a curve of its
 own (a sweep without sizes) reports too few points rather than failing. An arm left with no point at all
 is refused before any work. `--budget tiny` (a smoke run of the machinery, never published) trains every
 point.
@@ -450,33 +450,34 @@ def left_out_lines(left_out: list[dict[str, Any]], kind: str, sized: bool) -> li
     return out
 
 
-def thin_lines(points: dict[tuple[str, str], list[float]], kind: str, sized: bool) -> list[str]:
+def thin_text(points: dict[tuple[str, str], list[float]], kind: str, sized: bool) -> str:
     """The chains (arm, size) the step floor leaves short of a curve of their own (fewer than `MIN_POINTS`
-    points or a span under `MIN_SPAN`), each named with what it keeps; `points` holds every chain's
-    remaining budgets, an empty list for a chain with none left."""
+    points or a span under `MIN_SPAN`), each with what it keeps, as one sentence ("" where none is);
+    `points` holds every chain's remaining budgets, an empty list for a chain with none left."""
     unit = "tokens" if kind == "tokens" else "FLOPs"
-    out = []
+    items = []
     for (arm, size), values in points.items():
         vals = sorted(set(values))
         who = f"{arm} at {size}" if sized else arm
         if not vals:
-            out.append(f"{who}: no point left (every budget under {MIN_STEPS} steps)")
+            items.append(f"{who}, no point")
             continue
         span = vals[-1] / vals[0]
         if len(vals) >= MIN_POINTS and span >= MIN_SPAN:
             continue
-        kept = f"{len(vals)} point{'s' if len(vals) > 1 else ''} left ({_short(vals[0])}" + (
+        kept = f"{len(vals)} point{'s' if len(vals) > 1 else ''} ({_short(vals[0])}" + (
             f" to {_short(vals[-1])} {unit}, {span:.2g}x)" if len(vals) > 1 else f" {unit})"
         )
-        if sized:
-            then = "its points still stand on the frontier at their budgets"
-        elif len(vals) < MIN_POINTS:
-            then = "its curve is not fitted (too few points)"
-        else:
-            then = "its curve is fitted over the narrower span"
-        out.append(f"{who}: {kept}, short of a curve of its own ({MIN_POINTS} points spanning "
-                   f"{MIN_SPAN:g}x); {then}")  # fmt: skip
-    return out
+        if not sized:
+            kept += ", too few to fit" if len(vals) < MIN_POINTS else ", fitted over that span"
+        items.append(f"{who}, {kept}")
+    if not items:
+        return ""
+    then = ": their points still stand on the frontier at their budgets" if sized else ""
+    return (
+        f"left short of a curve of its own ({MIN_POINTS} points spanning {MIN_SPAN:g}x) by the "
+        f"{MIN_STEPS}-step floor: {'; '.join(items)}{then}"
+    )
 
 
 def _short(value: float) -> str:
@@ -497,7 +498,8 @@ def plan_notes(s: Sweep) -> list[str]:
             if c.chain[0] == arm.name and c.chain[2] == first:
                 points.setdefault((arm.name, c.size), []).append(c.value)
     lines = [f"left out: {line}" for line in left_out_lines(s.left_out, s.spec.kind, sized)]
-    return lines + [f"thin: {line}" for line in thin_lines(points, s.spec.kind, sized)]
+    thin = thin_text(points, s.spec.kind, sized)
+    return lines + ([thin] if thin else [])
 
 
 def _link_chain(chain: list[Cell]) -> list[Cell]:
@@ -735,5 +737,5 @@ __all__ = [
     "parse_sweep",
     "plan_sweep",
     "run_sweep",
-    "thin_lines",
+    "thin_text",
 ]

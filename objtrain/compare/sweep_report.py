@@ -43,7 +43,7 @@ from objtrain.compare.render import (
 from objtrain.compare.report import claim_verdict, experiment_source
 from objtrain.compare.runner import machine
 from objtrain.compare.stats import paired, t975
-from objtrain.compare.sweep import Sweep, left_out_lines, sweep_plan_dict, thin_lines
+from objtrain.compare.sweep import Sweep, left_out_lines, sweep_plan_dict, thin_text
 from objtrain.training.config import ScheduleConfig
 from objtrain.training.optim import warmup_steps
 
@@ -474,7 +474,7 @@ def sweep_claim(
             last = next(pt for pt in points if pt["point"] == own[a])
         else:
             pair = [(a, cells_a[own[a]]), *([(b, cells_b[own[b]])] if b is not None else [])]
-            at = ", ".join(f"{name} at {label}" for name, label in own.items())
+            at = ", ".join(f"{label} ({name})" for name, label in own.items())
             last = {"point": at, "budget": cells_a[own[a]]["budget"], **_judged(claim, pair, seeds)}
     scale = last.get("scale") or {}
     return claim_verdict(claim, {}, len(seeds)) | {  # the claim's own fields, as a comparison gives them
@@ -924,15 +924,15 @@ def _left_out_note(results: dict[str, Any]) -> list[str]:
                 points.setdefault((arm["name"], p["size"]), [])
         for cell in arm["cells"]:
             points.setdefault((arm["name"], cell["size"]), []).append(float(cell["budget"]))
-    thin = thin_lines(points, kind, sized)
+    thin = thin_text(points, kind, sized)
     return [
-        f"Left out, never fitted nor published as a point: every point under {results['min_steps']} "
-        "optimizer steps (a warm-up and a decay need steps to mean anything; under that the point "
-        "measures where the schedule cut training, not the budget): "
+        f"Left out of the points, the fits, the frontier and the claims: every point under "
+        f"{results['min_steps']} optimizer steps (a warm-up and a decay need steps to mean anything; "
+        "under that a point measures where the schedule cut training, not the budget): "
         + "; ".join(left_out_lines(left, kind, sized))
         + ".",
         "",
-        *(["Left short of a curve of their own: " + "; ".join(thin) + ".", ""] if thin else []),
+        *([thin[0].upper() + thin[1:] + ".", ""] if thin else []),
     ]
 
 
