@@ -481,8 +481,13 @@ def thin_text(points: dict[tuple[str, str], list[float]], kind: str, sized: bool
 
 
 def _short(value: float) -> str:
-    """3e11, 1.5e12, 2048: a budget as the sweep's grid reads."""
-    return f"{value:.3g}".replace("e+", "e")
+    """3e11, 1.5e12, 6400: a budget as the sweep's grid reads, to 3 digits (`point_label` is exact)."""
+    text = f"{value:.3g}"
+    if "e" in text:
+        mantissa, exponent = text.split("e")
+        text = f"{mantissa}e{int(exponent)}"
+    plain = str(int(value)) if value == int(value) else text
+    return min(text, plain, key=len)
 
 
 def plan_notes(s: Sweep) -> list[str]:
