@@ -492,7 +492,9 @@ def _sweeps_section(all_results: dict[str, dict[str, Any]]) -> list[str]:
         "Each arm trained at every budget of a sweep (shorter budgets branched from the longest run's "
         "stable phase), L(C) = E + A·C^(−α) fitted per arm and metric with bootstrap intervals, and where "
         "the curves cross. A claim is judged at every budget by the same paired test; its verdict is the "
-        "one at the largest budget, the trend beside it.",
+        "one at the largest budget (in a grid of sizes each arm at its own compute-optimal size there, "
+        "named beside the difference), the trend beside it. No point trains fewer than 50 optimizer "
+        "steps: shorter ones are left out, and each report names them.",
         "",
     ]
     for name, finding in SWEEPS.items():
