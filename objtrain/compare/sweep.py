@@ -15,9 +15,10 @@ optimizer steps is left out of the plan: never trained, fitted or published. The
 sweep starts, in plan.json and in the report. The 3-points-30x rule holds for the grid as asked; a chain
 (arm, size) the floor leaves with fewer points, or a narrower span, keeps what it has and is named
 (`thin_text`): its points still stand on the size grid's frontier at their budgets, and a curve of its
-own (a sweep without sizes) reports too few points rather than failing. An arm left with no point at all
-is refused before any work. `--budget tiny` (a smoke run of the machinery, never published) trains every
-point.
+own (a sweep without sizes) reports too few points rather than failing. An arm left with no point while
+others keep theirs is refused before any work. `--budget tiny`, and a sweep none of whose points reaches
+the floor (nothing would be left to fit), are smoke runs of the machinery: every point trains, and the plan
+and the report say it is no finding.
 
 Branching instead of retraining. Within one chain (arm, size, seed) the runs differ only in their budget,
 so they see the same initial weights, the same rows in the same order and the same corruptions (all pure
@@ -251,6 +252,8 @@ class Sweep:
     cells: list[Cell]  # in training order: per chain the longest run first, then the others ascending
     # the points under `MIN_STEPS`, not trained: {arm, size, point, budget, steps}, one per (arm, size, point)
     left_out: list[dict[str, Any]] = field(default_factory=list)
+    min_steps: int = MIN_STEPS  # the floor applied: 0 for a smoke run (`--budget tiny`, or every point short)
+    notes: list[str] = field(default_factory=list)  # what the plan says of itself beyond the points left out
 
 
 def shared_prefix(schedule: ScheduleConfig, steps: int, longest: int) -> int:
@@ -334,6 +337,13 @@ def plan_sweep(
                     chain.append(Cell(run, label, cfg.model.size, value, (arm.name, cfg.model.size, seed)))
                 chains.append(chain)
     left_out = _too_short(chains, 0 if tiny else MIN_STEPS)
+    # Every point of every arm under the floor: nothing left to fit, so the sweep is a smoke run of the
+    # machinery, as `--budget tiny` is: every point trains and the plan and report say it is no finding.
+    floor = (
+        0 if tiny or len(left_out) == len({(c.chain[0], c.label) for ch in chains for c in ch}) else MIN_STEPS
+    )
+    short_run = floor == 0 and not tiny
+    left_out = [] if floor == 0 else left_out
     short = {(p["arm"], p["point"]) for p in left_out}
     cells: list[Cell] = []
     for chain in chains:
@@ -362,7 +372,13 @@ def plan_sweep(
         exp.eval.data,
         eval_options,
     )
-    sweep = Sweep(comparison, spec, cells, left_out)
+    sweep = Sweep(comparison, spec, cells, left_out, floor)
+    if short_run:
+        most = max(c.run.steps or 1 for c in cells)
+        sweep.notes.append(
+            f"every point would train fewer than {MIN_STEPS} optimizer steps (at most {most}): all are "
+            "trained as a smoke run of the machinery; its fits and claims are no finding"
+        )
     if report_dir.exists() and resume and (report_dir / PLAN).is_file():
         saved = read_json(report_dir / PLAN, "comparison plan")
         now = sweep_plan_dict(sweep)
@@ -504,7 +520,7 @@ def plan_notes(s: Sweep) -> list[str]:
                 points.setdefault((arm.name, c.size), []).append(c.value)
     lines = [f"left out: {line}" for line in left_out_lines(s.left_out, s.spec.kind, sized)]
     thin = thin_text(points, s.spec.kind, sized)
-    return lines + ([thin] if thin else [])
+    return s.notes + lines + ([thin] if thin else [])
 
 
 def _link_chain(chain: list[Cell]) -> list[Cell]:
@@ -531,7 +547,7 @@ def sweep_plan_dict(s: Sweep) -> dict[str, Any]:
     return plan_dict(s.comparison) | {
         "sweep": s.spec.to_dict(),
         "tiny": s.comparison.tiny,
-        "min_steps": 0 if s.comparison.tiny else MIN_STEPS,
+        "min_steps": s.min_steps,
         "left_out": s.left_out,
     }
 

@@ -370,7 +370,8 @@ def build_sweep_results(s: Sweep, replicates: int = 1000) -> dict[str, Any]:
         "arms": out_arms,
         "claims": claims,
         "chinchilla_tokens_per_parameter": CHINCHILLA_TOKENS_PER_PARAMETER,
-        "min_steps": 0 if c.tiny else planning.MIN_STEPS,
+        "min_steps": s.min_steps,
+        "plan_notes": s.notes,
         "left_out": s.left_out,
     } | found
 
@@ -911,10 +912,11 @@ def _holdout_section(results: dict[str, Any]) -> list[str]:
 
 def _left_out_note(results: dict[str, Any]) -> list[str]:
     """The points the step floor kept from training (or, refitted, from the published cells), and the
-    chains it leaves short of a curve of their own."""
+    chains it leaves short of a curve of their own; a smoke run's word that it is no finding."""
+    smoke = [note[0].upper() + note[1:] + ".\n" for note in results.get("plan_notes") or []]
     left = results.get("left_out") or []
     if not left:
-        return []
+        return smoke
     sw = results["sweep"]
     kind, sized = ("tokens" if "tokens" in sw else "flops"), bool(sw.get("size"))
     points: dict[tuple[str, str], list[float]] = {}
@@ -933,6 +935,7 @@ def _left_out_note(results: dict[str, Any]) -> list[str]:
         + ".",
         "",
         *([thin[0].upper() + thin[1:] + ".", ""] if thin else []),
+        *smoke,
     ]
 
 

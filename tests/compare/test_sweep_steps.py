@@ -74,15 +74,35 @@ def test_the_screen_names_the_points_left_out_when_a_sweep_starts(
     assert "left out: 1280 tokens would train 10 steps (clm, mlm), under 50" in err
 
 
-def test_a_sweep_whose_every_point_is_under_50_steps_is_refused(
-    write_experiment, tmp_path, monkeypatch, capsys
-) -> None:
+def test_an_arm_left_with_no_point_is_refused(write_experiment, tmp_path, monkeypatch, capsys) -> None:
+    arms = [{"name": "clm", "objective": "clm", "model": {"kind": "decoder", "size": "debug"}},
+            {"name": "wide", "objective": "clm", "model": {"kind": "decoder", "size": "debug"},
+             "train": {"batch": {"batch_size": 32}}}]  # fmt: skip
     out = tmp_path / "r"
-    args = ("compare", write_experiment(), "-o", out, "--sweep", f"tokens={ROWS},{5 * ROWS},{30 * ROWS}")
+    args = (
+        "compare",
+        write_experiment(arms),
+        "-o",
+        out,
+        "--sweep",
+        f"tokens={5 * ROWS},{20 * ROWS},{160 * ROWS}",
+    )
     refused(
-        run_cli(monkeypatch, capsys, *args), "every point of 'clm' would train fewer than 50 optimizer steps"
+        run_cli(monkeypatch, capsys, *args), "every point of 'wide' would train fewer than 50 optimizer steps"
     )
     assert not out.exists()
+
+
+def test_a_sweep_whose_every_point_is_under_50_steps_is_a_smoke_run(
+    compare_store: Path, tmp_path: Path
+) -> None:
+    exp = _experiment(compare_store)
+    spec = parse_sweep([f"tokens={ROWS},{5 * ROWS},{30 * ROWS}"], {}, tiny=False)
+    assert spec is not None
+    s = plan_sweep(exp, tmp_path / "report", spec)
+    assert sorted(c.run.steps for c in s.cells) == [1, 5, 30] and s.left_out == [] and s.min_steps == 0
+    assert "trained as a smoke run of the machinery" in plan_notes(s)[0]
+    assert sweep_plan_dict(s)["min_steps"] == 0
 
 
 def test_a_smoke_run_trains_every_point(compare_store: Path, tmp_path: Path) -> None:
