@@ -18,7 +18,14 @@ from objtrain.compare import load_experiment, plan_comparison, run_comparison, w
 from objtrain.compare.regime import seeds_wanted
 from objtrain.compare.report import print_tables
 from objtrain.compare.runner import PLAN, Comparison, Interrupted
-from objtrain.compare.sweep import Sweep, SweepSpec, plan_sweep, run_sweep, sweep_from_experiment
+from objtrain.compare.sweep import (
+    Sweep,
+    SweepSpec,
+    plan_notes,
+    plan_sweep,
+    run_sweep,
+    sweep_from_experiment,
+)
 from objtrain.errors import UserError
 from objtrain.io import OutputLock, Unwritable, check_writable
 
@@ -293,6 +300,8 @@ def _sweep(s: Sweep, spec: SweepSpec, output: Path, console: Console) -> None:
         f"[bold]{escape(exp.name)}[/]: {len(exp.arms)} arms x {escape(spec.describe())} x "
         f"{len(s.comparison.seeds)} seed(s) = {len(s.cells)} runs, report in {escape(str(output))}"
     )
+    for line in plan_notes(s):
+        console.print(f"  {line}", markup=False)
     interrupt_note(f"interrupted; finished points are kept in {output}: continue with --resume")
     try:
         run_sweep(s, console=console)

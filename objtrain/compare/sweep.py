@@ -9,6 +9,17 @@
 A point is `tokens-2e5` (or `flops-1e13`), prefixed by its model size in a size sweep (`tiny.tokens-2e5`).
 A budget sweep has at least 3 points spanning at least 30x; anything less is refused before any work.
 
+Points too short to train. A cell (arm x size x budget) whose budget gives fewer than `MIN_STEPS`
+optimizer steps is left out of the plan: never trained, fitted or published. The plan says which and why
+(`left_out_lines`: "medium at 3e11 FLOPs would train 5 steps (clm), under 50"), on the screen when the
+sweep starts, in plan.json and in the report. The 3-points-30x rule holds for the grid as asked; a chain
+(arm, size) the floor leaves with fewer points, or a narrower span, keeps what it has and is named
+(`thin_text`): its points still stand on the size grid's frontier at their budgets, and a curve of its
+own (a sweep without sizes) reports too few points rather than failing. An arm left with no point while
+others keep theirs is refused before any work. `--budget tiny`, and a sweep none of whose points reaches
+the floor (nothing would be left to fit), are smoke runs of the machinery: every point trains, and the plan
+and the report say it is no finding.
+
 Branching instead of retraining. Within one chain (arm, size, seed) the runs differ only in their budget,
 so they see the same initial weights, the same rows in the same order and the same corruptions (all pure
 functions of the seed and the rows consumed). What differs is the learning rate, a pure function of
@@ -23,8 +34,8 @@ never stopped (the loop's guarantee: weights, Adam moments, data position and RN
 so the branched run ends where a separate run from scratch would, step for step; a test checks the final
 weights are equal. Where the schedules differ from the first steps (cosine over different horizons) the
 prefix is just the warmup, and where it is empty the point trains from scratch. So that warmups line up,
-a fractional warmup becomes a fixed number of steps in a sweep: the fraction of the shortest point's run
-(Porian et al. 2024 keep warmup short against the shortest run for the same reason).
+a fractional warmup becomes a fixed number of steps in a sweep: the fraction of the shortest point's run,
+of the points trained (Porian et al. 2024 keep warmup short against the shortest run for the same reason).
 
 Resume: a point with a results file is done; a trained point is only evaluated; a half-trained one
 continues through the loop's own resume; a point to branch whose source checkpoint exists is branched,
@@ -87,6 +98,7 @@ from objtrain.training.optim import lr_factor, warmup_steps
 
 MIN_POINTS = 3
 MIN_SPAN = 30.0
+MIN_STEPS = 50  # a warm-up and a decay need steps to mean anything: a point under 50 is not trained
 KINDS = ("tokens", "flops")
 # `--budget tiny` with a sweep and no budget axis given: a smoke sweep spanning 32x, in tokens; a sweep over
 # FLOPs stays over FLOPs, these tokens' worth at the cheapest arm's FLOPs a token (`runner.arm_flops`), so a
@@ -238,6 +250,10 @@ class Sweep:
     comparison: Comparison
     spec: SweepSpec
     cells: list[Cell]  # in training order: per chain the longest run first, then the others ascending
+    # the points under `MIN_STEPS`, not trained: {arm, size, point, budget, steps}, one per (arm, size, point)
+    left_out: list[dict[str, Any]] = field(default_factory=list)
+    min_steps: int = MIN_STEPS  # the floor applied: 0 for a smoke run (`--budget tiny`, or every point short)
+    notes: list[str] = field(default_factory=list)  # what the plan says of itself beyond the points left out
 
 
 def shared_prefix(schedule: ScheduleConfig, steps: int, longest: int) -> int:
@@ -288,7 +304,7 @@ def plan_sweep(
             spec, points=[readable_flops(t * per_token) for t in spec.points], tiny_tokens=False
         )
     identity: tuple[str, str, str] | None = None
-    cells: list[Cell] = []
+    chains: list[list[Cell]] = []
     sizes: list[str | None] = list(spec.sizes) or [None]
     for seed in seed_list:
         for arm in exp.arms:
@@ -319,7 +335,27 @@ def plan_sweep(
                     run_dir = report_dir / "arms" / arm.name / label / ("" if seeds == 1 else f"seed-{seed}")
                     run = Run(sized, seed, key, Path(run_dir), cfg, plan, target_len, per_step, steps)
                     chain.append(Cell(run, label, cfg.model.size, value, (arm.name, cfg.model.size, seed)))
-                cells += _link_chain(chain)
+                chains.append(chain)
+    left_out = _too_short(chains, 0 if tiny else MIN_STEPS)
+    # Every point of every arm under the floor: nothing left to fit, so the sweep is a smoke run of the
+    # machinery, as `--budget tiny` is: every point trains and the plan and report say it is no finding.
+    floor = (
+        0 if tiny or len(left_out) == len({(c.chain[0], c.label) for ch in chains for c in ch}) else MIN_STEPS
+    )
+    short_run = floor == 0 and not tiny
+    left_out = [] if floor == 0 else left_out
+    short = {(p["arm"], p["point"]) for p in left_out}
+    cells: list[Cell] = []
+    for chain in chains:
+        kept = [c for c in chain if (c.chain[0], c.label) not in short]
+        cells += _link_chain(kept) if kept else []
+    empty = [a.name for a in exp.arms if not any(c.chain[0] == a.name for c in cells)]
+    if empty:
+        longest = max((p for p in left_out if p["arm"] == empty[0]), key=lambda p: p["steps"])
+        raise UserError(
+            f"--sweep: every point of {empty[0]!r} would train fewer than {MIN_STEPS} optimizer steps (at "
+            f"most {longest['steps']}, {longest['point']}); raise the budgets or choose smaller sizes"
+        )
     budget_spec = BudgetSpec(
         **{spec.kind: int(spec.points[-1]) if spec.kind == "tokens" else spec.points[-1]}, train=train_over
     )
@@ -336,7 +372,13 @@ def plan_sweep(
         exp.eval.data,
         eval_options,
     )
-    sweep = Sweep(comparison, spec, cells)
+    sweep = Sweep(comparison, spec, cells, left_out, floor)
+    if short_run:
+        most = max(c.run.steps or 1 for c in cells)
+        sweep.notes.append(
+            f"every point would train fewer than {MIN_STEPS} optimizer steps (at most {most}): all are "
+            "trained as a smoke run of the machinery; its fits and claims are no finding"
+        )
     if report_dir.exists() and resume and (report_dir / PLAN).is_file():
         saved = read_json(report_dir / PLAN, "comparison plan")
         now = sweep_plan_dict(sweep)
@@ -357,7 +399,24 @@ def plan_sweep(
                     f"--resume: the {key} differs from the one {report_dir} was started with; "
                     "use the same settings, another -o, or --force to start over"
                 )
+        if not _same_left_out(saved, now):
+            raise UserError(
+                f"--resume: {report_dir} was started with other points left out under the {MIN_STEPS}-step "
+                "floor (a chain's warm-up follows its shortest point trained); use --force or another -o"
+            )
     return sweep
+
+
+def _same_left_out(saved: dict[str, Any], now: dict[str, Any]) -> bool:
+    """Whether the saved plan left out the points the plan now leaves out (none in a plan from before the
+    step floor), the points of sizes a resumed sweep adds (chains of their own) taken as they now are."""
+    sizes = (saved.get("sweep") or {}).get("size") or []
+    added = [p for p in now["left_out"] if sizes and p["size"] not in sizes]
+
+    def keys(points: list[dict[str, Any]]) -> set[str]:
+        return {json.dumps(p, sort_keys=True) for p in points}
+
+    return keys([*(saved.get("left_out") or []), *added]) == keys(now["left_out"])
 
 
 def _grown_by_sizes(saved: Any, now: dict[str, Any]) -> bool:
@@ -367,6 +426,101 @@ def _grown_by_sizes(saved: Any, now: dict[str, Any]) -> bool:
         return False
     points = {k: v for k, v in saved.items() if k != "size"}
     return points == {k: v for k, v in now.items() if k != "size"} and set(saved["size"]) <= set(now["size"])
+
+
+def _too_short(chains: list[list[Cell]], floor: int) -> list[dict[str, Any]]:
+    """The points under `floor` optimizer steps, one entry per (arm, size, point) whatever the seed (a
+    point short at one seed is left out at every seed, so the seeds stay paired), in plan order."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for chain in chains:
+        for c in chain:
+            steps = c.run.steps or 1
+            if steps >= floor:
+                continue
+            entry = out.setdefault((c.chain[0], c.label), {
+                "arm": c.chain[0], "size": c.size, "point": c.label, "budget": c.value, "steps": steps,
+            })  # fmt: skip
+            entry["steps"] = min(entry["steps"], steps)
+    return list(out.values())
+
+
+def left_out_lines(left_out: list[dict[str, Any]], kind: str, sized: bool) -> list[str]:
+    """What the step floor left out, one sentence a point across the arms: "medium at 3e11 FLOPs would
+    train 5 steps (clm, prefix-lm) and 8 (span), under 50"."""
+    unit = "tokens" if kind == "tokens" else "FLOPs"
+    order = list(dict.fromkeys(p["size"] for p in left_out))
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for p in sorted(left_out, key=lambda p: (order.index(p["size"]), float(p["budget"]))):
+        groups.setdefault(p["point"], []).append(p)
+    out = []
+    for entries in groups.values():
+        first = entries[0]
+        where = f"{_short(first['budget'])} {unit}"
+        by_steps: dict[int, list[str]] = {}
+        for e in entries:
+            by_steps.setdefault(int(e["steps"]), []).append(e["arm"])
+        parts = [f"{steps}{' steps' if i == 0 else ''} ({', '.join(arms)})"
+                 for i, (steps, arms) in enumerate(sorted(by_steps.items()))]  # fmt: skip
+        text = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
+        out.append(f"{first['size'] + ' at ' if sized else ''}{where} would train {text}, under {MIN_STEPS}")
+    return out
+
+
+def thin_text(points: dict[tuple[str, str], list[float]], kind: str, sized: bool) -> str:
+    """The chains (arm, size) the step floor leaves short of a curve of their own (fewer than `MIN_POINTS`
+    points or a span under `MIN_SPAN`), each with what it keeps, as one sentence ("" where none is);
+    `points` holds every chain's remaining budgets, an empty list for a chain with none left."""
+    unit = "tokens" if kind == "tokens" else "FLOPs"
+    items = []
+    for (arm, size), values in points.items():
+        vals = sorted(set(values))
+        who = f"{arm} at {size}" if sized else arm
+        if not vals:
+            items.append(f"{who}, no point")
+            continue
+        span = vals[-1] / vals[0]
+        if len(vals) >= MIN_POINTS and span >= MIN_SPAN:
+            continue
+        kept = f"{len(vals)} point{'s' if len(vals) > 1 else ''} ({_short(vals[0])}" + (
+            f" to {_short(vals[-1])} {unit}, {span:.2g}x)" if len(vals) > 1 else f" {unit})"
+        )
+        if not sized:
+            kept += ", too few to fit" if len(vals) < MIN_POINTS else ", fitted over that span"
+        items.append(f"{who}, {kept}")
+    if not items:
+        return ""
+    then = ": their points still stand on the frontier at their budgets" if sized else ""
+    return (
+        f"left short of a curve of its own ({MIN_POINTS} points spanning {MIN_SPAN:g}x) by the "
+        f"{MIN_STEPS}-step floor: {'; '.join(items)}{then}"
+    )
+
+
+def _short(value: float) -> str:
+    """3e11, 1.5e12, 6400: a budget as the sweep's grid reads, to 3 digits (`point_label` is exact)."""
+    text = f"{value:.3g}"
+    if "e" in text:
+        mantissa, exponent = text.split("e")
+        text = f"{mantissa}e{int(exponent)}"
+    plain = str(int(value)) if value == int(value) else text
+    return min(text, plain, key=len)
+
+
+def plan_notes(s: Sweep) -> list[str]:
+    """What the plan leaves out and what that leaves thin, for the screen when a sweep starts."""
+    sized = bool(s.spec.sizes)
+    points: dict[tuple[str, str], list[float]] = {}
+    first = s.comparison.seeds[0]
+    for arm in s.comparison.experiment.arms:
+        for p in s.left_out:
+            if p["arm"] == arm.name:
+                points.setdefault((arm.name, p["size"]), [])
+        for c in s.cells:
+            if c.chain[0] == arm.name and c.chain[2] == first:
+                points.setdefault((arm.name, c.size), []).append(c.value)
+    lines = [f"left out: {line}" for line in left_out_lines(s.left_out, s.spec.kind, sized)]
+    thin = thin_text(points, s.spec.kind, sized)
+    return s.notes + lines + ([thin] if thin else [])
 
 
 def _link_chain(chain: list[Cell]) -> list[Cell]:
@@ -390,7 +544,12 @@ def _link_chain(chain: list[Cell]) -> list[Cell]:
 
 
 def sweep_plan_dict(s: Sweep) -> dict[str, Any]:
-    return plan_dict(s.comparison) | {"sweep": s.spec.to_dict(), "tiny": s.comparison.tiny}
+    return plan_dict(s.comparison) | {
+        "sweep": s.spec.to_dict(),
+        "tiny": s.comparison.tiny,
+        "min_steps": s.min_steps,
+        "left_out": s.left_out,
+    }
 
 
 def run_sweep(
@@ -595,7 +754,9 @@ __all__ = [
     "SweepSpec",
     "branch",
     "grid_budget",
+    "left_out_lines",
     "parse_sweep",
     "plan_sweep",
     "run_sweep",
+    "thin_text",
 ]

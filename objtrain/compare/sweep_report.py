@@ -26,6 +26,7 @@ from rich.console import Console
 
 from objtrain.compare import fit as fitting
 from objtrain.compare import suite
+from objtrain.compare import sweep as planning
 from objtrain.compare.experiment import Claim, Experiment, PaperSetting
 from objtrain.compare.regime import regime_gap
 from objtrain.compare.render import (
@@ -42,7 +43,7 @@ from objtrain.compare.render import (
 from objtrain.compare.report import claim_verdict, experiment_source
 from objtrain.compare.runner import machine
 from objtrain.compare.stats import paired, t975
-from objtrain.compare.sweep import Sweep, sweep_plan_dict
+from objtrain.compare.sweep import Sweep, left_out_lines, sweep_plan_dict, thin_text
 from objtrain.training.config import ScheduleConfig
 from objtrain.training.optim import warmup_steps
 
@@ -369,17 +370,33 @@ def build_sweep_results(s: Sweep, replicates: int = 1000) -> dict[str, Any]:
         "arms": out_arms,
         "claims": claims,
         "chinchilla_tokens_per_parameter": CHINCHILLA_TOKENS_PER_PARAMETER,
+        "min_steps": s.min_steps,
+        "plan_notes": s.notes,
+        "left_out": s.left_out,
     } | found
 
 
-def refit(results: dict[str, Any], exp: Experiment, replicates: int | None = None) -> dict[str, Any]:
+def refit(
+    results: dict[str, Any],
+    exp: Experiment,
+    replicates: int | None = None,
+    records: Sequence[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """A published sweep's results.json with its fits, crossovers and frontier recomputed from its own
     points (older files lack the free fit, the out-of-sample check and the warm-up exclusion); `_fits`
     holds the fit objects for `plot`, to be dropped before writing. A cell
-    without its warm-up steps gets the sweep's: the schedule's warm-up of the chain's shortest run."""
+    without its warm-up steps gets the sweep's: the schedule's warm-up of the chain's shortest run.
+
+    A cell under `sweep.MIN_STEPS` optimizer steps, trained before the step floor, leaves the cells, the fits
+    and the claims and joins `left_out`. With the sweep's run records (`results/*.json`, each run's own
+    record) each cell's numbers are read from its runs' records, the per-unit scores with them, and the
+    claims are judged again (`sweep_claim`) from the cells kept."""
     sw = results["sweep"]
     kind = "tokens" if "tokens" in sw else "flops"
+    by_run = {r["run_dir"]: r for r in records or []}
+    seeds = list(results.get("seeds") or [])
     arms: dict[str, Any] = {}
+    left_out = list(results.get("left_out") or [])
     for arm in results["arms"]:
         cells = {}
         shortest: dict[str, int] = {}
@@ -387,10 +404,16 @@ def refit(results: dict[str, Any], exp: Experiment, replicates: int | None = Non
             shortest[cell["size"]] = min(shortest.get(cell["size"], cell["steps"]), cell["steps"])
         schedule = ScheduleConfig(**exp.train.get("schedule", {}))
         for cell in arm["cells"]:
+            if int(cell["steps"]) < planning.MIN_STEPS:
+                left_out.append({"arm": arm["name"], "size": cell["size"], "point": cell["label"],
+                                 "budget": cell["budget"], "steps": cell["steps"]})  # fmt: skip
+                continue
             raw = dict(cell)
             raw["metrics"] = {m: [math.nan if x is None else float(x) for x in v["values"]]
                               for m, v in cell["metrics"].items()}  # fmt: skip
             raw.setdefault("warmup_steps", warmup_steps(schedule, shortest[cell["size"]]))
+            if records is not None:
+                _from_records(raw, [by_run[r] for r in cell["runs"] if r in by_run], seeds)
             cells[cell["label"]] = raw
         arms[arm["name"]] = {"cells": cells}
     found = analyse(
@@ -399,7 +422,27 @@ def refit(results: dict[str, Any], exp: Experiment, replicates: int | None = Non
     ordered = found.pop("cells")
     out = dict(results) | found
     out["arms"] = [dict(arm, cells=[_cell_dict(c) for c in ordered[arm["name"]]]) for arm in results["arms"]]
+    out["min_steps"], out["left_out"] = planning.MIN_STEPS, left_out
+    if records is not None:
+        out["claims"] = [sweep_claim(claim, arms, seeds, claim.regime or exp.regime) for claim in exp.claims]
     return out
+
+
+def _from_records(cell: dict[str, Any], records: list[dict[str, Any]], seeds: list[int]) -> None:
+    """A cell's per-seed numbers (as `collect` reads them) from its runs' records, in the seeds' order."""
+    if not records:
+        return
+    ordered = sorted(records, key=lambda r: seeds.index(r["seed"]))
+    cell["flops"] = [float(r["train"]["flops"]) for r in ordered]
+    cell["tokens"] = [int(r["train"]["tokens"]) for r in ordered]
+    cell["runs"] = [r["run_dir"] for r in ordered]
+    cell["metrics"] = {}
+    for record in ordered:
+        k = seeds.index(record["seed"])
+        for metric, value in _run_metrics(record).items():
+            cell["metrics"].setdefault(metric, [math.nan] * len(seeds))[k] = value
+        for metric, scores in (record["eval"].get("units") or {}).items():
+            cell.setdefault("units", {}).setdefault(metric, {})[record["seed"]] = scores
 
 
 NOTES = ("one_seed", "seeds_needed", "straddles", "eval_se")  # what a point's verdict knows of itself
@@ -411,7 +454,8 @@ def sweep_claim(
     """A claim of the literature checked at every point both arms share (the same paired test as a
     single-budget comparison), its verdict the one at the largest shared point: the closest these budgets
     come to the papers' regime. The verdicts at the smaller points say whether the answer holds, appears
-    or fades as compute grows."""
+    or fades as compute grows. In a grid of sizes the verdict pairs each arm at its own compute-optimal
+    size of the largest budget (`own_best_sizes`), which `read_at` names per arm."""
     a, b = arm_pair(claim.arms)
     cells_a = arms.get(a, {}).get("cells", {})
     cells_b = cells_a if b is None else arms.get(b, {}).get("cells", {})
@@ -421,35 +465,24 @@ def sweep_claim(
     points = []
     for label in shared:
         pair = [(a, cells_a[label]), *([(b, cells_b[label])] if b is not None else [])]
-        per_seed = {
-            name: {s: v for s, v in zip(seeds, cell["metrics"].get(claim.metric, []), strict=False)
-                   if math.isfinite(v)}
-            for name, cell in pair
-        }  # fmt: skip
-        per_seed = {name: vals for name, vals in per_seed.items() if vals}
-        # per-unit scores (where the runs kept them): the evaluation's own standard error, as a comparison's
-        m = claim.metric
-        units = {name: cell["units"][m] for name, cell in pair if m in cell.get("units", {})}
-        v = claim_verdict(claim, per_seed, len(seeds), units)
-        chosen = [cell for _, cell in pair]
-        params = [float(cell["parameters"]) for cell in chosen if cell.get("parameters")]
-        tokens = [float(np.mean(cell["tokens"])) for cell in chosen if cell.get("tokens")]
-        scale = {
-            "parameters": float(np.mean(params)) if params else None,
-            "tokens": float(np.mean(tokens)) if tokens else None,
-        }
-        notes = {k: v[k] for k in NOTES if k in v}
-        points.append({"point": label, "budget": cells_a[label]["budget"], "verdict": v["verdict"],
-                       "paired": v["paired"], "scale": scale, **notes})  # fmt: skip
+        points.append({"point": label, "budget": cells_a[label]["budget"], **_judged(claim, pair, seeds)})
     last = points[-1] if points else {"point": None, "verdict": "not measured", "paired": None}
-    optimal = _optimal_at_largest_budget(shared, [cells_a, *([cells_b] if b is not None else [])])
-    if optimal is not None:
-        last = next(pt for pt in points if pt["point"] == optimal)
+    read_at = {name: last["point"] for name in claim.arms} if points else {}
+    own = own_best_sizes(shared, {a: cells_a, **({b: cells_b} if b is not None else {})})
+    if own is not None:
+        read_at = own
+        if len(set(own.values())) == 1:
+            last = next(pt for pt in points if pt["point"] == own[a])
+        else:
+            pair = [(a, cells_a[own[a]]), *([(b, cells_b[own[b]])] if b is not None else [])]
+            at = ", ".join(f"{label} ({name})" for name, label in own.items())
+            last = {"point": at, "budget": cells_a[own[a]]["budget"], **_judged(claim, pair, seeds)}
     scale = last.get("scale") or {}
     return claim_verdict(claim, {}, len(seeds)) | {  # the claim's own fields, as a comparison gives them
         "verdict": last["verdict"],
         "paired": last["paired"],
         "at": last["point"],
+        "read_at": read_at,
         "seeds": len(seeds),
         "points": points,
         "regime": regime_gap(regime, scale.get("parameters"), scale.get("tokens")),
@@ -457,27 +490,52 @@ def sweep_claim(
     }
 
 
-OPTIMAL_BY = "val_bpb"  # a size grid's verdict size: the lowest held-out bits per byte at the largest budget
+def _judged(claim: Claim, pair: list[tuple[str, dict[str, Any]]], seeds: list[int]) -> dict[str, Any]:
+    """The claim's paired test over the seeds of `pair` [(arm, its cell)]: verdict, paired difference,
+    the cells' mean scale and what the verdict knows of itself."""
+    per_seed = {
+        name: {s: v for s, v in zip(seeds, cell["metrics"].get(claim.metric, []), strict=False)
+               if math.isfinite(v)}
+        for name, cell in pair
+    }  # fmt: skip
+    per_seed = {name: vals for name, vals in per_seed.items() if vals}
+    # per-unit scores (where the runs kept them): the evaluation's own standard error, as a comparison's
+    m = claim.metric
+    units = {name: cell["units"][m] for name, cell in pair if m in cell.get("units", {})}
+    v = claim_verdict(claim, per_seed, len(seeds), units)
+    params = [float(cell["parameters"]) for _, cell in pair if cell.get("parameters")]
+    tokens = [float(np.mean(cell["tokens"])) for _, cell in pair if cell.get("tokens")]
+    scale = {
+        "parameters": float(np.mean(params)) if params else None,
+        "tokens": float(np.mean(tokens)) if tokens else None,
+    }
+    notes = {k: v[k] for k in NOTES if k in v}
+    return {"verdict": v["verdict"], "paired": v["paired"], "scale": scale, **notes}
 
 
-def _optimal_at_largest_budget(labels: list[str], arm_cells: list[dict[str, Any]]) -> str | None:
-    """In a size grid, the point a claim's verdict is read at: of the sizes trained at the largest budget,
-    the compute-optimal one (the lowest `OPTIMAL_BY` averaged over the claim's arms and seeds), not the one
-    whose step rounding happens to spend the most FLOPs. None outside a size grid, or without the metric."""
-    first = arm_cells[0]
+def own_best_sizes(labels: list[str], arm_cells: dict[str, dict[str, Any]]) -> dict[str, str] | None:
+    """In a size grid, the point each arm of a claim is read at: of the sizes trained at the largest
+    budget, that arm's compute-optimal one, the best mean over seeds of the arm's own frontier metric
+    (`_primary`: val_bpb for a decoder, conditional_bpb for an encoder-decoder), so no arm is read at the
+    size another arm's metric picks, nor at the size whose step rounding spends the most FLOPs. None
+    outside a size grid, or where an arm has no such metric there."""
+    first = next(iter(arm_cells.values()))
     if not labels or len({first[label].get("size") for label in labels}) < 2:
         return None
     top = max(float(first[label]["budget"]) for label in labels)
-    scored = []
-    for label in labels:
-        if float(first[label]["budget"]) != top:
-            continue
-        vals = [
-            v for cells in arm_cells for v in cells[label]["metrics"].get(OPTIMAL_BY, []) if math.isfinite(v)
-        ]
-        if vals:
-            scored.append((float(np.mean(vals)), label))
-    return min(scored)[1] if scored else None
+    out = {}
+    for name, cells in arm_cells.items():
+        metric = _primary(list(cells.values()))
+        sign = -1.0 if suite.direction(metric) == "higher" else 1.0
+        scored = []
+        for label in labels:
+            vals = [v for v in cells[label]["metrics"].get(metric, []) if math.isfinite(v)]
+            if float(cells[label]["budget"]) == top and vals:
+                scored.append((sign * float(np.mean(vals)), label))
+        if not scored:
+            return None
+        out[name] = min(scored)[1]
+    return out
 
 
 def _primary(cells: list[dict[str, Any]]) -> str:
@@ -647,8 +705,10 @@ def markdown(results: dict[str, Any], plots: list[str], extra: Sequence[str] = (
             "margin), **not resolved** when the seeds cannot tell. The verdict is the one at the largest "
             "point, the nearest these budgets come to the papers'"
             + (
-                f" (in a grid of sizes: at the largest budget, the size with the lowest {OPTIMAL_BY} there, "
-                "the compute-optimal one)."
+                " (in a grid of sizes: at the largest budget, each arm at its own compute-optimal size "
+                "there, the one with the best mean of its frontier metric: val_bpb for a decoder, "
+                "conditional_bpb for an encoder-decoder; the sizes may differ between arms, and the "
+                "verdict names the point each arm is read at)."
                 if (results.get("sweep") or {}).get("size")
                 else "."
             ),
@@ -704,7 +764,7 @@ def markdown(results: dict[str, Any], plots: list[str], extra: Sequence[str] = (
             "",
             *_frontier_fit_section(results),
         ]
-    out += ["## Points", "", markdown_table(*point_rows(results)), ""]
+    out += ["## Points", "", markdown_table(*point_rows(results)), "", *_left_out_note(results)]
     out += ["## Plots", "", *plot_lines(plots), ""]
     out += [
         "## What was run",
@@ -847,6 +907,35 @@ def _holdout_section(results: dict[str, Any]) -> list[str]:
         "measured mean: an out of sample error well above the seed std says the law does not extrapolate "
         "even one step, so its crossovers past the data are not to be read.",
         "",
+    ]
+
+
+def _left_out_note(results: dict[str, Any]) -> list[str]:
+    """The points the step floor kept from training (or, refitted, from the published cells), and the
+    chains it leaves short of a curve of their own; a smoke run's word that it is no finding."""
+    smoke = [note[0].upper() + note[1:] + ".\n" for note in results.get("plan_notes") or []]
+    left = results.get("left_out") or []
+    if not left:
+        return smoke
+    sw = results["sweep"]
+    kind, sized = ("tokens" if "tokens" in sw else "flops"), bool(sw.get("size"))
+    points: dict[tuple[str, str], list[float]] = {}
+    for arm in results["arms"]:
+        for p in left:
+            if p["arm"] == arm["name"]:
+                points.setdefault((arm["name"], p["size"]), [])
+        for cell in arm["cells"]:
+            points.setdefault((arm["name"], cell["size"]), []).append(float(cell["budget"]))
+    thin = thin_text(points, kind, sized)
+    return [
+        f"Left out of the points, the fits, the frontier and the claims: every point under "
+        f"{results['min_steps']} optimizer steps (a warm-up and a decay need steps to mean anything; "
+        "under that a point measures where the schedule cut training, not the budget): "
+        + "; ".join(left_out_lines(left, kind, sized))
+        + ".",
+        "",
+        *([thin[0].upper() + thin[1:] + ".", ""] if thin else []),
+        *smoke,
     ]
 
 

@@ -3,7 +3,7 @@ with which command; and the index page, a pure function of the experiments' resu
 
     python -m scripts.findings run [--jobs N] [--all] [NAME ...]  train, evaluate, publish
     python -m scripts.findings publish                            rewrite the reports and index
-    python -m scripts.findings refit                              refit the sweeps' points
+    python -m scripts.findings refit [NAME ...]                   the sweeps again from their run records
 
 Each experiment's report directory is `docs/findings/NAME/` (its arms' checkpoints under `arms/` stay out
 of version control); `report.md` is regenerated from `results.json`, so the published tables cannot drift
@@ -326,8 +326,9 @@ def with_regime(name: str, results: dict[str, Any]) -> dict[str, Any]:
             continue
         setting = settings.get(c["claim"], exp.regime)
         if name in SWEEPS:
+            read_at = c.get("read_at") or dict.fromkeys(c["arms"], c.get("at"))  # each arm's own point
             cells = [cell for arm in results["arms"] if arm["name"] in c["arms"] for cell in arm["cells"]
-                     if cell["label"] == c.get("at")]  # fmt: skip
+                     if cell["label"] == read_at.get(arm["name"])]  # fmt: skip
             params = [float(cell["parameters"]) for cell in cells]
             tokens = [sum(cell["tokens"]) / len(cell["tokens"]) for cell in cells if cell["tokens"]]
             c["regime"] = regime_gap(
@@ -502,7 +503,9 @@ def _sweeps_section(all_results: dict[str, dict[str, Any]]) -> list[str]:
         "Each arm trained at every budget of a sweep (shorter budgets branched from the longest run's "
         "stable phase), L(C) = E + A·C^(−α) fitted per arm and metric with bootstrap intervals, and where "
         "the curves cross. A claim is judged at every budget by the same paired test; its verdict is the "
-        "one at the largest budget, the trend beside it.",
+        "one at the largest budget (in a grid of sizes each arm at its own compute-optimal size there, "
+        "named beside the difference), the trend beside it. No point trains fewer than 50 optimizer "
+        "steps: shorter ones are left out, and each report names them.",
         "",
     ]
     for name, finding in SWEEPS.items():
@@ -534,7 +537,9 @@ def _sweeps_section(all_results: dict[str, dict[str, Any]]) -> list[str]:
         for c in results.get("claims", []):
             p = c.get("paired")
             diff = (
-                f"{difference(c['metric'], c['arms'])} = {p['delta']:+.3g} ± {p['ci95']:.2g} (n = {p['n']})"
+                f"{difference(c['metric'], c['arms'])} = {p['delta']:+.3g} ± {p['ci95']:.2g} (n = {p['n']}"
+                + (f"; {c['at']}" if c.get("read_at") else "")
+                + ")"
                 if p and p.get("delta") is not None and p.get("ci95") is not None
                 else "—"
             )
@@ -565,16 +570,19 @@ def publish(root: Path = ROOT) -> list[Path]:
     return written
 
 
-def refit(root: Path = ROOT) -> list[Path]:
-    """Recompute each published sweep's fits from its own points (results.json and curves.png rewritten
-    whole): what a newer fit reports (the free fit, the out-of-sample check, points inside the warm-up
-    left out) without training anything."""
+def refit(root: Path = ROOT, names: list[str] | None = None) -> list[Path]:
+    """Recompute each published sweep from its own run records (results.json and curves.png rewritten
+    whole): each cell's numbers from its runs' records (`results/*.json`), the fits, frontier and claims
+    from the cells, without training anything; what a newer report says (the free fit, the out-of-sample
+    check, points inside the warm-up or under the step floor left out, each arm read at its own best size)
+    reaches the published sweeps this way."""
     written = []
-    for name in SWEEPS:
+    for name in names or list(SWEEPS):
         path = root / name / "results.json"
         if not path.is_file():
             continue
-        results = sweep_refit(read_json(path, "sweep results"), load_experiment(find_experiment(name)))
+        results = sweep_refit(read_json(path, "sweep results"), load_experiment(find_experiment(name)),
+                              records=run_records(root / name / "results"))  # fmt: skip
         plots = sweep_plot(results, root / name)
         results.pop("_fits")
         results["plots"] = plots
@@ -719,7 +727,10 @@ def main(argv: list[str]) -> int:
             print(f"wrote {path}")
         return 0
     if argv[:1] == ["refit"]:
-        for path in [*refit(), *publish()]:
+        if unknown := [n for n in argv[1:] if n not in SWEEPS]:
+            print(f"unknown sweep {unknown[0]!r} (sweeps: {', '.join(SWEEPS)})")
+            return 2
+        for path in [*refit(names=argv[1:]), *publish()]:
             print(f"wrote {path}")
         return 0
     if argv[:1] == ["run"]:

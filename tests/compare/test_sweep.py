@@ -39,6 +39,13 @@ def sweep_experiment(store: Path, arms: list[dict[str, Any]] | None = None, **tr
     return data
 
 
+@pytest.fixture(autouse=True)
+def _every_point_trains(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The debug sweeps here train 1 to 128 steps a point to stay fast: the 50-step floor is lifted for
+    them (test_sweep_steps.py tests the floor itself)."""
+    monkeypatch.setattr(sweep_mod, "MIN_STEPS", 1)
+
+
 def final_weights(run_dir: Path) -> dict[str, Any]:
     return load_file(str(ckpt.latest_checkpoint(run_dir) / "model.safetensors"))
 

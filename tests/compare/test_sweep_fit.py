@@ -357,11 +357,14 @@ def test_a_size_whose_metric_worsens_with_training_is_named_and_the_report_says_
     assert "gets worse" not in "\n".join(_frontier_fit_section({"frontier_fits": {"span": rest}}))
 
 
-def test_a_published_sweep_is_refitted_from_its_own_points() -> None:
+def test_a_published_sweep_is_refitted_from_its_own_points(monkeypatch: pytest.MonkeyPatch) -> None:
     """An older results.json (no free fit, no out-of-sample check, no warm-up steps in its cells): refit
     takes the warm-up from the experiment's schedule (a fraction of each chain's shortest run) and leaves
     the points under 10x it out."""
+    from objtrain.compare import sweep
     from objtrain.compare.sweep_report import refit
+
+    monkeypatch.setattr(sweep, "MIN_STEPS", 1)  # its 15- and 49-step points test the warm-up rule
 
     law = PowerLaw(E=1.5, A=400.0, alpha=0.2)
     cells = []
