@@ -156,17 +156,14 @@ def print_plan(c: Comparison, console: Console, peak_tflops: float | None) -> No
         model = f"{run.plan.model_cfg.kind} {run.cfg.model.size}"
         if model not in sizes:
             sizes[model] = count_parameters(build_model(run.plan.model_cfg))
-        steps = run.steps or 0
-        flops = steps * run.flops_per_step
+        if run.steps is None:  # a seconds budget: its steps are fixed by timing a step when it trains
+            table.add_row(run.key, model, f"{sizes[model]:,}", "timed", "-", "-")
+            continue
+        flops = run.steps * run.flops_per_step
         total += flops
-        tokens = (
-            steps
-            * run.plan.micro_batch
-            * run.plan.accumulation
-            * run.plan.seq_len
-            * run.plan.world.world_size
-        )
-        table.add_row(run.key, model, f"{sizes[model]:,}", f"{steps:,}", f"{tokens:,}", f"{flops:.3g}")
+        rows = run.plan.micro_batch * run.plan.accumulation * run.plan.world.world_size
+        tokens = run.steps * rows * run.plan.seq_len
+        table.add_row(run.key, model, f"{sizes[model]:,}", f"{run.steps:,}", f"{tokens:,}", f"{flops:.3g}")
     console.print(table)
     line = f"total {total:.3g} training FLOPs"
     if peak_tflops is not None:

@@ -200,6 +200,19 @@ def stale_finetune_lines(results: dict[str, Any]) -> list[str]:
     ]
 
 
+TASK_NAMES = {"sst2": "SST-2", "trec": "TREC", "cola": "CoLA"}
+
+
+def _probes_text(finding: Finding) -> str:
+    """`; probes SST-2, TREC` from the tasks its command passes, and BLiMP where it scores minimal pairs."""
+    text = ""
+    if finding.probes:
+        text += "; probes " + ", ".join(TASK_NAMES.get(t, t) for t in finding.probe_tasks.split(","))
+    if finding.blimp:
+        text += f"; BLiMP, the first {BLIMP_PER_PARADIGM} pairs of each of its 67 paradigms"
+    return text
+
+
 def _cost_line(results: dict[str, Any]) -> list[str]:
     cost = results.get("lane_seconds") or {}
     if not any(cost.values()):
@@ -450,8 +463,7 @@ def index(all_results: dict[str, dict[str, Any]]) -> str:
             continue
         m = results["machine"]
         out += [
-            f"- Data: {CORPUS_TEXT[finding.corpus]}"
-            + ("; probes SST-2, TREC, CoLA" if finding.probes else ""),
+            f"- Data: {CORPUS_TEXT[finding.corpus]}" + _probes_text(finding),
             f"- Budget: {_budget(results)}; seeds {', '.join(map(str, results['seeds']))}",
             f"- Machine: {m.get('cpu') or m['platform']}, {m['cpu_count']} CPUs, torch {m['torch']}",
             f"- Report: [{name}/report.md]({name}/report.md); reproduce: `{cmd}`",

@@ -620,3 +620,11 @@ def test_runs_fine_tuned_at_one_rate_are_marked_until_re_evaluated(tmp_path: Pat
     assert findings.one_rate_finetunes(findings.run_records(runs)) == 1
     assert "1 runs fine-tuned at one peak rate" in findings.stale_finetune_lines({"one_rate_finetunes": 1})[0]
     assert findings.stale_finetune_lines({"one_rate_finetunes": 0}) == []
+
+
+def test_the_index_names_the_probe_tasks_and_pairs_a_finding_is_given() -> None:
+    plain = findings.Finding("q", "prose")
+    assert findings._probes_text(plain) == "; probes SST-2, TREC, CoLA"
+    own = findings.Finding("q", "prose", probe_tasks="sst2,trec", blimp=True)
+    assert findings._probes_text(own).startswith("; probes SST-2, TREC; BLiMP, the first 50 pairs")
+    assert findings._probes_text(findings.Finding("q", "code", probes=False)) == ""
