@@ -1193,10 +1193,14 @@ def _rich(cell: str) -> str:
 
 
 def curves(c: Comparison) -> dict[str, list[list[dict[str, Any]]]]:
-    """Validation records per arm (one list per seed), from each run's metrics.jsonl."""
+    """Validation records per arm (one list per seed), from each run's metrics.jsonl; where a run's folder
+    is gone (a comparison continued from its committed run records on another machine), from the curve its
+    record kept."""
     out: dict[str, list[list[dict[str, Any]]]] = {}
     for run in c.runs:
         vals = [r for r in metrics_records(run.run_dir) if r.get("split") == "val"]
+        if not vals:
+            vals = list(((c.results.get(run.key) or {}).get("train") or {}).get("curve") or [])
         out.setdefault(run.arm.name, []).append(vals)
     return out
 

@@ -57,7 +57,11 @@ from .changes import PREVIOUS, diff, section
 
 ROOT = Path("docs/findings")
 LOGS = Path("runs/findings/logs")  # each experiment's output when several run at once
-ARCHIVE = Path("runs/findings/previous")  # published results set aside while a redesigned run replaces them
+# A redesigned experiment's re-run: it trains here, beside the published folder it will replace, and is under
+# version control run by run (plan.json, results/*.json; its checkpoints are not), so a re-run longer than one
+# sitting continues from any clone with the same command. Until it is done the index shows the published
+# results with how far the re-run has got; when it is done it takes the published folder's place.
+RERUNS = ROOT / "rerun"
 PROSE_STORE = "runs/findings/data/prose"
 SHARED = "../shared/data"
 SEEDS = 3
@@ -84,7 +88,12 @@ class Finding:
 
 
 FINDINGS: dict[str, Finding] = {
-    "objectives": Finding("CLM vs MLM vs span corruption vs prefix LM vs UL2", "prose"),
+    "objectives": Finding(
+        "CLM vs MLM vs span corruption vs prefix LM vs UL2 vs GPT-BERT",
+        "prose",
+        probe_tasks="sst2,trec",
+        blimp=True,
+    ),
     "mlm-mask-rate": Finding("MLM mask rate 10 / 15 / 30 / 40%", "prose", core=False),
     "span-length": Finding("Span length (mean 1 / 3 / 8) for span corruption", "prose", core=False),
     "prefix-proportion": Finding("Prefix proportion in prefix LM", "prose", core=False),
@@ -112,14 +121,16 @@ CORPUS_TEXT = {
 }
 
 
-def command(name: str) -> list[str]:
+def command(name: str, folder: Path | None = None) -> list[str]:
     """The one command that (re)produces an experiment's row: resumable, three seeds (a comparison: up to
-    five where a claim's interval straddles its boundary and that many would resolve it)."""
+    five where a claim's interval straddles its boundary and that many would resolve it); into `folder`
+    (default: its published one)."""
+    folder = folder or ROOT / name
     if name in SWEEPS:
-        return ["objtrain", "compare", name, "--seeds", str(SWEEP_SEEDS), "-o", str(ROOT / name)]
+        return ["objtrain", "compare", name, "--seeds", str(SWEEP_SEEDS), "-o", str(folder)]
     f = FINDINGS[name]
     cmd = ["objtrain", "compare", name, "--seeds", str(SEEDS), "--max-seeds", str(MAX_SEEDS)]
-    cmd += ["-o", str(ROOT / name)]
+    cmd += ["-o", str(folder)]
     if f.corpus == "prose":
         cmd += ["--data", PROSE_STORE]
     if f.probes:
@@ -144,7 +155,28 @@ def read_results(root: Path = ROOT) -> dict[str, dict[str, Any]]:
             previous = root / name / PREVIOUS
             if previous.is_file():  # a re-publication: what changed against what it replaced
                 out[name]["changes"] = diff(json.loads(previous.read_text(encoding="utf-8")), out[name])
+            rerun = root / RERUNS.relative_to(ROOT) / name
+            if (rerun / "plan.json").is_file():
+                out[name]["rerun"] = rerun_progress(rerun)
     return out
+
+
+def rerun_progress(folder: Path) -> dict[str, int]:
+    """How many of a re-run's runs are finished (their results/*.json written) of how many it plans."""
+    plan = json.loads((folder / "plan.json").read_text(encoding="utf-8"))
+    arms = (plan.get("experiment") or {}).get("arms") or []
+    return {"done": len(list((folder / "results").glob("*.json"))), "runs": len(arms) * len(plan["seeds"])}
+
+
+def rerun_lines(name: str, results: dict[str, Any]) -> list[str]:
+    if "rerun" not in results:
+        return []
+    r = results["rerun"]
+    return [
+        f"- **Re-run in progress** (`{RERUNS / name}`): {r['done']} of {r['runs']} runs of the redesigned "
+        f"experiment finished; `python -m scripts.findings run {name}` continues it (the heading and "
+        "data line are the re-run's). The rows below are the results it will replace."
+    ]
 
 
 def run_records(runs: Path) -> list[dict[str, Any]]:
@@ -285,9 +317,10 @@ def _left_out_line(name: str) -> list[str]:
     ]
 
 
-def plan_changed(name: str) -> bool:
-    """Whether the published report's plan differs from the shipped experiment's now (a redesign: the
-    budget, arms or sweep changed), so a re-run must start over rather than resume."""
+def plan_changed(name: str, folder: Path | None = None) -> bool:
+    """Whether the plan in `folder` (default: the published report's) differs from the shipped experiment's
+    now (a redesign: the budget, arms or sweep changed), so a re-run must start over rather than resume."""
+    folder = folder or ROOT / name
     from objtrain.compare.runner import plan_comparison
     from objtrain.compare.sweep import parse_sweep, plan_sweep
 
@@ -297,9 +330,9 @@ def plan_changed(name: str) -> bool:
         if name in SWEEPS:
             spec = parse_sweep(None, exp.sweep, False)
             assert spec is not None
-            plan_sweep(exp, ROOT / name, spec, None, SWEEP_SEEDS, resume=True, data=data)
+            plan_sweep(exp, folder, spec, None, SWEEP_SEEDS, resume=True, data=data)
         else:
-            plan_comparison(exp, ROOT / name, None, SEEDS, resume=True, data=data)
+            plan_comparison(exp, folder, None, SEEDS, resume=True, data=data)
     except UserError as exc:
         if str(exc).startswith("--resume: the"):
             return True
@@ -307,19 +340,35 @@ def plan_changed(name: str) -> bool:
     return False
 
 
-def keep_previous(name: str) -> None:
-    """Set the published results.json aside (once) before a re-run that starts over replaces it."""
-    src, kept = ROOT / name / "results.json", ARCHIVE / f"{name}.json"
-    if src.is_file() and not kept.is_file():
-        ARCHIVE.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, kept)
+def where_to_run(name: str) -> tuple[Path, str | None]:
+    """The folder a `run` trains into and the flag it passes: the published folder, resumed, unless the
+    experiment was redesigned since; then its re-run (RERUNS), started over once and resumed after."""
+    published, rerun = ROOT / name, RERUNS / name
+    if (rerun / "plan.json").is_file():
+        return rerun, "--force" if plan_changed(name, rerun) else "--resume"
+    if not (published / "plan.json").is_file():
+        return published, "--force" if published.exists() else None
+    if plan_changed(name):
+        return rerun, "--force" if rerun.exists() else None
+    return published, "--resume"
 
 
-def restore_previous(name: str) -> None:
-    """After the re-run: the results it replaced go beside the new ones, for the report's changes."""
-    kept = ARCHIVE / f"{name}.json"
-    if kept.is_file() and (ROOT / name).is_dir():
-        shutil.move(str(kept), ROOT / name / PREVIOUS)
+def promote(name: str) -> None:
+    """A finished re-run takes the published folder's place, the results it replaces beside it (for the
+    report's changes), its paths (run folders, checkpoints) rewritten to the published folder's."""
+    published, rerun = ROOT / name, RERUNS / name
+    old = published / "results.json"
+    if old.is_file():
+        shutil.copyfile(old, rerun / PREVIOUS)
+    for path in [rerun / "plan.json", rerun / "results.json", *sorted((rerun / "results").glob("*.json"))]:
+        if path.is_file():
+            text = path.read_text(encoding="utf-8")
+            path.write_text(text.replace(f"{rerun}/", f"{published}/"), encoding="utf-8")
+    if published.exists():
+        shutil.rmtree(published)
+    shutil.move(str(rerun), str(published))
+    if RERUNS.is_dir() and not any(RERUNS.iterdir()):
+        RERUNS.rmdir()
 
 
 def with_regime(name: str, results: dict[str, Any]) -> dict[str, Any]:
@@ -467,6 +516,7 @@ def index(all_results: dict[str, dict[str, Any]]) -> str:
             f"- Budget: {_budget(results)}; seeds {', '.join(map(str, results['seeds']))}",
             f"- Machine: {m.get('cpu') or m['platform']}, {m['cpu_count']} CPUs, torch {m['torch']}",
             f"- Report: [{name}/report.md]({name}/report.md); reproduce: `{cmd}`",
+            *rerun_lines(name, results),
             *_cost_line(results),
             *_left_out_line(name),
             *regime_lines(results),
@@ -691,18 +741,14 @@ def run(names: list[str], jobs: int = 1, everything: bool = False) -> int:
             return 2
 
     def one(name: str) -> int:
-        cmd = command(name)
-        if (ROOT / name / "plan.json").is_file():
-            if plan_changed(name):  # redesigned since it was published: start over, keep what it replaces
-                keep_previous(name)
-                cmd.append("--force")
-            else:
-                cmd.append("--resume")
+        folder, flag = where_to_run(name)
+        cmd = command(name, folder) + ([flag] if flag else [])
+        done = (lambda: promote(name)) if folder != ROOT / name else (lambda: None)
         if jobs == 1:
             print("$ " + shlex.join(cmd), flush=True)
             code = subprocess.call([objtrain, *cmd[1:]])
             if code == 0:
-                restore_previous(name)
+                done()
             return code
         env = lane_env(jobs)
         cmd += ["--jobs", str(jobs)]  # its runs (chains) `jobs` at once, each on its share of the cores
@@ -712,7 +758,7 @@ def run(names: list[str], jobs: int = 1, everything: bool = False) -> int:
         with log.open("ab") as out:
             code = subprocess.call([objtrain, *cmd[1:]], stdout=out, stderr=subprocess.STDOUT, env=env)
         if code == 0:
-            restore_previous(name)
+            done()
         took = (time.perf_counter() - started) / 3600
         print(f"{name}: " + (f"done in {took:.2f} h" if code == 0 else f"failed (exit {code}), see {log}"),
               flush=True)  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import threading
 from pathlib import Path
 
@@ -393,13 +394,15 @@ def test_every_question_where_kinds_or_heads_differ_holds_flops_equal(compare_st
 def test_a_republication_says_what_changed_against_the_results_it_replaces(
     monkeypatch, tmp_path: Path
 ) -> None:
-    """A redesigned experiment (its plan no longer resumes) is run with --force, the published results.json
-    set aside first and put back beside the new one as previous-results.json; the report then lists the
-    budget, verdicts and metrics that changed."""
+    """A redesigned experiment (its plan no longer resumes) is re-run beside the published folder (RERUNS,
+    committed run by run), resumed there, and when done takes the folder's place, the published results.json
+    beside the new one as previous-results.json and its paths rewritten; the report then lists the budget,
+    verdicts and metrics that changed."""
     from scripts.findings.changes import diff, section
 
     monkeypatch.chdir(tmp_path)
     folder = findings.ROOT / "mtp-heads"
+    rerun = findings.RERUNS / "mtp-heads"
     folder.mkdir(parents=True)
 
     def results(kind: str, value: float, verdict: str, delta: float, bpb: float) -> dict:
@@ -415,17 +418,31 @@ def test_a_republication_says_what_changed_against_the_results_it_replaces(
 
     def fake_call(cmd: list[str], **_: object) -> int:
         calls.append(cmd)
-        assert (tmp_path / findings.ARCHIVE / "mtp-heads.json").is_file()  # set aside before the run
-        (folder / "results.json").write_text(json.dumps(new))
+        assert cmd[cmd.index("-o") + 1] == str(rerun)  # beside the published folder, which stays
+        assert json.loads((folder / "results.json").read_text()) == old
+        (rerun / "results").mkdir(parents=True, exist_ok=True)
+        (rerun / "plan.json").write_text("{}")
+        record = {"run_dir": f"{rerun}/arms/mtp-1/seed-0"}
+        (rerun / "results" / "mtp-1.seed-0.json").write_text(json.dumps(record))
+        if len(calls) == 1:
+            return 130  # stopped part-way: the re-run stays where it is
+        (rerun / "results.json").write_text(json.dumps(new))
         return 0
 
     new = results("flops", 2e13, "not resolved", 0.02, 1.75)
-    monkeypatch.setattr(findings, "plan_changed", lambda name: True)
+    monkeypatch.setattr(findings, "plan_changed", lambda name, folder=None: folder is None)
     monkeypatch.setattr(findings.subprocess, "call", fake_call)
     monkeypatch.setattr(findings, "publish", lambda: [])
+    assert findings.main(["run", "mtp-heads"]) == 130
+    assert "--force" not in calls[0] and "--resume" not in calls[0]
+    assert json.loads((folder / "results.json").read_text()) == old and rerun.is_dir()
     assert findings.main(["run", "mtp-heads"]) == 0
-    assert calls[0][-1] == "--force"
+    assert calls[1][-1] == "--resume" and calls[1][calls[1].index("-o") + 1] == str(rerun)
+    assert not rerun.exists() and not findings.RERUNS.exists()
+    assert json.loads((folder / "results.json").read_text()) == new
     assert json.loads((folder / "previous-results.json").read_text()) == old
+    record = json.loads((folder / "results" / "mtp-1.seed-0.json").read_text())
+    assert record["run_dir"] == f"{folder}/arms/mtp-1/seed-0"
     changes = diff(old, new)
     assert changes["budget"] == ["2e+06 tokens an arm", "2e+13 flops an arm"]
     assert changes["claims"][0]["verdict"] == ["agrees", "not resolved"]
@@ -628,3 +645,26 @@ def test_the_index_names_the_probe_tasks_and_pairs_a_finding_is_given() -> None:
     own = findings.Finding("q", "prose", probe_tasks="sst2,trec", blimp=True)
     assert findings._probes_text(own).startswith("; probes SST-2, TREC; BLiMP, the first 50 pairs")
     assert findings._probes_text(findings.Finding("q", "code", probes=False)) == ""
+
+
+def test_a_rerun_in_progress_is_shown_beside_the_results_it_will_replace(tmp_path: Path) -> None:
+    """The index keeps a redesigned experiment's published rows while its re-run (plan.json and some
+    results/*.json, no results.json yet) says how far it has got; its report stays as published."""
+    published = findings.read_results(ROOT / "docs" / "findings")
+    name = next((n for n in findings.FINDINGS if n in published and "rerun" not in published[n]), None)
+    if name is None:
+        pytest.skip("no published comparison")
+    root = tmp_path / "findings"
+    shutil.copytree(ROOT / "docs" / "findings" / name, root / name, ignore=shutil.ignore_patterns("arms"))
+    rerun = root / "rerun" / name
+    (rerun / "results").mkdir(parents=True)
+    plan = {"experiment": {"arms": [{"name": "a"}, {"name": "b"}]}, "seeds": [0, 1, 2]}
+    (rerun / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
+    (rerun / "results" / "a.seed-0.json").write_text("{}", encoding="utf-8")
+    results = findings.read_results(root)
+    assert results[name]["rerun"] == {"done": 1, "runs": 6}
+    assert "rerun" not in published[name] and results[name]["claims"] == published[name]["claims"]
+    assert "**Re-run in progress** (`docs/findings/rerun/" in findings.index(results)
+    assert "1 of 6 runs of the redesigned experiment finished" in findings.index(results)
+    committed = (ROOT / "docs" / "findings" / name / "report.md").read_text(encoding="utf-8")
+    assert findings.report_text(name, results[name]) == committed
