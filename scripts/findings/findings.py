@@ -112,6 +112,15 @@ SWEEPS: dict[str, Finding] = {
         "FIM 0.5 vs CLM as compute grows: left-to-right cost and the suffix's worth", "code", probes=False
     ),
     "fim-suffix": Finding("From which budget a FIM model uses the suffix", "code", probes=False, core=False),
+    # How fast each objective learns grammar: 4 objectives x 4 budgets, each chain about one `objectives`
+    # arm's training (its largest point is that comparison's budget), so about as long as `objectives`.
+    "blimp-scaling": Finding(
+        "How fast each objective learns grammar: BLiMP against training FLOPs",
+        "prose",
+        probes=False,
+        blimp=True,
+        core=False,
+    ),
 }
 SWEEP_SEEDS = SEEDS
 
@@ -127,10 +136,12 @@ def command(name: str, folder: Path | None = None) -> list[str]:
     (default: its published one)."""
     folder = folder or ROOT / name
     if name in SWEEPS:
-        return ["objtrain", "compare", name, "--seeds", str(SWEEP_SEEDS), "-o", str(folder)]
-    f = FINDINGS[name]
-    cmd = ["objtrain", "compare", name, "--seeds", str(SEEDS), "--max-seeds", str(MAX_SEEDS)]
-    cmd += ["-o", str(folder)]
+        f = SWEEPS[name]
+        cmd = ["objtrain", "compare", name, "--seeds", str(SWEEP_SEEDS), "-o", str(folder)]
+    else:
+        f = FINDINGS[name]
+        cmd = ["objtrain", "compare", name, "--seeds", str(SEEDS), "--max-seeds", str(MAX_SEEDS)]
+        cmd += ["-o", str(folder)]
     if f.corpus == "prose":
         cmd += ["--data", PROSE_STORE]
     if f.probes:
@@ -582,7 +593,7 @@ def _sweeps_section(all_results: dict[str, dict[str, Any]]) -> list[str]:
         points = ", ".join(f"{p:.3g}" for p in sw[kind])
         seeds = ", ".join(map(str, results["seeds"]))
         out += [
-            f"- Data: {CORPUS_TEXT[finding.corpus]}",
+            f"- Data: {CORPUS_TEXT[finding.corpus]}" + _probes_text(finding),
             f"- Sweep: {kind} {points} an arm ({sw['span']:.0f}x)"
             + (f" x sizes {', '.join(sw['size'])} (an IsoFLOP grid)" if sw.get("size") else "")
             + f"; seeds {seeds}",
