@@ -441,6 +441,43 @@ def regime_lines(results: dict[str, Any]) -> list[str]:
     return out
 
 
+def resolved_section(all_results: dict[str, dict[str, Any]]) -> list[str]:
+    """The index's lead: every verdict the seeds resolve at this scale (agrees or disagrees), across the
+    comparisons and sweeps, then how many claims are not resolved or not judged, and where a re-run will
+    replace what is shown."""
+    rows, open_claims = [], {"not resolved": 0, "not judged": 0, "no published comparison": 0, "withdrawn": 0}
+    for name in [*FINDINGS, *SWEEPS]:
+        if name not in all_results:
+            continue
+        # a claim the shipped experiment has withdrawn since (its report says why) is not a finding
+        withdrawn = {w.claim for w in load_experiment(find_experiment(name)).withdrawn}
+        for c in all_results[name].get("claims", []):
+            verdict = "withdrawn" if c["claim"] in withdrawn else c.get("verdict") or "not judged"
+            if verdict in ("agrees", "disagrees"):
+                rerun = " (being re-run)" if "rerun" in all_results[name] else ""
+                rows.append(f"| {c['claim']} | `{name}`{rerun} | {verdict_cell(c)} |")
+            else:
+                key = verdict if verdict in open_claims else "not judged"
+                open_claims[key] += 1
+    if not rows:
+        return []
+    counts = ", ".join(f"{n} {what}" for what, n in open_claims.items() if n)
+    counts = counts.replace("withdrawn", "withdrawn by a redesign")
+    return [
+        "## What is resolved at this scale",
+        "",
+        f"{len(rows)} claims are resolved by their seeds at the budgets published here"
+        + (f"; the other claims are {counts} (each experiment's section says why)." if counts else "."),
+        "Every one is read at a few million parameters and tokens: what holds at this scale, not whether "
+        "the paper's finding does (the scale column of each section).",
+        "",
+        "| claim | experiment | verdict |",
+        "|---|---|---|",
+        *rows,
+        "",
+    ]
+
+
 def _told_apart(claim: dict[str, Any]) -> str:
     """What the seeds tell: which arm scores better (a claim of two arms), and the paired difference."""
     p, arms = claim["paired"], claim["arms"]
@@ -513,6 +550,7 @@ def index(all_results: dict[str, dict[str, Any]]) -> str:
         "at that scale. Each experiment's full report (every metric, costs, plots) is in its folder.",
         "",
     ]
+    out += resolved_section(all_results)
     pending = [n for n in FINDINGS if n not in all_results]
     for name, finding in FINDINGS.items():
         out += [f"## {finding.question} (`{name}`)", ""]

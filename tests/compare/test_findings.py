@@ -668,3 +668,33 @@ def test_a_rerun_in_progress_is_shown_beside_the_results_it_will_replace(tmp_pat
     assert "1 of 6 runs of the redesigned experiment finished" in findings.index(results)
     committed = (ROOT / "docs" / "findings" / name / "report.md").read_text(encoding="utf-8")
     assert findings.report_text(name, results[name]) == committed
+
+
+def test_the_index_leads_with_what_is_resolved() -> None:
+    """Before any experiment's section: every claim the seeds resolve (agrees or disagrees), and how many
+    are not; a claim the shipped experiment has withdrawn is not listed as resolved."""
+    results = {
+        "mtp-heads": {
+            "claims": [
+                {"claim": "resolved one", "verdict": "agrees"},
+                {"claim": "open one", "verdict": "not resolved"},
+                {"claim": "unjudged", "verdict": "not judged"},
+            ]
+        },
+        "objectives": {
+            "claims": [
+                {"claim": findings.load_experiment(findings.find_experiment("objectives")).withdrawn[0].claim,
+                 "verdict": "agrees"},
+                {"claim": "against the paper", "verdict": "disagrees"},
+            ],
+            "rerun": {"done": 1, "runs": 18},
+        },
+    }  # fmt: skip
+    lead = findings.resolved_section(results)
+    assert lead[0] == "## What is resolved at this scale"
+    text = "\n".join(lead)
+    assert "| resolved one | `mtp-heads` | **agrees** |" in text
+    assert "| against the paper | `objectives` (being re-run) | **disagrees** |" in text
+    assert "2 claims are resolved" in text and "1 not resolved, 1 not judged, 1 withdrawn" in text
+    assert "open one" not in text and "unjudged" not in text
+    assert findings.resolved_section({}) == []
