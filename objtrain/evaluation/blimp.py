@@ -245,6 +245,14 @@ def _target_logprob(model: nn.Module, hidden: Tensor, targets: Tensor) -> Tensor
     return torch.cat(out).double() if out else hidden.new_zeros(0, dtype=torch.float64)
 
 
+def batch_tokens_for(device: torch.device | str) -> int:
+    """Tokens a forward of copies holds by default. On a CPU a chunk of 2,048 keeps its (rows, width)
+    activations in cache: a tiny encoder's pseudo-log-likelihood runs about 1.45x faster than at 16,384
+    (benchmarks/bench_blimp.py --batch-tokens), and only the float summation order changes (scores within
+    1e-5). An accelerator wants large batches."""
+    return 2048 if torch.device(device).type == "cpu" else 16384
+
+
 def _chunks(widths: np.ndarray, budget: int) -> Iterable[tuple[int, int, int]]:
     """(lo, hi, width) chunks of rows already sorted by width, about `budget` tokens each."""
     lo, n = 0, len(widths)
@@ -318,13 +326,14 @@ def score_sentences(
     enc: Encoded,
     specials: Specials,
     device: torch.device | str = "cpu",
-    batch_tokens: int = 16384,
+    batch_tokens: int = 0,  # 0: batch_tokens_for(device)
     segments: bool = False,
 ) -> np.ndarray:
     """(N,) float64 log-probability of every sentence of `enc` in `form` (see the module docstring)."""
     if form not in FORMS:
         raise UserError(f"unknown minimal-pair form {form!r} (forms: {', '.join(FORMS)})")
     model.eval()
+    batch_tokens = batch_tokens or batch_tokens_for(device)
     N = len(enc.lengths)
     total = torch.zeros(N, dtype=torch.float64)
     if form in ("causal", "encdec_lm"):
@@ -362,11 +371,12 @@ def pll_scores(
     enc: Encoded,
     specials: Specials,
     device: torch.device | str = "cpu",
-    batch_tokens: int = 16384,
+    batch_tokens: int = 0,  # 0: batch_tokens_for(device)
     segments: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(PLL, PLL-word-l2r) (N,) each, in one pass: a piece that is the last of its word (or a whole word)
     is masked alone in both, so only the other pieces need a second copy."""
+    batch_tokens = batch_tokens or batch_tokens_for(device)
     W = enc.ids.shape[1]
     last = np.ones_like(enc.word_start)  # the next position starts a word or lies past the sentence
     last[:, :-1] = enc.word_start[:, 1:] | (np.arange(1, W)[None, :] >= enc.lengths[:, None])
@@ -468,7 +478,7 @@ def model_scorer(
     form: str,
     specials: Specials,
     device: torch.device | str,
-    batch_tokens: int = 16384,
+    batch_tokens: int = 0,  # 0: batch_tokens_for(device)
     segments: bool = False,
 ) -> Scorer:
     return lambda enc: score_sentences(model, form, enc, specials, device, batch_tokens, segments)

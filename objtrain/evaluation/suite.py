@@ -258,7 +258,7 @@ class EvalOptions:
     blimp_paper: Path | None = None  # the BLiMP paper's rows per paradigm (models_summary.jsonl)
     blimp_per_paradigm: int = 0  # the first K pairs of each paradigm (0: every pair)
     blimp_ngram: int = 3  # order of the n-gram baseline counted on the run's training tokens (0: none)
-    blimp_batch_tokens: int = 16384  # tokens a forward of minimal-pair copies holds
+    blimp_batch_tokens: int = 0  # tokens a forward of minimal-pair copies holds (0: by device, blimp.py)
     samples: int = 3
     sample_tokens: int = 32
     skip: tuple[str, ...] = ()  # parts to leave out: lm, corrupted, infill, probe, samples
@@ -1113,22 +1113,21 @@ def _blimp(
     good, bad = blimp.encode_texts(tokenizer, pairs.good), blimp.encode_texts(tokenizer, pairs.bad)
     segments = ckpt.config.kind == "encoder" and probe.trained_with_segments(ckpt.training)
 
+    size = options.blimp_batch_tokens or blimp.batch_tokens_for(device)
+
     def scored(model: torch.nn.Module, wanted: Sequence[str]) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         for form in wanted:
             if form in out:
                 continue
             if form in ("pll", "pll_word"):  # one pass gives both
-                size = options.blimp_batch_tokens
                 both = [
                     blimp.pll_scores(model, e, ckpt.specials, device, size, segments) for e in (good, bad)
                 ]
                 for k, name in enumerate(("pll", "pll_word")):
                     out[name] = blimp.summarize(*blimp.compare_scores(both[0][k], both[1][k]), pairs)
             else:
-                scorer = blimp.model_scorer(
-                    model, form, ckpt.specials, device, options.blimp_batch_tokens, segments
-                )
+                scorer = blimp.model_scorer(model, form, ckpt.specials, device, size, segments)
                 out[form] = blimp.evaluate_pairs(scorer, good, bad, pairs)
         return out
 

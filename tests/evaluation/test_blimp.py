@@ -240,6 +240,19 @@ def test_each_form_agrees_with_a_slow_loop(kind: str, form: str) -> None:
     assert fast.shape == (len(sents),)
 
 
+def test_the_chunk_size_follows_the_device_and_does_not_change_the_scores() -> None:
+    """The default chunk is small on a CPU (cache-sized) and large on an accelerator; scores at the
+    default, at one large chunk and at many small ones agree to float rounding."""
+    assert blimp.batch_tokens_for("cpu") < blimp.batch_tokens_for(torch.device("cuda"))
+    model = _model("encoder")
+    sents, starts = _sentences()
+    enc = blimp.encode_sentences(sents, starts)
+    default = blimp.pll_scores(model, enc, SP)
+    for size in (10**6, 24):
+        for a, b in zip(default, blimp.pll_scores(model, enc, SP, batch_tokens=size), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
+
+
 def test_pll_word_differs_from_pll_only_on_multi_piece_words() -> None:
     model = _model("encoder")
     sents, _ = _sentences()
