@@ -534,6 +534,23 @@ def stale_probe_lines(results: dict[str, Any]) -> list[str]:
     ]
 
 
+def cola_lines(results: dict[str, Any]) -> list[str]:
+    """Where published results carry a CoLA probe: the reason no claim rests on it."""
+    arms = [a for a in results.get("arms", []) if "probe_cola_accuracy" in a.get("metrics", {})]
+    if not arms:
+        return []
+    acc = [a["metrics"]["probe_cola_accuracy"]["mean"] for a in arms]
+    mcc = [a["metrics"].get("probe_cola_mcc", {}).get("mean", 0.0) for a in arms]
+    majority = arms[0].get("baselines", {}).get("probe_cola_majority_accuracy", {}).get("mean")
+    at = f" ({majority:.3f})" if majority is not None else ""
+    return [
+        f"- CoLA: in the report's tables and uninformative at this size: every arm scores {min(acc):.3f} to "
+        f"{max(acc):.3f}, the majority class{at}, with MCC at most {max(mcc):.2f}, as BERT-Tiny and -Mini "
+        "do after full pre-training (MCC 0.0, Turc et al. 2019); below about 30M parameters it cannot "
+        "separate models, no claim rests on it, and `objectives` has left it out since its redesign"
+    ]
+
+
 def index(all_results: dict[str, dict[str, Any]]) -> str:
     """docs/findings/README.md: one row per claim, in the order of FINDINGS."""
     out = [
@@ -570,6 +587,7 @@ def index(all_results: dict[str, dict[str, Any]]) -> str:
             *_left_out_line(name),
             *regime_lines(results),
             *stale_probe_lines(results),
+            *cola_lines(results),
             *stale_finetune_lines(results),
             "",
             "| claim | the literature | objtrain (mean ± std per arm) | a − b, 95% paired interval "

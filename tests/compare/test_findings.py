@@ -698,3 +698,13 @@ def test_the_index_leads_with_what_is_resolved() -> None:
     assert "2 claims are resolved" in text and "1 not resolved, 1 not judged, 1 withdrawn" in text
     assert "open one" not in text and "unjudged" not in text
     assert findings.resolved_section({}) == []
+
+
+def test_a_cola_probe_is_named_uninformative_with_its_own_numbers() -> None:
+    def arm(acc: float, mcc: float) -> dict:
+        return {"metrics": {"probe_cola_accuracy": {"mean": acc}, "probe_cola_mcc": {"mean": mcc}},
+                "baselines": {"probe_cola_majority_accuracy": {"mean": 0.693}}}  # fmt: skip
+
+    line = findings.cola_lines({"arms": [arm(0.69, 0.01), arm(0.692, -0.02)]})
+    assert len(line) == 1 and "0.690 to 0.692, the majority class (0.693), with MCC at most 0.01" in line[0]
+    assert findings.cola_lines({"arms": [{"metrics": {"probe_sst2_accuracy": {"mean": 0.6}}}]}) == []
