@@ -343,11 +343,14 @@ def arm_config(
 def _mtp_matched(arm: ArmSpec, model: dict[str, Any]) -> dict[str, Any]:
     """The arm's model overrides with n_layer reduced by its n - 1 extra MTP heads (see Experiment)."""
     from objtrain.models.zoo import model_config
-    from objtrain.objectives.registry import find_class
+    from objtrain.objectives.registry import find_class, objective_config
 
     overrides = dict(model.get("overrides") or {})
     objective = find_class(arm.objective.name)
-    heads = 1 + (objective.extra_head_layers(arm.objective.overrides) if objective is not None else 0)
+    extra = 0
+    if objective is not None:  # the YAML's n where the arm sets none (mtp.yaml: 4), not 1
+        extra = objective.extra_head_layers(objective_config(arm.objective.name, arm.objective.overrides))
+    heads = 1 + extra
     if heads <= 1 or "n_layer" in overrides:
         return overrides
     full = model_config(model.get("kind") or "decoder", model.get("size", "tiny"), overrides).n_layer

@@ -171,9 +171,10 @@ class Objective:
         return overrides
 
     @classmethod
-    def extra_head_layers(cls, overrides: Mapping[str, Any]) -> int:
-        """Transformer layers the objective's own extra heads add to the model under these settings (MTP's
-        n - 1 heads), which an experiment matching parameters takes from the trunk."""
+    def extra_head_layers(cls, config: Any) -> int:
+        """Transformer layers the objective's own extra heads add to the model under its settings (`config`,
+        its YAML defaults with an arm's overrides: MTP's n - 1 heads), which an experiment matching
+        parameters takes from the trunk."""
         return 0
 
     def record(self) -> dict[str, Any]:

@@ -21,7 +21,7 @@ forward + backward in turn, so only one (B, T, V) logits tensor is alive at a ti
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -76,9 +76,9 @@ class MultiTokenPrediction(Objective):
         return overrides
 
     @classmethod
-    def extra_head_layers(cls, overrides: Mapping[str, Any]) -> int:
+    def extra_head_layers(cls, config: Any) -> int:
         """n - 1: each head past the first is a transformer layer (Gloeckle et al. 2024, section 2)."""
-        return max(int(overrides.get("n", 1)) - 1, 0)
+        return max(int(config.n) - 1, 0)
 
     def run_notes(self, model_config: Any) -> list[str]:
         heads = getattr(model_config, "mtp_heads", 1)

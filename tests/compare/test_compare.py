@@ -236,6 +236,16 @@ def test_mtp_arms_are_parameter_matched_and_the_report_says_how(write_experiment
     assert "decoder debug (n_layer=1)" in (tmp_path / "r" / "report.md").read_text()
 
 
+def test_an_mtp_arm_without_n_is_matched_at_its_yaml_default(write_experiment, tmp_path: Path) -> None:
+    """An arm that names `mtp` and no n trains mtp.yaml's n = 4 heads: parameter matching takes 3 trunk
+    layers for them (tiny's 4 blocks: 1 trunk layer), not none as if n were 1."""
+    arms = [{"name": "mtp", "objective": "mtp", "model": {"kind": "decoder", "size": "tiny"}},
+            {"name": "clm", "objective": "clm", "model": {"kind": "decoder", "size": "tiny"}}]  # fmt: skip
+    c = plan_comparison(load_experiment(write_experiment(arms, match_mtp_parameters=True)), tmp_path / "r")
+    layers = {run.arm.name: run.plan.model_cfg.n_layer for run in c.runs}
+    assert layers == {"mtp": 1, "clm": 4}
+
+
 def test_the_tiny_budget_of_a_flops_experiment_is_a_smaller_flops_budget(
     write_experiment, tmp_path: Path
 ) -> None:
