@@ -17,7 +17,7 @@ import math
 from typing import Any
 
 from objtrain.compare.experiment import REGIME_FACTOR, PaperSetting
-from objtrain.compare.stats import t975
+from objtrain.stats.seeds import t975
 
 MAX_SEEDS = 30  # past this the guidance says "more than 30": the gap is too small for seeds to settle
 

@@ -3,7 +3,7 @@
 Two tables, as an ablation in a paper would have them: what each arm cost (parameters, tokens, FLOPs,
 seconds, tokens/s, peak memory) and what it learnt (the suite's metrics plus the training validation),
 each `mean ± std` over seeds. Per metric the best arm is bold and `≈` marks an arm the seeds cannot tell
-apart from it (`objtrain.compare.stats`). The claims table, the report's head and writing it are
+apart from it (`objtrain.stats.seeds`). The claims table, the report's head and writing it are
 `objtrain.compare.render`'s, shared with a sweep's report.
 """
 
@@ -38,7 +38,7 @@ from objtrain.compare.render import (
     write_all,
 )
 from objtrain.compare.runner import Comparison, chosen_rates, machine, metrics_records, plan_dict
-from objtrain.compare.stats import Summary, fmt, paired, paired_eval_se, rank, summarise, t975
+from objtrain.stats.seeds import Summary, fmt, paired, paired_eval_se, rank, summarise, t975
 
 # Metrics first in this order, then the rest alphabetically.
 ORDER = (

@@ -3,7 +3,7 @@ report.md, curves.png.
 
 Per arm and metric (validation bits per byte and the arm's own loss from training, every suite metric with
 a direction) the points are the runs' values at their training FLOPs (the estimate compare uses: 6N per
-token plus attention, encoder and decoder apart); `objtrain.compare.fit` fits E + A·C^(-α) with bootstrap
+token plus attention, encoder and decoder apart); `objtrain.stats.fit` fits E + A·C^(-α) with bootstrap
 intervals. With a size sweep, an arm's curve is fitted over its frontier: at each FLOPs budget the best
 size (FLOPs sweep), or the points no cheaper run beats (tokens sweep, where sizes differ in compute at
 equal tokens). The frontier is chosen on the seed means and held fixed in the bootstrap (a simplification:
@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from objtrain.compare import fit as fitting
 from objtrain.compare import suite
 from objtrain.compare import sweep as planning
 from objtrain.compare.experiment import Claim, Experiment, PaperSetting
@@ -42,8 +41,9 @@ from objtrain.compare.render import (
 )
 from objtrain.compare.report import claim_verdict, experiment_source
 from objtrain.compare.runner import machine
-from objtrain.compare.stats import paired, t975
 from objtrain.compare.sweep import Sweep, left_out_lines, sweep_plan_dict, thin_text
+from objtrain.stats import fit as fitting
+from objtrain.stats.seeds import paired, t975
 from objtrain.training.config import ScheduleConfig
 from objtrain.training.optim import warmup_steps
 

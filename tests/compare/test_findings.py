@@ -14,7 +14,7 @@ from compare_helpers import FakeSuite, experiment  # noqa: F401  (experiment: th
 
 from objtrain.compare import load_experiment, plan_comparison, run_comparison, write_report
 from objtrain.compare.report import markdown
-from objtrain.compare.stats import Summary, paired, rank
+from objtrain.stats.seeds import Summary, paired, rank
 from scripts.findings import findings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,8 +179,8 @@ def test_the_evaluation_standard_error_of_a_paired_difference() -> None:
     proportional to each unit's bytes has none, however much the units differ from each other."""
     import numpy as np
 
-    from objtrain.compare.stats import paired_eval_se
     from objtrain.evaluation.middle import ratio_se
+    from objtrain.stats.seeds import paired_eval_se
 
     nbytes = [10.0, 20.0, 30.0, 40.0, 25.0]
     a = {"nats": [5.0, 30.0, 12.0, 44.0, 20.0], "bytes": nbytes}
@@ -195,7 +195,7 @@ def test_the_evaluation_standard_error_of_a_paired_difference() -> None:
 def test_claims_carry_the_evaluation_error_and_results_json_leaves_the_units_out(
     write_experiment, tmp_path: Path
 ) -> None:
-    from objtrain.compare.stats import paired_eval_se
+    from objtrain.stats.seeds import paired_eval_se
 
     nbytes = [10.0, 20.0, 30.0, 40.0]
     values, units = {}, {}

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from objtrain.compare.experiment import experiment_from_dict
-from objtrain.compare.fit import EXTRAPOLATION, PowerLaw, crossover, fit_curve
 from objtrain.compare.sweep_report import analyse
 from objtrain.compare.sweep_report import markdown as sweep_markdown
+from objtrain.stats.fit import EXTRAPOLATION, PowerLaw, crossover, fit_curve
 
 C = np.geomspace(1e12, 1e14, 7)
 
@@ -207,8 +207,8 @@ def test_a_sweep_claim_shows_the_evaluations_standard_error_as_a_comparisons_doe
     from objtrain.compare.experiment import Claim
     from objtrain.compare.report import claim_rows as comparison_rows
     from objtrain.compare.report import claim_verdict
-    from objtrain.compare.stats import paired_eval_se
     from objtrain.compare.sweep_report import claim_rows, sweep_claim
+    from objtrain.stats.seeds import paired_eval_se
 
     seeds = [0, 1, 2]
     arms = {

@@ -254,7 +254,7 @@ def _seeded(
 ) -> dict:
     """Results of two decoder arms over seeds 0..K-1 on one metric, ranked as `build_results` ranks."""
     from objtrain.compare.report import ranking_entry
-    from objtrain.compare.stats import summarise
+    from objtrain.stats.seeds import summarise
 
     results = _results()
     results["seeds"] = list(range(len(next(iter(values.values())))))
