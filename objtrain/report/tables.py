@@ -1,9 +1,11 @@
 """What a comparison's report and a sweep's share: the claims table (one implementation for both, so a
-claim reads the same in either), markdown tables, the report's head and plots, and writing it all whole.
+claim reads the same in either), its verdict and scale cells, markdown and terminal tables, the report's
+head and its account of what was run, and writing it all whole.
 
-A sweep's claim is a comparison's claim judged at every point (`sweep_report.sweep_claim`): it carries
-`points` and `at`, and its row adds the verdict at each point. Both show the evaluation's standard error
-where the claim has one (`report.claim_verdict` measures it from the arms' per-unit scores).
+A sweep's claim is a comparison's claim judged at every point (`objtrain.compare.sweep_results.sweep_claim`):
+it carries `points` and `at`, and its row adds the verdict at each point. Both show the evaluation's
+standard error where the claim has one (`objtrain.compare.results.claim_verdict` measures it from the
+arms' per-unit scores).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from objtrain.compare.regime import notes_text, regime_text
+from objtrain.compare.regime import MAX_SEEDS
+from objtrain.compare.results import arm_pair
 from objtrain.io import atomic_file, write_json
 
 ONE_ARM_NOTE = [
@@ -23,11 +26,6 @@ ONE_ARM_NOTE = [
     "with and without the suffix, say) against 0: each seed is one pair.",
     "",
 ]
-
-
-def arm_pair(arms: list[str]) -> tuple[str, str | None]:
-    """A claim's arms as (a, b); b is None for a claim of one arm against 0."""
-    return arms[0], (arms[1] if len(arms) > 1 else None)
 
 
 def difference(metric: str, arms: list[str]) -> str:
@@ -95,6 +93,49 @@ def claim_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def _x(f: float) -> str:
+    """A factor, paper over ours, to two significant digits."""
+    rounded = float(f"{f:.2g}")  # two significant digits: 23,000x, 150x, 3.4x, 0.25x
+    return f"{rounded:,.0f}x" if rounded >= 100 else f"{rounded:g}x"
+
+
+def regime_text(regime: dict[str, Any] | None, source: bool = True) -> str:
+    """`**out of regime**: the paper's over ours, parameters 2e2x, tokens ... (T5 ...)` or `—`; without
+    `source`, the factors alone (the findings index, whose claims cite the paper already)."""
+    if not regime:
+        return "—"
+    parts = []
+    names = {"parameters": "parameters", "tokens": "tokens", "tokens_per_parameter": "tokens per parameter"}
+    for key, name in names.items():
+        f = regime["factor"].get(key)
+        if f is not None:
+            parts.append(f"{name} {_x(f)}")
+    if not parts:
+        return f"no scale given ({regime['source']})"
+    head = "**out of regime**" if regime["out_of_regime"] else "in regime"
+    where = f" ({regime['source']})" if source else ""
+    return f"{head}: the paper's over ours, {', '.join(parts)}{where}"
+
+
+def notes_text(claim: dict[str, Any]) -> str:
+    """What a verdict cell adds: one seed deciding, and the seeds a straddling interval would need."""
+    parts = []
+    one = claim.get("one_seed")
+    if one:
+        parts.append(f"one seed decides the direction: without seed {one['seed']} the difference is "
+                     f"{one['without']:+.3g}")  # fmt: skip
+    if claim.get("straddles"):
+        n = claim.get("seeds_needed")
+        have = claim.get("seeds") or 0
+        if n is None:
+            parts.append(f"the interval straddles the boundary; more than {MAX_SEEDS} seeds would be needed "
+                         "at this spread")  # fmt: skip
+        elif n > have:
+            parts.append(f"the interval straddles the boundary: run `seeds: {n}` (--seeds {n}) to resolve a "
+                         "gap this size at this spread")  # fmt: skip
+    return "; ".join(parts)
+
+
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -111,17 +152,17 @@ def heading(title: str, exp: dict[str, Any]) -> list[str]:
     return out
 
 
-def plot_lines(plots: list[str]) -> list[str]:
-    return [f"![{p}]({p})" for p in plots]
-
-
-def save_png(fig: Any, path: Path) -> None:
-    """A figure written whole or not at all, then closed."""
-    import matplotlib.pyplot as plt
-
-    with atomic_file(path, "wb") as handle:
-        fig.savefig(handle, format="png", dpi=110)
-    plt.close(fig)
+def experiment_source(exp: dict[str, Any]) -> str:
+    """Where the experiment came from: a shipped one as its path in a clone (`configs/experiments/X.yaml`)
+    wherever the package was installed or run from, a user's file as given."""
+    source = exp.get("source")
+    if not source:
+        return str(exp["name"])
+    parts = Path(source).parts
+    for i in range(len(parts) - 1):
+        if parts[i : i + 2] == ("objtrain", "configs"):
+            return str(Path("configs", *parts[i + 2 :]))
+    return str(source)
 
 
 def write_all(
