@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from objtrain.compare import suite
-from objtrain.compare.experiment import Claim
+from objtrain.compare.experiment import ArmSpec, Claim, Experiment
 from objtrain.compare.regime import regime_gap, seed_notes
 from objtrain.compare.runner import Comparison, machine, plan_dict
 from objtrain.stats.seeds import Summary, paired, paired_eval_se, rank, summarise
@@ -64,6 +64,17 @@ def run_numbers(record: dict[str, Any]) -> dict[str, float]:
     return numbers
 
 
+def experiment_entry(exp: Experiment) -> dict[str, Any]:
+    """What results.json says of the experiment: its name, question, the literature's answer, its file."""
+    return {"name": exp.name, "question": exp.question, "expect": exp.expect, "source": exp.source}
+
+
+def one_objective(objectives: Iterable[tuple[str, dict[str, Any]]]) -> bool:
+    """Whether every arm trains one objective with the same overrides: only then is each arm's own loss
+    one quantity across arms (`suite.OWN_LOSSES`)."""
+    return len({json.dumps(list(o), sort_keys=True) for o in objectives}) == 1
+
+
 def build_results(c: Comparison) -> dict[str, Any]:
     """Everything the report says, as JSON: per arm its runs, cost and metrics over seeds; rankings."""
     arms: list[dict[str, Any]] = []
@@ -75,50 +86,87 @@ def build_results(c: Comparison) -> dict[str, Any]:
         if not runs:
             continue
         for r in runs:
-            for metric, scores in (r["eval"].get("units") or {}).items():
-                units.setdefault(metric, {}).setdefault(arm.name, {})[int(r.get("seed", 0))] = scores
-        # results.json keeps each run's record without its per-unit scores (they stay in results/)
-        runs = [r | {"eval": {k: v for k, v in r["eval"].items() if k != "units"}} for r in runs]
-        first = runs[0]["train"]
-        values: dict[str, list[float]] = {}
-        for r in runs:
             seed = int(r.get("seed", 0))
+            for metric, scores in (r["eval"].get("units") or {}).items():
+                units.setdefault(metric, {}).setdefault(arm.name, {})[seed] = scores
             for key, value in run_numbers(r).items():
-                values.setdefault(key, []).append(value)
                 by_seed.setdefault(key, {}).setdefault(arm.name, {})[seed] = value
-        metrics = {k: summarise(v) for k, v in values.items()}
+        entry, metrics = _arm_entry(arm, runs)
+        arms.append(entry)
         for k, s in metrics.items():
             per_metric.setdefault(k, {})[arm.name] = s
-        cost = {
-            k: summarise([float(r["train"][k]) for r in runs if r["train"].get(k) is not None]) for k in COST
-        }
-        found: dict[str, list[float]] = {}
-        for r in runs:
-            for key, value in r["eval"].items():
-                if BASELINE.match(key) and isinstance(value, (int, float)) and math.isfinite(value):
-                    found.setdefault(key, []).append(float(value))
-        baselines = {k: summarise(v).to_dict() for k, v in sorted(found.items())}
-        arms.append(
-            {
-                "name": arm.name,
-                "objective": arm.objective.name,
-                "objective_overrides": arm.objective.overrides,
-                "model_kind": first["model_kind"],
-                "model_size": first["model_size"],
-                # as trained: compare may add overrides of its own (match_mtp_parameters' n_layer)
-                "model_overrides": ((first.get("config") or {}).get("model") or {}).get("overrides")
-                or arm.model.overrides,
-                "seq_len": first["seq_len"],
-                "batch_size": first["batch_size"],
-                "steps": first["steps"],
-                "cost": {k: s.to_dict() for k, s in cost.items()},
-                "baselines": baselines,
-                "metrics": {k: metrics[k].to_dict() for k in ordered(metrics)},
-                "runs": runs,
-            }
-        )
-    same_objective = len({json.dumps([a.objective.name, a.objective.overrides], sort_keys=True)
-                          for a in c.experiment.arms}) == 1  # fmt: skip
+    exp = c.experiment
+    same = one_objective((a.objective.name, a.objective.overrides) for a in exp.arms)
+    rankings, unranked = _rankings(arms, per_metric, by_seed, units, same)
+    claims = [
+        claim_verdict(claim, by_seed.get(claim.metric, {}), len(c.seeds), units.get(claim.metric, {}))
+        | {"regime": claim_regime(claim.regime or exp.regime, arms, claim.arms)}
+        for claim in exp.claims
+    ]
+    claims = [baseline_gate(claim, arms) for claim in claims]
+    return {
+        "experiment": experiment_entry(exp)
+        | ({"withdrawn": [dataclasses.asdict(w) for w in exp.withdrawn]} if exp.withdrawn else {}),
+        "plan": plan_dict(c),
+        "budget": {"name": c.budget_name, "kind": c.budget.kind, "value": c.budget.value}
+        | ({"size": c.budget.size} if c.budget.size else {}),
+        "seeds": c.seeds,
+        "evaluation": {"suite": suite.available(), "data": c.eval_data, "options": c.eval_options}
+        | ({"first_seed_options": c.first_seed_options} if c.first_seed_options else {}),
+        "machine": machine(),
+        "wall_seconds": c.seconds,
+        "arms": arms,
+        "rankings": rankings,
+        "unranked": unranked,
+        "claims": claims,
+    }
+
+
+def _arm_entry(arm: ArmSpec, runs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Summary]]:
+    """One arm's entry in results.json, from its runs' records, and its metrics summarised over seeds."""
+    # results.json keeps each run's record without its per-unit scores (they stay in results/)
+    runs = [r | {"eval": {k: v for k, v in r["eval"].items() if k != "units"}} for r in runs]
+    first = runs[0]["train"]
+    values: dict[str, list[float]] = {}
+    for r in runs:
+        for key, value in run_numbers(r).items():
+            values.setdefault(key, []).append(value)
+    metrics = {k: summarise(v) for k, v in values.items()}
+    cost = {k: summarise([float(r["train"][k]) for r in runs if r["train"].get(k) is not None]) for k in COST}
+    found: dict[str, list[float]] = {}
+    for r in runs:
+        for key, value in r["eval"].items():
+            if BASELINE.match(key) and isinstance(value, (int, float)) and math.isfinite(value):
+                found.setdefault(key, []).append(float(value))
+    entry = {
+        "name": arm.name,
+        "objective": arm.objective.name,
+        "objective_overrides": arm.objective.overrides,
+        "model_kind": first["model_kind"],
+        "model_size": first["model_size"],
+        # as trained: compare may add overrides of its own (match_mtp_parameters' n_layer)
+        "model_overrides": ((first.get("config") or {}).get("model") or {}).get("overrides")
+        or arm.model.overrides,
+        "seq_len": first["seq_len"],
+        "batch_size": first["batch_size"],
+        "steps": first["steps"],
+        "cost": {k: s.to_dict() for k, s in cost.items()},
+        "baselines": {k: summarise(v).to_dict() for k, v in sorted(found.items())},
+        "metrics": {k: metrics[k].to_dict() for k in ordered(metrics)},
+        "runs": runs,
+    }
+    return entry, metrics
+
+
+def _rankings(
+    arms: list[dict[str, Any]],
+    per_metric: dict[str, dict[str, Summary]],
+    by_seed: dict[str, dict[str, dict[int, float]]],
+    units: dict[str, dict[str, dict[int, Any]]],
+    same_objective: bool,
+) -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
+    """Per metric with a direction that two arms have: the arms ranked among those it means the same for
+    (`not_ranked`), and the arms left out with why."""
     rankings: dict[str, Any] = {}
     unranked: dict[str, dict[str, str]] = {}
     by_name = {a["name"]: a for a in arms}
@@ -140,38 +188,7 @@ def build_results(c: Comparison) -> dict[str, Any]:
         entry = ranking_entry(metric, kept, direction == "lower", by_seed.get(metric), units.get(metric))
         if entry is not None:
             rankings[metric] = entry
-    exp = c.experiment
-    claims = [
-        claim_verdict(claim, by_seed.get(claim.metric, {}), len(c.seeds), units.get(claim.metric, {}))
-        | {"regime": claim_regime(claim.regime or exp.regime, arms, claim.arms)}
-        for claim in exp.claims
-    ]
-    claims = [baseline_gate(claim, arms) for claim in claims]
-    return {
-        "experiment": {
-            "name": exp.name,
-            "question": exp.question,
-            "expect": exp.expect,
-            "source": exp.source,
-        }
-        | ({"withdrawn": [dataclasses.asdict(w) for w in exp.withdrawn]} if exp.withdrawn else {}),
-        "plan": plan_dict(c),
-        "budget": {"name": c.budget_name, "kind": c.budget.kind, "value": c.budget.value}
-        | ({"size": c.budget.size} if c.budget.size else {}),
-        "seeds": c.seeds,
-        "evaluation": {
-            "suite": suite.available(),
-            "data": c.eval_data,
-            "options": c.eval_options,
-        }
-        | ({"first_seed_options": c.first_seed_options} if c.first_seed_options else {}),
-        "machine": machine(),
-        "wall_seconds": c.seconds,
-        "arms": arms,
-        "rankings": rankings,
-        "unranked": unranked,
-        "claims": claims,
-    }
+    return rankings, unranked
 
 
 def ranking_entry(

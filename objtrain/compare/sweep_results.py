@@ -14,7 +14,6 @@ How it reads is `objtrain.report.sweep`'s.
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from collections.abc import Sequence
@@ -27,7 +26,14 @@ from objtrain.compare import suite
 from objtrain.compare import sweep as planning
 from objtrain.compare.experiment import Claim, Experiment, PaperSetting
 from objtrain.compare.regime import regime_gap
-from objtrain.compare.results import arm_pair, claim_verdict, ordered, run_numbers
+from objtrain.compare.results import (
+    arm_pair,
+    claim_verdict,
+    experiment_entry,
+    one_objective,
+    ordered,
+    run_numbers,
+)
 from objtrain.compare.runner import machine
 from objtrain.compare.sweep import Sweep, sweep_plan_dict
 from objtrain.stats import fit as fitting
@@ -166,35 +172,9 @@ def analyse(
             )
             if sized and metric == _primary(cells):
                 frontiers[spec_arm.name] = chosen
-    crossovers = []
-    same_objective = (
-        len({json.dumps([a.objective.name, a.objective.overrides], sort_keys=True) for a in exp.arms}) == 1
-    )
-    for metric in metrics:
-        if metric in suite.OWN_LOSSES and not same_objective:
-            continue  # each arm's own objective: not one quantity across arms
-        for a, b in combinations([n for n in (x.name for x in exp.arms) if n in fits.get(metric, {})], 2):
-            x = fitting.crossover(a, fits[metric][a], b, fits[metric][b])
-            crossovers.append({"metric": metric, "arms": [a, b], **x.to_dict()})
-    frontier_rows = []
-    for arm, cells in frontiers.items():
-        metric = _primary(list(arms[arm]["cells"].values()))
-        for cell in cells:
-            tokens = float(np.mean(cell["tokens"]))
-            frontier_rows.append(
-                {
-                    "arm": arm,
-                    "metric": metric,
-                    "budget": cell["budget"],
-                    "size": cell["size"],
-                    "flops": float(np.mean(cell["flops"])),
-                    "tokens": tokens,
-                    "parameters": cell["parameters"],
-                    "tokens_per_parameter": tokens / cell["parameters"],
-                    "tokens_per_non_embedding_parameter": tokens / max(cell["parameters_no_embedding"], 1),
-                    "value": float(np.nanmean(cell["metrics"][metric])),
-                }
-            )
+    same = one_objective((a.objective.name, a.objective.overrides) for a in exp.arms)
+    crossovers = _crossovers(metrics, fits, [a.name for a in exp.arms], same)
+    frontier_rows = [row for arm, cells in frontiers.items() for row in _frontier_rows(arm, cells, arms)]
     frontier_fits = {
         arm: frontier_fit(cells, _primary(list(arms[arm]["cells"].values())), kind == "flops", sizes,
                           replicates, exp.seed)
@@ -215,6 +195,43 @@ def analyse(
     }
 
 
+def _crossovers(
+    metrics: list[str], fits: dict[str, dict[str, fitting.Fit]], names: list[str], same_objective: bool
+) -> list[dict[str, Any]]:
+    """Where each pair of arms' fitted curves cross, per metric both have a curve of."""
+    crossovers = []
+    for metric in metrics:
+        if metric in suite.OWN_LOSSES and not same_objective:
+            continue  # each arm's own objective: not one quantity across arms
+        for a, b in combinations([n for n in names if n in fits.get(metric, {})], 2):
+            x = fitting.crossover(a, fits[metric][a], b, fits[metric][b])
+            crossovers.append({"metric": metric, "arms": [a, b], **x.to_dict()})
+    return crossovers
+
+
+def _frontier_rows(arm: str, cells: list[dict[str, Any]], arms: dict[str, Any]) -> list[dict[str, Any]]:
+    """The frontier table's rows of one arm: per budget its best size, with tokens per parameter."""
+    metric = _primary(list(arms[arm]["cells"].values()))
+    rows = []
+    for cell in cells:
+        tokens = float(np.mean(cell["tokens"]))
+        rows.append(
+            {
+                "arm": arm,
+                "metric": metric,
+                "budget": cell["budget"],
+                "size": cell["size"],
+                "flops": float(np.mean(cell["flops"])),
+                "tokens": tokens,
+                "parameters": cell["parameters"],
+                "tokens_per_parameter": tokens / cell["parameters"],
+                "tokens_per_non_embedding_parameter": tokens / max(cell["parameters_no_embedding"], 1),
+                "value": float(np.nanmean(cell["metrics"][metric])),
+            }
+        )
+    return rows
+
+
 def frontier_fit(
     cells: list[dict[str, Any]], metric: str, by_budget: bool, sizes: list[str], replicates: int, seed: int
 ) -> dict[str, Any]:
@@ -222,8 +239,8 @@ def frontier_fit(
     columns with replacement (the same draw for every cell), re-chooses the best size at each budget on the
     drawn means, and refits. Per budget L* and N* (parameters of the best size) with 95% percentile
     intervals; N*(C) = K·C^b by least squares in log-log (b with its interval);
-    L*(C) = E + A·C^(-α) (`fit_curve`, E held at or above 0) with the replicates' α interval. `interior`:
-    no budget's best size lies at an end of the size grid (else the optimum is outside the grid)."""
+    L*(C) = E + A·C^(-α) (`fitting.fit_curve`, E held at or above 0) with the replicates' α interval.
+    `interior`: no budget's best size lies at an end of the size grid (else the optimum lies outside it)."""
     lower = suite.direction(metric) == "lower"
     cells = [c for c in cells if not inside_warmup(c) and metric in c["metrics"]]
     values = np.array([c["metrics"][metric] for c in cells], dtype=float)  # (cells, seeds)
@@ -231,17 +248,7 @@ def frontier_fit(
         return {"metric": metric, "status": "no_points"}
 
     def choose(means: np.ndarray) -> list[int]:
-        scored = [dict(c, metrics={metric: [m]}) for c, m in zip(cells, means, strict=True)]
-        best = _frontier(scored, metric, lower, by_budget)
-        index = {id(c): i for i, c in enumerate(scored)}
-        return [index[id(c)] for c in best]
-
-    def n_fit(idx: list[int]) -> float:
-        if len({cells[i]["parameters"] for i in idx}) < 2:
-            return math.nan  # one size on the whole frontier: no slope
-        x = np.log([float(np.mean(cells[i]["flops"])) for i in idx])
-        y = np.log([float(cells[i]["parameters"]) for i in idx])
-        return float(np.polyfit(x, y, 1)[0])
+        return _chosen(cells, means, metric, lower, by_budget)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -257,7 +264,7 @@ def frontier_fit(
                 per_budget.setdefault(float(cells[i]["budget"]), []).append(
                     (float(means[i]), float(cells[i]["parameters"]))
                 )
-            slopes.append(n_fit(idx))
+            slopes.append(_size_slope(cells, idx))
             f = fitting.fit_curve([float(np.mean(cells[i]["flops"])) for i in idx], [means[i] for i in idx],
                                   lower_is_better=lower, replicates=0)  # fmt: skip
             alphas.append(f.law.alpha if f.ok and f.law is not None else math.nan)
@@ -266,18 +273,14 @@ def frontier_fit(
         replicates=0,
     )  # fmt: skip
 
-    def pct(vals: list[float]) -> list[float] | None:
-        good = [v for v in vals if math.isfinite(v)]
-        return [float(np.percentile(good, 2.5)), float(np.percentile(good, 97.5))] if len(good) >= 2 else None
-
     points = []
     for i in best:
         drawn = per_budget.get(float(cells[i]["budget"]), [])
         flops = float(np.mean(cells[i]["flops"]))
         points.append({
             "budget": cells[i]["budget"], "size": cells[i]["size"], "flops": flops,
-            "value": float(np.nanmean(values[i])), "value_interval": pct([d[0] for d in drawn]),
-            "parameters": cells[i]["parameters"], "parameters_interval": pct([d[1] for d in drawn]),
+            "value": float(np.nanmean(values[i])), "value_interval": _percentiles([d[0] for d in drawn]),
+            "parameters": cells[i]["parameters"], "parameters_interval": _percentiles([d[1] for d in drawn]),
         })  # fmt: skip
     edge = {sizes[0]: "smallest", sizes[-1]: "largest"} if len(sizes) > 1 else {}
     # which end of the size grid the optimum sits at, per budget: the way to extend the grid
@@ -290,15 +293,40 @@ def frontier_fit(
         "metric": metric,
         "status": "ok",
         "points": points,
-        "N_exponent": n_fit(best),
-        "N_exponent_interval": pct(slopes),
+        "N_exponent": _size_slope(cells, best),
+        "N_exponent_interval": _percentiles(slopes),
         "L": main.to_dict(),
-        "alpha_interval": pct(alphas),
+        "alpha_interval": _percentiles(alphas),
         "interior": bool(points) and not at_edge,
         "at_edge": at_edge,
         "replicates": replicates,
         "worsens": worsens_with_budget(cells, metric, lower),
     }
+
+
+def _chosen(
+    cells: list[dict[str, Any]], means: np.ndarray, metric: str, lower: bool, by_budget: bool
+) -> list[int]:
+    """Which of `cells` stand on the frontier when each scores its entry of `means`."""
+    scored = [dict(c, metrics={metric: [m]}) for c, m in zip(cells, means, strict=True)]
+    best = _frontier(scored, metric, lower, by_budget)
+    index = {id(c): i for i, c in enumerate(scored)}
+    return [index[id(c)] for c in best]
+
+
+def _size_slope(cells: list[dict[str, Any]], idx: list[int]) -> float:
+    """b of N*(C) = K·C^b over the frontier's cells `idx`, by least squares in log-log."""
+    if len({cells[i]["parameters"] for i in idx}) < 2:
+        return math.nan  # one size on the whole frontier: no slope
+    x = np.log([float(np.mean(cells[i]["flops"])) for i in idx])
+    y = np.log([float(cells[i]["parameters"]) for i in idx])
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def _percentiles(vals: list[float]) -> list[float] | None:
+    """The 95% percentile interval of the finite values; None with fewer than two."""
+    good = [v for v in vals if math.isfinite(v)]
+    return [float(np.percentile(good, 2.5)), float(np.percentile(good, 97.5))] if len(good) >= 2 else None
 
 
 def worsens_with_budget(cells: list[dict[str, Any]], metric: str, lower: bool) -> list[dict[str, Any]]:
@@ -343,12 +371,7 @@ def build_sweep_results(s: Sweep, replicates: int = 1000) -> dict[str, Any]:
         )
     claims = [sweep_claim(claim, arms, c.seeds, claim.regime or exp.regime) for claim in exp.claims]
     return {
-        "experiment": {
-            "name": exp.name,
-            "question": exp.question,
-            "expect": exp.expect,
-            "source": exp.source,
-        },
+        "experiment": experiment_entry(exp),
         "plan": sweep_plan_dict(s),
         "sweep": spec.to_dict() | dict(span=spec.points[-1] / spec.points[0]),
         "seeds": c.seeds,
@@ -372,7 +395,7 @@ def refit(
 ) -> dict[str, Any]:
     """A published sweep's results.json with its fits, crossovers and frontier recomputed from its own
     points (older files lack the free fit, the out-of-sample check and the warm-up exclusion); `_fits`
-    holds the fit objects for `plot`, to be dropped before writing. A cell
+    holds the fit objects for `objtrain.report.sweep.plot`, to be dropped before writing. A cell
     without its warm-up steps gets the sweep's: the schedule's warm-up of the chain's shortest run.
 
     A cell under `sweep.MIN_STEPS` optimizer steps, trained before the step floor, leaves the cells, the fits

@@ -9,10 +9,10 @@ claims table, the report's head and writing it are `objtrain.report.tables`', sh
 
 from __future__ import annotations
 
-import json
 import math
 import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -35,15 +35,17 @@ from objtrain.compare.results import (
     summary_of,
 )
 from objtrain.compare.runner import Comparison, chosen_rates, metrics_records
-from objtrain.report.plots import plot_lines, save_png
+from objtrain.report.plots import arm_colours, panel_grid, pyplot, save_png
 from objtrain.report.tables import (
-    ONE_ARM_NOTE,
-    claim_rows,
+    claims_section,
     difference,
-    experiment_source,
     heading,
     markdown_table,
+    mean_cell,
     measured_text,
+    normal_runs,
+    plots_section,
+    what_was_run,
     write_all,
 )
 from objtrain.stats.seeds import fmt, t975
@@ -124,10 +126,10 @@ def baseline_section(results: dict[str, Any]) -> list[str]:
         for arm in results["arms"]:
             if metric not in arm["metrics"]:
                 continue
-            cells = [arm["name"], metric, _ci_cell(arm["metrics"][metric])]
+            cells = [arm["name"], metric, mean_cell(arm["metrics"][metric])]
             for kind, _ in BASELINE_NAMES:
                 base = arm.get("baselines", {}).get(baseline_key(metric, kind) or "")
-                cells.append(_ci_cell(base) if base else "—")
+                cells.append(mean_cell(base))
             rows.append(cells)
     measured = any(a.get("baselines") for a in results["arms"])
     tuned = any(m.startswith("finetune_") for m in metrics)
@@ -159,13 +161,6 @@ def baseline_section(results: dict[str, Any]) -> list[str]:
            "cannot say whether pretraining taught the probe anything."),
         "",
     ]  # fmt: skip
-
-
-def _ci_cell(value: dict[str, Any]) -> str:
-    if value.get("mean") is None:
-        return "—"
-    ci = value.get("ci95")
-    return f"{value['mean']:.4g}" + (f" ± {ci:.2g}" if ci is not None else "")
 
 
 def _cost_cell(key: str, value: dict[str, Any]) -> str:
@@ -211,9 +206,7 @@ def metric_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                 continue
             text = fmt(summary_of(v))
             if m in decimals:
-                text = f"{v['mean']:.{decimals[m]}f}" + (
-                    f" ± {v['std']:.2g}" if v.get("std") is not None else ""
-                )
+                text = mean_cell(v, "std", f".{decimals[m]}f")
             r = results["rankings"].get(m)
             best = next((a for a in results["arms"] if r is not None and a["name"] == r["best"]), None)
             if r is not None and r.get("tie"):  # every arm alike: nobody is best
@@ -312,36 +305,50 @@ def _data_text(results: dict[str, Any]) -> str:
     return f"`{store}`" if store else "the embedded standard library (Python source)"
 
 
+# What the comparison's verdicts mean, under its claims table.
+VERDICTS_EXPLAINED = (
+    "Each claim is a paired comparison: the per-seed difference of two arms (seed k shared), its "
+    "mean and the half-width of its 95% t interval. agrees / disagrees: the interval lies on the "
+    "literature's side of 0 / on the other side (for a claim of no difference: inside / outside "
+    "the stated margin); not resolved: the seeds cannot tell at this budget. A verdict says when "
+    "one seed decides its direction (leaving that seed out moves the mean difference across 0 or "
+    "the margin), and where the interval straddles the boundary, how many seeds would resolve a "
+    "gap of this size at the spread measured. Scale: the paper's smallest setting over ours "
+    f"(parameters, tokens, tokens per parameter); beyond {REGIME_FACTOR:g}x either way the verdict "
+    "is **out of regime**: it says what holds at this scale, not whether the paper's finding does."
+)
+
+
 def markdown(results: dict[str, Any], plots: list[str], extra: Sequence[str] = ()) -> str:
     """The report; `extra` (a publisher's own section, such as what changed since a previous
     publication) goes after the verdicts."""
     results = screened(results)
-    exp, m = results["experiment"], results["machine"]
-    n_seeds = len(results["seeds"])
+    exp = results["experiment"]
     out = heading("Comparison", exp)
-    if results.get("claims"):
-        header, rows = claim_rows(results)
-        out += [
-            "## Verdicts",
-            "",
-            markdown_table(header, rows),
-            "",
-            "Each claim is a paired comparison: the per-seed difference of two arms (seed k shared), its "
-            "mean and the half-width of its 95% t interval. agrees / disagrees: the interval lies on the "
-            "literature's side of 0 / on the other side (for a claim of no difference: inside / outside "
-            "the stated margin); not resolved: the seeds cannot tell at this budget. A verdict says when "
-            "one seed decides its direction (leaving that seed out moves the mean difference across 0 or "
-            "the margin), and where the interval straddles the boundary, how many seeds would resolve a "
-            "gap of this size at the spread measured. Scale: the paper's smallest setting over ours "
-            f"(parameters, tokens, tokens per parameter); beyond {REGIME_FACTOR:g}x either way the verdict "
-            "is **out of regime**: it says what holds at this scale, not whether the paper's finding does.",
-            "",
-            *ONE_ARM_NOTE * any(len(c["arms"]) == 1 for c in results["claims"]),
-        ]
+    out += claims_section(results, "Verdicts", VERDICTS_EXPLAINED)
     out += withdrawn_section(exp)
     out += list(extra)
-    header, rows = metric_rows(results)
-    out += ["## What each arm learnt", "", markdown_table(header, rows), ""]
+    out += learnt_section(results)
+    out += cost_section(results)
+    out += what_was_run(results, run_lines(results), "comparison", on_data=True, full_machine=True)
+    out += ["| arm | objective | model | seq_len x batch | steps | run |", "|---|---|---|---|---|---|"]
+    for arm in results["arms"]:
+        runs = ", ".join(f"`{r['run_dir']}`" for r in arm["runs"])
+        overrides = ", ".join(f"{k}={v}" for k, v in arm["model_overrides"].items())
+        out.append(
+            f"| {arm['name']} | {_objective_text(arm)} | {arm['model_kind']} {arm['model_size']}"
+            f"{' (' + overrides + ')' if overrides else ''} | {arm['seq_len']} x {arm['batch_size']} | "
+            f"{arm['steps']} | {runs} |"
+        )
+    out += ["", *plots_section(plots), normal_runs("run"), ""]
+    return "\n".join(out)
+
+
+def learnt_section(results: dict[str, Any]) -> list[str]:
+    """What each arm learnt: the metrics table, the probes' baselines, the verdict, the finding and what
+    the table's marks mean."""
+    n_seeds = len(results["seeds"])
+    out = ["## What each arm learnt", "", markdown_table(*metric_rows(results)), ""]
     out += baseline_section(results)
     lines = verdict(results)
     if lines:
@@ -364,9 +371,13 @@ def markdown(results: dict[str, Any], plots: list[str], extra: Sequence[str] = (
         "only).",
         "",
     ]
-    header, rows = cost_rows(results)
+    return out
+
+
+def cost_section(results: dict[str, Any]) -> list[str]:
+    """What each arm cost: the cost table, what was held equal, a busy machine's word, what costs mean."""
     busy = seconds_note(results)
-    out += ["## What each arm cost", "", markdown_table(header, rows), "", held_equal(results), ""]
+    out = ["## What each arm cost", "", markdown_table(*cost_rows(results)), "", held_equal(results), ""]
     out += [busy, ""] if busy else []
     out += [
         "FLOPs: estimated training FLOPs (6N per token plus attention, encoder and decoder counted apart). "
@@ -378,53 +389,22 @@ def markdown(results: dict[str, Any], plots: list[str], extra: Sequence[str] = (
         "is mean ± sample std over them.",
         "",
     ]
+    return out
+
+
+def run_lines(results: dict[str, Any]) -> list[str]:
+    """A comparison's own lines of what was run: the budget, the seeds, the data."""
     b = results["budget"]
     budget_text = (
         f"{b['value']:,.0f} tokens" if b["kind"] == "tokens" else
         f"{b['value']:.3g} FLOPs" if b["kind"] == "flops" else f"{b['value']:g} seconds"
     ) + (f" at size {b['size']}" if b.get("size") else "")  # fmt: skip
-    ev = results["evaluation"]
-    out += [
-        "## What was run",
-        "",
-        f"- Experiment: `{experiment_source(exp)}`",
+    return [
         f"- Budget: {budget_text} an arm ({b['name']}; every arm under the same control)",
         f"- Seeds: {', '.join(map(str, results['seeds']))} (a seed fixes init, data order and corruption; "
         "seed k is shared by every arm)" + _raised_text(results),
         f"- Data: {_data_text(results)}",
-        "- Evaluation: "
-        + (
-            f"the `objtrain eval` suite on {ev['data'] or 'each run store valid split'}, options "
-            f"{json.dumps(ev['options'])}"
-            if ev["suite"]
-            else suite.describe_missing()
-        ),
-        f"- Wall time: {results['wall_seconds']:.0f} s for the whole comparison",
-        f"- Machine: {m.get('cpu') or m['platform']}, {m['cpu_count']} CPUs, {m['torch_threads']} torch "
-        f"threads, torch {m['torch']}, Python {m['python']}"
-        + (f", GPU {m['cuda']}" if m.get("cuda") else "")
-        + (f", load average {m['load_average']}" if m.get("load_average") else "")
-        + (f", objtrain {m['commit']}" if m.get("commit") else ""),
-        "",
-        "| arm | objective | model | seq_len x batch | steps | run |",
-        "|---|---|---|---|---|---|",
     ]
-    for arm in results["arms"]:
-        runs = ", ".join(f"`{r['run_dir']}`" for r in arm["runs"])
-        overrides = ", ".join(f"{k}={v}" for k, v in arm["model_overrides"].items())
-        out.append(
-            f"| {arm['name']} | {_objective_text(arm)} | {arm['model_kind']} {arm['model_size']}"
-            f"{' (' + overrides + ')' if overrides else ''} | {arm['seq_len']} x {arm['batch_size']} | "
-            f"{arm['steps']} | {runs} |"
-        )
-    out += ["", "## Plots", ""]
-    out += plot_lines(plots)
-    out += [
-        "",
-        "Each run is a normal training run: `objtrain eval RUN` and `objtrain generate RUN` work on it.",
-        "",
-    ]
-    return "\n".join(out)
 
 
 # The metrics a verdict names, in order, when the arms were ranked on them: what a left-to-right model pays
@@ -864,14 +844,22 @@ def metric_limits(metric: str, bars: list[dict[str, Any]], arms: list[dict[str, 
 
 def plot(c: Comparison, results: dict[str, Any]) -> list[str]:
     """Write the PNGs; returns their file names."""
-    import matplotlib
+    colours = arm_colours(a.name for a in c.experiment.arms)
+    names = validation_plots(curves(c), results, colours, c.report_dir)
+    if metrics_plot(results, colours, c.report_dir / "metrics.png"):
+        names.append("metrics.png")
+    return names
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def validation_plots(
+    data: dict[str, list[list[dict[str, Any]]]],
+    results: dict[str, Any],
+    colours: dict[str, str],
+    out_dir: Path,
+) -> list[str]:
+    """val_loss_vs_tokens.png and val_loss_vs_seconds.png: each arm's validation curves, one line a seed."""
+    plt = pyplot()
     names: list[str] = []
-    data = curves(c)
-    colours = {a.name: f"C{i % 10}" for i, a in enumerate(c.experiment.arms)}
     # Every arm on the first panel with its own objective's loss (different quantities when the arms'
     # objectives differ: each line is read against itself), left-to-right bits per byte beside it.
     same = "val_loss" in results["rankings"] or len({a["objective"] for a in results["arms"]}) < 2
@@ -907,45 +895,45 @@ def plot(c: Comparison, results: dict[str, Any]) -> list[str]:
             ax.legend(fontsize=8)
         fig.suptitle(f"{results['experiment']['name']}: validation against {x_label}")
         fig.tight_layout(rect=(0, 0, 1, 0.95))
-        save_png(fig, c.report_dir / file)
+        save_png(fig, out_dir / file)
         names.append(file)
+    return names
 
+
+def metrics_plot(results: dict[str, Any], colours: dict[str, str], path: Path) -> bool:
+    """metrics.png, where some metric ranks the arms; whether it was written."""
     # Only the metrics that rank the arms (the suite's named ones; an arm's own loss only between arms of
     # one objective), with 95% intervals of the mean, not the seed std, clipped to the metric's range.
     metrics = plotted_metrics(results)
-    if metrics and results["arms"]:
-        cols = min(len(metrics), 3)
-        rows = math.ceil(len(metrics) / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows + 0.6), squeeze=False)
-        for ax in axes.flat[len(metrics) :]:
-            ax.axis("off")
-        for ax, metric in zip(axes.flat, metrics, strict=False):
-            arms = [a for a in results["arms"] if metric in a["metrics"] and a["metrics"][metric]["n"]]
-            bars = metric_bars(results, metric)
-            for i, b in enumerate(bars):
-                yerr = [[b["mean"] - b["low"]], [b["high"] - b["mean"]]]
-                ax.errorbar(i, b["mean"], yerr=yerr, fmt="o", ms=6, capsize=4, color=colours[b["arm"]])
-                for value in b["seeds"]:
-                    ax.plot(i + 0.12, value, ".", color=colours[b["arm"]], alpha=0.5)
-            if baseline_key(metric, "majority_accuracy") is None:  # a probe's axis starts at chance
-                ax.set_ylim(*metric_limits(metric, bars, arms))
-            _draw_baselines(ax, metric, arms)
-            ax.set_xlim(-0.6, len(arms) - 0.4)
-            ax.set_xticks(range(len(arms)), [a["name"] for a in arms], rotation=30, ha="right", fontsize=8)
-            better = suite.direction(metric)
-            ax.set_title(
-                f"{metric} ({better} is better)" if better in ("lower", "higher") else metric, fontsize=9
-            )
-            ax.grid(axis="y", alpha=0.3)
-        fig.suptitle(
-            f"{results['experiment']['name']}: metrics that rank the arms\n"
-            "(mean; bars: 95% interval; dots: seeds)",
-            fontsize=10,
+    if not metrics or not results["arms"]:
+        return False
+    fig, panels, rows = panel_grid(len(metrics), 4.6, 3.4, head=0.6)
+    for ax, metric in zip(panels, metrics, strict=False):
+        arms = [a for a in results["arms"] if metric in a["metrics"] and a["metrics"][metric]["n"]]
+        bars = metric_bars(results, metric)
+        for i, b in enumerate(bars):
+            yerr = [[b["mean"] - b["low"]], [b["high"] - b["mean"]]]
+            ax.errorbar(i, b["mean"], yerr=yerr, fmt="o", ms=6, capsize=4, color=colours[b["arm"]])
+            for value in b["seeds"]:
+                ax.plot(i + 0.12, value, ".", color=colours[b["arm"]], alpha=0.5)
+        if baseline_key(metric, "majority_accuracy") is None:  # a probe's axis starts at chance
+            ax.set_ylim(*metric_limits(metric, bars, arms))
+        _draw_baselines(ax, metric, arms)
+        ax.set_xlim(-0.6, len(arms) - 0.4)
+        ax.set_xticks(range(len(arms)), [a["name"] for a in arms], rotation=30, ha="right", fontsize=8)
+        better = suite.direction(metric)
+        ax.set_title(
+            f"{metric} ({better} is better)" if better in ("lower", "higher") else metric, fontsize=9
         )
-        fig.tight_layout(rect=(0, 0, 1, 1 - 0.7 / (3.4 * rows + 0.6)))
-        save_png(fig, c.report_dir / "metrics.png")
-        names.append("metrics.png")
-    return names
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(
+        f"{results['experiment']['name']}: metrics that rank the arms\n"
+        "(mean; bars: 95% interval; dots: seeds)",
+        fontsize=10,
+    )
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.7 / (3.4 * rows + 0.6)))
+    save_png(fig, path)
+    return True
 
 
 def plotted_metrics(results: dict[str, Any]) -> list[str]:

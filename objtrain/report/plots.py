@@ -3,6 +3,8 @@ colour per arm, a fitted curve's bootstrap band, and each PNG written whole."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +14,30 @@ from objtrain.io import atomic_file
 from objtrain.stats import fit as fitting
 
 
-def plot_lines(plots: list[str]) -> list[str]:
-    return [f"![{p}]({p})" for p in plots]
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend: PNGs on a machine without a display."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def arm_colours(names: Iterable[str]) -> dict[str, str]:
+    """One colour per arm, in the experiment's order: an arm keeps its colour in every panel."""
+    return {name: f"C{i % 10}" for i, name in enumerate(names)}
+
+
+def panel_grid(panels: int, width: float, height: float, head: float = 0.0) -> tuple[Any, list[Any], int]:
+    """A figure of `panels` panels, three to a row (`width` x `height` inches each, `head` more for the
+    title), the unused ones blank: the figure, its panels in order, and the number of rows."""
+    cols = min(panels, 3)
+    rows = math.ceil(panels / cols)
+    fig, axes = pyplot().subplots(rows, cols, figsize=(width * cols, height * rows + head), squeeze=False)
+    for ax in axes.flat[panels:]:
+        ax.axis("off")
+    return fig, list(axes.flat), rows
 
 
 def save_png(fig: Any, path: Path) -> None:

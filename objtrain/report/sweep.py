@@ -7,7 +7,6 @@ claims table, the report's head and writing it are `objtrain.report.tables`', sh
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,16 +16,19 @@ import numpy as np
 from rich.console import Console
 
 from objtrain.compare import suite
+from objtrain.compare.results import one_objective
 from objtrain.compare.sweep import Sweep, left_out_lines, thin_text
 from objtrain.compare.sweep_results import build_sweep_results, inside_warmup
-from objtrain.report.plots import fit_band, plot_lines, save_png
+from objtrain.report.plots import arm_colours, fit_band, panel_grid, save_png
 from objtrain.report.tables import (
-    ONE_ARM_NOTE,
-    claim_rows,
-    experiment_source,
+    claims_section,
     heading,
     markdown_table,
+    mean_cell,
+    normal_runs,
+    plots_section,
     print_table,
+    what_was_run,
     write_all,
 )
 from objtrain.stats import fit as fitting
@@ -146,13 +148,7 @@ def point_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     rows = []
     for arm in results["arms"]:
         for cell in sorted(arm["cells"], key=lambda c: float(np.mean(c["flops"]))):
-            vals = []
-            for m in metrics:
-                v = cell["metrics"].get(m)
-                if v is None or v["mean"] is None:
-                    vals.append("—")
-                else:
-                    vals.append(f"{v['mean']:.4g}" + (f" ± {v['std']:.2g}" if v["std"] is not None else ""))
+            vals = [mean_cell(cell["metrics"].get(m), "std") for m in metrics]
             rows.append([arm["name"], cell["label"], cell["size"], str(cell["steps"]),
                          f"{np.mean(cell['tokens']):,.0f}", _g(float(np.mean(cell["flops"]))),
                          str(cell["branched_at_step"] or "—"), *vals])  # fmt: skip
@@ -162,40 +158,54 @@ def point_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 def markdown(results: dict[str, Any], plots: list[str], extra: Sequence[str] = ()) -> str:
     """The report; `extra` (a publisher's own section, such as what changed since a previous
     publication) goes after the verdicts."""
-    exp, m = results["experiment"], results["machine"]
     sw = results["sweep"]
     kind = "tokens" if "tokens" in sw else "flops"
-    out = heading("Compute sweep", exp)
-    if results.get("claims"):
-        out += [
-            "## Against the literature",
-            "",
-            markdown_table(*claim_rows(results)),
-            "",
-            "Each claim is a paired comparison of two arms over the shared seeds at every point of the sweep "
-            "(per-seed difference, 95% t interval): **agrees** / **disagrees** when the interval lies on the "
-            "literature's side of 0 / the other side (for a claim of no difference, inside / outside the "
-            "margin), **not resolved** when the seeds cannot tell. The verdict is the one at the largest "
-            "point, the nearest these budgets come to the papers'"
-            + (
-                " (in a grid of sizes: at the largest budget, each arm at its own compute-optimal size "
-                "there, the one with the best mean of its frontier metric: val_bpb for a decoder, "
-                "conditional_bpb for an encoder-decoder; the sizes may differ between arms, and the "
-                "verdict names the point each arm is read at)."
-                if (results.get("sweep") or {}).get("size")
-                else "."
-            ),
-            "",
-            *ONE_ARM_NOTE * any(len(c["arms"]) == 1 for c in results["claims"]),
-        ]
+    out = heading("Compute sweep", results["experiment"])
+    out += claims_section(results, "Against the literature", _claims_explained(bool(sw.get("size"))))
     out += list(extra)
-    out += [
+    out += fits_section(results)
+    out += frontier_section(results)
+    out += ["## Points", "", markdown_table(*point_rows(results)), "", *_left_out_note(results)]
+    out += plots_section(plots)
+    own = [
+        f"- Sweep: {kind} at {', '.join(_g(p) for p in sw[kind])} ({sw['span']:.0f}x)"
+        + (f", sizes {', '.join(sw['size'])}" if sw["size"] else ""),
+        f"- Held equal at each point: {held_at_points(results)}",
+        f"- Seeds: {', '.join(map(str, results['seeds']))} (seed k is shared by every arm and point)",
+        "- Shorter points branch from the longest run of their chain where the schedule lets them (a "
+        "warmup-stable-decay run's stable phase): the branched run equals a separate run step for step "
+        "(`objtrain/compare/sweep.py` says why); `branched at` in the points table names the step.",
+    ]
+    out += [*what_was_run(results, own, "sweep"), normal_runs("point"), ""]
+    return "\n".join(out)
+
+
+def _claims_explained(sized: bool) -> str:
+    """What a sweep's verdicts mean, under its claims table (with a grid of sizes: where each arm is read)."""
+    return (
+        "Each claim is a paired comparison of two arms over the shared seeds at every point of the sweep "
+        "(per-seed difference, 95% t interval): **agrees** / **disagrees** when the interval lies on the "
+        "literature's side of 0 / the other side (for a claim of no difference, inside / outside the "
+        "margin), **not resolved** when the seeds cannot tell. The verdict is the one at the largest "
+        "point, the nearest these budgets come to the papers'"
+        + (
+            " (in a grid of sizes: at the largest budget, each arm at its own compute-optimal size "
+            "there, the one with the best mean of its frontier metric: val_bpb for a decoder, "
+            "conditional_bpb for an encoder-decoder; the sizes may differ between arms, and the "
+            "verdict names the point each arm is read at)."
+            if sized
+            else "."
+        )
+    )
+
+
+def fits_section(results: dict[str, Any]) -> list[str]:
+    """The fitted curves, how they were fitted and checked out of sample, and the crossovers."""
+    return [
         "## Fitted curves: L(C) = E + A·C^(−α), C in training FLOPs",
         "",
         markdown_table(*fit_rows(results)),
         "",
-    ]
-    out += [
         f"Fitted on the mean over seeds at each point; 95% intervals are percentiles of "
         f"{results['bootstrap_replicates']} bootstrap refits that resample seeds and points. A fit marked "
         "not converged or too few points is not drawn. A residual rms well above the seed std means the "
@@ -223,47 +233,25 @@ def markdown(results: dict[str, Any], plots: list[str], extra: Sequence[str] = (
         "loss is compared only between arms of the same objective.",
         "",
     ]
-    if results["frontier"]:
-        out += [
-            "## Compute-optimal frontier",
-            "",
-            markdown_table(*frontier_rows(results)),
-            "",
-            f"Chinchilla's compute-optimal ratio is about {results['chinchilla_tokens_per_parameter']:g} "
-            "training tokens per parameter (Hoffmann et al. 2022, total parameters). Tokens here are model "
-            "input positions; parameters include the embeddings (and non-embedding beside). A best size at "
-            "the smallest or largest size of the grid means the optimum lies outside it: extend the grid "
-            "before reading the ratio.",
-            "",
-            *_frontier_fit_section(results),
-        ]
-    out += ["## Points", "", markdown_table(*point_rows(results)), "", *_left_out_note(results)]
-    out += ["## Plots", "", *plot_lines(plots), ""]
-    out += [
-        "## What was run",
+
+
+def frontier_section(results: dict[str, Any]) -> list[str]:
+    """In a grid of sizes, the compute-optimal frontier and its fits; nothing without one."""
+    if not results["frontier"]:
+        return []
+    return [
+        "## Compute-optimal frontier",
         "",
-        f"- Experiment: `{experiment_source(exp)}`",
-        f"- Sweep: {kind} at {', '.join(_g(p) for p in sw[kind])} ({sw['span']:.0f}x)"
-        + (f", sizes {', '.join(sw['size'])}" if sw["size"] else ""),
-        f"- Held equal at each point: {held_at_points(results)}",
-        f"- Seeds: {', '.join(map(str, results['seeds']))} (seed k is shared by every arm and point)",
-        "- Shorter points branch from the longest run of their chain where the schedule lets them (a "
-        "warmup-stable-decay run's stable phase): the branched run equals a separate run step for step "
-        "(`objtrain/compare/sweep.py` says why); `branched at` in the points table names the step.",
-        "- Evaluation: "
-        + (
-            f"the `objtrain eval` suite, options {json.dumps(results['evaluation']['options'])}"
-            if results["evaluation"]["suite"]
-            else suite.describe_missing()
-        ),
-        f"- Wall time: {results['wall_seconds']:.0f} s for the whole sweep",
-        f"- Machine: {m.get('cpu') or m['platform']}, {m['cpu_count']} CPUs, {m['torch_threads']} torch "
-        f"threads, torch {m['torch']}" + (f", objtrain {m['commit']}" if m.get("commit") else ""),
+        markdown_table(*frontier_rows(results)),
         "",
-        "Each point is a normal training run: `objtrain eval RUN` and `objtrain generate RUN` work on it.",
+        f"Chinchilla's compute-optimal ratio is about {results['chinchilla_tokens_per_parameter']:g} "
+        "training tokens per parameter (Hoffmann et al. 2022, total parameters). Tokens here are model "
+        "input positions; parameters include the embeddings (and non-embedding beside). A best size at "
+        "the smallest or largest size of the grid means the optimum lies outside it: extend the grid "
+        "before reading the ratio.",
         "",
+        *_frontier_fit_section(results),
     ]
-    return "\n".join(out)
 
 
 def _iv(iv: list[float] | None, digits: int = 3) -> str:
@@ -426,11 +414,6 @@ def _warmup_note(results: dict[str, Any]) -> list[str]:
 
 def plot(results: dict[str, Any], out_dir: Path) -> list[str]:
     """curves.png: per metric, each arm's points (mean, seed-std bars) and fitted curve, log-log."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fits: dict[str, dict[str, fitting.Fit]] = results["_fits"]
 
     def positive(metric: str) -> bool:  # a log axis shows only positive values (exact match 0: nothing)
@@ -441,65 +424,18 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[str]:
         )
 
     # An arm's own objective loss shares a panel only with arms of the same objective.
-    same = len(
-        {json.dumps([a["objective"], a["objective_overrides"]], sort_keys=True) for a in results["arms"]}
-    )
+    same = one_objective((a["objective"], a["objective_overrides"]) for a in results["arms"])
     metrics = [
-        m
-        for m in results["metrics"]
-        if m in fits and positive(m) and (same == 1 or m not in suite.OWN_LOSSES)
+        m for m in results["metrics"] if m in fits and positive(m) and (same or m not in suite.OWN_LOSSES)
     ]
     if not metrics:
         return []
-    colours = {a["name"]: f"C{i % 10}" for i, a in enumerate(results["arms"])}
+    colours = arm_colours(a["name"] for a in results["arms"])
     markers = ["o", "s", "^", "D", "v", "P"]
     sizes = {size: markers[i % len(markers)] for i, size in enumerate(results["sweep"].get("size") or [])}
-    cols = min(len(metrics), 3)
-    nrows = math.ceil(len(metrics) / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(5.4 * cols, 4.2 * nrows), squeeze=False)
-    for ax in axes.flat[len(metrics) :]:
-        ax.axis("off")
-    for ax, metric in zip(axes.flat, metrics, strict=False):
-        right = 0.0
-        for arm in results["arms"]:
-            colour = colours[arm["name"]]
-            for cell in arm["cells"]:
-                v = cell["metrics"].get(metric)
-                if v is None or v["mean"] is None or v["mean"] <= 0:
-                    continue
-                x = float(np.mean(cell["flops"]))
-                n = v.get("n") or 1
-                ci = t975(n - 1) * v["std"] / math.sqrt(n) if v["std"] is not None and n > 1 else 0.0
-                hollow = "warmup_steps" in cell and inside_warmup(cell)  # left out of the fits
-                ax.errorbar(x, v["mean"], yerr=ci, fmt=sizes.get(cell["size"], "o"), ms=5, capsize=3,
-                            color=colour, alpha=0.9, mfc="none" if hollow else colour)  # fmt: skip
-                right = max(right, x)
-            f = fits[metric].get(arm["name"])
-            if f is not None and f.ok and f.law is not None:
-                solid = np.geomspace(f.c_min, f.c_max, 100)
-                ax.plot(solid, f.law(solid), "-", color=colour, label=f"{arm['name']} (α={f.law.alpha:.2g})")
-                band = fit_band(f, solid)
-                if band is not None:
-                    ax.fill_between(solid, band[0], band[1], color=colour, alpha=0.15, lw=0)
-                dashed = np.geomspace(f.c_max, f.c_max * fitting.EXTRAPOLATION * 3, 60)
-                ax.plot(dashed, f.law(dashed), "--", color=colour, alpha=0.7)
-            elif any(metric in cell["metrics"] for cell in arm["cells"]):
-                ax.plot([], [], "o", color=colour, label=f"{arm['name']} (no fit)")
-        for x in results["crossovers"]:  # only those the seeds resolve: the table has them all
-            near = x["flops"] is not None and x["flops"] <= right * fitting.EXTRAPOLATION * 3
-            if x["metric"] == metric and near and x["resolved"]:
-                ax.axvline(x["flops"], color="grey", lw=0.8, ls="-" if not x["extrapolated"] else "--")
-        if right > 0:
-            ax.axvspan(
-                right * fitting.EXTRAPOLATION, right * fitting.EXTRAPOLATION * 3, color="grey", alpha=0.08
-            )
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        better = suite.direction(metric)
-        ax.set_title(f"{metric} ({better} is better)", fontsize=9)
-        ax.set_xlabel("training FLOPs (estimated)")
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
+    fig, panels, _ = panel_grid(len(metrics), 5.4, 4.2)
+    for ax, metric in zip(panels, metrics, strict=False):
+        _curve_panel(ax, metric, results, fits[metric], colours, sizes)
     marks = f"; markers: {', '.join(f'{m} {k}' for k, m in sizes.items())}" if sizes else ""
     fig.suptitle(
         f"{results['experiment']['name']}: metric vs training FLOPs (points: mean, bars: 95% interval; "
@@ -511,6 +447,56 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[str]:
     fig.tight_layout()
     save_png(fig, out_dir / "curves.png")
     return ["curves.png"]
+
+
+def _curve_panel(
+    ax: Any,
+    metric: str,
+    results: dict[str, Any],
+    fits: dict[str, fitting.Fit],
+    colours: dict[str, str],
+    sizes: dict[str, str],
+) -> None:
+    """One metric's panel: each arm's points and fitted curve (its band, then dashed past the data), the
+    crossovers the seeds resolve, and the range past `fitting.EXTRAPOLATION` shaded."""
+    right = 0.0
+    for arm in results["arms"]:
+        colour = colours[arm["name"]]
+        for cell in arm["cells"]:
+            v = cell["metrics"].get(metric)
+            if v is None or v["mean"] is None or v["mean"] <= 0:
+                continue
+            x = float(np.mean(cell["flops"]))
+            n = v.get("n") or 1
+            ci = t975(n - 1) * v["std"] / math.sqrt(n) if v["std"] is not None and n > 1 else 0.0
+            hollow = "warmup_steps" in cell and inside_warmup(cell)  # left out of the fits
+            ax.errorbar(x, v["mean"], yerr=ci, fmt=sizes.get(cell["size"], "o"), ms=5, capsize=3,
+                        color=colour, alpha=0.9, mfc="none" if hollow else colour)  # fmt: skip
+            right = max(right, x)
+        f = fits.get(arm["name"])
+        if f is not None and f.ok and f.law is not None:
+            solid = np.geomspace(f.c_min, f.c_max, 100)
+            ax.plot(solid, f.law(solid), "-", color=colour, label=f"{arm['name']} (α={f.law.alpha:.2g})")
+            band = fit_band(f, solid)
+            if band is not None:
+                ax.fill_between(solid, band[0], band[1], color=colour, alpha=0.15, lw=0)
+            dashed = np.geomspace(f.c_max, f.c_max * fitting.EXTRAPOLATION * 3, 60)
+            ax.plot(dashed, f.law(dashed), "--", color=colour, alpha=0.7)
+        elif any(metric in cell["metrics"] for cell in arm["cells"]):
+            ax.plot([], [], "o", color=colour, label=f"{arm['name']} (no fit)")
+    for x in results["crossovers"]:  # only those the seeds resolve: the table has them all
+        near = x["flops"] is not None and x["flops"] <= right * fitting.EXTRAPOLATION * 3
+        if x["metric"] == metric and near and x["resolved"]:
+            ax.axvline(x["flops"], color="grey", lw=0.8, ls="-" if not x["extrapolated"] else "--")
+    if right > 0:
+        ax.axvspan(right * fitting.EXTRAPOLATION, right * fitting.EXTRAPOLATION * 3, color="grey", alpha=0.08)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    better = suite.direction(metric)
+    ax.set_title(f"{metric} ({better} is better)", fontsize=9)
+    ax.set_xlabel("training FLOPs (estimated)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
 
 
 def write_sweep_report(s: Sweep, console: Console | None = None, replicates: int = 1000) -> dict[str, Any]:
@@ -525,4 +511,4 @@ def write_sweep_report(s: Sweep, console: Console | None = None, replicates: int
     return results
 
 
-__all__ = ["build_sweep_results", "write_sweep_report"]
+__all__ = ["markdown", "plot", "write_sweep_report"]

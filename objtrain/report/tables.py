@@ -10,6 +10,7 @@ arms' per-unit scores).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from objtrain.compare import suite
 from objtrain.compare.regime import MAX_SEEDS
 from objtrain.compare.results import arm_pair
 from objtrain.io import atomic_file, write_json
@@ -150,6 +152,77 @@ def heading(title: str, exp: dict[str, Any]) -> list[str]:
     if exp["expect"]:
         out += [f"**What the literature found.** {exp['expect']}", ""]
     return out
+
+
+def claims_section(results: dict[str, Any], title: str, explanation: str) -> list[str]:
+    """The claims table under `title`, then what its verdicts mean (and, where a claim has one arm, what
+    that claim judges); nothing where the experiment states no claim."""
+    claims = results.get("claims")
+    if not claims:
+        return []
+    one_arm = ONE_ARM_NOTE * any(len(c["arms"]) == 1 for c in claims)
+    return [f"## {title}", "", markdown_table(*claim_rows(results)), "", explanation, "", *one_arm]
+
+
+def mean_cell(value: dict[str, Any] | None, spread: str = "ci95", digits: str = ".4g") -> str:
+    """`0.4832 ± 0.02`: a mean with its 95% interval (`spread="std"`: its seeds' sample std) where known;
+    "—" where nothing was measured."""
+    if not value or value.get("mean") is None:
+        return "—"
+    pm = value.get(spread)
+    return f"{value['mean']:{digits}}" + (f" ± {pm:.2g}" if pm is not None else "")
+
+
+def what_was_run(
+    results: dict[str, Any],
+    own: Sequence[str],
+    whole: str,
+    *,
+    on_data: bool = False,
+    full_machine: bool = False,
+) -> list[str]:
+    """The report's account of what was run: the experiment's file, the report's `own` lines, the
+    evaluation (`on_data`: and what it read), the wall time of the `whole` comparison or sweep, and the
+    machine (`full_machine`: with Python, GPU and load, which a comparison's costs are read against)."""
+    ev, m = results["evaluation"], results["machine"]
+    on = f" on {ev['data'] or 'each run store valid split'}" if on_data else ""
+    machine = (
+        f"{m.get('cpu') or m['platform']}, {m['cpu_count']} CPUs, {m['torch_threads']} torch threads, "
+        f"torch {m['torch']}"
+    )
+    if full_machine:
+        machine += (
+            f", Python {m['python']}"
+            + (f", GPU {m['cuda']}" if m.get("cuda") else "")
+            + (f", load average {m['load_average']}" if m.get("load_average") else "")
+        )
+    machine += f", objtrain {m['commit']}" if m.get("commit") else ""
+    return [
+        "## What was run",
+        "",
+        f"- Experiment: `{experiment_source(results['experiment'])}`",
+        *own,
+        "- Evaluation: "
+        + (
+            f"the `objtrain eval` suite{on}, options {json.dumps(ev['options'])}"
+            if ev["suite"]
+            else suite.describe_missing()
+        ),
+        f"- Wall time: {results['wall_seconds']:.0f} s for the whole {whole}",
+        f"- Machine: {machine}",
+        "",
+    ]
+
+
+def plots_section(plots: list[str]) -> list[str]:
+    return ["## Plots", "", *(f"![{p}]({p})" for p in plots), ""]
+
+
+def normal_runs(unit: str) -> str:
+    """What a reader can do with every run of the report."""
+    return (
+        f"Each {unit} is a normal training run: `objtrain eval RUN` and `objtrain generate RUN` work on it."
+    )
 
 
 def experiment_source(exp: dict[str, Any]) -> str:
