@@ -14,9 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from objtrain.cli.common import interrupt_note, make_console
-from objtrain.compare import load_experiment, plan_comparison, run_comparison, write_report
+from objtrain.compare import load_experiment, plan_comparison, run_comparison
 from objtrain.compare.regime import seeds_wanted
-from objtrain.compare.report import print_tables
 from objtrain.compare.runner import PLAN, Comparison, Interrupted
 from objtrain.compare.sweep import (
     Sweep,
@@ -28,6 +27,7 @@ from objtrain.compare.sweep import (
 )
 from objtrain.errors import UserError
 from objtrain.io import OutputLock, Unwritable, check_writable
+from objtrain.report import print_tables, write_report, write_sweep_report
 
 HELP = """Train several arms under one equal budget, evaluate them with the same suite, report side by side.
 
@@ -105,8 +105,6 @@ def run(
     if max_seeds is not None:
         check_max_seeds(max_seeds, seeds, spec is not None)
     if spec is not None:
-        from objtrain.compare.sweep_report import write_sweep_report
-
         with _held_report(
             output,
             force,

@@ -1,13 +1,13 @@
-"""`objtrain compare`: train several arms under one equal budget, evaluate them alike, report side by side.
+"""`objtrain compare`: train several arms under one equal budget, evaluate them alike, judge the claims.
 
 exp = load_experiment(Path("configs/experiments/objectives.yaml"))
 c = plan_comparison(exp, Path("reports/objectives"), budget="tiny")   # every check, nothing written
 run_comparison(c)                                                      # train + evaluate each arm
-write_report(c)                                                        # report.md, results.json, PNGs
+results = build_results(c)                                             # objtrain.compare.results
+objtrain.report.write_report(c)                                        # report.md, results.json, PNGs
 """
 
 from objtrain.compare.experiment import Experiment, load_experiment
-from objtrain.compare.report import write_report
 from objtrain.compare.runner import Comparison, plan_comparison, run_comparison
 
-__all__ = ["Comparison", "Experiment", "load_experiment", "plan_comparison", "run_comparison", "write_report"]
+__all__ = ["Comparison", "Experiment", "load_experiment", "plan_comparison", "run_comparison"]

@@ -17,7 +17,7 @@ import math
 from typing import Any
 
 from objtrain.compare.experiment import REGIME_FACTOR, PaperSetting
-from objtrain.compare.stats import t975
+from objtrain.stats.seeds import t975
 
 MAX_SEEDS = 30  # past this the guidance says "more than 30": the gap is too small for seeds to settle
 
@@ -50,30 +50,6 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or not (a > 0 and b > 0):
         return None
     return float(a) / float(b)
-
-
-def _x(f: float) -> str:
-    """A factor, paper over ours, to two significant digits."""
-    rounded = float(f"{f:.2g}")  # two significant digits: 23,000x, 150x, 3.4x, 0.25x
-    return f"{rounded:,.0f}x" if rounded >= 100 else f"{rounded:g}x"
-
-
-def regime_text(regime: dict[str, Any] | None, source: bool = True) -> str:
-    """`**out of regime**: the paper's over ours, parameters 2e2x, tokens ... (T5 ...)` or `—`; without
-    `source`, the factors alone (the findings index, whose claims cite the paper already)."""
-    if not regime:
-        return "—"
-    parts = []
-    names = {"parameters": "parameters", "tokens": "tokens", "tokens_per_parameter": "tokens per parameter"}
-    for key, name in names.items():
-        f = regime["factor"].get(key)
-        if f is not None:
-            parts.append(f"{name} {_x(f)}")
-    if not parts:
-        return f"no scale given ({regime['source']})"
-    head = "**out of regime**" if regime["out_of_regime"] else "in regime"
-    where = f" ({regime['source']})" if source else ""
-    return f"{head}: the paper's over ours, {', '.join(parts)}{where}"
 
 
 def one_seed(diffs: dict[int, float], expect: str, margin: float) -> dict[str, Any] | None:
@@ -120,25 +96,6 @@ def seed_notes(verdict: str, diffs: dict[int, float], paired: dict[str, Any] | N
         out["seeds_needed"] = seeds_needed(paired["delta"], paired["std"], expect, margin)
         out["straddles"] = True
     return out
-
-
-def notes_text(claim: dict[str, Any]) -> str:
-    """What a verdict cell adds: one seed deciding, and the seeds a straddling interval would need."""
-    parts = []
-    one = claim.get("one_seed")
-    if one:
-        parts.append(f"one seed decides the direction: without seed {one['seed']} the difference is "
-                     f"{one['without']:+.3g}")  # fmt: skip
-    if claim.get("straddles"):
-        n = claim.get("seeds_needed")
-        have = claim.get("seeds") or 0
-        if n is None:
-            parts.append(f"the interval straddles the boundary; more than {MAX_SEEDS} seeds would be needed "
-                         "at this spread")  # fmt: skip
-        elif n > have:
-            parts.append(f"the interval straddles the boundary: run `seeds: {n}` (--seeds {n}) to resolve a "
-                         "gap this size at this spread")  # fmt: skip
-    return "; ".join(parts)
 
 
 def seeds_wanted(results: dict[str, Any], most: int) -> tuple[int, list[str]]:

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from objtrain.compare.stats import lower_is_better
 from objtrain.config import from_dict
+from objtrain.stats.seeds import lower_is_better
 
 Evaluator = Callable[[Path, str | None, dict[str, Any]], dict[str, Any]]
 

@@ -79,7 +79,7 @@ class Scored:
 
 def units_of(nats: np.ndarray, nbytes: np.ndarray) -> dict[str, list[float]]:
     """Per-unit (document or task) nats and bytes, as JSON lists: two arms scored on the same units give
-    the evaluation's own standard error of their difference (`objtrain.compare.stats.paired_eval_se`)."""
+    the evaluation's own standard error of their difference (`objtrain.stats.seeds.paired_eval_se`)."""
     return {"nats": [round(float(x), 4) for x in nats], "bytes": [float(b) for b in nbytes]}
 
 

@@ -39,16 +39,17 @@ from objtrain.compare.experiment import (
     load_experiment,
     resolve_budget,
 )
-from objtrain.compare.regime import regime_gap, regime_text
-from objtrain.compare.render import difference, point_verdict, verdict_cell
-from objtrain.compare.report import baseline_gate, claim_regime, markdown
-from objtrain.compare.sweep_report import markdown as sweep_markdown
-from objtrain.compare.sweep_report import plot as sweep_plot
-from objtrain.compare.sweep_report import refit as sweep_refit
+from objtrain.compare.regime import regime_gap
+from objtrain.compare.results import baseline_gate, claim_regime
+from objtrain.compare.sweep_results import refit as sweep_refit
 from objtrain.errors import UserError
 from objtrain.io import read_json, write_json
 from objtrain.models.zoo import model_config
 from objtrain.objectives.registry import build_objective
+from objtrain.report.comparison import markdown
+from objtrain.report.sweep import markdown as sweep_markdown
+from objtrain.report.sweep import plot as sweep_plot
+from objtrain.report.tables import difference, point_verdict, regime_text, verdict_cell
 from objtrain.specials import Specials
 from objtrain.training.accounting import batch_flops, flops_per_step
 from objtrain.training.config import ScheduleConfig

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from objtrain.compare.report import BASELINE, baseline_gate
+from objtrain.compare.results import BASELINE, baseline_gate
 
 
 def _arms(twin: float, twin_hi: float) -> list[dict]:

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from compare_helpers import FakeSuite, experiment
 
-from objtrain.compare import load_experiment, plan_comparison, run_comparison, runner, write_report
+from objtrain.compare import load_experiment, plan_comparison, run_comparison, runner
 from objtrain.compare.runner import Interrupted
 from objtrain.errors import UserError
+from objtrain.report.comparison import write_report
 from objtrain.training import checkpoint as ckpt
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from compare_helpers import FakeSuite, experiment  # noqa: F401  (experiment: the fixture's helper)
 
-from objtrain.compare import load_experiment, plan_comparison, run_comparison, write_report
-from objtrain.compare.report import markdown
-from objtrain.compare.stats import Summary, paired, rank
+from objtrain.compare import load_experiment, plan_comparison, run_comparison
+from objtrain.report.comparison import markdown, write_report
+from objtrain.stats.seeds import Summary, paired, rank
 from scripts.findings import findings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,8 +179,8 @@ def test_the_evaluation_standard_error_of_a_paired_difference() -> None:
     proportional to each unit's bytes has none, however much the units differ from each other."""
     import numpy as np
 
-    from objtrain.compare.stats import paired_eval_se
     from objtrain.evaluation.middle import ratio_se
+    from objtrain.stats.seeds import paired_eval_se
 
     nbytes = [10.0, 20.0, 30.0, 40.0, 25.0]
     a = {"nats": [5.0, 30.0, 12.0, 44.0, 20.0], "bytes": nbytes}
@@ -195,7 +195,7 @@ def test_the_evaluation_standard_error_of_a_paired_difference() -> None:
 def test_claims_carry_the_evaluation_error_and_results_json_leaves_the_units_out(
     write_experiment, tmp_path: Path
 ) -> None:
-    from objtrain.compare.stats import paired_eval_se
+    from objtrain.stats.seeds import paired_eval_se
 
     nbytes = [10.0, 20.0, 30.0, 40.0]
     values, units = {}, {}
@@ -220,7 +220,7 @@ def test_claims_carry_the_evaluation_error_and_results_json_leaves_the_units_out
 
 
 def test_a_report_names_a_shipped_experiment_by_its_path_in_a_clone() -> None:
-    from objtrain.compare.report import experiment_source
+    from objtrain.report.tables import experiment_source
 
     for installed in (
         "/usr/lib/python3/site-packages/objtrain/configs/experiments/span-length.yaml",
@@ -456,7 +456,7 @@ def test_a_republication_says_what_changed_against_the_results_it_replaces(
 def test_no_shipped_experiment_calls_equal_tokens_equal_compute() -> None:
     """'compute' in a question, expectation or claim only where FLOPs are what the arms share: a FLOPs
     budget or sweep, or arms of one model kind and head count (whose FLOPs per token agree)."""
-    from objtrain.compare.sweep_report import held_at_points
+    from objtrain.report.sweep import held_at_points
 
     for name in [*findings.FINDINGS, *findings.SWEEPS, "fim-vs-clm"]:
         exp = load_experiment(name)
@@ -526,7 +526,7 @@ def test_a_claim_on_a_metric_only_some_arms_have_names_the_arms_that_have_it(
     md = (tmp_path / "r" / "report.md").read_text()
     assert f"**not measured** ({said})" in md
     assert markdown(results, results["plots"]) == md
-    from objtrain.compare.report import verdict
+    from objtrain.report.comparison import verdict
 
     assert f"claim: SOP orders, MLM cannot: not measured ({said})" in verdict(results)  # the terminal's
 

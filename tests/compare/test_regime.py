@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from objtrain.compare.experiment import Claim, PaperSetting, experiment_from_dict
-from objtrain.compare.regime import notes_text, one_seed, regime_gap, regime_text, seeds_needed
-from objtrain.compare.report import claim_regime, claim_rows, claim_verdict
+from objtrain.compare.regime import one_seed, regime_gap, seeds_needed
+from objtrain.compare.results import claim_regime, claim_verdict
 from objtrain.errors import UserError
+from objtrain.report.tables import claim_rows, notes_text, regime_text
 
 T5 = PaperSetting(source="T5", parameters=2.2e8, tokens=3.4e10)
 

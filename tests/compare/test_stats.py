@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from objtrain.compare.stats import Summary, fmt, rank, summarise, welch
+from objtrain.stats.seeds import Summary, fmt, rank, summarise, welch
 
 
 def test_summary_is_mean_and_sample_std() -> None:

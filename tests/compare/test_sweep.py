@@ -21,8 +21,9 @@ from objtrain.compare import sweep as sweep_mod
 from objtrain.compare.experiment import experiment_from_dict, load_experiment
 from objtrain.compare.runner import Interrupted
 from objtrain.compare.sweep import parse_sweep, plan_sweep, run_sweep
-from objtrain.compare.sweep_report import _frontier, write_sweep_report
+from objtrain.compare.sweep_results import _frontier
 from objtrain.errors import UserError
+from objtrain.report.sweep import write_sweep_report
 from objtrain.training import checkpoint as ckpt
 from objtrain.training.loop import train
 

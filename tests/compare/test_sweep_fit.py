@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from objtrain.compare.experiment import experiment_from_dict
-from objtrain.compare.fit import EXTRAPOLATION, PowerLaw, crossover, fit_curve
-from objtrain.compare.sweep_report import analyse
-from objtrain.compare.sweep_report import markdown as sweep_markdown
+from objtrain.compare.sweep_results import analyse
+from objtrain.report.sweep import markdown as sweep_markdown
+from objtrain.stats.fit import EXTRAPOLATION, PowerLaw, crossover, fit_curve
 
 C = np.geomspace(1e12, 1e14, 7)
 
@@ -145,7 +145,8 @@ def _cells(values: dict[str, list[float]]) -> dict[str, dict[str, object]]:
 
 def test_a_sweep_claim_is_judged_at_every_point_and_given_the_largest_points_verdict() -> None:
     from objtrain.compare.experiment import Claim
-    from objtrain.compare.sweep_report import claim_rows, sweep_claim
+    from objtrain.compare.sweep_results import sweep_claim
+    from objtrain.report.tables import claim_rows
 
     seeds = [0, 1, 2]
     arms = {  # a is far below b only at the largest point; at the smallest the seeds disagree
@@ -177,9 +178,10 @@ def test_a_claim_of_one_arm_judges_its_within_model_difference_against_zero() ->
     """`suffix_worth` is already a difference within each model (with and without the suffix): a claim of
     one arm tests the seeds' mean of it against 0, in a comparison and at every point of a sweep."""
     from objtrain.compare.experiment import Claim
-    from objtrain.compare.report import claim_rows as comparison_rows
-    from objtrain.compare.report import claim_verdict
-    from objtrain.compare.sweep_report import claim_rows, sweep_claim
+    from objtrain.compare.results import claim_verdict
+    from objtrain.compare.sweep_results import sweep_claim
+    from objtrain.report.tables import claim_rows
+    from objtrain.report.tables import claim_rows as comparison_rows
 
     seeds = [0, 1, 2]
     arms = {"fim": {"cells": _cells({"small": [0.01, -0.02, 0.005], "large": [0.10, 0.12, 0.11]})}}
@@ -205,10 +207,11 @@ def test_a_sweep_claim_shows_the_evaluations_standard_error_as_a_comparisons_doe
     """With the arms' per-unit scores at a point, a sweep's claim carries the evaluation's own standard
     error of its difference there and its row shows it, the same cell a comparison's claim gets."""
     from objtrain.compare.experiment import Claim
-    from objtrain.compare.report import claim_rows as comparison_rows
-    from objtrain.compare.report import claim_verdict
-    from objtrain.compare.stats import paired_eval_se
-    from objtrain.compare.sweep_report import claim_rows, sweep_claim
+    from objtrain.compare.results import claim_verdict
+    from objtrain.compare.sweep_results import sweep_claim
+    from objtrain.report.tables import claim_rows
+    from objtrain.report.tables import claim_rows as comparison_rows
+    from objtrain.stats.seeds import paired_eval_se
 
     seeds = [0, 1, 2]
     arms = {
@@ -303,7 +306,7 @@ def test_an_isoflop_grid_gives_a_frontier_with_seed_resampled_intervals() -> Non
             cells.append({"label": f"{size}.flops-{c:g}", "size": size, "budget": c, "flops": [c] * 3,
                           "tokens": [c / (6 * n)] * 3, "parameters": n, "parameters_no_embedding": n,
                           "steps": 1000, "warmup_steps": 10, "metrics": {"val_bpb": vals}})  # fmt: skip
-    from objtrain.compare.sweep_report import frontier_fit
+    from objtrain.compare.sweep_results import frontier_fit
 
     f = frontier_fit(cells, "val_bpb", True, ["small", "mid", "big"], 200, 0)
     assert f["status"] == "ok" and [p["size"] for p in f["points"]] == ["mid"] * 5
@@ -319,7 +322,7 @@ def test_an_isoflop_grid_gives_a_frontier_with_seed_resampled_intervals() -> Non
     edge = frontier_fit([c for c in cells if c["size"] != "big"], "val_bpb", True, ["small", "mid"], 50, 0)
     assert not edge["interior"] and {a["size"] for a in edge["at_edge"]} == {"mid"}
     assert {a["end"] for a in edge["at_edge"]} == {"largest"} and len(edge["at_edge"]) == 5
-    from objtrain.compare.sweep_report import _frontier_fit_section
+    from objtrain.report.sweep import _frontier_fit_section
 
     text = "\n".join(_frontier_fit_section({"frontier_fits": {"clm": edge}}))
     assert "no: the largest size (mid) at every budget: the optimum lies above the grid there" in text
@@ -331,7 +334,8 @@ def test_a_size_whose_metric_worsens_with_training_is_named_and_the_report_says_
     """Span corruption's continuation score at its smallest size rises with the budget (the decoder learns
     short spans, not continuations): the frontier names that size, beyond the per-seed interval, and
     leaves out a size that improves and one whose change the seeds cannot tell from noise."""
-    from objtrain.compare.sweep_report import _frontier_fit_section, frontier_fit
+    from objtrain.compare.sweep_results import frontier_fit
+    from objtrain.report.sweep import _frontier_fit_section
 
     trend = {"small": [3.0, 3.4, 4.0], "mid": [3.2, 3.0, 2.9], "big": [3.3, 3.3, 3.31]}
     noise = {"small": [0.0, 0.02, -0.02], "mid": [0.01, -0.01, 0.0], "big": [0.3, -0.3, 0.0]}
@@ -362,7 +366,7 @@ def test_a_published_sweep_is_refitted_from_its_own_points(monkeypatch: pytest.M
     takes the warm-up from the experiment's schedule (a fraction of each chain's shortest run) and leaves
     the points under 10x it out."""
     from objtrain.compare import sweep
-    from objtrain.compare.sweep_report import refit
+    from objtrain.compare.sweep_results import refit
 
     monkeypatch.setattr(sweep, "MIN_STEPS", 1)  # its 15- and 49-step points test the warm-up rule
 
@@ -386,7 +390,7 @@ def test_a_published_sweep_is_refitted_from_its_own_points(monkeypatch: pytest.M
 
 def test_a_size_grids_claim_is_judged_at_the_compute_optimal_size_of_the_largest_budget() -> None:
     from objtrain.compare.experiment import Claim
-    from objtrain.compare.sweep_report import sweep_claim
+    from objtrain.compare.sweep_results import sweep_claim
 
     def grid(bpb: dict[str, float], gap: dict[str, float]) -> dict[str, dict[str, object]]:
         cells = {}

@@ -12,7 +12,6 @@ from test_refusals import refused, run_cli
 
 from objtrain.compare import sweep as sweep_mod
 from objtrain.compare.experiment import Claim, experiment_from_dict
-from objtrain.compare.render import paired_text
 from objtrain.compare.runner import PLAN, Interrupted
 from objtrain.compare.sweep import (
     left_out_lines,
@@ -22,9 +21,11 @@ from objtrain.compare.sweep import (
     sweep_plan_dict,
     thin_text,
 )
-from objtrain.compare.sweep_report import _left_out_note, refit, sweep_claim
+from objtrain.compare.sweep_results import refit, sweep_claim
 from objtrain.errors import UserError
 from objtrain.io import write_json
+from objtrain.report.sweep import _left_out_note
+from objtrain.report.tables import paired_text
 
 ROWS = 4 * 32  # tokens a step in the debug experiment
 POINTS = f"tokens={10 * ROWS},{50 * ROWS},{400 * ROWS}"  # 10, 50 and 400 steps

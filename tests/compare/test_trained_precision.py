@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from objtrain.compare.report import held_equal, trained_precision
+from objtrain.report.comparison import held_equal, trained_precision
 
 
 def results(*dtypes_per_arm: tuple[str, ...]) -> dict:

@@ -7,8 +7,8 @@ import io
 
 from rich.console import Console
 
-from objtrain.compare.render import verdict_cell
-from objtrain.compare.report import finding, markdown, print_tables, question_metrics, verdict
+from objtrain.report.comparison import finding, markdown, print_tables, question_metrics, verdict
+from objtrain.report.tables import verdict_cell
 
 
 def _metric(mean: float) -> dict:
@@ -92,7 +92,7 @@ def test_a_metric_only_some_arms_have_names_them_not_every_arm() -> None:
 
 
 def test_the_cost_section_names_the_control_held_equal_and_the_other_spread() -> None:
-    from objtrain.compare.report import held_equal
+    from objtrain.report.comparison import held_equal
 
     results = _results()
     results["arms"][0]["cost"]["flops"] = _metric(1e12)
@@ -149,7 +149,8 @@ def _probe_arms(random_init: float | None) -> list[dict]:
 
 
 def test_a_probe_claim_is_judged_only_beyond_the_random_init_baseline() -> None:
-    from objtrain.compare.report import baseline_gate, baseline_section
+    from objtrain.compare.results import baseline_gate
+    from objtrain.report.comparison import baseline_section
 
     claim = {"claim": "MLM beats CLM", "metric": "probe_sst2_accuracy", "arms": ["mlm", "clm"],
              "verdict": "agrees"}  # fmt: skip
@@ -176,7 +177,7 @@ def test_plots_draw_ranked_metrics_and_probe_axes_from_chance_with_baselines() -
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from objtrain.compare.report import _draw_baselines, plotted_metrics
+    from objtrain.report.comparison import _draw_baselines, plotted_metrics
 
     results = _results()
     results["arms"][0]["metrics"]["val_loss"] = _metric(3.0)  # each arm's own loss: not ranked, not drawn
@@ -193,7 +194,8 @@ def test_plots_draw_ranked_metrics_and_probe_axes_from_chance_with_baselines() -
 
 
 def test_a_fine_tune_claim_is_gated_by_the_random_init_fine_tune() -> None:
-    from objtrain.compare.report import BASELINE, baseline_gate, baseline_section
+    from objtrain.compare.results import BASELINE, baseline_gate
+    from objtrain.report.comparison import baseline_section
 
     arms = _probe_arms(0.59)
     for arm in arms:  # the same numbers under the fine-tune's names
@@ -253,8 +255,8 @@ def _seeded(
     values: dict[str, list[float]], metric: str = "conditional_bpb", eval_se: float | None = None
 ) -> dict:
     """Results of two decoder arms over seeds 0..K-1 on one metric, ranked as `build_results` ranks."""
-    from objtrain.compare.report import ranking_entry
-    from objtrain.compare.stats import summarise
+    from objtrain.compare.results import ranking_entry
+    from objtrain.stats.seeds import summarise
 
     results = _results()
     results["seeds"] = list(range(len(next(iter(values.values())))))
@@ -292,7 +294,7 @@ def test_a_gap_the_seeds_resolve_is_a_win_and_one_they_do_not_is_not() -> None:
 
 def test_an_unresolved_gap_says_which_noise_keeps_it_open() -> None:
     """The reason given is the true one: the seeds' spread, the evaluation's own noise, or both."""
-    from objtrain.compare.report import gap_status
+    from objtrain.report.comparison import gap_status
 
     seeds_agree = _seeded({"clm": [2.00, 2.01, 2.02], "fim-0.5": [2.05, 2.06, 2.07]}, eval_se=0.04)
     status = gap_status(seeds_agree["rankings"]["conditional_bpb"], "fim-0.5")
@@ -306,7 +308,7 @@ def test_an_unresolved_gap_says_which_noise_keeps_it_open() -> None:
 
 
 def test_a_probe_at_its_random_init_baseline_is_listed_not_ranked() -> None:
-    from objtrain.compare.report import screened
+    from objtrain.compare.results import screened
 
     results = _results()
     results["rankings"]["probe_accuracy"] = {"lower_is_better": False, "best": "clm", "tie": False,
@@ -328,7 +330,7 @@ def test_a_probe_at_its_random_init_baseline_is_listed_not_ranked() -> None:
 
 
 def test_a_left_to_right_score_ranks_only_the_arms_that_read_left_to_right() -> None:
-    from objtrain.compare.report import screened
+    from objtrain.compare.results import screened
 
     results = _results()
     results["arms"][1]["model_kind"] = "encdec"
@@ -356,7 +358,7 @@ def test_a_direction_against_the_literature_is_said_with_its_size() -> None:
 
 
 def test_the_validation_plots_draw_every_arm_and_say_which_lack_a_left_to_right_loss() -> None:
-    from objtrain.compare.report import val_series
+    from objtrain.report.comparison import val_series
 
     def records(loss: float, bpb: float | None) -> list[dict]:
         return [{"tokens": t, "wall_time": t / 10, "val_loss": loss - t / 1e3} | ({} if bpb is None else
@@ -372,7 +374,7 @@ def test_the_validation_plots_draw_every_arm_and_say_which_lack_a_left_to_right_
 
 
 def test_the_metric_plot_clips_each_interval_to_the_metric_range() -> None:
-    from objtrain.compare.report import metric_bars, metric_limits, metric_range
+    from objtrain.report.comparison import metric_bars, metric_limits, metric_range
 
     results = _results()
     results["arms"][0]["metrics"]["infill_parse_rate"] = {"mean": 0.25, "std": 0.35, "n": 2, "ci95": 3.2}

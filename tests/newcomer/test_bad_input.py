@@ -212,7 +212,7 @@ def test_brackets_in_paths_and_model_text_are_printed_as_they_are(
     from rich.console import Console
 
     from objtrain.cli.generate import _print_fill_mask
-    from objtrain.compare.report import _rich
+    from objtrain.report.comparison import _rich
 
     console = Console(record=True, width=200)
     text = "a[i] = b[/][lr]"

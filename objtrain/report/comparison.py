@@ -1,18 +1,15 @@
-"""The comparison's report: results.json, report.md, the terminal table and PNG plots (matplotlib, Agg).
+"""A comparison's report: results.json, report.md, the terminal tables and PNG plots (matplotlib, Agg).
 
 Two tables, as an ablation in a paper would have them: what each arm cost (parameters, tokens, FLOPs,
 seconds, tokens/s, peak memory) and what it learnt (the suite's metrics plus the training validation),
 each `mean ± std` over seeds. Per metric the best arm is bold and `≈` marks an arm the seeds cannot tell
-apart from it (`objtrain.compare.stats`). The claims table, the report's head and writing it are
-`objtrain.compare.render`'s, shared with a sweep's report.
+apart from it (`objtrain.stats.seeds`). The numbers and verdicts are `objtrain.compare.results`'; the
+claims table, the report's head and writing it are `objtrain.report.tables`', shared with a sweep's report.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
-import re
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,301 +20,39 @@ from rich.markup import escape
 from rich.table import Table
 
 from objtrain.compare import suite
-from objtrain.compare.experiment import REGIME_FACTOR, Claim
-from objtrain.compare.regime import regime_gap, seed_notes, seeds_needed
-from objtrain.compare.render import (
-    ONE_ARM_NOTE,
+from objtrain.compare.experiment import REGIME_FACTOR
+from objtrain.compare.regime import seeds_needed
+from objtrain.compare.results import (
+    COST,
+    NONE,
+    PROBE_ACCURACY,
     arm_pair,
-    claim_rows,
+    baseline_key,
+    build_results,
+    ordered,
+    run_value,
+    screened,
+    summary_of,
+)
+from objtrain.compare.runner import Comparison, chosen_rates, metrics_records
+from objtrain.report.plots import arm_colours, panel_grid, pyplot, save_png
+from objtrain.report.tables import (
+    claims_section,
     difference,
     heading,
     markdown_table,
+    mean_cell,
     measured_text,
-    plot_lines,
-    save_png,
+    normal_runs,
+    plots_section,
+    what_was_run,
     write_all,
 )
-from objtrain.compare.runner import Comparison, chosen_rates, machine, metrics_records, plan_dict
-from objtrain.compare.stats import Summary, fmt, paired, paired_eval_se, rank, summarise, t975
+from objtrain.stats.seeds import fmt, t975
 
-# Metrics first in this order, then the rest alphabetically.
-ORDER = (
-    "conditional_bpb",
-    "bits_per_byte",
-    "val_bpb",
-    "loss",
-    "masked_accuracy",
-    "masked_loss",
-    "span_target_loss",
-    "span_target_accuracy",
-    "infill_exact_match",
-    "infill_exact_match_norm",
-    "infill_parse_rate",
-    "probe_accuracy",
-    "probe_mcc",
-    "objective_loss",
-    "val_loss",
-)
-COST = (
-    ("parameters", "params"),
-    ("tokens", "tokens"),
-    ("flops", "FLOPs"),
-    ("seconds", "train s"),
-    ("tokens_per_s", "tok/s"),
-    ("mfu", "MFU"),
-    ("peak_memory_bytes", "peak MiB"),
-)
 MARK = "≈"
-NONE: dict[str, Any] = {"mean": None, "std": None, "n": 0}  # a cost an older results.json lacks
-
-
-def build_results(c: Comparison) -> dict[str, Any]:
-    """Everything the report says, as JSON: per arm its runs, cost and metrics over seeds; rankings."""
-    arms: list[dict[str, Any]] = []
-    per_metric: dict[str, dict[str, Summary]] = {}
-    by_seed: dict[str, dict[str, dict[int, float]]] = {}  # metric -> arm -> seed -> value
-    units: dict[str, dict[str, dict[int, Any]]] = {}  # metric -> arm -> seed -> per-unit scores
-    for arm in c.experiment.arms:
-        runs = [c.results[r.key] for r in c.runs if r.arm.name == arm.name and r.key in c.results]
-        if not runs:
-            continue
-        for r in runs:
-            for metric, scores in (r["eval"].get("units") or {}).items():
-                units.setdefault(metric, {}).setdefault(arm.name, {})[int(r.get("seed", 0))] = scores
-        # results.json keeps each run's record without its per-unit scores (they stay in results/)
-        runs = [r | {"eval": {k: v for k, v in r["eval"].items() if k != "units"}} for r in runs]
-        first = runs[0]["train"]
-        values: dict[str, list[float]] = {}
-        for r in runs:
-            seed = int(r.get("seed", 0))
-            numbers = suite.numeric_metrics(r["eval"])
-            for key in ("val_loss", "val_bpb"):
-                if r["train"].get(key) is not None:
-                    numbers[key] = float(r["train"][key])
-            for key, value in numbers.items():
-                values.setdefault(key, []).append(value)
-                by_seed.setdefault(key, {}).setdefault(arm.name, {})[seed] = value
-        metrics = {k: summarise(v) for k, v in values.items()}
-        for k, s in metrics.items():
-            per_metric.setdefault(k, {})[arm.name] = s
-        cost = {
-            k: summarise([float(r["train"][k]) for r in runs if r["train"].get(k) is not None])
-            for k, _ in COST
-        }
-        found: dict[str, list[float]] = {}
-        for r in runs:
-            for key, value in r["eval"].items():
-                if BASELINE.match(key) and isinstance(value, (int, float)) and math.isfinite(value):
-                    found.setdefault(key, []).append(float(value))
-        baselines = {k: summarise(v).to_dict() for k, v in sorted(found.items())}
-        arms.append(
-            {
-                "name": arm.name,
-                "objective": arm.objective.name,
-                "objective_overrides": arm.objective.overrides,
-                "model_kind": first["model_kind"],
-                "model_size": first["model_size"],
-                # as trained: compare may add overrides of its own (match_mtp_parameters' n_layer)
-                "model_overrides": ((first.get("config") or {}).get("model") or {}).get("overrides")
-                or arm.model.overrides,
-                "seq_len": first["seq_len"],
-                "batch_size": first["batch_size"],
-                "steps": first["steps"],
-                "cost": {k: s.to_dict() for k, s in cost.items()},
-                "baselines": baselines,
-                "metrics": {k: metrics[k].to_dict() for k in _ordered(metrics)},
-                "runs": runs,
-            }
-        )
-    same_objective = len({json.dumps([a.objective.name, a.objective.overrides], sort_keys=True)
-                          for a in c.experiment.arms}) == 1  # fmt: skip
-    rankings: dict[str, Any] = {}
-    unranked: dict[str, dict[str, str]] = {}
-    by_name = {a["name"]: a for a in arms}
-    for metric in _ordered(per_metric):
-        direction = suite.direction(metric)
-        if (
-            direction == "info"
-            or (metric in suite.OWN_LOSSES and not same_objective)
-            or len(per_metric[metric]) < 2
-        ):
-            continue
-        # A metric is ranked among the arms it means the same for (`not_ranked`); the rest are listed.
-        why = unranked_reasons([by_name[n] for n in per_metric[metric]], metric)
-        if why:
-            unranked[metric] = why
-        kept = {n: s for n, s in per_metric[metric].items() if n not in why}
-        if len(kept) < 2:
-            continue
-        entry = ranking_entry(metric, kept, direction == "lower", by_seed.get(metric), units.get(metric))
-        if entry is not None:
-            rankings[metric] = entry
-    exp = c.experiment
-    claims = [
-        claim_verdict(claim, by_seed.get(claim.metric, {}), len(c.seeds), units.get(claim.metric, {}))
-        | {"regime": claim_regime(claim.regime or exp.regime, arms, claim.arms)}
-        for claim in exp.claims
-    ]
-    claims = [baseline_gate(claim, arms) for claim in claims]
-    return {
-        "experiment": {
-            "name": exp.name,
-            "question": exp.question,
-            "expect": exp.expect,
-            "source": exp.source,
-        }
-        | ({"withdrawn": [dataclasses.asdict(w) for w in exp.withdrawn]} if exp.withdrawn else {}),
-        "plan": plan_dict(c),
-        "budget": {"name": c.budget_name, "kind": c.budget.kind, "value": c.budget.value}
-        | ({"size": c.budget.size} if c.budget.size else {}),
-        "seeds": c.seeds,
-        "evaluation": {
-            "suite": suite.available(),
-            "data": c.eval_data,
-            "options": c.eval_options,
-        }
-        | ({"first_seed_options": c.first_seed_options} if c.first_seed_options else {}),
-        "machine": machine(),
-        "wall_seconds": c.seconds,
-        "arms": arms,
-        "rankings": rankings,
-        "unranked": unranked,
-        "claims": claims,
-    }
-
-
-def ranking_entry(
-    metric: str,
-    summaries: dict[str, Summary],
-    lower: bool,
-    per_seed: dict[str, dict[int, float]] | None,
-    units: dict[str, dict[int, Any]] | None = None,
-) -> dict[str, Any] | None:
-    """results.json's ranking of one metric (`stats.rank`), each gap with the standard error the
-    evaluation's own sample of documents or tasks gives it (`eval_se`, where per-unit scores were kept)."""
-    r = rank(metric, summaries, lower=lower, per_seed=per_seed)
-    if r is None:
-        return None
-    gaps = {name: g | {"eval_se": _eval_se(units, name, r.best)} for name, g in r.gaps.items()}
-    return {
-        "lower_is_better": r.lower_is_better,
-        "best": r.best,
-        "tie": r.tie,
-        "within_seed_spread": r.within_spread,
-        "gaps": gaps,
-    }
-
-
-# Scores read left to right, which only a decoder does on its own: an encoder-decoder read through its
-# decoder with an empty encoder is poor by construction, an encoder reads nothing left to right (README,
-# "Evaluation"). Ranked among decoders only.
-LEFT_TO_RIGHT = ("loss", "perplexity", "bits_per_byte", "byte_perplexity", "word_perplexity", "val_bpb")
-LEFT_TO_RIGHT_KINDS = ("decoder",)
-PROBE_MCC = re.compile(r"^(probe|finetune)_(?:(\w+)_)?mcc$")
-
-
-def _random_init(arm: dict[str, Any], accuracy: str) -> tuple[float, float] | None:
-    """The arm's random-init baseline for a probe's (fine-tune's, minimal pairs') accuracy and the width it
-    must be beaten by: the baseline's 95% interval, or its own seed sd (minimal pairs: its own binomial
-    interval) where one seed leaves no interval."""
-    key = _baseline_key(accuracy, "random_init_accuracy") or ""
-    base = arm.get("baselines", {}).get(key)
-    if base is None or base.get("mean") is None:
-        return None
-    sd = arm["baselines"].get(_baseline_key(accuracy, "accuracy_probe_sd") or "", {}).get("mean")
-    hi = arm["baselines"].get(f"{key}_hi", {}).get("mean")  # minimal pairs at one seed: its Wilson interval
-    own = hi - base["mean"] if hi is not None else 0.0
-    width = base["ci95"] if base.get("ci95") is not None else (sd or own)
-    return float(base["mean"]), float(width)
-
-
-def at_baseline(arm: dict[str, Any], metric: str) -> str | None:
-    """`at its random-init baseline (0.483 ± 0.02)` where the arm's probe or fine-tune (its accuracy, or
-    the Matthews correlation of the same probe) does not beat the same architecture untrained beyond that
-    baseline's interval; None where it does, or where no baseline was measured."""
-    m = PROBE_MCC.match(metric)
-    accuracy = metric[: -len("mcc")] + "accuracy" if m else metric
-    if _baseline_key(accuracy, "random_init_accuracy") is None:
-        return None
-    mean = (arm["metrics"].get(accuracy) or {}).get("mean")
-    base = _random_init(arm, accuracy)
-    if mean is None or base is None or mean > base[0] + base[1]:
-        return None
-    own = f"its accuracy {mean:.4g} against " if m else ""
-    return f"at its random-init baseline ({own}{base[0]:.4g} ± {base[1]:.2g})"
-
-
-def not_ranked(arm: dict[str, Any], metric: str) -> str | None:
-    """Why `metric` does not mean for this arm what it means for the others, or None: a left-to-right
-    score of a model that does not read left to right, a conditional score in a layout the arm's objective
-    never trained on, or a probe at its random-init baseline."""
-    if metric in LEFT_TO_RIGHT and arm["model_kind"] not in LEFT_TO_RIGHT_KINDS:
-        kind = KIND_WORDS.get(arm["model_kind"], arm["model_kind"])
-        return f"({'an' if kind[:1] in 'aeiou' else 'a'} {kind} does not read left to right)"
-    if metric == "conditional_bpb" and _untrained_layout(arm):
-        return UNTRAINED_LAYOUT_WHY
-    return at_baseline(arm, metric)
-
-
-def unranked_reasons(arms: list[dict[str, Any]], metric: str) -> dict[str, str]:
-    """Arm name -> why `metric` is not ranked for it (`not_ranked`), over the arms that have it. Arms all
-    scored in the same untrained layout still compare with each other: none is left out for it."""
-    why = {a["name"]: w for a in arms if (w := not_ranked(a, metric))}
-    if len(why) == len(arms) and all(w == UNTRAINED_LAYOUT_WHY for w in why.values()):
-        return {}
-    return why
-
-
-UNTRAINED_LAYOUT_WHY = "(scored as one long span, a layout its objective never trained on)"
-
-
-def _untrained_layout(arm: dict[str, Any]) -> bool:
-    from objtrain.evaluation.conditional import untrained_layout
-
-    notes = [(run.get("eval") or {}).get("conditional_mode") for run in arm.get("runs") or []]
-    return any(isinstance(note, str) and untrained_layout(note) for note in notes)
-
-
-KIND_WORDS = {"encdec": "encoder-decoder"}
-
-
-def screened(results: dict[str, Any]) -> dict[str, Any]:
-    """`results` with its rankings over the arms each metric means the same for (`not_ranked`) and the
-    arms left out under `unranked`, as `build_results` writes them now; a results.json from before (a
-    published one, say) is re-ranked from its runs' per-seed values. Returned unchanged when it has them."""
-    if "unranked" in results:
-        return results
-    rankings: dict[str, Any] = {}
-    unranked: dict[str, dict[str, str]] = {}
-    for metric, r in (results.get("rankings") or {}).items():
-        having = [a for a in results["arms"] if (a["metrics"].get(metric) or {}).get("n")]
-        why = unranked_reasons(having, metric)
-        if not why:
-            rankings[metric] = r
-            continue
-        unranked[metric] = why
-        kept = [a for a in having if a["name"] not in why]
-        if len(kept) < 2:
-            continue
-        summaries = {a["name"]: _summary(a["metrics"][metric]) for a in kept}
-        per_seed = {a["name"]: _per_seed(a, metric) for a in kept}
-        entry = ranking_entry(metric, summaries, bool(r["lower_is_better"]), per_seed)
-        if entry is not None:
-            rankings[metric] = entry
-    return results | {"rankings": rankings, "unranked": unranked}
-
-
-def _per_seed(arm: dict[str, Any], metric: str) -> dict[int, float]:
-    runs = [(int(r.get("seed", 0)), _run_value(r, metric)) for r in arm["runs"]]
-    return {seed: v for seed, v in runs if v is not None}
-
-
-def _summary(value: dict[str, Any]) -> Summary:
-    def number(key: str) -> float:
-        v = value.get(key)
-        return float(v) if v is not None else float("nan")
-
-    return Summary(number("mean"), number("std"), int(value.get("n") or 0), number("ci95"))
+COST_LABELS = {"parameters": "params", "tokens": "tokens", "flops": "FLOPs", "seconds": "train s",
+               "tokens_per_s": "tok/s", "mfu": "MFU", "peak_memory_bytes": "peak MiB"}  # fmt: skip
 
 
 def _raised_text(results: dict[str, Any]) -> str:
@@ -331,76 +66,6 @@ def _raised_text(results: dict[str, Any]) -> str:
     )
 
 
-def claim_verdict(
-    claim: Claim,
-    per_seed: dict[str, dict[int, float]],
-    n_seeds: int,
-    units: dict[str, dict[int, Any]] | None = None,
-) -> dict[str, Any]:
-    """The claim with our paired difference `a - b` and the verdict: agrees, disagrees or not resolved
-    (the 95% interval decides; for `equal`, the interval against ±margin), or "no published comparison".
-    With both arms' per-unit scores (`units`: arm -> seed -> scores), also `eval_se`: the standard error
-    of the mean difference that comes from the evaluation's own sample of documents or tasks alone (each
-    seed's from its per-unit differences, combined over the seeds), to set beside the seed spread."""
-    a, b = arm_pair(claim.arms)
-    out: dict[str, Any] = {
-        "claim": claim.claim,
-        "literature": claim.literature,
-        "metric": claim.metric,
-        "arms": list(claim.arms),
-        "expect": claim.expect,
-        "margin": claim.margin,
-    }
-    if a not in per_seed or (b is not None and b not in per_seed):
-        # Some metrics exist for some arms only (sentence_order_accuracy: the arms with a trained pair
-        # head): say which arms have it, so "not measured" reads as a fact of the arms, not a failure.
-        return out | {"verdict": "not measured", "paired": None, "measured_by": list(per_seed)}
-    base = per_seed[b] if b is not None else dict.fromkeys(per_seed[a], 0.0)
-    p = paired(per_seed[a], base)
-    diffs = {k: float(per_seed[a][k]) - float(base[k]) for k in sorted(set(per_seed[a]) & set(base))}
-    diffs = {k: d for k, d in diffs.items() if math.isfinite(d)}
-    lo, hi = p.delta - p.ci95, p.delta + p.ci95
-    if not p.n or not math.isfinite(p.ci95):
-        text = "not resolved"
-    elif claim.expect == "none":
-        text = "no published comparison"
-    elif claim.expect == "equal":
-        text = (
-            "agrees" if max(abs(lo), abs(hi)) <= claim.margin
-            else "disagrees" if min(abs(lo), abs(hi)) > claim.margin and lo * hi > 0
-            else "not resolved"
-        )  # fmt: skip
-    else:
-        below, above = hi < 0, lo > 0
-        want_below = claim.expect == "lower"
-        text = (
-            "agrees"
-            if (below if want_below else above)
-            else "disagrees"
-            if (above if want_below else below)
-            else "not resolved"
-        )
-    pd = p.to_dict()
-    return (
-        out
-        | {"verdict": text, "paired": pd, "seeds": n_seeds, "eval_se": _eval_se(units, a, b)}
-        | seed_notes(text, diffs, pd, claim.expect, claim.margin)
-    )
-
-
-# The probe's baselines, per task (`probe_sst2_random_init_accuracy`) or for the default probe
-# (`probe_random_init_accuracy`): the majority class, a bag-of-words logistic regression on the same examples,
-# the same architecture at random init, and the probe's own seed-to-seed spread.
-# Minimal pairs (`blimp_accuracy`): the same architecture at random init and an n-gram model, each with
-# its Wilson interval's ends.
-BASELINE = re.compile(
-    r"^(?:probe|finetune)_(?:\w+_)?"
-    r"(?:majority_accuracy|bow_accuracy|random_init_accuracy|accuracy_probe_sd|accuracy_tune_sd)$"
-    r"|^blimp_(?:random_init|ngram)_accuracy(?:_lo|_hi)?$"
-)
-# A probe's, fine-tune's or minimal-pair accuracy (the default task or a named one), whose baselines sit
-# beside it
-PROBE_ACCURACY = re.compile(r"^(probe|finetune|blimp)_(?:(\w+)_)?accuracy$")
 BASELINE_NAMES = (("random_init_accuracy", "random-init"), ("bow_accuracy", "bag-of-words"),
                   ("majority_accuracy", "majority"), ("accuracy_probe_sd", "own seed sd"))  # fmt: skip
 
@@ -450,50 +115,6 @@ def _tune_noise_text(runs: list[dict[str, Any]]) -> str:
     )
 
 
-def _baseline_key(metric: str, kind: str) -> str | None:
-    """`probe_sst2_accuracy`, `random_init_accuracy` -> `probe_sst2_random_init_accuracy` (`finetune_...`
-    alike)."""
-    m = PROBE_ACCURACY.match(metric)
-    if m is None:
-        return None
-    if m.group(1) == "finetune" and kind == "accuracy_probe_sd":
-        kind = "accuracy_tune_sd"  # a fine-tune's own spread is over fine-tune seeds
-    return f"{m.group(1)}_{m.group(2)}_{kind}" if m.group(2) else f"{m.group(1)}_{kind}"
-
-
-def baseline_gate(claim: dict[str, Any], arms: list[dict[str, Any]]) -> dict[str, Any]:
-    """A classification claim is judged only when its arms beat the random-init baseline (the same
-    architecture untrained, probed alike) beyond that baseline's 95% interval (its own seed sd where one
-    seed leaves no interval); otherwise its verdict is "not judged", and it says why."""
-    key = _baseline_key(claim["metric"], "random_init_accuracy")
-    if key is None or claim.get("verdict") == "not measured":
-        return claim
-    by_name = {a["name"]: a for a in arms}
-    short = []
-    for name in claim["arms"]:
-        arm = by_name.get(name)
-        if arm is None or claim["metric"] not in arm["metrics"]:
-            continue
-        base = _random_init(arm, claim["metric"])
-        if base is None:
-            return claim | {"baseline": "no random-init baseline was measured: the verdict cannot say "
-                            "whether pretraining taught the probe anything"}  # fmt: skip
-        mean = arm["metrics"][claim["metric"]]["mean"]
-        if not mean > base[0] + base[1]:
-            short.append(f"{name} {mean:.3g} against random-init {base[0]:.3g} ± {base[1]:.2g}")
-    if not short:
-        return claim | {"baseline": "every arm beats its random-init baseline beyond its interval"}
-    measure = {"finetune": "fine-tune", "blimp": "minimal-pair score"}.get(
-        claim["metric"].split("_")[0], "probe"
-    )
-    return claim | {
-        "verdict": "not judged",
-        "verdict_before_baseline": claim["verdict"],
-        "baseline": "not judged: the arms do not beat the same architecture at random init beyond its "
-        f"interval ({'; '.join(short)}), so the {measure} does not show what pretraining taught",
-    }
-
-
 def baseline_section(results: dict[str, Any]) -> list[str]:
     """Each probe metric beside its baselines, per arm: random-init, bag-of-words, majority, own seed sd."""
     metrics = sorted({m for a in results["arms"] for m in a["metrics"] if PROBE_ACCURACY.match(m)})
@@ -505,10 +126,10 @@ def baseline_section(results: dict[str, Any]) -> list[str]:
         for arm in results["arms"]:
             if metric not in arm["metrics"]:
                 continue
-            cells = [arm["name"], metric, _ci_cell(arm["metrics"][metric])]
+            cells = [arm["name"], metric, mean_cell(arm["metrics"][metric])]
             for kind, _ in BASELINE_NAMES:
-                base = arm.get("baselines", {}).get(_baseline_key(metric, kind) or "")
-                cells.append(_ci_cell(base) if base else "—")
+                base = arm.get("baselines", {}).get(baseline_key(metric, kind) or "")
+                cells.append(mean_cell(base))
             rows.append(cells)
     measured = any(a.get("baselines") for a in results["arms"])
     tuned = any(m.startswith("finetune_") for m in metrics)
@@ -542,50 +163,6 @@ def baseline_section(results: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
 
 
-def _ci_cell(value: dict[str, Any]) -> str:
-    if value.get("mean") is None:
-        return "—"
-    ci = value.get("ci95")
-    return f"{value['mean']:.4g}" + (f" ± {ci:.2g}" if ci is not None else "")
-
-
-def claim_regime(setting: Any, arms: list[dict[str, Any]], names: list[str]) -> dict[str, Any] | None:
-    """The paper's smallest setting against the claim's arms (their mean parameters and tokens)."""
-    chosen = [a for a in arms if a["name"] in names]
-
-    def mean(key: str) -> float | None:
-        vals = [a["cost"][key]["mean"] for a in chosen if a["cost"].get(key, NONE)["mean"] is not None]
-        return sum(vals) / len(vals) if vals else None
-
-    return regime_gap(setting, mean("parameters"), mean("tokens"))
-
-
-def _eval_se(units: dict[str, dict[int, Any]] | None, a: str, b: str | None) -> float | None:
-    if not units or b is None or a not in units or b not in units:
-        return None
-    shared = sorted(set(units[a]) & set(units[b]))
-    errors = [paired_eval_se(units[a][k], units[b][k]) for k in shared]
-    if not errors or any(e is None for e in errors):
-        return None
-    return math.sqrt(sum(e**2 for e in errors)) / len(errors)  # type: ignore[operator]
-
-
-def _ordered(keys: Any) -> list[str]:
-    keys = list(keys)
-    head = [k for k in ORDER if k in keys]
-    return head + sorted(k for k in keys if k not in ORDER)
-
-
-def _cell(value: dict[str, Any], digits: int = 4) -> str:
-    s = Summary(
-        value["mean"] if value["mean"] is not None else float("nan"),
-        value["std"] if value["std"] is not None else float("nan"),
-        value["n"],
-        float("nan"),
-    )
-    return fmt(s, digits)
-
-
 def _cost_cell(key: str, value: dict[str, Any]) -> str:
     mean = value["mean"]
     if mean is None:
@@ -608,7 +185,7 @@ def _cost_cell(key: str, value: dict[str, Any]) -> str:
 
 def metric_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the metrics table, with the best bold (`**`) and `≈` marks."""
-    metrics = _ordered({m for a in results["arms"] for m in a["metrics"]})
+    metrics = ordered({m for a in results["arms"] for m in a["metrics"]})
     header = ["arm", *metrics]
     # A claim's metric at one precision in every arm (2.200 beside 2.317, not 2.2)
     claimed = {c["metric"] for c in results.get("claims", [])}
@@ -627,11 +204,9 @@ def metric_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             if v is None or not v["n"]:
                 row.append("—")
                 continue
-            text = _cell(v)
+            text = fmt(summary_of(v))
             if m in decimals:
-                text = f"{v['mean']:.{decimals[m]}f}" + (
-                    f" ± {v['std']:.2g}" if v.get("std") is not None else ""
-                )
+                text = mean_cell(v, "std", f".{decimals[m]}f")
             r = results["rankings"].get(m)
             best = next((a for a in results["arms"] if r is not None and a["name"] == r["best"]), None)
             if r is not None and r.get("tie"):  # every arm alike: nobody is best
@@ -696,11 +271,11 @@ def trained_precision(results: dict[str, Any]) -> str:
 
 def cost_rows(results: dict[str, Any], spread: bool = True) -> tuple[list[str], list[list[str]]]:
     """The cost table; `spread=False` leaves out the seeds' `± std` (a narrow terminal: report.md has it)."""
-    header = ["arm", "objective", "model", *(label for _, label in COST)]
+    header = ["arm", "objective", "model", *(COST_LABELS[k] for k in COST)]
     rows = []
     for arm in results["arms"]:
         model = f"{arm['model_kind']} {arm['model_size']}"
-        costs = (arm["cost"].get(k, NONE) for k, _ in COST)
+        costs = (arm["cost"].get(k, NONE) for k in COST)
         rows.append(
             [
                 arm["name"],
@@ -708,7 +283,7 @@ def cost_rows(results: dict[str, Any], spread: bool = True) -> tuple[list[str], 
                 model,
                 *(
                     _cost_cell(k, c if spread else c | {"std": None})
-                    for (k, _), c in zip(COST, costs, strict=True)
+                    for k, c in zip(COST, costs, strict=True)
                 ),
             ]
         )
@@ -718,19 +293,6 @@ def cost_rows(results: dict[str, Any], spread: bool = True) -> tuple[list[str], 
 def _objective_text(arm: dict[str, Any]) -> str:
     extra = ", ".join(f"{k}={v}" for k, v in arm["objective_overrides"].items())
     return f"{arm['objective']} ({extra})" if extra else arm["objective"]
-
-
-def experiment_source(exp: dict[str, Any]) -> str:
-    """Where the experiment came from: a shipped one as its path in a clone (`configs/experiments/X.yaml`)
-    wherever the package was installed or run from, a user's file as given."""
-    source = exp.get("source")
-    if not source:
-        return str(exp["name"])
-    parts = Path(source).parts
-    for i in range(len(parts) - 1):
-        if parts[i : i + 2] == ("objtrain", "configs"):
-            return str(Path("configs", *parts[i + 2 :]))
-    return str(source)
 
 
 def _data_text(results: dict[str, Any]) -> str:
@@ -743,36 +305,50 @@ def _data_text(results: dict[str, Any]) -> str:
     return f"`{store}`" if store else "the embedded standard library (Python source)"
 
 
+# What the comparison's verdicts mean, under its claims table.
+VERDICTS_EXPLAINED = (
+    "Each claim is a paired comparison: the per-seed difference of two arms (seed k shared), its "
+    "mean and the half-width of its 95% t interval. agrees / disagrees: the interval lies on the "
+    "literature's side of 0 / on the other side (for a claim of no difference: inside / outside "
+    "the stated margin); not resolved: the seeds cannot tell at this budget. A verdict says when "
+    "one seed decides its direction (leaving that seed out moves the mean difference across 0 or "
+    "the margin), and where the interval straddles the boundary, how many seeds would resolve a "
+    "gap of this size at the spread measured. Scale: the paper's smallest setting over ours "
+    f"(parameters, tokens, tokens per parameter); beyond {REGIME_FACTOR:g}x either way the verdict "
+    "is **out of regime**: it says what holds at this scale, not whether the paper's finding does."
+)
+
+
 def markdown(results: dict[str, Any], plots: list[str], extra: Sequence[str] = ()) -> str:
     """The report; `extra` (a publisher's own section, such as what changed since a previous
     publication) goes after the verdicts."""
     results = screened(results)
-    exp, m = results["experiment"], results["machine"]
-    n_seeds = len(results["seeds"])
+    exp = results["experiment"]
     out = heading("Comparison", exp)
-    if results.get("claims"):
-        header, rows = claim_rows(results)
-        out += [
-            "## Verdicts",
-            "",
-            markdown_table(header, rows),
-            "",
-            "Each claim is a paired comparison: the per-seed difference of two arms (seed k shared), its "
-            "mean and the half-width of its 95% t interval. agrees / disagrees: the interval lies on the "
-            "literature's side of 0 / on the other side (for a claim of no difference: inside / outside "
-            "the stated margin); not resolved: the seeds cannot tell at this budget. A verdict says when "
-            "one seed decides its direction (leaving that seed out moves the mean difference across 0 or "
-            "the margin), and where the interval straddles the boundary, how many seeds would resolve a "
-            "gap of this size at the spread measured. Scale: the paper's smallest setting over ours "
-            f"(parameters, tokens, tokens per parameter); beyond {REGIME_FACTOR:g}x either way the verdict "
-            "is **out of regime**: it says what holds at this scale, not whether the paper's finding does.",
-            "",
-            *ONE_ARM_NOTE * any(len(c["arms"]) == 1 for c in results["claims"]),
-        ]
+    out += claims_section(results, "Verdicts", VERDICTS_EXPLAINED)
     out += withdrawn_section(exp)
     out += list(extra)
-    header, rows = metric_rows(results)
-    out += ["## What each arm learnt", "", markdown_table(header, rows), ""]
+    out += learnt_section(results)
+    out += cost_section(results)
+    out += what_was_run(results, run_lines(results), "comparison", on_data=True, full_machine=True)
+    out += ["| arm | objective | model | seq_len x batch | steps | run |", "|---|---|---|---|---|---|"]
+    for arm in results["arms"]:
+        runs = ", ".join(f"`{r['run_dir']}`" for r in arm["runs"])
+        overrides = ", ".join(f"{k}={v}" for k, v in arm["model_overrides"].items())
+        out.append(
+            f"| {arm['name']} | {_objective_text(arm)} | {arm['model_kind']} {arm['model_size']}"
+            f"{' (' + overrides + ')' if overrides else ''} | {arm['seq_len']} x {arm['batch_size']} | "
+            f"{arm['steps']} | {runs} |"
+        )
+    out += ["", *plots_section(plots), normal_runs("run"), ""]
+    return "\n".join(out)
+
+
+def learnt_section(results: dict[str, Any]) -> list[str]:
+    """What each arm learnt: the metrics table, the probes' baselines, the verdict, the finding and what
+    the table's marks mean."""
+    n_seeds = len(results["seeds"])
+    out = ["## What each arm learnt", "", markdown_table(*metric_rows(results)), ""]
     out += baseline_section(results)
     lines = verdict(results)
     if lines:
@@ -795,9 +371,13 @@ def markdown(results: dict[str, Any], plots: list[str], extra: Sequence[str] = (
         "only).",
         "",
     ]
-    header, rows = cost_rows(results)
+    return out
+
+
+def cost_section(results: dict[str, Any]) -> list[str]:
+    """What each arm cost: the cost table, what was held equal, a busy machine's word, what costs mean."""
     busy = seconds_note(results)
-    out += ["## What each arm cost", "", markdown_table(header, rows), "", held_equal(results), ""]
+    out = ["## What each arm cost", "", markdown_table(*cost_rows(results)), "", held_equal(results), ""]
     out += [busy, ""] if busy else []
     out += [
         "FLOPs: estimated training FLOPs (6N per token plus attention, encoder and decoder counted apart). "
@@ -809,53 +389,22 @@ def markdown(results: dict[str, Any], plots: list[str], extra: Sequence[str] = (
         "is mean ± sample std over them.",
         "",
     ]
+    return out
+
+
+def run_lines(results: dict[str, Any]) -> list[str]:
+    """A comparison's own lines of what was run: the budget, the seeds, the data."""
     b = results["budget"]
     budget_text = (
         f"{b['value']:,.0f} tokens" if b["kind"] == "tokens" else
         f"{b['value']:.3g} FLOPs" if b["kind"] == "flops" else f"{b['value']:g} seconds"
     ) + (f" at size {b['size']}" if b.get("size") else "")  # fmt: skip
-    ev = results["evaluation"]
-    out += [
-        "## What was run",
-        "",
-        f"- Experiment: `{experiment_source(exp)}`",
+    return [
         f"- Budget: {budget_text} an arm ({b['name']}; every arm under the same control)",
         f"- Seeds: {', '.join(map(str, results['seeds']))} (a seed fixes init, data order and corruption; "
         "seed k is shared by every arm)" + _raised_text(results),
         f"- Data: {_data_text(results)}",
-        "- Evaluation: "
-        + (
-            f"the `objtrain eval` suite on {ev['data'] or 'each run store valid split'}, options "
-            f"{json.dumps(ev['options'])}"
-            if ev["suite"]
-            else suite.describe_missing()
-        ),
-        f"- Wall time: {results['wall_seconds']:.0f} s for the whole comparison",
-        f"- Machine: {m.get('cpu') or m['platform']}, {m['cpu_count']} CPUs, {m['torch_threads']} torch "
-        f"threads, torch {m['torch']}, Python {m['python']}"
-        + (f", GPU {m['cuda']}" if m.get("cuda") else "")
-        + (f", load average {m['load_average']}" if m.get("load_average") else "")
-        + (f", objtrain {m['commit']}" if m.get("commit") else ""),
-        "",
-        "| arm | objective | model | seq_len x batch | steps | run |",
-        "|---|---|---|---|---|---|",
     ]
-    for arm in results["arms"]:
-        runs = ", ".join(f"`{r['run_dir']}`" for r in arm["runs"])
-        overrides = ", ".join(f"{k}={v}" for k, v in arm["model_overrides"].items())
-        out.append(
-            f"| {arm['name']} | {_objective_text(arm)} | {arm['model_kind']} {arm['model_size']}"
-            f"{' (' + overrides + ')' if overrides else ''} | {arm['seq_len']} x {arm['batch_size']} | "
-            f"{arm['steps']} | {runs} |"
-        )
-    out += ["", "## Plots", ""]
-    out += plot_lines(plots)
-    out += [
-        "",
-        "Each run is a normal training run: `objtrain eval RUN` and `objtrain generate RUN` work on it.",
-        "",
-    ]
-    return "\n".join(out)
 
 
 # The metrics a verdict names, in order, when the arms were ranked on them: what a left-to-right model pays
@@ -1021,7 +570,11 @@ def claim_measured(c: dict[str, Any], arms: dict[str, dict[str, Any]]) -> str:
 
 
 WIDE = 140  # a terminal this wide shows the cost table's ± std (report.md always does)
+
+
 WRAP = 100  # verdict lines wrap here (a hanging indent), piped or not
+
+
 TERMINAL_METRICS = 4  # learnt-table columns on a terminal: what answers the question (the rest: report.md)
 
 
@@ -1209,6 +762,8 @@ VAL_LABELS = {
     "val_loss": "validation loss, each arm's own objective",
     "val_bpb": "validation bits per byte (left to right)",
 }
+
+
 SEED_STYLES = ("-", "--", ":", "-.")
 
 
@@ -1264,7 +819,7 @@ def metric_bars(results: dict[str, Any], metric: str) -> list[dict[str, Any]]:
         if not m or not m.get("n") or m.get("mean") is None:
             continue
         ci = m.get("ci95") or 0.0
-        seeds = [v for r in a["runs"] if (v := _run_value(r, metric)) is not None]
+        seeds = [v for r in a["runs"] if (v := run_value(r, metric)) is not None]
         out.append({"arm": a["name"], "mean": m["mean"], "low": max(lo, m["mean"] - ci),
                     "high": min(hi, m["mean"] + ci), "seeds": seeds if len(seeds) > 1 else []})  # fmt: skip
     return out
@@ -1277,7 +832,7 @@ def metric_limits(metric: str, bars: list[dict[str, Any]], arms: list[dict[str, 
     values = [v for b in bars for v in (b["low"], b["high"], *b["seeds"])]
     for a in arms:
         for kind in ("majority_accuracy", "bow_accuracy", "random_init_accuracy"):
-            base = a.get("baselines", {}).get(_baseline_key(metric, kind) or "")
+            base = a.get("baselines", {}).get(baseline_key(metric, kind) or "")
             if base and base.get("mean") is not None:
                 values += [base["mean"] - (base.get("ci95") or 0.0), base["mean"] + (base.get("ci95") or 0.0)]
     low, high = min(values), max(values)
@@ -1289,14 +844,22 @@ def metric_limits(metric: str, bars: list[dict[str, Any]], arms: list[dict[str, 
 
 def plot(c: Comparison, results: dict[str, Any]) -> list[str]:
     """Write the PNGs; returns their file names."""
-    import matplotlib
+    colours = arm_colours(a.name for a in c.experiment.arms)
+    names = validation_plots(curves(c), results, colours, c.report_dir)
+    if metrics_plot(results, colours, c.report_dir / "metrics.png"):
+        names.append("metrics.png")
+    return names
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def validation_plots(
+    data: dict[str, list[list[dict[str, Any]]]],
+    results: dict[str, Any],
+    colours: dict[str, str],
+    out_dir: Path,
+) -> list[str]:
+    """val_loss_vs_tokens.png and val_loss_vs_seconds.png: each arm's validation curves, one line a seed."""
+    plt = pyplot()
     names: list[str] = []
-    data = curves(c)
-    colours = {a.name: f"C{i % 10}" for i, a in enumerate(c.experiment.arms)}
     # Every arm on the first panel with its own objective's loss (different quantities when the arms'
     # objectives differ: each line is read against itself), left-to-right bits per byte beside it.
     same = "val_loss" in results["rankings"] or len({a["objective"] for a in results["arms"]}) < 2
@@ -1332,61 +895,61 @@ def plot(c: Comparison, results: dict[str, Any]) -> list[str]:
             ax.legend(fontsize=8)
         fig.suptitle(f"{results['experiment']['name']}: validation against {x_label}")
         fig.tight_layout(rect=(0, 0, 1, 0.95))
-        save_png(fig, c.report_dir / file)
+        save_png(fig, out_dir / file)
         names.append(file)
+    return names
 
+
+def metrics_plot(results: dict[str, Any], colours: dict[str, str], path: Path) -> bool:
+    """metrics.png, where some metric ranks the arms; whether it was written."""
     # Only the metrics that rank the arms (the suite's named ones; an arm's own loss only between arms of
     # one objective), with 95% intervals of the mean, not the seed std, clipped to the metric's range.
     metrics = plotted_metrics(results)
-    if metrics and results["arms"]:
-        cols = min(len(metrics), 3)
-        rows = math.ceil(len(metrics) / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows + 0.6), squeeze=False)
-        for ax in axes.flat[len(metrics) :]:
-            ax.axis("off")
-        for ax, metric in zip(axes.flat, metrics, strict=False):
-            arms = [a for a in results["arms"] if metric in a["metrics"] and a["metrics"][metric]["n"]]
-            bars = metric_bars(results, metric)
-            for i, b in enumerate(bars):
-                yerr = [[b["mean"] - b["low"]], [b["high"] - b["mean"]]]
-                ax.errorbar(i, b["mean"], yerr=yerr, fmt="o", ms=6, capsize=4, color=colours[b["arm"]])
-                for value in b["seeds"]:
-                    ax.plot(i + 0.12, value, ".", color=colours[b["arm"]], alpha=0.5)
-            if _baseline_key(metric, "majority_accuracy") is None:  # a probe's axis starts at chance
-                ax.set_ylim(*metric_limits(metric, bars, arms))
-            _draw_baselines(ax, metric, arms)
-            ax.set_xlim(-0.6, len(arms) - 0.4)
-            ax.set_xticks(range(len(arms)), [a["name"] for a in arms], rotation=30, ha="right", fontsize=8)
-            better = suite.direction(metric)
-            ax.set_title(
-                f"{metric} ({better} is better)" if better in ("lower", "higher") else metric, fontsize=9
-            )
-            ax.grid(axis="y", alpha=0.3)
-        fig.suptitle(
-            f"{results['experiment']['name']}: metrics that rank the arms\n"
-            "(mean; bars: 95% interval; dots: seeds)",
-            fontsize=10,
+    if not metrics or not results["arms"]:
+        return False
+    fig, panels, rows = panel_grid(len(metrics), 4.6, 3.4, head=0.6)
+    for ax, metric in zip(panels, metrics, strict=False):
+        arms = [a for a in results["arms"] if metric in a["metrics"] and a["metrics"][metric]["n"]]
+        bars = metric_bars(results, metric)
+        for i, b in enumerate(bars):
+            yerr = [[b["mean"] - b["low"]], [b["high"] - b["mean"]]]
+            ax.errorbar(i, b["mean"], yerr=yerr, fmt="o", ms=6, capsize=4, color=colours[b["arm"]])
+            for value in b["seeds"]:
+                ax.plot(i + 0.12, value, ".", color=colours[b["arm"]], alpha=0.5)
+        if baseline_key(metric, "majority_accuracy") is None:  # a probe's axis starts at chance
+            ax.set_ylim(*metric_limits(metric, bars, arms))
+        _draw_baselines(ax, metric, arms)
+        ax.set_xlim(-0.6, len(arms) - 0.4)
+        ax.set_xticks(range(len(arms)), [a["name"] for a in arms], rotation=30, ha="right", fontsize=8)
+        better = suite.direction(metric)
+        ax.set_title(
+            f"{metric} ({better} is better)" if better in ("lower", "higher") else metric, fontsize=9
         )
-        fig.tight_layout(rect=(0, 0, 1, 1 - 0.7 / (3.4 * rows + 0.6)))
-        save_png(fig, c.report_dir / "metrics.png")
-        names.append("metrics.png")
-    return names
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(
+        f"{results['experiment']['name']}: metrics that rank the arms\n"
+        "(mean; bars: 95% interval; dots: seeds)",
+        fontsize=10,
+    )
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.7 / (3.4 * rows + 0.6)))
+    save_png(fig, path)
+    return True
 
 
 def plotted_metrics(results: dict[str, Any]) -> list[str]:
     """The metrics the per-arm plot draws: those that rank the arms, in the report's order."""
     have = {k for a in results["arms"] for k in a["metrics"]}
-    return [m for m in _ordered(results["rankings"]) if m in have]
+    return [m for m in ordered(results["rankings"]) if m in have]
 
 
 def _draw_baselines(ax: Any, metric: str, arms: list[dict[str, Any]]) -> None:
     """A probe's axis from chance (its majority baseline, else 0) with the baselines drawn: majority and
     bag-of-words as lines (the same examples for every arm), random-init per arm (its own architecture)."""
-    if _baseline_key(metric, "majority_accuracy") is None:
+    if baseline_key(metric, "majority_accuracy") is None:
         return
 
     def mean(arm: dict[str, Any], kind: str) -> float | None:
-        b = arm.get("baselines", {}).get(_baseline_key(metric, kind) or "")
+        b = arm.get("baselines", {}).get(baseline_key(metric, kind) or "")
         return b["mean"] if b and b.get("mean") is not None else None
 
     majority = [v for a in arms if (v := mean(a, "majority_accuracy")) is not None]
@@ -1396,7 +959,7 @@ def _draw_baselines(ax: Any, metric: str, arms: list[dict[str, Any]]) -> None:
     if bow:
         ax.axhline(sum(bow) / len(bow), color="0.4", ls="--", lw=1, label="bag-of-words")
     for i, a in enumerate(arms):
-        b = a.get("baselines", {}).get(_baseline_key(metric, "random_init_accuracy") or "")
+        b = a.get("baselines", {}).get(baseline_key(metric, "random_init_accuracy") or "")
         if b and b.get("mean") is not None:
             ax.errorbar(i - 0.15, b["mean"], yerr=b.get("ci95") or 0.0, fmt="x", color="0.5", capsize=3,
                         label="random-init" if i == 0 else None)  # fmt: skip
@@ -1404,11 +967,6 @@ def _draw_baselines(ax: Any, metric: str, arms: list[dict[str, Any]]) -> None:
     ax.set_ylim(min(majority) if majority else 0.0, max(top, *(bow or [0.0])) * 1.02 + 1e-9)
     if majority or bow or any(a.get("baselines") for a in arms):
         ax.legend(fontsize=7)
-
-
-def _run_value(run: dict[str, Any], metric: str) -> float | None:
-    value = (run.get("eval") or {}).get(metric, (run.get("train") or {}).get(metric))
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 def write_report(c: Comparison, console: Console | None = None) -> dict[str, Any]:
